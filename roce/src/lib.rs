@@ -1,0 +1,66 @@
+//! # `roce`: the RoCEv2 wire format
+//!
+//! RoCEv2 ("RDMA over Converged Ethernet, version 2", IBTA Architecture Specification Release 1.2.1,
+//! Annex A17) carries InfiniBand transport packets inside UDP datagrams sent to port 4791:
+//!
+//! ```text
+//! | Ethernet (+802.1Q) | IPv4 or IPv6 | UDP dport 4791 | BTH | ext. headers | payload | pad | ICRC |
+//! ```
+//!
+//! * The **Base Transport Header** (BTH, IBTA vol. 1 §9.2) names the opcode, the destination queue pair
+//!   (QPN), the 24-bit packet sequence number (PSN) and the partition key (P_Key).
+//! * The opcode decides which **extended transport headers** follow (IBTA vol. 1 §9.3, table 38 "OpCode
+//!   field"): RETH (remote address, rkey, DMA length), AETH (ACK/NAK syndrome and MSN), AtomicETH,
+//!   AtomicAckETH, ImmDt (immediate data), IETH (key to invalidate) and DETH (Q_Key, source QP, for UD).
+//! * The **Invariant CRC** (ICRC, §7.8.1 and Annex A17.3.3) is a CRC-32 over the packet with the fields
+//!   that routers may change masked to ones.
+//!
+//! Every header follows one pattern, modelled on smoltcp:
+//! * a zero-copy view `Packet<T: AsRef<[u8]>>` over a byte buffer, with getters for `AsRef` and setters for
+//!   `AsMut`, `new_unchecked`, and `new_checked` for untrusted input;
+//! * a plain `Repr` struct with `parse`, `buffer_len` and `emit`;
+//! * open enums (`Unknown(raw)`) for every field whose values are named, so that no input can panic.
+//!
+//! [`packet`] builds and parses a whole frame in one call. The crate is `#![no_std]`; the `std` feature
+//! (default) adds the classic pcap writer in [`pcap`].
+#![no_std]
+#![deny(unsafe_code)]
+#![deny(missing_docs)]
+
+#[cfg(feature = "alloc")]
+extern crate alloc;
+#[cfg(feature = "std")]
+extern crate std;
+
+#[macro_use]
+mod macros;
+
+mod error;
+
+pub mod checksum;
+pub mod ethernet;
+pub mod arp;
+pub mod ipv4;
+pub mod ipv6;
+pub mod udp;
+
+pub mod opcode;
+pub mod bth;
+pub mod reth;
+pub mod aeth;
+pub mod atomic_eth;
+pub mod immdt;
+pub mod ieth;
+pub mod deth;
+pub mod cnp;
+
+pub mod icrc;
+pub mod psn;
+pub mod mtu;
+pub mod gid;
+
+pub mod packet;
+#[cfg(feature = "std")]
+pub mod pcap;
+
+pub use error::{Error, Layer, Result};
