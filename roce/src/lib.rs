@@ -37,27 +37,27 @@ mod macros;
 
 mod error;
 
+pub mod arp;
 pub mod checksum;
 pub mod ethernet;
-pub mod arp;
 pub mod ipv4;
 pub mod ipv6;
 pub mod udp;
 
-pub mod opcode;
-pub mod bth;
-pub mod reth;
 pub mod aeth;
 pub mod atomic_eth;
-pub mod immdt;
-pub mod ieth;
-pub mod deth;
+pub mod bth;
 pub mod cnp;
+pub mod deth;
+pub mod ieth;
+pub mod immdt;
+pub mod opcode;
+pub mod reth;
 
-pub mod icrc;
-pub mod psn;
-pub mod mtu;
 pub mod gid;
+pub mod icrc;
+pub mod mtu;
+pub mod psn;
 
 pub mod packet;
 #[cfg(feature = "std")]
