@@ -64,3 +64,11 @@ pub mod packet;
 pub mod pcap;
 
 pub use error::{Error, Layer, Result};
+pub use gid::Gid;
+pub use mtu::PathMtu;
+pub use opcode::Opcode;
+pub use packet::{
+    build_frame, build_ip_packet, build_udp_payload, parse_frame, parse_ip_packet,
+    parse_udp_payload, ExtReprs, IpRepr, PacketRepr, ParsedPacket, TransportRepr,
+};
+pub use psn::Psn;
