@@ -1,5 +1,79 @@
 //! # `hca`: the verbs API and the software HCA
 //!
-//! Not built yet: this crate is a skeleton until the verbs object model and the RC/UC/UD transport
-//! engine land (issue 3). Nothing here claims to work.
+//! RDMA ("remote direct memory access") lets a program read and write another machine's memory,
+//! and send it messages, without either kernel copying the data: the network adapter, the **HCA**
+//! (host channel adapter), moves the bytes between registered memory and the wire itself. The
+//! programming interface is **verbs**, defined abstractly by the InfiniBand Architecture
+//! Specification (IBTA vol. 1, chapters 10 and 11) and concretely by rdma-core's libibverbs
+//! (`ibv_*`). This crate offers the verbs object model in Rust; a software HCA that speaks RoCEv2
+//! (RDMA over UDP/IP, crate `roce`) will drive it.
+//!
+//! ## The objects, in the order a program meets them
+//!
+//! * The **device** ([`device`]): what the HCA can do (`ibv_query_device`) and the state of its
+//!   port (`ibv_query_port`), with the port's **GID table** ([`gid`]): its addresses.
+//! * A **protection domain** ([`pd`]): a namespace; objects may only be used with objects of the
+//!   same PD.
+//! * A **memory region** ([`mr`]): memory registered for the HCA, with access rights and two
+//!   keys: the **lkey** for local use in scatter/gather entries, the **rkey** for peers.
+//! * A **completion queue** ([`cq`]): where finished work is reported as **work completions**
+//!   ([`wc`]).
+//! * A **queue pair** ([`qp`]): an endpoint, RC (reliable connected), UC (unreliable connected)
+//!   or UD (unreliable datagram), brought up through the states RESET, INIT, RTR, RTS by
+//!   `ibv_modify_qp`. Its receive queue ([`recv_queue`]) holds posted buffers; a **shared receive
+//!   queue** ([`srq`]) can serve many QPs.
+//! * **Work requests** ([`wr`]): what `ibv_post_send` / `ibv_post_recv` take: SEND, RDMA WRITE,
+//!   RDMA READ, atomics, with their scatter/gather lists.
+//! * An **address handle** ([`ah`]): where a UD datagram goes.
+//! * **Asynchronous events** ([`event`]): CQ overruns, fatal QP errors, drained send queues.
+//!
+//! [`Context`] ([`context`]) owns all objects of one device, like `struct ibv_context`, and
+//! implements the verbs with their cross-object rules. Every verb checks its arguments the way
+//! libibverbs over Linux rxe does and fails with a [`VerbsError`] carrying the same errno; a
+//! rejected call changes nothing.
+//!
+//! ## What is here and what is not
+//!
+//! This is the object model only: objects, attributes, the QP state machine, key checks,
+//! validation of work requests, queues of receive WQEs and completions. The transport engine
+//! (requester, responder, completer), the links and the memory behind MRs build on it. The crate
+//! is `no_std` + `alloc` without the default `std` feature, and has no `unsafe` code.
+#![cfg_attr(not(feature = "std"), no_std)]
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
+
+extern crate alloc;
+#[cfg(all(test, not(feature = "std")))]
+extern crate std;
+
+pub mod ah;
+pub mod context;
+pub mod cq;
+pub mod device;
+pub mod error;
+pub mod event;
+pub mod gid;
+pub mod mr;
+pub mod pd;
+pub mod qp;
+pub mod recv_queue;
+pub mod srq;
+pub mod table;
+pub mod wc;
+pub mod wr;
+
+pub use ah::{AddressHandle, AhAttr, AhHandle};
+pub use context::Context;
+pub use cq::{CompletionQueue, CqHandle};
+pub use device::{AtomicCap, Device, DeviceAttr, Mtu, PortAttr, PortState};
+pub use error::{errno, Cause, KeyError, KeyErrorKind, VerbsError};
+pub use event::{AsyncEvent, AsyncEventType, EventElement};
+pub use gid::{Gid, GidEntry, GidTable, GidType};
+pub use mr::{AccessFlags, MemoryRegion, MrTable};
+pub use pd::{Pd, PdHandle};
+pub use qp::{ModifyOutcome, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType};
+pub use recv_queue::{RecvQueue, RecvWqe};
+pub use srq::{Srq, SrqAttr, SrqAttrMask, SrqHandle};
+pub use table::Handle;
+pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use wr::{RecvWr, SendFlags, SendOp, SendWr, SendWrInfo, Sge, UdDest, WrOpcode};

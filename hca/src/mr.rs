@@ -1,0 +1,632 @@
+//! Memory regions, access flags and the lkey / rkey checks.
+//!
+//! An RDMA device reads and writes application memory directly, so the memory must be
+//! *registered* first (ibv_reg_mr(3), IBTA vol. 1 §10.6): a memory region (MR) is a range of I/O
+//! virtual addresses (`iova .. iova + length`) in one protection domain, with access rights
+//! ([`AccessFlags`]). Registration returns two keys:
+//! * the **lkey**, which the local program puts in its scatter/gather entries (SGEs);
+//! * the **rkey**, which it hands to a peer so that the peer's RDMA READ / WRITE / atomic requests
+//!   (their RETH or AtomicETH) may touch the region.
+//!
+//! Both keys are `(index << 8) | key`: the upper 24 bits index the MR table, so a lookup is O(1),
+//! and the low 8 bits (the "key" byte) change every time that index is registered
+//! again, so a key kept from an old registration stops working the moment the MR is
+//! deregistered, even once its index is reused. Index 0 is never used, so key 0 never resolves.
+//! As in rxe, the rkey equals the lkey when the MR grants any remote access, and is 0 otherwise.
+//!
+//! This module records addresses and lengths only; the memory behind an MR (host pages, GPU
+//! memory) is attached by the layer that moves data.
+
+use bitflags::bitflags;
+
+use crate::error::{Cause, KeyError, KeyErrorKind, Object};
+use crate::pd::PdHandle;
+use crate::table::ObjectTable;
+
+bitflags! {
+    /// MR and QP access rights (`enum ibv_access_flags`, ibv_reg_mr(3), IBTA vol. 1 §10.6).
+    ///
+    /// Local read access is always granted. Rule (ibv_reg_mr(3), kernel `ib_check_mr_access`):
+    /// REMOTE_WRITE or REMOTE_ATOMIC require LOCAL_WRITE.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct AccessFlags: u32 {
+        /// The HCA may write the region for local operations (receive buffers, RDMA READ
+        /// destinations, atomic results).
+        const LOCAL_WRITE = 1 << 0;
+        /// Peers may RDMA WRITE into the region.
+        const REMOTE_WRITE = 1 << 1;
+        /// Peers may RDMA READ from the region.
+        const REMOTE_READ = 1 << 2;
+        /// Peers may perform atomic operations on the region.
+        const REMOTE_ATOMIC = 1 << 3;
+    }
+}
+
+impl AccessFlags {
+    /// All remote access rights.
+    pub const REMOTE: AccessFlags = AccessFlags::REMOTE_WRITE
+        .union(AccessFlags::REMOTE_READ)
+        .union(AccessFlags::REMOTE_ATOMIC);
+
+    /// Checks the flags of ibv_reg_mr(3).
+    ///
+    /// # Errors
+    /// [`Cause::AccessFlags`] for unknown bits, or REMOTE_WRITE / REMOTE_ATOMIC without
+    /// LOCAL_WRITE.
+    pub fn check_mr(self) -> Result<(), Cause> {
+        let unknown = self.bits() & !AccessFlags::all().bits() != 0;
+        let needs_local_write =
+            self.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+        if unknown || (needs_local_write && !self.contains(AccessFlags::LOCAL_WRITE)) {
+            return Err(Cause::AccessFlags { flags: self.bits() });
+        }
+        Ok(())
+    }
+}
+
+/// A registered memory region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryRegion {
+    pd: PdHandle,
+    addr: u64,
+    iova: u64,
+    length: u64,
+    access: AccessFlags,
+    lkey: u32,
+    rkey: u32,
+}
+
+impl MemoryRegion {
+    /// The protection domain.
+    pub fn pd(&self) -> PdHandle {
+        self.pd
+    }
+
+    /// Where the memory lives in the registering process (the `addr` of ibv_reg_mr(3)).
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// The I/O virtual address of the first byte: what SGEs and RETHs name (equal to `addr`
+    /// unless registered with ibv_reg_mr_iova(3)).
+    pub fn iova(&self) -> u64 {
+        self.iova
+    }
+
+    /// Length in bytes (at least 1).
+    pub fn length(&self) -> u64 {
+        self.length
+    }
+
+    /// Access rights.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    /// The local key.
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+
+    /// The remote key: equal to the lkey if the MR grants any remote access, 0 otherwise (rxe).
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+
+    /// Whether `[iova, iova + length)` lies inside the region. Never overflows: works for ranges
+    /// ending at `u64::MAX` and rejects ranges that would wrap. A zero-length range is inside if
+    /// `iova` is within `[start, end]` (as rxe `mr_check_range`).
+    pub fn contains(&self, iova: u64, length: u64) -> bool {
+        match iova.checked_sub(self.iova) {
+            Some(offset) => offset <= self.length && length <= self.length - offset,
+            None => false,
+        }
+    }
+
+    /// The byte offset of `iova` from the start of the region, if `iova` is in `[start, end]`.
+    pub fn offset_of(&self, iova: u64) -> Option<u64> {
+        iova.checked_sub(self.iova).filter(|&o| o <= self.length)
+    }
+}
+
+/// Largest index an MR key can carry (24 bits).
+const MAX_MR_INDEX: u32 = 0x00ff_ffff;
+
+/// The MR table of a device: registration, deregistration and O(1) key checks.
+pub struct MrTable {
+    table: ObjectTable<MemoryRegion>,
+    max_mr_size: u64,
+}
+
+impl MrTable {
+    /// An empty table holding up to `max_mr` regions (at most 2^24 - 1, the key's index range)
+    /// of at most `max_mr_size` bytes each.
+    pub fn new(max_mr: u32, max_mr_size: u64) -> Self {
+        MrTable {
+            table: ObjectTable::new(1, max_mr.min(MAX_MR_INDEX)),
+            max_mr_size,
+        }
+    }
+
+    /// Registered regions.
+    pub fn len(&self) -> u32 {
+        self.table.len()
+    }
+
+    /// Whether no region is registered.
+    pub fn is_empty(&self) -> bool {
+        self.table.len() == 0
+    }
+
+    /// Registers `length` bytes at `addr`, addressed by peers and SGEs as `iova ..` (ibv_reg_mr(3)
+    /// uses `iova == addr`; ibv_reg_mr_iova(3) sets it).
+    ///
+    /// # Errors
+    /// [`Cause::AccessFlags`] (see [`AccessFlags::check_mr`]); [`Cause::InvalidValue`] for a zero
+    /// length or a range that wraps past `u64::MAX`; [`Cause::OutOfRange`] above `max_mr_size`;
+    /// [`Cause::TooManyObjects`] when `max_mr` regions exist.
+    pub fn register(
+        &mut self,
+        pd: PdHandle,
+        addr: u64,
+        length: u64,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<&MemoryRegion, Cause> {
+        access.check_mr()?;
+        if length == 0 {
+            return Err(Cause::InvalidValue {
+                attr: "length",
+                value: 0,
+            });
+        }
+        if length > self.max_mr_size {
+            return Err(Cause::OutOfRange {
+                attr: "length",
+                value: length,
+                max: self.max_mr_size,
+            });
+        }
+        if addr.checked_add(length).is_none() {
+            return Err(Cause::InvalidValue {
+                attr: "addr",
+                value: addr,
+            });
+        }
+        if iova.checked_add(length).is_none() {
+            return Err(Cause::InvalidValue {
+                attr: "iova",
+                value: iova,
+            });
+        }
+        let mr = MemoryRegion {
+            pd,
+            addr,
+            iova,
+            length,
+            access,
+            lkey: 0,
+            rkey: 0,
+        };
+        let handle = self.table.insert(mr).map_err(|_| Cause::TooManyObjects {
+            object: Object::Mr,
+            max: self.table.max(),
+        })?;
+        let key = (handle.index() << 8) | (handle.generation() & 0xff);
+        let (_, mr) = self
+            .table
+            .get_by_index_mut(handle.index())
+            .expect("just inserted");
+        mr.lkey = key;
+        mr.rkey = if access.intersects(AccessFlags::REMOTE) {
+            key
+        } else {
+            0
+        };
+        Ok(mr)
+    }
+
+    fn handle_of(&self, key: u32) -> Option<crate::table::Handle<MemoryRegion>> {
+        let (generation, _) = self.table.get_by_index(key >> 8)?;
+        ((generation & 0xff) == (key & 0xff))
+            .then(|| crate::table::Handle::from_raw(key >> 8, generation))
+    }
+
+    /// Deregisters the region with this lkey: both keys stop resolving at once (ibv_dereg_mr(3)).
+    ///
+    /// # Errors
+    /// [`Cause::NoSuchObject`] if the lkey names no registered region.
+    pub fn deregister(&mut self, lkey: u32) -> Result<MemoryRegion, Cause> {
+        let not_found = Cause::NoSuchObject {
+            object: Object::Mr,
+            id: lkey,
+        };
+        let handle = self.handle_of(lkey).ok_or(not_found)?;
+        self.table.remove(handle).ok_or(not_found)
+    }
+
+    /// The region whose lkey is `lkey`. O(1).
+    pub fn lookup_lkey(&self, lkey: u32) -> Option<&MemoryRegion> {
+        let (generation, mr) = self.table.get_by_index(lkey >> 8)?;
+        ((generation & 0xff) == (lkey & 0xff)).then_some(mr)
+    }
+
+    /// The region whose rkey is `rkey` (a region without remote access has no rkey). O(1).
+    pub fn lookup_rkey(&self, rkey: u32) -> Option<&MemoryRegion> {
+        self.lookup_lkey(rkey).filter(|mr| mr.rkey == rkey)
+    }
+
+    /// The registered regions, in index order.
+    pub fn iter(&self) -> impl Iterator<Item = &MemoryRegion> + '_ {
+        self.table.iter().map(|(_, mr)| mr)
+    }
+
+    /// Checks a local access through an lkey (an SGE of a WR on a QP of `pd`): the key names a
+    /// region of `pd` that grants `needed` (empty for reads, LOCAL_WRITE for writes into local
+    /// memory) and contains `[iova, iova + length)`. O(1).
+    ///
+    /// The engine maps any failure to `IBV_WC_LOC_PROT_ERR` on a send WR
+    /// ([`KeyError::local_wc_status`]) and to a local QP operation error on a receive WQE.
+    ///
+    /// # Errors
+    /// [`KeyErrorKind::UnknownKey`], [`KeyErrorKind::WrongPd`], [`KeyErrorKind::AccessDenied`],
+    /// [`KeyErrorKind::OutOfBounds`], checked in that order (rxe `lookup_mr`, `mr_check_range`).
+    pub fn check_lkey(
+        &self,
+        pd: PdHandle,
+        lkey: u32,
+        iova: u64,
+        length: u64,
+        needed: AccessFlags,
+    ) -> Result<&MemoryRegion, KeyError> {
+        let mr = self.lookup_lkey(lkey).ok_or(KeyError {
+            key: lkey,
+            kind: KeyErrorKind::UnknownKey,
+        })?;
+        Self::check(mr, pd, lkey, iova, length, needed)
+    }
+
+    /// Checks a remote access through an rkey (a RETH or AtomicETH received on a QP of `pd`):
+    /// the key names a region of `pd` with remote access that grants `needed` (REMOTE_READ,
+    /// REMOTE_WRITE or REMOTE_ATOMIC) and contains `[iova, iova + length)`. O(1).
+    ///
+    /// The responder answers any failure with a "remote access error" NAK (AETH NAK code, IBTA
+    /// vol. 1 ch. 9), which the requester completes as `IBV_WC_REM_ACCESS_ERR`
+    /// ([`KeyError::remote_wc_status`]). A zero-length RDMA request does not validate its rkey (it
+    /// accesses no memory); that rule is the engine's: it does not call this check then.
+    ///
+    /// # Errors
+    /// As [`Self::check_lkey`]; the lkey of a region without remote access gives
+    /// [`KeyErrorKind::AccessDenied`].
+    pub fn check_rkey(
+        &self,
+        pd: PdHandle,
+        rkey: u32,
+        iova: u64,
+        length: u64,
+        needed: AccessFlags,
+    ) -> Result<&MemoryRegion, KeyError> {
+        let mr = self.lookup_lkey(rkey).ok_or(KeyError {
+            key: rkey,
+            kind: KeyErrorKind::UnknownKey,
+        })?;
+        if mr.pd == pd && mr.rkey != rkey {
+            return Err(KeyError {
+                key: rkey,
+                kind: KeyErrorKind::AccessDenied {
+                    needed,
+                    granted: mr.access,
+                },
+            });
+        }
+        Self::check(mr, pd, rkey, iova, length, needed)
+    }
+
+    fn check(
+        mr: &MemoryRegion,
+        pd: PdHandle,
+        key: u32,
+        iova: u64,
+        length: u64,
+        needed: AccessFlags,
+    ) -> Result<&MemoryRegion, KeyError> {
+        if mr.pd != pd {
+            return Err(KeyError {
+                key,
+                kind: KeyErrorKind::WrongPd {
+                    expected: pd.index(),
+                    found: mr.pd.index(),
+                },
+            });
+        }
+        if !mr.access.contains(needed) {
+            return Err(KeyError {
+                key,
+                kind: KeyErrorKind::AccessDenied {
+                    needed,
+                    granted: mr.access,
+                },
+            });
+        }
+        if !mr.contains(iova, length) {
+            return Err(KeyError {
+                key,
+                kind: KeyErrorKind::OutOfBounds { iova, length },
+            });
+        }
+        Ok(mr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::Handle;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+    use std::vec::Vec;
+
+    const PD: PdHandle = Handle::from_raw(1, 0);
+    const PD2: PdHandle = Handle::from_raw(2, 0);
+    const RW: AccessFlags = AccessFlags::LOCAL_WRITE
+        .union(AccessFlags::REMOTE_WRITE)
+        .union(AccessFlags::REMOTE_READ);
+
+    fn table() -> MrTable {
+        MrTable::new(1000, u64::MAX)
+    }
+
+    #[test]
+    fn access_flag_rules() {
+        assert!(AccessFlags::empty().check_mr().is_ok());
+        assert!(AccessFlags::REMOTE_READ.check_mr().is_ok());
+        assert!(AccessFlags::LOCAL_WRITE.check_mr().is_ok());
+        assert!(RW.check_mr().is_ok());
+        assert_eq!(
+            AccessFlags::REMOTE_WRITE.check_mr(),
+            Err(Cause::AccessFlags { flags: 2 })
+        );
+        assert_eq!(
+            (AccessFlags::REMOTE_ATOMIC | AccessFlags::REMOTE_READ).check_mr(),
+            Err(Cause::AccessFlags { flags: 0xc })
+        );
+        assert!(AccessFlags::from_bits_retain(1 << 20).check_mr().is_err());
+        let mut t = table();
+        let e = t.register(PD, 0x1000, 64, 0x1000, AccessFlags::REMOTE_WRITE);
+        assert_eq!(e.unwrap_err().errno(), crate::error::errno::EINVAL);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn registration_argument_checks() {
+        let mut t = MrTable::new(2, 1 << 20);
+        assert!(matches!(
+            t.register(PD, 0, 0, 0, RW),
+            Err(Cause::InvalidValue { attr: "length", .. })
+        ));
+        assert!(matches!(
+            t.register(PD, 0, (1 << 20) + 1, 0, RW),
+            Err(Cause::OutOfRange { attr: "length", .. })
+        ));
+        assert!(matches!(
+            t.register(PD, u64::MAX - 10, 11, 0, RW),
+            Err(Cause::InvalidValue { attr: "addr", .. })
+        ));
+        assert!(matches!(
+            t.register(PD, 0, 11, u64::MAX - 10, RW),
+            Err(Cause::InvalidValue { attr: "iova", .. })
+        ));
+        t.register(PD, 0, 1, 0, RW).unwrap();
+        t.register(PD, 0, 1, 0, RW).unwrap();
+        assert_eq!(
+            t.register(PD, 0, 1, 0, RW).unwrap_err(),
+            Cause::TooManyObjects {
+                object: Object::Mr,
+                max: 2
+            }
+        );
+    }
+
+    #[test]
+    fn key_layout_and_remote_key() {
+        let mut t = table();
+        let mr = t.register(PD, 0x1000, 4096, 0x1000, RW).unwrap().clone();
+        assert_eq!(mr.lkey() >> 8, 1, "index 0 is never used");
+        assert_eq!(mr.rkey(), mr.lkey());
+        let local = t
+            .register(PD, 0x1000, 4096, 0x1000, AccessFlags::LOCAL_WRITE)
+            .unwrap()
+            .clone();
+        assert_eq!(local.rkey(), 0, "no remote access, no rkey (rxe)");
+        assert!(t.lookup_rkey(local.lkey()).is_none());
+        assert!(t.lookup_lkey(0).is_none());
+        assert!(t.lookup_rkey(0).is_none());
+        assert_eq!(t.lookup_lkey(mr.lkey()), Some(&mr));
+    }
+
+    #[test]
+    fn reregistration_changes_low_byte_and_old_keys_die_at_once() {
+        let mut t = MrTable::new(1, u64::MAX);
+        let mut seen = Vec::new();
+        let mut prev: Option<MemoryRegion> = None;
+        for _ in 0..300 {
+            let mr = t.register(PD, 0, 8, 0, RW).unwrap().clone();
+            assert_eq!(mr.lkey() >> 8, 1, "a table of one reuses index 1");
+            if let Some(p) = &prev {
+                assert_ne!(p.lkey() & 0xff, mr.lkey() & 0xff);
+                assert!(t.lookup_lkey(p.lkey()).is_none());
+                assert!(t.lookup_rkey(p.rkey()).is_none());
+            }
+            seen.push(mr.lkey() & 0xff);
+            let removed = t.deregister(mr.lkey()).unwrap();
+            assert_eq!(removed, mr);
+            assert!(t.lookup_lkey(mr.lkey()).is_none());
+            assert!(t.lookup_rkey(mr.rkey()).is_none());
+            assert_eq!(
+                t.check_rkey(PD, mr.rkey(), 0, 8, AccessFlags::REMOTE_READ)
+                    .unwrap_err()
+                    .kind,
+                KeyErrorKind::UnknownKey
+            );
+            assert!(t.deregister(mr.lkey()).is_err(), "double dereg fails");
+            prev = Some(mr);
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 256, "all 256 key bytes are used in turn");
+    }
+
+    #[test]
+    fn check_kinds_in_rxe_order() {
+        let mut t = table();
+        let mr = t.register(PD, 0x1000, 0x100, 0x1000, RW).unwrap().clone();
+        let k = mr.lkey();
+        let kind = |r: Result<&MemoryRegion, KeyError>| r.map(|_| ()).unwrap_err().kind;
+        assert!(t
+            .check_lkey(PD, k, 0x1000, 0x100, AccessFlags::LOCAL_WRITE)
+            .is_ok());
+        assert_eq!(
+            kind(t.check_lkey(PD, k ^ 1, 0x1000, 1, AccessFlags::empty())),
+            KeyErrorKind::UnknownKey
+        );
+        assert_eq!(
+            kind(t.check_lkey(PD, k + 0x100, 0x1000, 1, AccessFlags::empty())),
+            KeyErrorKind::UnknownKey
+        );
+        assert_eq!(
+            kind(t.check_lkey(PD2, k, 0x1000, 1, AccessFlags::empty())),
+            KeyErrorKind::WrongPd {
+                expected: 2,
+                found: 1
+            }
+        );
+        assert_eq!(
+            kind(t.check_rkey(PD, k, 0x1000, 8, AccessFlags::REMOTE_ATOMIC)),
+            KeyErrorKind::AccessDenied {
+                needed: AccessFlags::REMOTE_ATOMIC,
+                granted: RW
+            }
+        );
+        assert_eq!(
+            kind(t.check_rkey(PD, k, 0x10ff, 2, AccessFlags::REMOTE_WRITE)),
+            KeyErrorKind::OutOfBounds {
+                iova: 0x10ff,
+                length: 2
+            }
+        );
+        assert_eq!(
+            kind(t.check_rkey(PD, k, 0xfff, 1, AccessFlags::REMOTE_READ)),
+            KeyErrorKind::OutOfBounds {
+                iova: 0xfff,
+                length: 1
+            }
+        );
+        // Access is checked before bounds, as rxe's lookup_mr precedes mr_check_range.
+        assert!(matches!(
+            kind(t.check_rkey(PD, k, 0, 1, AccessFlags::REMOTE_ATOMIC)),
+            KeyErrorKind::AccessDenied { .. }
+        ));
+        // A region without remote access refuses its lkey used as an rkey.
+        let local = t
+            .register(PD, 0, 0x100, 0, AccessFlags::LOCAL_WRITE)
+            .unwrap()
+            .lkey();
+        assert!(matches!(
+            kind(t.check_rkey(PD, local, 0, 1, AccessFlags::REMOTE_READ)),
+            KeyErrorKind::AccessDenied { .. }
+        ));
+        // Local writes need LOCAL_WRITE.
+        let ro = t
+            .register(PD, 0, 0x100, 0, AccessFlags::REMOTE_READ)
+            .unwrap()
+            .lkey();
+        assert!(t.check_lkey(PD, ro, 0, 0x100, AccessFlags::empty()).is_ok());
+        assert!(matches!(
+            kind(t.check_lkey(PD, ro, 0, 1, AccessFlags::LOCAL_WRITE)),
+            KeyErrorKind::AccessDenied { .. }
+        ));
+    }
+
+    #[test]
+    fn bounds_near_the_top_of_the_address_space() {
+        let mut t = table();
+        let base = u64::MAX - 4096;
+        let mr = t.register(PD, base, 4096, base, RW).unwrap().clone();
+        assert!(mr.contains(base, 4096));
+        assert!(mr.contains(u64::MAX - 1, 1));
+        assert!(mr.contains(u64::MAX, 0), "zero bytes at the end");
+        assert!(!mr.contains(u64::MAX, 1));
+        assert!(!mr.contains(u64::MAX - 1, 2));
+        assert!(!mr.contains(base, u64::MAX));
+        assert!(!mr.contains(u64::MAX, u64::MAX));
+        assert!(!mr.contains(base - 1, 1));
+        assert!(t
+            .check_rkey(
+                PD,
+                mr.rkey(),
+                u64::MAX - 8,
+                u64::MAX,
+                AccessFlags::REMOTE_READ
+            )
+            .is_err());
+        assert_eq!(mr.offset_of(u64::MAX), Some(4096), "the end itself");
+        assert_eq!(mr.offset_of(u64::MAX - 1), Some(4095));
+        assert_eq!(mr.offset_of(base - 1), None);
+    }
+
+    proptest! {
+        #[test]
+        fn contains_matches_wide_arithmetic(
+            start in any::<u64>(),
+            len in 1u64..=u64::MAX,
+            iova in any::<u64>(),
+            length in any::<u64>(),
+        ) {
+            let len = len.min(u64::MAX - start).max(1);
+            prop_assume!(start.checked_add(len).is_some());
+            let mr = MemoryRegion {
+                pd: PD, addr: start, iova: start, length: len,
+                access: RW, lkey: 0, rkey: 0,
+            };
+            let (s, e) = (start as u128, start as u128 + len as u128);
+            let (a, b) = (iova as u128, iova as u128 + length as u128);
+            prop_assert_eq!(mr.contains(iova, length), a >= s && b <= e);
+        }
+
+        #[test]
+        fn random_register_dereg_sequences(ops in proptest::collection::vec((any::<bool>(), 0usize..8), 1..300)) {
+            let mut t = MrTable::new(6, u64::MAX);
+            let mut live: HashMap<u32, MemoryRegion> = HashMap::new();
+            let mut dead: Vec<u32> = Vec::new();
+            let mut last_key_of_index: HashMap<u32, u32> = HashMap::new();
+            for (reg, pick) in ops {
+                if reg {
+                    match t.register(PD, pick as u64 * 8, 8, pick as u64 * 8, RW) {
+                        Ok(mr) => {
+                            let mr = mr.clone();
+                            if let Some(old) = last_key_of_index.insert(mr.lkey() >> 8, mr.lkey()) {
+                                prop_assert_ne!(old & 0xff, mr.lkey() & 0xff);
+                            }
+                            dead.retain(|&k| k != mr.lkey());
+                            live.insert(mr.lkey(), mr);
+                        }
+                        Err(_) => prop_assert_eq!(live.len(), 6),
+                    }
+                } else if !live.is_empty() {
+                    let key = *live.keys().nth(pick % live.len()).unwrap();
+                    prop_assert!(t.deregister(key).is_ok());
+                    live.remove(&key);
+                    dead.push(key);
+                }
+                for (k, mr) in &live {
+                    prop_assert_eq!(t.lookup_lkey(*k), Some(mr));
+                    prop_assert_eq!(t.lookup_rkey(*k), Some(mr));
+                }
+                for k in &dead {
+                    prop_assert!(t.lookup_lkey(*k).is_none());
+                }
+                prop_assert_eq!(t.len() as usize, live.len());
+            }
+        }
+    }
+}
