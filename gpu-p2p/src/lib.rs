@@ -1,5 +1,129 @@
-//! # `gpu-p2p`: GPUDirect-registered memory and the intra-node GPU peer path
+//! # `gpu-p2p`: memory for RDMA
 //!
-//! Not built yet: this crate is a skeleton until the memory-provider API lands (issue 9). Nothing here
-//! claims to work.
+//! Every buffer the stack moves data in or out of, a memory region of the software HCA, a collective's
+//! send and receive buffers, a GPU tensor, is reached through the [`Memory`] trait of this crate. An
+//! HCA, real or software, reads and writes registered memory *while the program runs*: a peer's RDMA
+//! WRITE lands whenever the wire delivers it. So memory here is accessed only by copies and 64-bit
+//! atomics, never through long-lived Rust references, the same model rust-vmm's `vm-memory` uses for
+//! guest memory that a device may change at any time.
+//!
+//! Providers:
+//! * [`HostMemory`] (feature `std`): page-aligned anonymous memory, hugepage-backed when the system has
+//!   them (MAP_HUGETLB, else transparent huge pages via `madvise`), locked (`mlock`) so it cannot be
+//!   paged out while an HCA may use it.
+//! * CUDA device memory: not built yet (issue 9); [`MemoryKind::CudaDevice`] names it so the rest of the
+//!   stack can already route it.
+//!
+//! The core trait is `no_std`; the providers need `std`.
+#![cfg_attr(not(feature = "std"), no_std)]
 #![deny(missing_docs)]
+
+use core::fmt;
+
+#[cfg(feature = "std")]
+mod host;
+#[cfg(feature = "std")]
+pub use host::{HostMemory, HostMemoryError, PageBacking};
+
+/// Where the bytes of a [`Memory`] live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemoryKind {
+    /// Host (CPU) memory.
+    Host,
+    /// CUDA device memory of the GPU with this device ordinal.
+    CudaDevice(u32),
+}
+
+/// An access outside a [`Memory`], or a misaligned atomic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryError {
+    /// `offset + len` exceeds the memory's length (both in bytes).
+    OutOfBounds {
+        /// First byte asked for.
+        offset: usize,
+        /// Bytes asked for.
+        len: usize,
+        /// Length of the memory, in bytes.
+        size: usize,
+    },
+    /// A 64-bit atomic at an offset that is not a multiple of 8 (IBTA vol. 1 §9.4.5: atomic operations
+    /// act on naturally aligned 64-bit words; the responder NAKs a misaligned one).
+    Misaligned {
+        /// The offset asked for.
+        offset: usize,
+    },
+}
+
+impl fmt::Display for MemoryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            MemoryError::OutOfBounds { offset, len, size } => write!(
+                f,
+                "access of {len} bytes at offset {offset} is outside memory of {size} bytes"
+            ),
+            MemoryError::Misaligned { offset } => {
+                write!(f, "64-bit atomic at offset {offset} is not 8-byte aligned")
+            }
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for MemoryError {}
+
+/// Checks that `[offset, offset + len)` lies within `size` bytes, without overflow.
+///
+/// # Errors
+/// [`MemoryError::OutOfBounds`].
+pub fn check_range(offset: usize, len: usize, size: usize) -> Result<(), MemoryError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(MemoryError::OutOfBounds { offset, len, size }),
+    }
+}
+
+/// A fixed-size, byte-addressed buffer that an HCA may read and write at any time.
+///
+/// Offsets and lengths are in bytes from the start of the buffer. Implementations must keep the bytes
+/// at a fixed place for the buffer's whole life (registered memory does not move), must be safe to call
+/// from several threads at once (a progress thread and the application), and must never access outside
+/// `[0, len())`: every method checks its range first.
+pub trait Memory: Send + Sync + fmt::Debug {
+    /// Size in bytes.
+    fn len(&self) -> usize;
+
+    /// Whether the memory is zero bytes long.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the bytes live.
+    fn kind(&self) -> MemoryKind;
+
+    /// Copies `dst.len()` bytes starting at `offset` into `dst`.
+    ///
+    /// # Errors
+    /// [`MemoryError::OutOfBounds`]; nothing is copied then.
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemoryError>;
+
+    /// Copies `src` into the memory starting at `offset`.
+    ///
+    /// # Errors
+    /// [`MemoryError::OutOfBounds`]; nothing is written then.
+    fn write(&self, offset: usize, src: &[u8]) -> Result<(), MemoryError>;
+
+    /// Atomic 64-bit compare-and-swap at `offset` (IBTA vol. 1 §9.4.5 CmpSwap): if the word equals
+    /// `compare` it becomes `swap`. Returns the original value. The word is in host byte order, as
+    /// verbs atomics are.
+    ///
+    /// # Errors
+    /// [`MemoryError::OutOfBounds`], [`MemoryError::Misaligned`].
+    fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> Result<u64, MemoryError>;
+
+    /// Atomic 64-bit fetch-and-add at `offset` (IBTA vol. 1 §9.4.5 FetchAdd), wrapping. Returns the
+    /// original value.
+    ///
+    /// # Errors
+    /// [`MemoryError::OutOfBounds`], [`MemoryError::Misaligned`].
+    fn fetch_add(&self, offset: usize, add: u64) -> Result<u64, MemoryError>;
+}
