@@ -246,7 +246,7 @@ impl Repr {
     /// # Errors
     /// [`Error::Truncated`] under 28 bytes; [`Error::Malformed`] when the hardware type is not
     /// Ethernet (1), the protocol type not IPv4 (0x0800), or the address lengths not 6 and 4.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
+    pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Repr> {
         packet.check_len()?;
         let malformed = |what| {
             Err(Error::Malformed {

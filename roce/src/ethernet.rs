@@ -359,7 +359,7 @@ impl Repr {
     ///
     /// # Errors
     /// [`Error::Truncated`] as [`Frame::check_len`].
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(frame: &Frame<&T>) -> Result<Repr> {
+    pub fn parse<T: AsRef<[u8]>>(frame: &Frame<T>) -> Result<Repr> {
         frame.check_len()?;
         Ok(Repr {
             src_addr: frame.src_addr(),

@@ -436,7 +436,7 @@ impl Repr {
     /// [`Error::BadVersion`] when the version is not 4; [`Error::BadChecksum`] (layer `Ipv4`) when the
     /// header checksum does not verify; [`Error::Malformed`] for a fragment (MF set or offset != 0),
     /// since RoCEv2 is never fragmented.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
+    pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Repr> {
         let len = packet.buffer.as_ref().len();
         if len < HEADER_LEN {
             return Err(Error::Truncated {

@@ -267,7 +267,7 @@ impl Repr {
     /// # Errors
     /// [`Error::Truncated`] (layer `Ipv6`) when the header or the declared payload does not fit;
     /// [`Error::BadVersion`] when the version is not 6.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
+    pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Repr> {
         let len = packet.buffer.as_ref().len();
         if len < HEADER_LEN {
             return Err(Error::Truncated {

@@ -806,3 +806,855 @@ fn strip_icrc(mut p: ParsedPacket<'_>) -> ParsedPacket<'_> {
     }
     p
 }
+
+#[cfg(test)]
+mod test {
+    //! Property tests and error-path tests of the whole-packet builder and parser.
+    //!
+    //! * Random valid packets (every opcode with the extended headers it requires, IPv4/IPv6, optional
+    //!   802.1Q tag, payload 0..=4096 bytes gathered from 1..=5 slices, UDP checksum on/off) round-trip
+    //!   through all three depths (frame, IP packet, UDP payload), and the three builders and
+    //!   [`emit_headers`] agree byte for byte.
+    //! * Arbitrary bytes and mutated valid frames (1-4 bytes changed, truncated, extended; optionally with
+    //!   the checksums and ICRC repaired so the mutation reaches the checks behind them) never panic any
+    //!   parser, and a mutated frame that still parses parses to exactly its bytes: rebuilt from what was
+    //!   parsed, it gives back the mutated frame with only the fields the builder normalises (reserved
+    //!   bits, IPv4 options, Ethernet padding) normalised.
+    //! * One test per parse error path and per build error, with the exact error.
+    extern crate std;
+
+    use std::vec;
+    use std::vec::Vec;
+
+    use core::net::{Ipv4Addr, Ipv6Addr};
+
+    use proptest::collection::vec as prop_vec;
+    use proptest::prelude::*;
+    use proptest::sample::Index;
+
+    use super::*;
+    use crate::aeth::Syndrome;
+    use crate::ethernet::{Address, VlanTag};
+    use crate::opcode::Opcode;
+
+    // ---------------------------------------------------------------------------------------------
+    // Fixtures.
+
+    const V4_SRC: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 7);
+    const V4_DST: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 8);
+    const V6_SRC: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+    const V6_DST: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2);
+
+    fn ipv4_repr() -> IpRepr {
+        IpRepr::Ipv4(ipv4::Repr {
+            src_addr: V4_SRC,
+            dst_addr: V4_DST,
+            protocol: IpProtocol::Udp,
+            payload_len: 0,
+            hop_limit: 64,
+            dscp: 26,
+            ecn: Ecn::Ect0,
+            ident: 0x1234,
+            dont_frag: true,
+        })
+    }
+
+    fn ipv6_repr() -> IpRepr {
+        IpRepr::Ipv6(ipv6::Repr {
+            src_addr: V6_SRC,
+            dst_addr: V6_DST,
+            next_header: IpProtocol::Udp,
+            payload_len: 0,
+            hop_limit: 255,
+            dscp: 26,
+            ecn: Ecn::Ect1,
+            flow_label: 0x1_2345,
+        })
+    }
+
+    fn ethernet_repr(vlan: Option<VlanTag>) -> ethernet::Repr {
+        ethernet::Repr {
+            src_addr: Address([0x02, 0x00, 0x00, 0x00, 0x00, 0x01]),
+            dst_addr: Address([0x02, 0x00, 0x00, 0x00, 0x00, 0x02]),
+            vlan,
+            ethertype: EtherType::Ipv4,
+        }
+    }
+
+    /// Fixed values for every extended header `op` carries.
+    fn ext_for(op: Opcode) -> ExtReprs {
+        let want = op.ext_headers();
+        ExtReprs {
+            deth: want.contains(ExtHeaders::DETH).then_some(deth::Repr {
+                qkey: 0x1111_1111,
+                src_qpn: 0x00ab_cdef,
+            }),
+            reth: want.contains(ExtHeaders::RETH).then_some(reth::Repr {
+                virtual_address: 0x7f00_1234_5000,
+                rkey: 0x1234_abcd,
+                dma_len: 13,
+            }),
+            atomic_eth: want
+                .contains(ExtHeaders::ATOMIC_ETH)
+                .then_some(atomic_eth::request::Repr {
+                    virtual_address: 0x7f00_0000_1000,
+                    rkey: 0x0bad_cafe,
+                    swap_add_data: 0x0102_0304_0506_0708,
+                    compare_data: 0x1112_1314_1516_1718,
+                }),
+            aeth: want.contains(ExtHeaders::AETH).then_some(aeth::Repr {
+                syndrome: Syndrome::from_byte(0x1f),
+                msn: 0x0001_0203,
+            }),
+            atomic_ack_eth: want
+                .contains(ExtHeaders::ATOMIC_ACK_ETH)
+                .then_some(atomic_eth::ack::Repr {
+                    orig_remote_data: 0xdead_beef_0000_0001,
+                }),
+            immdt: want.contains(ExtHeaders::IMMDT).then_some(immdt::Repr {
+                imm_data: 0x0a0b_0c0d,
+            }),
+            ieth: want
+                .contains(ExtHeaders::IETH)
+                .then_some(ieth::Repr { rkey: 0x5555_aaaa }),
+        }
+    }
+
+    fn packet_repr(op: Opcode, ip: IpRepr, udp_checksum: bool) -> PacketRepr {
+        PacketRepr {
+            ip,
+            udp_src_port: 0xc123,
+            udp_checksum,
+            transport: TransportRepr {
+                bth: bth::Repr {
+                    opcode: op,
+                    solicited: false,
+                    mig_req: true,
+                    pad_cnt: 0,
+                    pkey: 0xffff,
+                    fecn: false,
+                    becn: false,
+                    dest_qpn: 0x11,
+                    ack_req: true,
+                    psn: 0x00ff_fffe,
+                },
+                ext: ext_for(op),
+            },
+        }
+    }
+
+    fn build(eth: &ethernet::Repr, packet: &PacketRepr, payload: &[u8]) -> Vec<u8> {
+        let mut out = vec![0u8; ethernet::VLAN_HEADER_LEN + ipv6::HEADER_LEN + 70_000];
+        let len = build_frame(eth, packet, &[payload], &mut out).expect("valid packet builds");
+        out.truncate(len);
+        out
+    }
+
+    /// An untagged IPv4 frame of `op` (with its extended headers) carrying `payload`.
+    fn frame_v4(op: Opcode, payload: &[u8], udp_checksum: bool) -> Vec<u8> {
+        build(
+            &ethernet_repr(None),
+            &packet_repr(op, ipv4_repr(), udp_checksum),
+            payload,
+        )
+    }
+
+    /// An untagged IPv6 frame of `op` carrying `payload`.
+    fn frame_v6(op: Opcode, payload: &[u8], udp_checksum: bool) -> Vec<u8> {
+        build(
+            &ethernet_repr(None),
+            &packet_repr(op, ipv6_repr(), udp_checksum),
+            payload,
+        )
+    }
+
+    fn be16(bytes: &[u8], at: usize) -> Option<u16> {
+        Some(u16::from_be_bytes([*bytes.get(at)?, *bytes.get(at + 1)?]))
+    }
+
+    /// Offset of the IP header in an Ethernet frame, read from the raw bytes.
+    fn ip_offset(frame: &[u8]) -> usize {
+        if be16(frame, 12) == Some(0x8100) {
+            ethernet::VLAN_HEADER_LEN
+        } else {
+            ethernet::HEADER_LEN
+        }
+    }
+
+    /// Recomputes, from the raw bytes and as far as the length fields allow, the IPv4 header checksum,
+    /// the ICRC and (when not zero) the UDP checksum of an Ethernet frame carrying IPv4 or IPv6; never
+    /// panics. A test edits a frame, then calls this so that only the edit is wrong.
+    fn fix_checksums(frame: &mut [u8]) {
+        let ip_start = ip_offset(frame);
+        let Some(ip) = frame.get_mut(ip_start..) else {
+            return;
+        };
+        let (ip_header_len, total) = match ip.first().map(|b| b >> 4) {
+            Some(4) => {
+                let ihl = usize::from(ip[0] & 0x0f) * 4;
+                if ihl < ipv4::HEADER_LEN || ip.len() < ihl {
+                    return;
+                }
+                ipv4::Packet::new_unchecked(&mut *ip).fill_checksum();
+                (ihl, usize::from(be16(ip, 2).unwrap_or(0)))
+            }
+            Some(6) if ip.len() >= ipv6::HEADER_LEN => (
+                ipv6::HEADER_LEN,
+                ipv6::HEADER_LEN + usize::from(be16(ip, 4).unwrap_or(0)),
+            ),
+            _ => return,
+        };
+        if total < ip_header_len || total > ip.len() {
+            return;
+        }
+        let packet = &mut ip[..total];
+        let _ = icrc::write(packet);
+        let datagram = &mut packet[ip_header_len..];
+        let (Some(len), Some(checksum)) = (be16(datagram, 4), be16(datagram, 6)) else {
+            return;
+        };
+        let len = usize::from(len);
+        if checksum == 0 || len < udp::HEADER_LEN || len > datagram.len() {
+            return;
+        }
+        let mut udp_packet = udp::Packet::new_unchecked(&mut datagram[..len]);
+        if ip_header_len == ipv6::HEADER_LEN {
+            udp_packet.fill_checksum_v6(
+                ipv6::Packet::new_unchecked(&ip[..]).src_addr(),
+                ipv6::Packet::new_unchecked(&ip[..]).dst_addr(),
+            );
+        } else {
+            let src = ipv4::Packet::new_unchecked(&ip[..]).src_addr();
+            let dst = ipv4::Packet::new_unchecked(&ip[..]).dst_addr();
+            let datagram = &mut ip[ip_header_len..ip_header_len + len];
+            udp::Packet::new_unchecked(datagram).fill_checksum_v4(src, dst);
+        }
+    }
+
+    /// `frame` with its UDP payload (BTH onwards, ICRC slot included) replaced by `udp_payload`; IP
+    /// and UDP lengths set to match, checksums and ICRC recomputed.
+    fn with_udp_payload(frame: &[u8], udp_payload: &[u8]) -> Vec<u8> {
+        let ip_start = ip_offset(frame);
+        let v4 = frame[ip_start] >> 4 == 4;
+        let ip_len = if v4 {
+            ipv4::HEADER_LEN
+        } else {
+            ipv6::HEADER_LEN
+        };
+        let udp_start = ip_start + ip_len;
+        let mut out = frame[..udp_start + udp::HEADER_LEN].to_vec();
+        out.extend_from_slice(udp_payload);
+        let udp_len = (udp::HEADER_LEN + udp_payload.len()) as u16;
+        out[udp_start + 4..udp_start + 6].copy_from_slice(&udp_len.to_be_bytes());
+        if v4 {
+            let total = (ip_len as u16 + udp_len).to_be_bytes();
+            out[ip_start + 2..ip_start + 4].copy_from_slice(&total);
+        } else {
+            out[ip_start + 4..ip_start + 6].copy_from_slice(&udp_len.to_be_bytes());
+        }
+        fix_checksums(&mut out);
+        out
+    }
+
+    /// Start of the UDP payload (the BTH) in a frame built without IPv4 options.
+    fn bth_offset(frame: &[u8]) -> usize {
+        let ip_start = ip_offset(frame);
+        let ip_len = if frame[ip_start] >> 4 == 4 {
+            usize::from(frame[ip_start] & 0x0f) * 4
+        } else {
+            ipv6::HEADER_LEN
+        };
+        ip_start + ip_len + udp::HEADER_LEN
+    }
+
+    /// Feeds `data` to every parser and to [`fuzz_entry`]; none may panic.
+    fn feed_all(data: &[u8]) {
+        fuzz_entry(data);
+        let _ = parse_frame(data);
+        let _ = parse_ip_packet(data);
+        let _ = parse_udp_payload(data);
+        let _ = TransportRepr::parse(data);
+        let udp_repr = udp::Repr {
+            src_port: 0xc000,
+            dst_port: udp::ROCEV2_PORT,
+            payload_len: data.len(),
+        };
+        let _ = icrc_of_udp_payload(&ipv4_repr(), &udp_repr, data);
+        let _ = icrc_of_udp_payload(&ipv6_repr(), &udp_repr, data);
+    }
+
+    // ---------------------------------------------------------------------------------------------
+    // Strategies.
+
+    fn arb_ecn() -> impl Strategy<Value = Ecn> {
+        (0u8..4).prop_map(Ecn::from_bits)
+    }
+
+    /// A valid IP header; the fields the builder sets (protocol, payload length) hold junk.
+    fn arb_ip() -> impl Strategy<Value = IpRepr> {
+        let v4 = (
+            any::<[u8; 4]>(),
+            any::<[u8; 4]>(),
+            any::<u8>(),
+            0u8..64,
+            arb_ecn(),
+            any::<u16>(),
+            any::<bool>(),
+            (any::<u8>(), 0usize..100_000),
+        )
+            .prop_map(
+                |(src, dst, hop_limit, dscp, ecn, ident, dont_frag, (protocol, payload_len))| {
+                    IpRepr::Ipv4(ipv4::Repr {
+                        src_addr: Ipv4Addr::from(src),
+                        dst_addr: Ipv4Addr::from(dst),
+                        protocol: IpProtocol::from(protocol),
+                        payload_len,
+                        hop_limit,
+                        dscp,
+                        ecn,
+                        ident,
+                        dont_frag,
+                    })
+                },
+            );
+        let v6 = (
+            any::<[u8; 16]>(),
+            any::<[u8; 16]>(),
+            any::<u8>(),
+            0u8..64,
+            arb_ecn(),
+            0u32..(1 << 20),
+            (any::<u8>(), 0usize..100_000),
+        )
+            .prop_map(
+                |(src, dst, hop_limit, dscp, ecn, flow_label, (next_header, payload_len))| {
+                    IpRepr::Ipv6(ipv6::Repr {
+                        src_addr: Ipv6Addr::from(src),
+                        dst_addr: Ipv6Addr::from(dst),
+                        next_header: IpProtocol::from(next_header),
+                        payload_len,
+                        hop_limit,
+                        dscp,
+                        ecn,
+                        flow_label,
+                    })
+                },
+            );
+        prop_oneof![v4, v6]
+    }
+
+    /// An Ethernet header, with or without an 802.1Q tag; the EtherType (set by the builder) is junk.
+    fn arb_ethernet() -> impl Strategy<Value = ethernet::Repr> {
+        (
+            any::<[u8; 6]>(),
+            any::<[u8; 6]>(),
+            proptest::option::of((0u8..8, any::<bool>(), 0u16..4096)),
+            any::<u16>(),
+        )
+            .prop_map(|(src, dst, vlan, ethertype)| ethernet::Repr {
+                src_addr: Address(src),
+                dst_addr: Address(dst),
+                vlan: vlan.map(|(pcp, dei, vid)| VlanTag { pcp, dei, vid }),
+                ethertype: EtherType::from(ethertype),
+            })
+    }
+
+    /// Random values for exactly the extended headers in `want`.
+    fn arb_ext(want: ExtHeaders) -> impl Strategy<Value = ExtReprs> {
+        (
+            (any::<u32>(), 0u32..(1 << 24)),
+            (any::<u64>(), any::<u32>(), any::<u32>()),
+            (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>()),
+            (any::<u8>(), 0u32..(1 << 24)),
+            any::<u64>(),
+            any::<u32>(),
+            any::<u32>(),
+        )
+            .prop_map(move |(d, r, a, ack, orig, imm, inv)| ExtReprs {
+                deth: want.contains(ExtHeaders::DETH).then_some(deth::Repr {
+                    qkey: d.0,
+                    src_qpn: d.1,
+                }),
+                reth: want.contains(ExtHeaders::RETH).then_some(reth::Repr {
+                    virtual_address: r.0,
+                    rkey: r.1,
+                    dma_len: r.2,
+                }),
+                atomic_eth: want
+                    .contains(ExtHeaders::ATOMIC_ETH)
+                    .then_some(atomic_eth::request::Repr {
+                        virtual_address: a.0,
+                        rkey: a.1,
+                        swap_add_data: a.2,
+                        compare_data: a.3,
+                    }),
+                aeth: want.contains(ExtHeaders::AETH).then_some(aeth::Repr {
+                    syndrome: Syndrome::from_byte(ack.0),
+                    msn: ack.1,
+                }),
+                atomic_ack_eth: want
+                    .contains(ExtHeaders::ATOMIC_ACK_ETH)
+                    .then_some(atomic_eth::ack::Repr {
+                        orig_remote_data: orig,
+                    }),
+                immdt: want
+                    .contains(ExtHeaders::IMMDT)
+                    .then_some(immdt::Repr { imm_data: imm }),
+                ieth: want
+                    .contains(ExtHeaders::IETH)
+                    .then_some(ieth::Repr { rkey: inv }),
+            })
+    }
+
+    /// Any known opcode with random BTH fields (PadCnt junk: the builder sets it) and its extended
+    /// headers.
+    fn arb_transport() -> impl Strategy<Value = TransportRepr> {
+        proptest::sample::select(Opcode::ALL.to_vec()).prop_flat_map(|opcode| {
+            (
+                (any::<bool>(), any::<bool>(), 0u8..4, any::<u16>()),
+                (any::<bool>(), any::<bool>(), 0u32..(1 << 24)),
+                (any::<bool>(), 0u32..(1 << 24)),
+                arb_ext(opcode.ext_headers()),
+            )
+                .prop_map(
+                    move |(
+                        (solicited, mig_req, pad_cnt, pkey),
+                        (fecn, becn, dest_qpn),
+                        (ack_req, psn),
+                        ext,
+                    )| TransportRepr {
+                        bth: bth::Repr {
+                            opcode,
+                            solicited,
+                            mig_req,
+                            pad_cnt,
+                            pkey,
+                            fecn,
+                            becn,
+                            dest_qpn,
+                            ack_req,
+                            psn,
+                        },
+                        ext,
+                    },
+                )
+        })
+    }
+
+    /// A valid packet to build: headers, payload (empty for opcodes without one) and up to 4 cut
+    /// points that split the payload into 1..=5 slices.
+    #[derive(Debug, Clone)]
+    struct Case {
+        ethernet: ethernet::Repr,
+        packet: PacketRepr,
+        payload: Vec<u8>,
+        cuts: Vec<usize>,
+    }
+
+    impl Case {
+        fn slices(&self) -> Vec<&[u8]> {
+            let mut slices = Vec::new();
+            let mut at = 0;
+            for &cut in &self.cuts {
+                slices.push(&self.payload[at..cut]);
+                at = cut;
+            }
+            slices.push(&self.payload[at..]);
+            slices
+        }
+
+        /// The pad the IBTA requires (§9.2), computed here independently of [`mtu::pad_cnt`].
+        fn pad(&self) -> usize {
+            (4 - self.payload.len() % 4) % 4
+        }
+
+        fn udp_payload_len(&self) -> usize {
+            self.packet.transport.header_len() + self.payload.len() + self.pad() + icrc::ICRC_LEN
+        }
+
+        fn expected_ethernet(&self) -> ethernet::Repr {
+            let mut e = self.ethernet;
+            e.ethertype = match self.packet.ip {
+                IpRepr::Ipv4(_) => EtherType::Ipv4,
+                IpRepr::Ipv6(_) => EtherType::Ipv6,
+            };
+            e
+        }
+
+        fn expected_ip(&self) -> IpRepr {
+            let udp_len = udp::HEADER_LEN + self.udp_payload_len();
+            match self.packet.ip {
+                IpRepr::Ipv4(mut r) => {
+                    r.protocol = IpProtocol::Udp;
+                    r.payload_len = udp_len;
+                    IpRepr::Ipv4(r)
+                }
+                IpRepr::Ipv6(mut r) => {
+                    r.next_header = IpProtocol::Udp;
+                    r.payload_len = udp_len;
+                    IpRepr::Ipv6(r)
+                }
+            }
+        }
+
+        fn expected_udp(&self) -> udp::Repr {
+            udp::Repr {
+                src_port: self.packet.udp_src_port,
+                dst_port: udp::ROCEV2_PORT,
+                payload_len: self.udp_payload_len(),
+            }
+        }
+
+        fn expected_transport(&self) -> TransportRepr {
+            let mut t = self.packet.transport;
+            t.bth.pad_cnt = self.pad() as u8;
+            t
+        }
+    }
+
+    fn arb_case() -> impl Strategy<Value = Case> {
+        (
+            arb_ethernet(),
+            arb_ip(),
+            any::<u16>(),
+            any::<bool>(),
+            arb_transport(),
+        )
+            .prop_flat_map(|(ethernet, ip, udp_src_port, udp_checksum, transport)| {
+                let packet = PacketRepr {
+                    ip,
+                    udp_src_port,
+                    udp_checksum,
+                    transport,
+                };
+                let max = if transport.bth.opcode.has_payload() {
+                    4096
+                } else {
+                    0
+                };
+                (prop_vec(any::<u8>(), 0..=max), prop_vec(any::<Index>(), 0..=4)).prop_map(
+                    move |(payload, cuts)| {
+                        let mut cuts: Vec<usize> =
+                            cuts.iter().map(|i| i.index(payload.len() + 1)).collect();
+                        cuts.sort_unstable();
+                        Case {
+                            ethernet,
+                            packet,
+                            payload,
+                            cuts,
+                        }
+                    },
+                )
+            })
+    }
+
+    /// A change to a valid frame.
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        /// XOR 1..=4 bytes (at random positions) with non-zero values.
+        Flip(Vec<(Index, u8)>),
+        /// Cut the frame short.
+        Truncate(Index),
+        /// Append bytes (Ethernet padding, or junk).
+        Extend(Vec<u8>),
+    }
+
+    impl Mutation {
+        fn apply(&self, frame: &[u8]) -> Vec<u8> {
+            let mut out = frame.to_vec();
+            match self {
+                Mutation::Flip(flips) => {
+                    for (at, xor) in flips {
+                        let at = at.index(out.len());
+                        out[at] ^= xor;
+                    }
+                }
+                Mutation::Truncate(at) => out.truncate(at.index(out.len())),
+                Mutation::Extend(bytes) => out.extend_from_slice(bytes),
+            }
+            out
+        }
+    }
+
+    fn arb_mutation() -> impl Strategy<Value = Mutation> {
+        prop_oneof![
+            3 => prop_vec((any::<Index>(), 1u8..=255), 1..=4).prop_map(Mutation::Flip),
+            1 => any::<Index>().prop_map(Mutation::Truncate),
+            1 => prop_vec(any::<u8>(), 1..64).prop_map(Mutation::Extend),
+        ]
+    }
+
+    // ---------------------------------------------------------------------------------------------
+    // (a) Random valid packets round-trip.
+
+    /// Checks that `case` builds and parses back at all three depths, and that every builder and
+    /// [`emit_headers`] write the same bytes.
+    fn check_round_trip(case: &Case) -> core::result::Result<(), TestCaseError> {
+        let slices = case.slices();
+        prop_assert_eq!(slices.len(), case.cuts.len() + 1);
+        let eth_len = case.ethernet.buffer_len();
+        let ip_len = case.packet.ip.header_len();
+        let ip_packet_len = case.packet.ip_packet_len(case.payload.len());
+        let frame_len = eth_len + ip_packet_len;
+        prop_assert_eq!(
+            ip_packet_len,
+            ip_len + udp::HEADER_LEN + case.udp_payload_len()
+        );
+
+        // build_frame: exact length, bytes past it untouched.
+        let mut out = vec![0xa5u8; frame_len + 64];
+        let len = build_frame(&case.ethernet, &case.packet, &slices, &mut out)
+            .map_err(|e| TestCaseError::fail(std::format!("build_frame: {e}")))?;
+        prop_assert_eq!(len, frame_len);
+        prop_assert!(out[len..].iter().all(|&b| b == 0xa5));
+        let frame = &out[..len];
+
+        // parse_frame: every header as built, the payload, the pad and the ICRC.
+        let p = parse_frame(frame)
+            .map_err(|e| TestCaseError::fail(std::format!("parse_frame: {e}")))?;
+        prop_assert_eq!(p.ethernet, Some(case.expected_ethernet()));
+        prop_assert_eq!(p.ip, case.expected_ip());
+        prop_assert_eq!(p.udp, case.expected_udp());
+        prop_assert_eq!(p.transport, case.expected_transport());
+        prop_assert_eq!(p.payload, &case.payload[..]);
+        let payload_end = len - icrc::ICRC_LEN - case.pad();
+        prop_assert!(frame[payload_end..len - icrc::ICRC_LEN]
+            .iter()
+            .all(|&b| b == 0));
+        let wire_icrc = icrc::from_wire(frame[len - 4..].try_into().unwrap());
+        prop_assert_eq!(p.icrc, wire_icrc);
+        prop_assert_eq!(Ok(p.icrc), icrc::compute(&frame[eth_len..len - 4]));
+        let udp_checksum = be16(frame, eth_len + ip_len + 6).unwrap();
+        prop_assert_eq!(udp_checksum != 0, case.packet.udp_checksum);
+
+        // emit_headers + payload slices + trailer is the same frame, with or without Ethernet.
+        let mut headers = [0u8; MAX_HEADERS_LEN];
+        let (n, trailer) = emit_headers(Some(&case.ethernet), &case.packet, &slices, &mut headers)
+            .map_err(|e| TestCaseError::fail(std::format!("emit_headers: {e}")))?;
+        let mut gathered = headers[..n].to_vec();
+        for s in &slices {
+            gathered.extend_from_slice(s);
+        }
+        gathered.extend_from_slice(trailer.as_bytes());
+        prop_assert_eq!(&gathered[..], frame);
+        prop_assert_eq!(trailer.icrc(), p.icrc);
+        prop_assert_eq!(trailer.as_bytes().len(), case.pad() + icrc::ICRC_LEN);
+        let (n_ip, trailer_ip) = emit_headers(None, &case.packet, &slices, &mut headers).unwrap();
+        prop_assert_eq!(n_ip, n - eth_len);
+        prop_assert_eq!(&headers[..n_ip], &frame[eth_len..n]);
+        prop_assert_eq!(trailer_ip, trailer);
+
+        // IP packet depth.
+        let mut ip_out = vec![0xa5u8; ip_packet_len + 8];
+        let ip_n = build_ip_packet(&case.packet, &slices, &mut ip_out).unwrap();
+        prop_assert_eq!(&ip_out[..ip_n], &frame[eth_len..]);
+        prop_assert!(ip_out[ip_n..].iter().all(|&b| b == 0xa5));
+        let pi = parse_ip_packet(&ip_out[..ip_n]).unwrap();
+        prop_assert_eq!(pi, ParsedPacket { ethernet: None, ..p });
+
+        // UDP payload depth: the kernel-socket path, with the ICRC computed from the socket's view.
+        let udp_start = eth_len + ip_len + udp::HEADER_LEN;
+        let mut udp_out = vec![0xa5u8; case.udp_payload_len() + 8];
+        let udp_n = build_udp_payload(&case.packet, &slices, &mut udp_out).unwrap();
+        prop_assert_eq!(&udp_out[..udp_n], &frame[udp_start..]);
+        prop_assert!(udp_out[udp_n..].iter().all(|&b| b == 0xa5));
+        let udp_payload = &udp_out[..udp_n];
+        let pt = parse_udp_payload(udp_payload).unwrap();
+        prop_assert_eq!(pt.transport, p.transport);
+        prop_assert_eq!(pt.payload, p.payload);
+        prop_assert_eq!(pt.icrc, p.icrc);
+        prop_assert_eq!(icrc_of_udp_payload(&p.ip, &p.udp, udp_payload), Ok(p.icrc));
+        // The builder's input repr (junk protocol and length) and changed masked fields (TTL, DSCP,
+        // ECN, flow label) give the same ICRC.
+        let mut socket_ip = case.packet.ip;
+        match &mut socket_ip {
+            IpRepr::Ipv4(r) => {
+                r.hop_limit = r.hop_limit.wrapping_add(1);
+                r.dscp ^= 0x3f;
+                r.ecn = Ecn::Ce;
+            }
+            IpRepr::Ipv6(r) => {
+                r.hop_limit = r.hop_limit.wrapping_add(1);
+                r.dscp ^= 0x3f;
+                r.ecn = Ecn::Ce;
+                r.flow_label ^= 0xf_ffff;
+            }
+        }
+        prop_assert_eq!(
+            icrc_of_udp_payload(&socket_ip, &p.udp, udp_payload),
+            Ok(p.icrc)
+        );
+
+        // The fuzz oracle agrees.
+        fuzz_entry(frame);
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn random_packets_round_trip(case in arb_case()) {
+            check_round_trip(&case)?;
+        }
+
+        /// The same, with the payload gathered from many empty and one-byte slices.
+        #[test]
+        fn round_trip_with_tiny_slices(
+            case in arb_case(),
+            split in prop_vec(0usize..3, 0..64),
+        ) {
+            let mut case = case;
+            let mut at = 0;
+            case.cuts.clear();
+            for step in split {
+                at = (at + step).min(case.payload.len());
+                case.cuts.push(at);
+            }
+            check_round_trip(&case)?;
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------------
+    // (b) Arbitrary and near-valid input: no panic, no silent misparse.
+
+    /// What the builder makes of the packet that `bytes` (which parsed as `p`) hold: the same bytes
+    /// with the reserved bits the parser ignores cleared (IPv4 evil bit, BTH resv6/resv7, DETH
+    /// reserved byte), IPv4 options and Ethernet padding dropped, and checksums and ICRC recomputed.
+    /// Computed from the raw bytes, not from `p`.
+    fn normalised(bytes: &[u8], p: &ParsedPacket<'_>) -> Vec<u8> {
+        let ip_start = ip_offset(bytes);
+        let ip = &bytes[ip_start..];
+        let mut out = bytes[..ip_start].to_vec();
+        let ip_header_len = match ip[0] >> 4 {
+            4 => {
+                let ihl = usize::from(ip[0] & 0x0f) * 4;
+                let total = usize::from(be16(ip, 2).unwrap());
+                out.extend_from_slice(&ip[..ipv4::HEADER_LEN]);
+                out.extend_from_slice(&ip[ihl..total]);
+                out[ip_start] = 0x45;
+                let new_total = (total - (ihl - ipv4::HEADER_LEN)) as u16;
+                out[ip_start + 2..ip_start + 4].copy_from_slice(&new_total.to_be_bytes());
+                out[ip_start + 6] &= 0x7f;
+                ipv4::HEADER_LEN
+            }
+            _ => {
+                let total = ipv6::HEADER_LEN + usize::from(be16(ip, 4).unwrap());
+                out.extend_from_slice(&ip[..total]);
+                ipv6::HEADER_LEN
+            }
+        };
+        let bth_at = ip_start + ip_header_len + udp::HEADER_LEN;
+        out[bth_at + 4] &= 0xc0;
+        out[bth_at + 8] &= 0x80;
+        if let Some(at) = p.transport.bth.opcode.ext_offsets().and_then(|o| o.deth) {
+            out[bth_at + bth::HEADER_LEN + at + 4] = 0;
+        }
+        fix_checksums(&mut out);
+        out
+    }
+
+    /// Checks that `bytes`, which parsed as `p`, is exactly what `p` rebuilds into (up to the
+    /// normalisation of [`normalised`]).
+    fn check_no_misparse(bytes: &[u8], p: &ParsedPacket<'_>) -> core::result::Result<(), TestCaseError> {
+        let ethernet = p.ethernet.expect("parse_frame sets the Ethernet header");
+        let udp_checksum_at = ip_offset(bytes)
+            + match p.ip {
+                IpRepr::Ipv4(_) => usize::from(bytes[ip_offset(bytes)] & 0x0f) * 4,
+                IpRepr::Ipv6(_) => ipv6::HEADER_LEN,
+            }
+            + 6;
+        let packet = PacketRepr {
+            ip: p.ip,
+            udp_src_port: p.udp.src_port,
+            udp_checksum: be16(bytes, udp_checksum_at) != Some(0),
+            transport: p.transport,
+        };
+        let mut out = vec![0u8; bytes.len() + 64];
+        let len = build_frame(&ethernet, &packet, &[p.payload], &mut out)
+            .map_err(|e| TestCaseError::fail(std::format!("rebuild: {e}")))?;
+        let want = normalised(bytes, p);
+        prop_assert_eq!(
+            &out[..len],
+            &want[..],
+            "parsed {:?} from {:02x?}",
+            p,
+            bytes
+        );
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(data in prop_vec(any::<u8>(), 0..256)) {
+            feed_all(&data);
+        }
+
+        /// Random bytes behind a plausible Ethernet + IPv4/IPv6 + UDP prefix, with the checksums and
+        /// ICRC repaired, so they reach the transport checks.
+        #[test]
+        fn random_transport_never_panics(
+            v6 in any::<bool>(),
+            udp_payload in prop_vec(any::<u8>(), 0..128),
+        ) {
+            let base = if v6 {
+                frame_v6(Opcode::RcSendOnly, &[], true)
+            } else {
+                frame_v4(Opcode::RcSendOnly, &[], false)
+            };
+            let frame = with_udp_payload(&base, &udp_payload);
+            feed_all(&frame);
+            if let Ok(p) = parse_frame(&frame) {
+                check_no_misparse(&frame, &p)?;
+            }
+        }
+
+        /// Valid frames, mutated: no parser panics; whatever still parses is exactly what its bytes
+        /// say. With `repair`, the checksums and ICRC are recomputed after the mutation so that it
+        /// reaches the checks behind them.
+        #[test]
+        fn mutated_frames_parse_exactly_or_fail(
+            case in arb_case(),
+            mutation in arb_mutation(),
+            repair in any::<bool>(),
+        ) {
+            let mut out = vec![0u8; 9216];
+            let len = build_frame(&case.ethernet, &case.packet, &case.slices(), &mut out).unwrap();
+            let mut frame = mutation.apply(&out[..len]);
+            if repair {
+                fix_checksums(&mut frame);
+            }
+            feed_all(&frame);
+            if let Ok(p) = parse_frame(&frame) {
+                check_no_misparse(&frame, &p)?;
+            }
+        }
+    }
+
+    /// The scapy frames of every opcode (IPv4 and IPv6), as the fuzz corpus seeds: each parses and
+    /// is exactly what it rebuilds into, and every single-byte change of it (repaired or not) either
+    /// fails or parses exactly.
+    #[test]
+    fn every_byte_of_every_opcode_mutated() {
+        for op in Opcode::ALL {
+            let payload: &[u8] = if op.has_payload() { b"hello, rdma!!" } else { b"" };
+            for frame in [frame_v4(op, payload, true), frame_v6(op, payload, false)] {
+                let p = parse_frame(&frame).unwrap();
+                check_no_misparse(&frame, &p).unwrap();
+                for at in 0..frame.len() {
+                    for xor in [0x01u8, 0x80, 0xff] {
+                        let mut m = frame.clone();
+                        m[at] ^= xor;
+                        for repair in [false, true] {
+                            if repair {
+                                fix_checksums(&mut m);
+                            }
+                            feed_all(&m);
+                            if let Ok(p) = parse_frame(&m) {
+                                check_no_misparse(&m, &p).unwrap();
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

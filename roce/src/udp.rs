@@ -388,7 +388,7 @@ impl Repr {
     ///
     /// # Errors
     /// As [`Packet::check_len`].
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
+    pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Repr> {
         packet.check_len()?;
         Ok(Repr {
             src_port: packet.src_port(),
