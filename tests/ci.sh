@@ -6,4 +6,9 @@ cd "$(dirname "$0")/.."
 bash tests/setup.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The wire format is no_std: its tests must also build and pass without the `std` feature.
+cargo clippy -p roce --no-default-features --all-targets -- -D warnings
+cargo test -p roce --no-default-features
+# The cargo-fuzz target (not a workspace member) must keep building.
+cargo check --quiet --manifest-path roce/fuzz/Cargo.toml
 cargo test --workspace

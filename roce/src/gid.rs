@@ -168,6 +168,8 @@ impl fmt::Debug for Gid {
 
 #[cfg(test)]
 mod test {
+    extern crate std;
+
     use super::*;
     use proptest::prelude::*;
     use std::string::ToString;

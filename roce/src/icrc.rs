@@ -494,6 +494,8 @@ pub const fn from_wire(bytes: [u8; ICRC_LEN]) -> u32 {
 
 #[cfg(test)]
 mod test {
+    extern crate std;
+
     use super::*;
     use proptest::prelude::*;
 

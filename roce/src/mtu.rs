@@ -167,6 +167,8 @@ pub const fn pad_cnt(payload_len: usize) -> u8 {
 
 #[cfg(test)]
 mod test {
+    extern crate std;
+
     use super::*;
     use proptest::prelude::*;
 

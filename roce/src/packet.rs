@@ -24,6 +24,11 @@
 //! 4791 and checksum (a zero UDP checksum means "not computed" and is accepted on IPv4 and IPv6, as Linux
 //! rxe sends zero over IPv6); BTH TVer and opcode; extended header lengths; PadCnt (IBTA §9.2: the pad
 //! makes the payload a multiple of 4 bytes); and the ICRC (IBTA §7.8.1, Annex A17.3.3).
+//!
+//! Not checked, as Linux rxe does not check them either: the content of the pad bytes (covered by the
+//! ICRC, so only the sender chooses it; the builder writes zeros), reserved bits (the IPv4 reserved
+//! flag, BTH resv6/resv7, DETH's reserved byte: ignored on parse and written as zero), and IPv4 options
+//! (skipped on parse, never emitted).
 
 use core::net::IpAddr;
 
@@ -113,7 +118,8 @@ impl TransportRepr {
     ///
     /// # Errors
     /// [`Error::UnknownOpcode`]; [`Error::Malformed`] (layer `Bth`) when the extended headers present
-    /// differ from the opcode's (IBTA vol. 1 §9.3).
+    /// differ from the opcode's (IBTA vol. 1 §9.3); [`Error::Malformed`] (layer `Aeth`) when the AETH
+    /// syndrome does not survive its 8-bit encoding.
     pub fn check(&self) -> Result<()> {
         let Some(info) = self.bth.opcode.info() else {
             return Err(Error::UnknownOpcode(u8::from(self.bth.opcode)));
@@ -123,6 +129,17 @@ impl TransportRepr {
                 layer: Layer::Bth,
                 what: "extended headers present differ from those the opcode carries",
             });
+        }
+        if let Some(aeth) = self.ext.aeth {
+            // A syndrome that would not read back as itself (a `Reserved` byte of a defined class, a
+            // NAK code or credit wider than its 5 bits) would put something on the wire other than
+            // what the caller asked for.
+            if aeth::Syndrome::from_byte(aeth.syndrome.to_byte()) != aeth.syndrome {
+                return Err(Error::Malformed {
+                    layer: Layer::Aeth,
+                    what: "syndrome does not fit its 8-bit encoding (IBTA vol. 1 table 43)",
+                });
+            }
         }
         Ok(())
     }
@@ -379,6 +396,33 @@ fn payload_len_of(payload: &[&[u8]]) -> usize {
     payload.iter().map(|s| s.len()).sum()
 }
 
+/// The checks every builder makes before writing anything: opcode and extended headers, payload only
+/// where the opcode carries one, and the IP length limit. Returns the PadCnt and the UDP length (bytes).
+fn check_build(packet: &PacketRepr, payload: &[&[u8]]) -> Result<(u8, usize)> {
+    packet.transport.check()?;
+    let payload_len = payload_len_of(payload);
+    if payload_len != 0 && !packet.transport.bth.opcode.has_payload() {
+        return Err(Error::Malformed {
+            layer: Layer::Payload,
+            what: "payload given for an opcode that carries none",
+        });
+    }
+    let pad = mtu::pad_cnt(payload_len);
+    let udp_len = udp::HEADER_LEN
+        + packet.transport.header_len()
+        + payload_len
+        + usize::from(pad)
+        + icrc::ICRC_LEN;
+    if udp_len > packet.ip.max_payload_len() {
+        let layer = match packet.ip {
+            IpRepr::Ipv4(_) => Layer::Ipv4,
+            IpRepr::Ipv6(_) => Layer::Ipv6,
+        };
+        return Err(Error::BadLength(layer));
+    }
+    Ok((pad, udp_len))
+}
+
 /// Writes the headers of a packet into `out`: the Ethernet header when `ethernet` is given (its
 /// EtherType is set from the IP version), IP, UDP, BTH (with PadCnt from the payload length) and the
 /// extended headers. Computes the ICRC over headers, `payload` and pad, and the UDP checksum when asked,
@@ -395,26 +439,10 @@ pub fn emit_headers(
     payload: &[&[u8]],
     out: &mut [u8],
 ) -> Result<(usize, Trailer)> {
-    packet.transport.check()?;
-    let payload_len = payload_len_of(payload);
-    if payload_len != 0 && !packet.transport.bth.opcode.has_payload() {
-        return Err(Error::Malformed {
-            layer: Layer::Payload,
-            what: "payload given for an opcode that carries none",
-        });
-    }
-    let pad = mtu::pad_cnt(payload_len);
+    let (pad, udp_len) = check_build(packet, payload)?;
     let eth_len = ethernet.map_or(0, |e| e.buffer_len());
     let ip_len = packet.ip.header_len();
     let transport_len = packet.transport.header_len();
-    let udp_len = udp::HEADER_LEN + transport_len + payload_len + usize::from(pad) + icrc::ICRC_LEN;
-    if udp_len > packet.ip.max_payload_len() {
-        let layer = match packet.ip {
-            IpRepr::Ipv4(_) => Layer::Ipv4,
-            IpRepr::Ipv6(_) => Layer::Ipv6,
-        };
-        return Err(Error::BadLength(layer));
-    }
     let need = eth_len + ip_len + udp::HEADER_LEN + transport_len;
     let got = out.len();
     let Some(out) = out.get_mut(..need) else {
@@ -480,6 +508,17 @@ pub fn emit_headers(
     Ok((need, trailer))
 }
 
+/// `Error::BufferTooSmall` unless `out` holds `need` bytes; checked before anything is written.
+fn check_room(need: usize, out: &[u8]) -> Result<()> {
+    if out.len() < need {
+        return Err(Error::BufferTooSmall {
+            need,
+            got: out.len(),
+        });
+    }
+    Ok(())
+}
+
 fn copy_out(
     headers_len: usize,
     trailer: &Trailer,
@@ -511,6 +550,11 @@ pub fn build_frame(
     payload: &[&[u8]],
     out: &mut [u8],
 ) -> Result<usize> {
+    let (_, udp_len) = check_build(packet, payload)?;
+    check_room(
+        ethernet.buffer_len() + packet.ip.header_len() + udp_len,
+        out,
+    )?;
     let (len, trailer) = emit_headers(Some(ethernet), packet, payload, out)?;
     copy_out(len, &trailer, payload, out)
 }
@@ -520,6 +564,8 @@ pub fn build_frame(
 /// # Errors
 /// As [`build_frame`].
 pub fn build_ip_packet(packet: &PacketRepr, payload: &[&[u8]], out: &mut [u8]) -> Result<usize> {
+    let (_, udp_len) = check_build(packet, payload)?;
+    check_room(packet.ip.header_len() + udp_len, out)?;
     let (len, trailer) = emit_headers(None, packet, payload, out)?;
     copy_out(len, &trailer, payload, out)
 }
@@ -740,13 +786,20 @@ pub fn parse_frame(frame: &[u8]) -> Result<ParsedPacket<'_>> {
         _ => return Err(Error::NotRoce),
     };
     let ip_bytes = &frame[ethernet.buffer_len()..];
-    let version = ip_bytes.first().map_or(0, |b| b >> 4);
-    if !ip_bytes.is_empty() && version != expected_version {
-        let layer = if expected_version == 4 {
-            Layer::Ipv4
-        } else {
-            Layer::Ipv6
-        };
+    let (layer, min_len) = if expected_version == 4 {
+        (Layer::Ipv4, ipv4::HEADER_LEN)
+    } else {
+        (Layer::Ipv6, ipv6::HEADER_LEN)
+    };
+    let Some(&first) = ip_bytes.first() else {
+        return Err(Error::Truncated {
+            layer,
+            need: min_len,
+            got: 0,
+        });
+    };
+    let version = first >> 4;
+    if version != expected_version {
         return Err(Error::BadVersion { layer, version });
     }
     let mut parsed = parse_ip_packet(ip_bytes)?;
@@ -2728,13 +2781,47 @@ mod test {
                 got: headers
             })
         );
-        match build_frame(&eth, &packet, &[PAYLOAD_13], &mut out[..headers - 1]) {
-            Err(Error::BufferTooSmall { need, got }) => {
-                assert_eq!(got, headers - 1);
-                assert!(need == headers || need == frame.len(), "{need}");
-            }
-            other => panic!("{other:?}"),
-        }
+        // The need is the whole frame at any size, and nothing is written before the check.
+        let mut short = vec![0xa5u8; headers - 1];
+        assert_eq!(
+            build_frame(&eth, &packet, &[PAYLOAD_13], &mut short),
+            Err(Error::BufferTooSmall {
+                need: frame.len(),
+                got: headers - 1
+            })
+        );
+        assert!(short.iter().all(|&b| b == 0xa5), "a failed build wrote");
+        let ip_len = frame.len() - ethernet::HEADER_LEN;
+        assert_eq!(
+            build_ip_packet(&packet, &[PAYLOAD_13], &mut short[..0]),
+            Err(Error::BufferTooSmall {
+                need: ip_len,
+                got: 0
+            })
+        );
+    }
+
+    #[test]
+    fn empty_ip_layer_is_truncated_at_the_ethertypes_layer() {
+        let mut frame = [0u8; 14];
+        frame[12..14].copy_from_slice(&[0x86, 0xdd]);
+        assert_eq!(
+            parse_frame(&frame),
+            Err(Error::Truncated {
+                layer: Layer::Ipv6,
+                need: ipv6::HEADER_LEN,
+                got: 0
+            })
+        );
+        frame[12..14].copy_from_slice(&[0x08, 0x00]);
+        assert_eq!(
+            parse_frame(&frame),
+            Err(Error::Truncated {
+                layer: Layer::Ipv4,
+                need: ipv4::HEADER_LEN,
+                got: 0
+            })
+        );
     }
 
     proptest! {
@@ -2788,16 +2875,29 @@ mod test {
             if let (Some(r), Some(w)) = (&mut ext.aeth, &mut want_ext.aeth) {
                 r.msn = msn;
                 w.msn = msn & 0xff_ffff;
-                // A syndrome the parser could produce, or a NAK with any code: both emit as the
-                // documented byte, which parses back to its canonical form.
+                // A syndrome the parser could produce, or a NAK with any code: one that fits its
+                // 8-bit encoding builds and parses back as itself; one that does not (a NAK code
+                // wider than 5 bits) is refused before anything is written.
                 r.syndrome = if reserved {
                     Syndrome::from_byte(syndrome_byte)
                 } else {
                     Syndrome::Nak(aeth::NakCode::from(nak_code))
                 };
-                w.syndrome = Syndrome::from_byte(r.syndrome.to_byte());
+                w.syndrome = r.syndrome;
             }
+            let fits = ext
+                .aeth
+                .is_none_or(|a| Syndrome::from_byte(a.syndrome.to_byte()) == a.syndrome);
             let mut out = vec![0u8; 9216];
+            if !fits {
+                let got = build_frame(&case.ethernet, &case.packet, &case.slices(), &mut out);
+                prop_assert!(
+                    matches!(got, Err(Error::Malformed { layer: Layer::Aeth, .. })),
+                    "{:?}",
+                    got
+                );
+                return Ok(());
+            }
             let len = build_frame(&case.ethernet, &case.packet, &case.slices(), &mut out)
                 .map_err(|e| TestCaseError::fail(std::format!("build_frame: {e}")))?;
             let p = parse_frame(&out[..len])

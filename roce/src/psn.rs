@@ -121,6 +121,8 @@ impl fmt::Display for Psn {
 
 #[cfg(test)]
 mod test {
+    extern crate std;
+
     use super::*;
     use proptest::prelude::*;
 
