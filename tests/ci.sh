@@ -12,3 +12,7 @@ cargo test -p roce --no-default-features
 # The cargo-fuzz target (not a workspace member) must keep building.
 cargo check --quiet --manifest-path roce/fuzz/Cargo.toml
 cargo test --workspace
+# Real peers: Linux soft-RoCE (rdma_rxe) and rdma-core's tools in QEMU TCG guests (tests/guest/README.md).
+# The rxe-to-rxe reference matrix, then every RoCEv2 frame of its capture re-verified by the roce crate.
+bash tests/guest/setup.sh
+cargo test -p tests --test guest_reference -- --ignored --test-threads 1 reference_run_passes_and_rxe_icrcs_verify
