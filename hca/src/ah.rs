@@ -102,7 +102,7 @@ impl AhAttr {
                 value: 0,
             });
         }
-        if sgid.gid.to_ipv4().is_some() && self.dgid.to_ipv4().is_none() {
+        if sgid.gid.is_ipv4_mapped() && !self.dgid.is_ipv4_mapped() {
             return Err(Cause::InvalidValue {
                 attr: "ah_attr.grh.dgid",
                 value: self.dgid.interface_id(),
@@ -159,7 +159,7 @@ mod tests {
         d.port
             .gids
             .add(GidEntry {
-                gid: Gid::from_ipv4([10, 0, 0, 1]),
+                gid: Gid::from(core::net::Ipv4Addr::new(10, 0, 0, 1)),
                 gid_type: GidType::RoceV2,
             })
             .unwrap();
@@ -219,7 +219,7 @@ mod tests {
         ));
         assert!(check(|a| {
             a.sgid_index = 2;
-            a.dgid = Gid::from_ipv4([10, 0, 0, 2]);
+            a.dgid = Gid::from(core::net::Ipv4Addr::new(10, 0, 0, 2));
         })
         .is_ok());
         let mut small = device();

@@ -17,7 +17,7 @@ use alloc::collections::VecDeque;
 use crate::ah::{AddressHandle, AhAttr, AhHandle};
 use crate::cq::{CompletionQueue, CqHandle};
 use crate::device::{Device, DeviceAttr, PortAttr, PortState};
-use crate::error::{Cause, Object, VerbsError};
+use crate::error::{Cause, KeyError, Object, VerbsError};
 use crate::event::{AsyncEvent, AsyncEventType, EventElement};
 use crate::gid::GidEntry;
 use crate::mr::{AccessFlags, MemoryRegion, MrTable};
@@ -285,6 +285,27 @@ impl Context {
     /// The MR table, for the engine's O(1) lkey / rkey checks.
     pub fn mrs(&self) -> &MrTable {
         &self.mrs
+    }
+
+    /// The HCA invalidates a key on behalf of a QP of `pd`: a LOCAL_INV WR or a received SEND
+    /// with Invalidate (IBTA vol. 1 §10.6.5). See [`MrTable::invalidate`].
+    ///
+    /// # Errors
+    /// As [`MrTable::invalidate`].
+    pub fn invalidate_mr_key(&mut self, pd: PdHandle, key: u32) -> Result<(), KeyError> {
+        self.mrs.invalidate(pd, key)
+    }
+
+    /// The HCA counts a received packet dropped for a bad Q_Key (`qkey`) or P_Key in the port's
+    /// `qkey_viol_cntr` / `bad_pkey_cntr` (ibv_query_port(3); IBTA vol. 1 §14.2.5.6), saturating.
+    pub fn count_port_violation(&mut self, qkey: bool) {
+        let attr = &mut self.device.port.attr;
+        let counter = if qkey {
+            &mut attr.qkey_viol_cntr
+        } else {
+            &mut attr.bad_pkey_cntr
+        };
+        *counter = counter.saturating_add(1);
     }
 
     // ---- completion queues ----
@@ -847,7 +868,7 @@ mod tests {
     fn gid_and_port_events() {
         let mut c = ctx();
         let e = GidEntry {
-            gid: Gid::from_ipv4([10, 0, 0, 1]),
+            gid: Gid::from(core::net::Ipv4Addr::new(10, 0, 0, 1)),
             gid_type: GidType::RoceV2,
         };
         assert_eq!(c.add_gid(1, e), Ok(2));

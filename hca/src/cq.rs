@@ -138,8 +138,10 @@ impl CompletionQueue {
     /// Moves up to `out.len()` completions into `out`, oldest first, and returns how many
     /// (ibv_poll_cq(3)).
     pub fn poll_into(&mut self, out: &mut [WorkCompletion]) -> usize {
+        // Drain exactly as many as fit: a drain iterator dropped early would discard the rest.
+        let max = out.len();
         let mut n = 0;
-        for (slot, wc) in out.iter_mut().zip(self.poll(usize::MAX)) {
+        for (slot, wc) in out.iter_mut().zip(self.poll(max)) {
             *slot = wc;
             n += 1;
         }
@@ -254,6 +256,12 @@ mod tests {
             [2, 3, 4]
         );
         assert_eq!(cq.poll_into(&mut out), 0);
+        for i in 0..5 {
+            cq.push(wc(i), false).unwrap();
+        }
+        let mut two = [wc(99); 2];
+        assert_eq!(cq.poll_into(&mut two), 2);
+        assert_eq!(cq.len(), 3, "completions that did not fit stay queued");
     }
 
     #[test]

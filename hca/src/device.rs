@@ -8,12 +8,10 @@
 //! (`drivers/infiniband/sw/rxe/rxe_param.h`, Linux 6.x), so that programs tuned for rxe see the
 //! same limits.
 
-use alloc::vec;
-use alloc::vec::Vec;
-use core::fmt;
-
 use crate::error::{Cause, Object};
 use crate::gid::{eui64_from_mac, Gid, GidEntry, GidTable, GidType};
+use alloc::vec;
+use alloc::vec::Vec;
 
 /// Atomic operation support (`enum ibv_atomic_cap`, ibv_query_device(3)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -132,74 +130,8 @@ impl Default for DeviceAttr {
 }
 
 /// Path MTU: the largest payload of one IB transport packet (`enum ibv_mtu`; IBTA vol. 1
-/// ch. 7). The discriminant is the IBTA / ibv code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum Mtu {
-    /// 256 bytes (`IBV_MTU_256` = 1).
-    Mtu256 = 1,
-    /// 512 bytes (`IBV_MTU_512` = 2).
-    Mtu512 = 2,
-    /// 1024 bytes (`IBV_MTU_1024` = 3).
-    Mtu1024 = 3,
-    /// 2048 bytes (`IBV_MTU_2048` = 4).
-    Mtu2048 = 4,
-    /// 4096 bytes (`IBV_MTU_4096` = 5).
-    Mtu4096 = 5,
-}
-
-/// Bytes of headers rxe reserves below the path MTU when it derives the MTU from the Ethernet
-/// MTU (`RXE_MAX_HDR_LENGTH` in rxe_hdr.h).
-pub const RXE_MAX_HDR_LENGTH: u32 = 80;
-
-impl Mtu {
-    /// The MTU for an ibv code 1..=5; `None` for any other value.
-    pub const fn from_ibv(code: u8) -> Option<Mtu> {
-        match code {
-            1 => Some(Mtu::Mtu256),
-            2 => Some(Mtu::Mtu512),
-            3 => Some(Mtu::Mtu1024),
-            4 => Some(Mtu::Mtu2048),
-            5 => Some(Mtu::Mtu4096),
-            _ => None,
-        }
-    }
-
-    /// The ibv / IBTA code (1..=5).
-    pub const fn ibv(self) -> u8 {
-        self as u8
-    }
-
-    /// The MTU in bytes (256..=4096).
-    pub const fn bytes(self) -> u32 {
-        128 << (self as u32)
-    }
-
-    /// The largest path MTU not above `bytes`; `None` below 256 (rxe `rxe_mtu_int_to_enum`).
-    pub const fn from_bytes_floor(bytes: u32) -> Option<Mtu> {
-        match bytes {
-            0..=255 => None,
-            256..=511 => Some(Mtu::Mtu256),
-            512..=1023 => Some(Mtu::Mtu512),
-            1024..=2047 => Some(Mtu::Mtu1024),
-            2048..=4095 => Some(Mtu::Mtu2048),
-            _ => Some(Mtu::Mtu4096),
-        }
-    }
-
-    /// The path MTU rxe derives from an Ethernet (IP) MTU: the largest IB MTU that fits after
-    /// [`RXE_MAX_HDR_LENGTH`] bytes of headers (`eth_mtu_int_to_enum`). 1500 gives 1024, 9000
-    /// gives 4096.
-    pub const fn for_eth_mtu(eth_mtu: u32) -> Option<Mtu> {
-        Mtu::from_bytes_floor(eth_mtu.saturating_sub(RXE_MAX_HDR_LENGTH))
-    }
-}
-
-impl fmt::Display for Mtu {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.bytes())
-    }
-}
+/// §14.2.5.6): the wire crate's type, re-exported under the verbs name.
+pub use roce::PathMtu;
 
 /// Logical port state (`enum ibv_port_state`, IBTA vol. 1 ch. 14 PortInfo.PortState).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -238,9 +170,10 @@ pub struct PortAttr {
     /// Logical state.
     pub state: PortState,
     /// Largest path MTU the port supports (rxe: 4096).
-    pub max_mtu: Mtu,
-    /// Path MTU of the link as configured (rxe: from the interface MTU, 1024 for 1500).
-    pub active_mtu: Mtu,
+    pub max_mtu: PathMtu,
+    /// Path MTU of the link as configured (rxe: from the interface MTU, 1024 for 1500; UD QPs use
+    /// it as their path MTU).
+    pub active_mtu: PathMtu,
     /// GID table length (rxe: 1024).
     pub gid_tbl_len: u32,
     /// Largest message, in bytes (rxe: 2^31).
@@ -273,8 +206,8 @@ impl Default for PortAttr {
     fn default() -> Self {
         PortAttr {
             state: PortState::Active,
-            max_mtu: Mtu::Mtu4096,
-            active_mtu: Mtu::Mtu1024,
+            max_mtu: PathMtu::Mtu4096,
+            active_mtu: PathMtu::Mtu1024,
             gid_tbl_len: 1024,
             max_msg_sz: 1 << 31,
             bad_pkey_cntr: 0,
@@ -400,7 +333,7 @@ impl Device {
             ..DeviceAttr::default()
         };
         let port = PortAttr {
-            active_mtu: Mtu::for_eth_mtu(eth_mtu).unwrap_or(Mtu::Mtu256),
+            active_mtu: PathMtu::from_link_mtu(eth_mtu as usize).unwrap_or(PathMtu::Mtu256),
             ..PortAttr::default()
         };
         let mut dev = Device::new(attr, port);
@@ -460,22 +393,18 @@ mod tests {
     }
 
     #[test]
-    fn mtu_codes_and_bytes() {
-        for (code, bytes) in [(1, 256), (2, 512), (3, 1024), (4, 2048), (5, 4096)] {
-            let m = Mtu::from_ibv(code).unwrap();
-            assert_eq!(m.bytes(), bytes);
-            assert_eq!(m.ibv(), code);
-            assert_eq!(Mtu::from_bytes_floor(bytes), Some(m));
-            assert_eq!(Mtu::from_bytes_floor(bytes + 1), Some(m));
+    fn port_mtu_follows_the_link_like_rxe() {
+        for (eth, mtu) in [
+            (1500, PathMtu::Mtu1024),
+            (9000, PathMtu::Mtu4096),
+            (4096, PathMtu::Mtu2048),
+            (100, PathMtu::Mtu256),
+        ] {
+            let d = Device::soft_roce([2, 0, 0, 0, 0, 1], eth);
+            assert_eq!(d.port.attr.active_mtu, mtu, "eth mtu {eth}");
         }
-        assert_eq!(Mtu::from_ibv(0), None);
-        assert_eq!(Mtu::from_ibv(6), None);
-        assert_eq!(Mtu::from_bytes_floor(255), None);
-        assert_eq!(Mtu::for_eth_mtu(1500), Some(Mtu::Mtu1024));
-        assert_eq!(Mtu::for_eth_mtu(9000), Some(Mtu::Mtu4096));
-        assert_eq!(Mtu::for_eth_mtu(4096), Some(Mtu::Mtu2048));
-        assert_eq!(Mtu::for_eth_mtu(100), None);
-        assert!(Mtu::Mtu256 < Mtu::Mtu4096);
+        assert_eq!(PathMtu::Mtu1024.code(), 3);
+        assert!(PathMtu::Mtu256 < PathMtu::Mtu4096);
     }
 
     #[test]
@@ -484,7 +413,7 @@ mod tests {
         let d = Device::soft_roce(mac, 1500);
         assert_eq!(d.attr.node_guid, 0x5054_00ff_fe12_3456);
         assert_eq!(d.attr.sys_image_guid, d.attr.node_guid);
-        assert_eq!(d.port.attr.active_mtu, Mtu::Mtu1024);
+        assert_eq!(d.port.attr.active_mtu, PathMtu::Mtu1024);
         assert_eq!(d.port.gids.get(0).unwrap().gid_type, GidType::RoceV1);
         assert_eq!(d.port.gids.get(1).unwrap().gid_type, GidType::RoceV2);
         assert_eq!(

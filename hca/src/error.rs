@@ -664,6 +664,8 @@ pub enum KeyErrorKind {
     /// No registered MR has this key: never registered, deregistered, or an old key of a
     /// re-registered index (the low 8 bits differ).
     UnknownKey,
+    /// The MR's keys were invalidated (LOCAL_INV, SEND with Invalidate; IBTA vol. 1 §10.6.5).
+    Invalidated,
     /// The MR belongs to another protection domain than the QP using it.
     WrongPd {
         /// Index of the QP's PD.
@@ -718,6 +720,7 @@ impl fmt::Display for KeyError {
         let key = self.key;
         match self.kind {
             KeyErrorKind::UnknownKey => write!(f, "key {key:#010x} names no registered MR"),
+            KeyErrorKind::Invalidated => write!(f, "key {key:#010x} was invalidated"),
             KeyErrorKind::WrongPd { expected, found } => write!(
                 f,
                 "key {key:#010x}: MR is in PD {found}, the QP in PD {expected}"

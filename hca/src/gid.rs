@@ -13,80 +13,12 @@
 
 use alloc::vec;
 use alloc::vec::Vec;
-use core::fmt;
 
 use crate::error::{Cause, Object};
 
-/// A 128-bit Global Identifier in network byte order (IBTA vol. 1 ch. 4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Gid(pub [u8; 16]);
-
-impl Gid {
-    /// The all-zero GID, which marks an unused table entry.
-    pub const ZERO: Gid = Gid([0; 16]);
-
-    /// The IPv4-mapped GID `::ffff:a.b.c.d` used for an IPv4 address (RFC 4291 §2.5.5.2; IBTA
-    /// Annex A17).
-    pub const fn from_ipv4(addr: [u8; 4]) -> Gid {
-        let mut g = [0u8; 16];
-        g[10] = 0xff;
-        g[11] = 0xff;
-        g[12] = addr[0];
-        g[13] = addr[1];
-        g[14] = addr[2];
-        g[15] = addr[3];
-        Gid(g)
-    }
-
-    /// The IPv4 address of an IPv4-mapped GID, `None` for any other GID.
-    pub fn to_ipv4(&self) -> Option<[u8; 4]> {
-        let g = &self.0;
-        if g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff {
-            Some([g[12], g[13], g[14], g[15]])
-        } else {
-            None
-        }
-    }
-
-    /// The link-local GID `fe80::/64` with the modified EUI-64 interface identifier of a MAC
-    /// address (RFC 4291 appendix A: insert `ff:fe`, flip the universal/local bit).
-    pub const fn link_local_from_mac(mac: [u8; 6]) -> Gid {
-        let eui = eui64_from_mac(mac);
-        let mut g = [0u8; 16];
-        g[0] = 0xfe;
-        g[1] = 0x80;
-        let mut i = 0;
-        while i < 8 {
-            g[8 + i] = eui[i];
-            i += 1;
-        }
-        Gid(g)
-    }
-
-    /// Whether this is the all-zero GID.
-    pub fn is_zero(&self) -> bool {
-        self.0 == [0; 16]
-    }
-
-    /// Whether this is a multicast GID (first byte `0xff`, IBTA vol. 1 ch. 4).
-    pub fn is_multicast(&self) -> bool {
-        self.0[0] == 0xff
-    }
-
-    /// The upper 64 bits (the subnet prefix), host order.
-    pub fn subnet_prefix(&self) -> u64 {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&self.0[..8]);
-        u64::from_be_bytes(b)
-    }
-
-    /// The lower 64 bits (the interface id), host order.
-    pub fn interface_id(&self) -> u64 {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&self.0[8..]);
-        u64::from_be_bytes(b)
-    }
-}
+/// A 128-bit Global Identifier in network byte order (IBTA vol. 1 §4.1.1): the wire crate's type,
+/// re-exported so that verbs and packets speak of the same GID.
+pub use roce::Gid;
 
 /// The modified EUI-64 of a MAC address (RFC 4291 appendix A), as rxe derives its node GUID.
 pub const fn eui64_from_mac(mac: [u8; 6]) -> [u8; 8] {
@@ -100,19 +32,6 @@ pub const fn eui64_from_mac(mac: [u8; 6]) -> [u8; 8] {
         mac[4],
         mac[5],
     ]
-}
-
-impl fmt::Display for Gid {
-    /// Eight groups of four hex digits, as `ibv_devinfo -v` prints GIDs.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, pair) in self.0.chunks_exact(2).enumerate() {
-            if i > 0 {
-                f.write_str(":")?;
-            }
-            write!(f, "{:02x}{:02x}", pair[0], pair[1])?;
-        }
-        Ok(())
-    }
 }
 
 /// The RoCE version of a GID table entry (`enum ibv_gid_type`, kernel `ib_gid_type`).
@@ -235,21 +154,23 @@ mod tests {
         let g = Gid::link_local_from_mac(MAC);
         assert_eq!(
             format!("{g}"),
-            "fe80:0000:0000:0000:0000:5eff:fe10:2030",
+            "fe80::5eff:fe10:2030",
             "U/L bit of 0x02 flips to 0x00"
         );
         assert_eq!(g.subnet_prefix(), 0xfe80_0000_0000_0000);
         assert_eq!(g.interface_id(), 0x0000_5eff_fe10_2030);
-        assert_eq!(g.to_ipv4(), None);
+        assert!(!g.is_ipv4_mapped());
+        assert_eq!(
+            eui64_from_mac(MAC),
+            [0, 0, 0x5e, 0xff, 0xfe, 0x10, 0x20, 0x30]
+        );
     }
 
     #[test]
-    fn ipv4_mapped_round_trip() {
-        let g = Gid::from_ipv4([192, 168, 1, 7]);
-        assert_eq!(format!("{g}"), "0000:0000:0000:0000:0000:ffff:c0a8:0107");
-        assert_eq!(g.to_ipv4(), Some([192, 168, 1, 7]));
-        assert!(!g.is_multicast());
-        assert!(Gid([0xff; 16]).is_multicast());
+    fn ipv4_mapped_gid() {
+        let g = Gid::from(core::net::Ipv4Addr::new(192, 168, 1, 7));
+        assert_eq!(format!("{g}"), "::ffff:192.168.1.7");
+        assert!(g.is_ipv4_mapped());
     }
 
     #[test]
@@ -267,7 +188,7 @@ mod tests {
         assert_eq!(t.add(v2), Ok(1));
         assert_eq!(t.add(v1), Ok(0), "duplicates keep their index");
         let v4 = GidEntry {
-            gid: Gid::from_ipv4([10, 0, 0, 1]),
+            gid: Gid::from(core::net::Ipv4Addr::new(10, 0, 0, 1)),
             gid_type: GidType::RoceV2,
         };
         assert!(matches!(t.add(v4), Err(Cause::TooManyObjects { .. })));

@@ -50,9 +50,14 @@ pub mod ah;
 pub mod context;
 pub mod cq;
 pub mod device;
+pub mod engine;
 pub mod error;
 pub mod event;
+#[cfg(feature = "fabric")]
+pub mod fabric;
 pub mod gid;
+#[cfg(feature = "std")]
+pub mod link;
 pub mod mr;
 pub mod pd;
 pub mod qp;
@@ -65,7 +70,11 @@ pub mod wr;
 pub use ah::{AddressHandle, AhAttr, AhHandle};
 pub use context::Context;
 pub use cq::{CompletionQueue, CqHandle};
-pub use device::{AtomicCap, Device, DeviceAttr, Mtu, PortAttr, PortState};
+pub use device::{AtomicCap, Device, DeviceAttr, PathMtu, PortAttr, PortState};
+pub use engine::{
+    Counters, Datagram, DiagRecord, DropReason, EngineConfig, Instant, RateControl, SoftHca,
+    Transmit,
+};
 pub use error::{errno, Cause, KeyError, KeyErrorKind, VerbsError};
 pub use event::{AsyncEvent, AsyncEventType, EventElement};
 pub use gid::{Gid, GidEntry, GidTable, GidType};

@@ -74,6 +74,7 @@ pub struct MemoryRegion {
     access: AccessFlags,
     lkey: u32,
     rkey: u32,
+    invalidated: bool,
 }
 
 impl MemoryRegion {
@@ -111,6 +112,13 @@ impl MemoryRegion {
     /// The remote key: equal to the lkey if the MR grants any remote access, 0 otherwise (rxe).
     pub fn rkey(&self) -> u32 {
         self.rkey
+    }
+
+    /// Whether the keys were invalidated (by a LOCAL_INV WR or a SEND with Invalidate, IBTA vol. 1
+    /// §10.6.5): every key check then fails with [`KeyErrorKind::Invalidated`] until the region
+    /// is deregistered. (Fast registration, which would make it valid again, is not offered.)
+    pub fn is_invalidated(&self) -> bool {
+        self.invalidated
     }
 
     /// Whether `[iova, iova + length)` lies inside the region. Never overflows: works for ranges
@@ -207,6 +215,7 @@ impl MrTable {
             access,
             lkey: 0,
             rkey: 0,
+            invalidated: false,
         };
         let handle = self.table.insert(mr).map_err(|_| Cause::TooManyObjects {
             object: Object::Mr,
@@ -256,6 +265,37 @@ impl MrTable {
         self.lookup_lkey(rkey).filter(|mr| mr.rkey == rkey)
     }
 
+    /// Invalidates the keys of the region named by `key` (its lkey or rkey), on behalf of a QP of
+    /// `pd`: a LOCAL_INV WR (IBTA vol. 1 §10.6.5) or a received SEND with Invalidate (§9.4.1.1,
+    /// IETH). The region stays registered; its keys stop working at once. Invalidating an
+    /// already invalid region succeeds and changes nothing. O(1).
+    ///
+    /// # Errors
+    /// [`KeyErrorKind::UnknownKey`] if `key` names no region (or is the `0` rkey of a region
+    /// without remote access); [`KeyErrorKind::WrongPd`] if the region belongs to another PD
+    /// (IBTA vol. 1 §10.6.5: a QP may only invalidate regions of its own PD; rxe `rxe_invalidate_mr`).
+    pub fn invalidate(&mut self, pd: PdHandle, key: u32) -> Result<(), KeyError> {
+        let unknown = KeyError {
+            key,
+            kind: KeyErrorKind::UnknownKey,
+        };
+        let (generation, mr) = self.table.get_by_index_mut(key >> 8).ok_or(unknown)?;
+        if (generation & 0xff) != (key & 0xff) || (key != mr.lkey && key != mr.rkey) {
+            return Err(unknown);
+        }
+        if mr.pd != pd {
+            return Err(KeyError {
+                key,
+                kind: KeyErrorKind::WrongPd {
+                    expected: pd.index(),
+                    found: mr.pd.index(),
+                },
+            });
+        }
+        mr.invalidated = true;
+        Ok(())
+    }
+
     /// The registered regions, in index order.
     pub fn iter(&self) -> impl Iterator<Item = &MemoryRegion> + '_ {
         self.table.iter().map(|(_, mr)| mr)
@@ -269,8 +309,9 @@ impl MrTable {
     /// ([`KeyError::local_wc_status`]) and to a local QP operation error on a receive WQE.
     ///
     /// # Errors
-    /// [`KeyErrorKind::UnknownKey`], [`KeyErrorKind::WrongPd`], [`KeyErrorKind::AccessDenied`],
-    /// [`KeyErrorKind::OutOfBounds`], checked in that order (rxe `lookup_mr`, `mr_check_range`).
+    /// [`KeyErrorKind::UnknownKey`], [`KeyErrorKind::Invalidated`], [`KeyErrorKind::WrongPd`],
+    /// [`KeyErrorKind::AccessDenied`], [`KeyErrorKind::OutOfBounds`], checked in that order (rxe
+    /// `lookup_mr`, `mr_check_range`).
     pub fn check_lkey(
         &self,
         pd: PdHandle,
@@ -330,6 +371,12 @@ impl MrTable {
         length: u64,
         needed: AccessFlags,
     ) -> Result<&MemoryRegion, KeyError> {
+        if mr.invalidated {
+            return Err(KeyError {
+                key,
+                kind: KeyErrorKind::Invalidated,
+            });
+        }
         if mr.pd != pd {
             return Err(KeyError {
                 key,
@@ -548,6 +595,45 @@ mod tests {
     }
 
     #[test]
+    fn invalidation_kills_both_keys_until_deregistration() {
+        let mut t = table();
+        let mr = t.register(PD, 0x1000, 0x100, 0x1000, RW).unwrap().clone();
+        let k = mr.lkey();
+        assert_eq!(
+            t.invalidate(PD2, k).unwrap_err().kind,
+            KeyErrorKind::WrongPd {
+                expected: 2,
+                found: 1
+            }
+        );
+        assert_eq!(
+            t.invalidate(PD, k ^ 1).unwrap_err().kind,
+            KeyErrorKind::UnknownKey
+        );
+        assert!(t.check_lkey(PD, k, 0x1000, 1, AccessFlags::empty()).is_ok());
+        t.invalidate(PD, k).unwrap();
+        assert!(t.invalidate(PD, k).is_ok(), "idempotent");
+        assert!(t.lookup_lkey(k).unwrap().is_invalidated());
+        for r in [
+            t.check_lkey(PD, k, 0x1000, 1, AccessFlags::empty()),
+            t.check_rkey(PD, k, 0x1000, 1, AccessFlags::REMOTE_READ),
+        ] {
+            assert_eq!(r.unwrap_err().kind, KeyErrorKind::Invalidated);
+        }
+        t.deregister(k).unwrap();
+        let local = t
+            .register(PD, 0, 0x100, 0, AccessFlags::LOCAL_WRITE)
+            .unwrap()
+            .clone();
+        assert_eq!(
+            t.invalidate(PD, 0).unwrap_err().kind,
+            KeyErrorKind::UnknownKey,
+            "the 0 rkey of a local-only region names nothing"
+        );
+        assert!(t.invalidate(PD, local.lkey()).is_ok());
+    }
+
+    #[test]
     fn bounds_near_the_top_of_the_address_space() {
         let mut t = table();
         let base = u64::MAX - 4096;
@@ -586,7 +672,7 @@ mod tests {
             prop_assume!(start.checked_add(len).is_some());
             let mr = MemoryRegion {
                 pd: PD, addr: start, iova: start, length: len,
-                access: RW, lkey: 0, rkey: 0,
+                access: RW, lkey: 0, rkey: 0, invalidated: false,
             };
             let (s, e) = (start as u128, start as u128 + len as u128);
             let (a, b) = (iova as u128, iova as u128 + length as u128);

@@ -27,7 +27,7 @@ use core::fmt;
 
 use crate::ah::AhAttr;
 use crate::cq::{rxe_queue_capacity, CqHandle};
-use crate::device::{AtomicCap, Device, DeviceAttr, Mtu};
+use crate::device::{AtomicCap, Device, DeviceAttr, PathMtu};
 use crate::error::{Cause, Object};
 use crate::mr::AccessFlags;
 use crate::pd::PdHandle;
@@ -299,7 +299,7 @@ pub struct QpAttr {
     /// The state the caller assumes the QP is in (checked if CUR_STATE is set).
     pub cur_qp_state: QpState,
     /// Path MTU (RC/UC).
-    pub path_mtu: Mtu,
+    pub path_mtu: PathMtu,
     /// Path migration state.
     pub path_mig_state: MigState,
     /// Q_Key (UD): received datagrams must carry it; sends with a controlled Q_Key use it.
@@ -344,7 +344,7 @@ impl Default for QpAttr {
         QpAttr {
             qp_state: QpState::Reset,
             cur_qp_state: QpState::Reset,
-            path_mtu: Mtu::Mtu256,
+            path_mtu: PathMtu::Mtu256,
             path_mig_state: MigState::Migrated,
             qkey: 0,
             rq_psn: 0,
@@ -755,8 +755,8 @@ impl Qp {
             let port = device.check_port(port_num)?;
             range(
                 "path_mtu",
-                attr.path_mtu.bytes().into(),
-                port.attr.max_mtu.bytes().into(),
+                attr.path_mtu.bytes() as u64,
+                port.attr.max_mtu.bytes() as u64,
             )?;
         }
         if mask.contains(M::TIMEOUT) {
@@ -1023,7 +1023,7 @@ mod tests {
         QpAttr {
             qp_state: to,
             cur_qp_state: cur,
-            path_mtu: Mtu::Mtu1024,
+            path_mtu: PathMtu::Mtu1024,
             path_mig_state: MigState::Armed,
             qkey: 0x1111_1111,
             rq_psn: 0x00ab_cdef,
@@ -1528,12 +1528,12 @@ mod tests {
         );
         // Path MTU against the port's max_mtu.
         let mut small = device();
-        small.port.attr.max_mtu = Mtu::Mtu1024;
+        small.port.attr.max_mtu = PathMtu::Mtu1024;
         out_of_range(
-            value_case(rc, Init, Rtr, e, |a| a.path_mtu = Mtu::Mtu2048, &small),
+            value_case(rc, Init, Rtr, e, |a| a.path_mtu = PathMtu::Mtu2048, &small),
             "path_mtu",
         );
-        assert!(value_case(rc, Init, Rtr, e, |a| a.path_mtu = Mtu::Mtu1024, &small).is_ok());
+        assert!(value_case(rc, Init, Rtr, e, |a| a.path_mtu = PathMtu::Mtu1024, &small).is_ok());
         // Port, P_Key index.
         assert!(matches!(
             value_case(rc, Reset, Init, e, |a| a.port_num = 2, &d),

@@ -1,0 +1,1042 @@
+//! The software HCA: a sans-I/O RC / UC / UD transport engine speaking RoCEv2.
+//!
+//! [`SoftHca`] is what a RoCE NIC is, minus the wire: it owns a verbs [`Context`] (PDs, MRs, CQs,
+//! QPs ...), the memory behind every memory region ([`gpu_p2p::Memory`]), and the transport state
+//! of every QP. It owns no socket, thread or clock (the model is quinn-proto's `Connection`): a
+//! *link* (a UDP socket, VFIO NIC queues, the in-memory [`crate::fabric`]) and a progress loop sit
+//! outside and feed it.
+//!
+//! ## Inputs
+//! * verbs: [`SoftHca::post_send`], [`SoftHca::post_recv`], [`SoftHca::modify_qp`], ...;
+//! * [`SoftHca::handle_datagram`]: a received UDP payload (BTH .. ICRC) with its IP metadata;
+//! * [`SoftHca::handle_timeout`]: the time passed the deadline [`SoftHca::poll_timeout`] gave.
+//!
+//! ## Outputs, and the order to poll them
+//! After any input, a driver calls, in this order:
+//! 1. [`SoftHca::poll_transmit`] until it returns `None`: each call builds one packet into the
+//!    caller's buffer (round-robin over the QPs with work; CNPs first);
+//! 2. [`SoftHca::poll_timeout`]: when to call [`SoftHca::handle_timeout`] next;
+//! 3. [`SoftHca::poll_cq`], [`SoftHca::poll_event`], [`SoftHca::poll_cq_event`],
+//!    [`SoftHca::poll_diag`] as it needs.
+//!
+//! Completions are pushed to CQs during inputs and transmits; a full CQ is an overrun (the CQ
+//! enters its error state, `IBV_EVENT_CQ_ERR` is recorded, the affected QP goes to ERR), never a
+//! silent loss.
+//!
+//! ## Structure
+//! As rxe splits `rxe_recv.c`, `rxe_req.c`, `rxe_resp.c`, `rxe_comp.c` and `rxe_net.c`:
+//! receive validation and demux (module `recv`), the requester (`requester`), the responder
+//! (`responder`), the completer (`completer`), packet sealing and addressing (`net`), plus the
+//! per-QP state they share (`transport`), the send queue (`send_queue`), MR memory (`memory`),
+//! counters ([`Counters`]) and rate-limited diagnostics ([`DiagRecord`]).
+//!
+//! ## Fast path
+//! One packet costs O(1) lookups (QPN and keys index tables), one copy of its payload (MR memory
+//! to the transmit buffer, or received buffer to MR memory) and no allocation once queues have
+//! grown to their bounds. Every queue is bounded: send and receive queues by their QP's
+//! capabilities, responses by `max_dest_rd_atomic`, CNPs, CQ events and diagnostics by constants.
+
+pub mod counters;
+pub mod diag;
+pub mod time;
+
+mod completer;
+mod memory;
+mod net;
+mod recv;
+mod requester;
+mod responder;
+mod send_queue;
+mod transport;
+
+use alloc::boxed::Box;
+use alloc::collections::{BinaryHeap, VecDeque};
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::cmp::Reverse;
+use core::net::IpAddr;
+use core::time::Duration;
+
+use gpu_p2p::Memory;
+use roce::ipv4::Ecn;
+use roce::packet::{ExtReprs, TransportRepr};
+use roce::{udp, Gid, Psn};
+
+pub use counters::{Counters, DropReason};
+pub use diag::{DiagKind, DiagRecord};
+pub use net::IPV4_IDENT;
+pub use time::Instant;
+
+use memory::{MrBacking, MrMemory};
+use net::Route;
+use requester::TxResult;
+use send_queue::{NewWqe, UdRoute, WqeState};
+use transport::{Env, QpTransport};
+
+use crate::ah::{AhAttr, AhHandle};
+use crate::context::Context;
+use crate::cq::CqHandle;
+use crate::device::Device;
+use crate::error::{Cause, VerbsError};
+use crate::event::{AsyncEvent, AsyncEventType};
+use crate::gid::{GidEntry, GidType};
+use crate::mr::{AccessFlags, MemoryRegion};
+use crate::pd::PdHandle;
+use crate::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, MIN_QPN};
+use crate::srq::{SrqAttr, SrqAttrMask, SrqHandle};
+use crate::wc::WorkCompletion;
+use crate::wr::{RecvWr, SendFlags, SendWr};
+
+/// Most CQ notification events kept unread ([`SoftHca::poll_cq_event`]).
+pub const MAX_PENDING_CQ_EVENTS: usize = 1024;
+
+/// The largest UDP payload the engine builds: BTH (12) + the largest extended headers (28) +
+/// 4096 payload bytes + ICRC (4). A transmit buffer of this size always suffices.
+pub const MAX_UDP_PAYLOAD: usize = 12 + 28 + 4096 + 4;
+
+/// Engine tunables. [`EngineConfig::default`] mirrors rxe where rxe has a value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// RC: most PSNs a requester has outstanding (sent, not acknowledged) before it waits
+    /// (rxe `RXE_MAX_UNACKED_PSNS` = 128).
+    pub max_unacked_psns: u32,
+    /// RC: the requester sets AckReq at least every this many packets of a long message
+    /// (rxe `RXE_MAX_PKT_PER_ACK` = 64), besides the last packet of every message.
+    pub ack_req_every: u32,
+    /// Shortest time between two CNPs sent for the same local QP (mlx5's
+    /// `min_time_between_cnps` defaults to 4 us; 50 us here, as DCQCN's paper assumes).
+    pub cnp_interval: Duration,
+    /// Most CNPs queued for transmission; further CE marks are counted in `cnp_suppressed`.
+    pub max_pending_cnps: usize,
+    /// Mark data packets ECN-capable (ECT(0), RFC 3168) when the address vector's traffic class
+    /// does not choose an ECN codepoint itself, so that switches can signal congestion.
+    pub ecn_capable: bool,
+    /// DSCP of CNPs (mlx5's `cnp_dscp` defaults to 48).
+    pub cnp_dscp: u8,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_unacked_psns: 128,
+            ack_req_every: 64,
+            cnp_interval: Duration::from_micros(50),
+            max_pending_cnps: 256,
+            ecn_capable: true,
+            cnp_dscp: 48,
+        }
+    }
+}
+
+/// A received RoCEv2 datagram: the UDP payload and the IP / UDP header fields the link saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Datagram<'a> {
+    /// IP source address.
+    pub src_ip: IpAddr,
+    /// IP destination address.
+    pub dst_ip: IpAddr,
+    /// UDP source port.
+    pub src_port: u16,
+    /// UDP destination port (4791 for RoCEv2; anything else is dropped).
+    pub dst_port: u16,
+    /// The ECN codepoint of the IP header (CE makes the engine send a CNP).
+    pub ecn: Ecn,
+    /// DSCP of the IP header (masked by the ICRC; reported in a UD receive's GRH).
+    pub dscp: u8,
+    /// IPv4 TTL / IPv6 hop limit (masked by the ICRC; reported in a UD receive's GRH).
+    pub hop_limit: u8,
+    /// IPv4 identification, if the link knows it. The ICRC covers it, so it is needed to verify
+    /// the ICRC of an IPv4 packet: packets from this engine carry [`IPV4_IDENT`] and Don't
+    /// Fragment. `None` (a UDP socket cannot read it) skips the ICRC check (counted in
+    /// `icrc_unchecked`); for IPv6 any `Some` value enables the check.
+    pub ip_ident: Option<u16>,
+    /// The UDP payload: BTH through ICRC.
+    pub payload: &'a [u8],
+}
+
+/// One packet [`SoftHca::poll_transmit`] built: its UDP payload is the first `len` bytes of the
+/// caller's buffer; the link adds UDP and IP headers with exactly these fields (the ICRC covers
+/// them), IPv4 identification [`IPV4_IDENT`] and Don't Fragment set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// IP source address.
+    pub src_ip: IpAddr,
+    /// IP destination address.
+    pub dst_ip: IpAddr,
+    /// UDP source port (flow entropy, `roce::udp::rocev2_src_port`).
+    pub src_port: u16,
+    /// UDP destination port: always 4791.
+    pub dst_port: u16,
+    /// ECN codepoint to send with.
+    pub ecn: Ecn,
+    /// DSCP to send with.
+    pub dscp: u8,
+    /// IPv4 TTL / IPv6 hop limit.
+    pub hop_limit: u8,
+    /// IPv6 flow label (20 bits; ignored for IPv4).
+    pub flow_label: u32,
+    /// Length of the UDP payload in the buffer, bytes.
+    pub len: usize,
+}
+
+impl Transmit {
+    fn new(route: &Route, len: usize) -> Transmit {
+        Transmit {
+            src_ip: route.src_ip,
+            dst_ip: route.dst_ip,
+            src_port: route.src_port,
+            dst_port: udp::ROCEV2_PORT,
+            ecn: route.ecn,
+            dscp: route.dscp,
+            hop_limit: route.hop_limit,
+            flow_label: route.flow_label,
+            len,
+        }
+    }
+}
+
+/// The reaction point of congestion control: told about every CNP received (IBTA Annex
+/// A17.9.3). DCQCN implements it in a later issue; the engine only counts and forwards.
+pub trait RateControl: Send {
+    /// A CNP arrived at `now` for local QP `qpn`: its send rate should drop.
+    fn on_cnp(&mut self, now: Instant, qpn: u32);
+}
+
+/// A CNP waiting to be sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PendingCnp {
+    pub(crate) src_ip: IpAddr,
+    pub(crate) dst_ip: IpAddr,
+    /// The local QP whose received packet was CE-marked (for the UDP source port).
+    pub(crate) src_qpn: u32,
+    /// The QP to throttle.
+    pub(crate) dest_qpn: u32,
+    pub(crate) pkey: u16,
+}
+
+/// A software RoCEv2 HCA. See the [module docs](self).
+pub struct SoftHca {
+    ctx: Context,
+    config: EngineConfig,
+    /// Transport state, indexed by `qpn - MIN_QPN`.
+    qps: Vec<Option<Box<QpTransport>>>,
+    mrs: MrMemory,
+    local_gids: Vec<Gid>,
+    ready: VecDeque<u32>,
+    timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    cnps: VecDeque<PendingCnp>,
+    cq_events: VecDeque<CqHandle>,
+    counters: Counters,
+    diag: diag::DiagLog,
+    rate_control: Option<Box<dyn RateControl>>,
+    inline_scratch: Vec<u8>,
+    /// The latest instant any input carried (verbs have no `now`; timers they arm count from it).
+    last_now: Instant,
+}
+
+impl core::fmt::Debug for SoftHca {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("SoftHca")
+            .field("qps", &self.ctx.qpns().count())
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+fn qp_index(qpn: u32) -> Option<usize> {
+    qpn.checked_sub(MIN_QPN).map(|i| i as usize)
+}
+
+impl SoftHca {
+    /// A software HCA for `device` (see [`Device::soft_roce`]) with no objects.
+    pub fn new(device: Device, config: EngineConfig) -> SoftHca {
+        let mut hca = SoftHca {
+            ctx: Context::new(device),
+            config,
+            qps: Vec::new(),
+            mrs: MrMemory::default(),
+            local_gids: Vec::new(),
+            ready: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            cnps: VecDeque::new(),
+            cq_events: VecDeque::new(),
+            counters: Counters::default(),
+            diag: diag::DiagLog::default(),
+            rate_control: None,
+            inline_scratch: Vec::new(),
+            last_now: Instant::ZERO,
+        };
+        hca.refresh_local_gids();
+        hca
+    }
+
+    /// The verbs context (read-only: changes go through the engine's verbs, which keep the
+    /// transport state in step).
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The engine's tunables.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The device counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Installs the rate-control hook that CNPs are handed to.
+    pub fn set_rate_control(&mut self, hook: Box<dyn RateControl>) {
+        self.rate_control = Some(hook);
+    }
+
+    // ---- addresses ----
+
+    fn refresh_local_gids(&mut self) {
+        self.local_gids.clear();
+        if let Some(port) = self.ctx.device().port(1) {
+            self.local_gids.extend(
+                port.gids
+                    .iter()
+                    .filter(|(_, e)| e.gid_type == GidType::RoceV2)
+                    .map(|(_, e)| e.gid),
+            );
+        }
+    }
+
+    /// Adds a GID table entry (an IP address of the link; see [`Context::add_gid`]). RoCEv2
+    /// entries become addresses the engine accepts packets for.
+    ///
+    /// # Errors
+    /// As [`Context::add_gid`].
+    pub fn add_gid(&mut self, port: u8, entry: GidEntry) -> Result<u32, VerbsError> {
+        let r = self.ctx.add_gid(port, entry);
+        self.refresh_local_gids();
+        r
+    }
+
+    /// Removes a GID table entry ([`Context::remove_gid`]).
+    ///
+    /// # Errors
+    /// As [`Context::remove_gid`].
+    pub fn remove_gid(&mut self, port: u8, index: u32) -> Result<GidEntry, VerbsError> {
+        let r = self.ctx.remove_gid(port, index);
+        self.refresh_local_gids();
+        r
+    }
+
+    // ---- PD, MR ----
+
+    /// ibv_alloc_pd(3).
+    ///
+    /// # Errors
+    /// As [`Context::alloc_pd`].
+    pub fn alloc_pd(&mut self) -> Result<PdHandle, VerbsError> {
+        self.ctx.alloc_pd()
+    }
+
+    /// ibv_dealloc_pd(3).
+    ///
+    /// # Errors
+    /// As [`Context::dealloc_pd`].
+    pub fn dealloc_pd(&mut self, pd: PdHandle) -> Result<(), VerbsError> {
+        self.ctx.dealloc_pd(pd)
+    }
+
+    /// ibv_reg_mr(3) over all of `memory`: its bytes become the MR `iova .. iova + len`.
+    ///
+    /// # Errors
+    /// As [`SoftHca::reg_mr_range`].
+    pub fn reg_mr(
+        &mut self,
+        pd: PdHandle,
+        memory: Arc<dyn Memory>,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        let len = memory.len();
+        self.reg_mr_range(pd, memory, 0, len, iova, access)
+    }
+
+    /// ibv_reg_mr_iova(3) over `length` bytes of `memory` from byte `offset`: they become the MR
+    /// `iova .. iova + length`. SGE addresses and RETH / AtomicETH addresses name bytes of the
+    /// MR by iova.
+    ///
+    /// # Errors
+    /// [`VerbsError::RegMr`] with [`Cause::OutOfRange`] if the range exceeds `memory`, and the
+    /// errors of [`Context::reg_mr_iova`] (unknown PD, access flags, zero length ...).
+    pub fn reg_mr_range(
+        &mut self,
+        pd: PdHandle,
+        memory: Arc<dyn Memory>,
+        offset: usize,
+        length: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        if gpu_p2p::check_range(offset, length, memory.len()).is_err() {
+            return Err(VerbsError::RegMr {
+                pd: pd.index(),
+                cause: Cause::OutOfRange {
+                    attr: "length",
+                    value: offset as u64 + length as u64,
+                    max: memory.len() as u64,
+                },
+            });
+        }
+        let mr = self
+            .ctx
+            .reg_mr_iova(pd, iova, length as u64, iova, access)?
+            .clone();
+        self.mrs.insert(mr.lkey(), MrBacking { memory, offset });
+        Ok(mr)
+    }
+
+    /// ibv_dereg_mr(3): both keys stop working at once; later packets naming them fail their
+    /// key checks.
+    ///
+    /// # Errors
+    /// As [`Context::dereg_mr`].
+    pub fn dereg_mr(&mut self, lkey: u32) -> Result<(), VerbsError> {
+        self.ctx.dereg_mr(lkey)?;
+        self.mrs.remove(lkey);
+        Ok(())
+    }
+
+    // ---- CQ, SRQ, AH ----
+
+    /// ibv_create_cq(3).
+    ///
+    /// # Errors
+    /// As [`Context::create_cq`].
+    pub fn create_cq(&mut self, cqe: u32) -> Result<CqHandle, VerbsError> {
+        self.ctx.create_cq(cqe)
+    }
+
+    /// ibv_destroy_cq(3).
+    ///
+    /// # Errors
+    /// As [`Context::destroy_cq`].
+    pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<(), VerbsError> {
+        self.ctx.destroy_cq(cq)
+    }
+
+    /// ibv_poll_cq(3): moves up to `out.len()` completions into `out`, oldest first; returns
+    /// how many.
+    ///
+    /// # Errors
+    /// As [`Context::poll_cq`].
+    pub fn poll_cq(
+        &mut self,
+        cq: CqHandle,
+        out: &mut [WorkCompletion],
+    ) -> Result<usize, VerbsError> {
+        self.ctx.poll_cq(cq, out)
+    }
+
+    /// ibv_req_notify_cq(3); the event shows up in [`SoftHca::poll_cq_event`].
+    ///
+    /// # Errors
+    /// As [`Context::req_notify_cq`].
+    pub fn req_notify_cq(&mut self, cq: CqHandle, solicited_only: bool) -> Result<(), VerbsError> {
+        self.ctx.req_notify_cq(cq, solicited_only)
+    }
+
+    /// ibv_create_srq(3).
+    ///
+    /// # Errors
+    /// As [`Context::create_srq`].
+    pub fn create_srq(&mut self, pd: PdHandle, attr: &SrqAttr) -> Result<SrqHandle, VerbsError> {
+        self.ctx.create_srq(pd, attr)
+    }
+
+    /// ibv_modify_srq(3).
+    ///
+    /// # Errors
+    /// As [`Context::modify_srq`].
+    pub fn modify_srq(
+        &mut self,
+        srq: SrqHandle,
+        attr: &SrqAttr,
+        mask: SrqAttrMask,
+    ) -> Result<(), VerbsError> {
+        self.ctx.modify_srq(srq, attr, mask)
+    }
+
+    /// ibv_destroy_srq(3).
+    ///
+    /// # Errors
+    /// As [`Context::destroy_srq`].
+    pub fn destroy_srq(&mut self, srq: SrqHandle) -> Result<(), VerbsError> {
+        self.ctx.destroy_srq(srq)
+    }
+
+    /// ibv_post_srq_recv(3).
+    ///
+    /// # Errors
+    /// As [`Context::post_srq_recv`].
+    pub fn post_srq_recv(&mut self, srq: SrqHandle, wr: &RecvWr<'_>) -> Result<(), VerbsError> {
+        self.ctx.post_srq_recv(srq, wr)
+    }
+
+    /// ibv_create_ah(3).
+    ///
+    /// # Errors
+    /// As [`Context::create_ah`].
+    pub fn create_ah(&mut self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle, VerbsError> {
+        self.ctx.create_ah(pd, attr)
+    }
+
+    /// ibv_destroy_ah(3). UD WRs already posted keep the address they resolved.
+    ///
+    /// # Errors
+    /// As [`Context::destroy_ah`].
+    pub fn destroy_ah(&mut self, ah: AhHandle) -> Result<(), VerbsError> {
+        self.ctx.destroy_ah(ah)
+    }
+
+    // ---- QP ----
+
+    /// ibv_create_qp(3): a QP in RESET; returns its QPN.
+    ///
+    /// # Errors
+    /// As [`Context::create_qp`].
+    pub fn create_qp(&mut self, pd: PdHandle, init: &QpInitAttr) -> Result<u32, VerbsError> {
+        let qpn = self.ctx.create_qp(pd, init)?;
+        let Some(index) = qp_index(qpn) else {
+            return Ok(qpn);
+        };
+        if self.qps.len() <= index {
+            self.qps.resize_with(index + 1, || None);
+        }
+        if let Some(slot) = self.qps.get_mut(index) {
+            *slot = Some(Box::new(QpTransport::new(
+                qpn,
+                init.qp_type,
+                pd,
+                init.send_cq,
+                init.recv_cq,
+                init.srq,
+            )));
+        }
+        Ok(qpn)
+    }
+
+    /// ibv_query_qp(3).
+    ///
+    /// # Errors
+    /// As [`Context::query_qp`].
+    pub fn query_qp(&self, qpn: u32) -> Result<(QpAttr, QpInitAttr), VerbsError> {
+        self.ctx.query_qp(qpn)
+    }
+
+    /// ibv_destroy_qp(3): posted WRs vanish without completions.
+    ///
+    /// # Errors
+    /// As [`Context::destroy_qp`].
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
+        self.ctx.destroy_qp(qpn)?;
+        if let Some(slot) = qp_index(qpn).and_then(|i| self.qps.get_mut(i)) {
+            *slot = None;
+        }
+        Ok(())
+    }
+
+    /// ibv_modify_qp(3), then the transport follows: RESET forgets everything, ERR flushes every
+    /// WR with IBV_WC_WR_FLUSH_ERR, `rq_psn` / `sq_psn` set the expected and next PSNs, SQD
+    /// stops starting new WRs until the send queue drains (then `IBV_EVENT_SQ_DRAINED` if asked).
+    ///
+    /// # Errors
+    /// As [`Context::modify_qp`]; on error nothing changes.
+    pub fn modify_qp(
+        &mut self,
+        qpn: u32,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<ModifyOutcome, VerbsError> {
+        let outcome = self.ctx.modify_qp(qpn, attr, mask)?;
+        let now = self.now_hint();
+        let Some(qp) = self.ctx.qp(qpn) else {
+            return Ok(outcome);
+        };
+        let qp_attr = *qp.attr();
+        let qp_type = qp.qp_type();
+        let port = self.ctx.device().port(1);
+        let active_mtu = port.map_or(256, |p| p.attr.active_mtu.bytes() as u32);
+        let pkey = port.and_then(|p| p.pkeys.get(qp_attr.pkey_index));
+        let sgid = port.and_then(|p| p.gids.get(u32::from(qp_attr.ah_attr.sgid_index)).copied());
+        let ecn_capable = self.config.ecn_capable;
+        let Some((t, mut env)) = self.split(qpn, now) else {
+            return Ok(outcome);
+        };
+        match outcome.to {
+            QpState::Reset => t.reset(),
+            QpState::Err if outcome.from != QpState::Err => t.flush(&mut env),
+            _ => {}
+        }
+        if outcome.to != QpState::Reset {
+            if let Some(pkey) = pkey {
+                t.pkey = pkey;
+            }
+            t.pmtu = match qp_type {
+                QpType::Ud => active_mtu,
+                _ => qp_attr.path_mtu.bytes() as u32,
+            };
+            if mask.contains(QpAttrMask::RQ_PSN) {
+                t.resp.psn = Psn::new(qp_attr.rq_psn);
+                t.resp.ack_psn = t.resp.psn;
+            }
+            if mask.contains(QpAttrMask::SQ_PSN) {
+                let psn = Psn::new(qp_attr.sq_psn);
+                t.req.psn = psn;
+                t.req.sent_end = psn;
+                t.comp.psn = psn;
+            }
+            if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+                t.resp.set_resources(qp_attr.max_dest_rd_atomic);
+            }
+            if outcome.to == QpState::Rts && outcome.from == QpState::Rtr {
+                t.comp.retry_left = qp_attr.retry_cnt;
+                t.comp.rnr_left = qp_attr.rnr_retry;
+            }
+            if mask.contains(QpAttrMask::AV) && qp_type != QpType::Ud {
+                t.route = sgid.map(|s| route_for(qpn, &s.gid, &qp_attr.ah_attr, ecn_capable));
+            }
+        }
+        self.after_qp(qpn, now);
+        Ok(outcome)
+    }
+
+    // ---- posting ----
+
+    /// ibv_post_send(3) for one WR: checks it as rxe does (state, opcode, SGE count, lengths,
+    /// inline size, AH), copies it into the send queue, or changes nothing. INLINE data is
+    /// copied now: its SGEs must lie in registered memory (the engine has no process memory), but
+    /// their keys' PD and access rights are not checked. On a QP in SQE or ERR the WR completes at
+    /// once with IBV_WC_WR_FLUSH_ERR.
+    ///
+    /// # Errors
+    /// [`VerbsError::PostSend`]: the errors of [`Context::validate_send_wr`]; [`Cause::QueueFull`]
+    /// (`ENOMEM`) when `max_send_wr` WRs are queued; [`Cause::InvalidValue`] (`sg_list`) for
+    /// INLINE SGEs outside registered memory.
+    pub fn post_send(&mut self, qpn: u32, wr: &SendWr<'_>) -> Result<(), VerbsError> {
+        let info = self.ctx.validate_send_wr(qpn, wr)?;
+        let err = |cause| VerbsError::PostSend {
+            qpn,
+            wr_id: wr.wr_id,
+            cause,
+        };
+        let Some(qp) = self.ctx.qp(qpn) else {
+            return Err(err(Cause::NoSuchObject {
+                object: crate::error::Object::Qp,
+                id: qpn,
+            }));
+        };
+        let max_send_wr = qp.cap().max_send_wr;
+        let own_qkey = qp.attr().qkey;
+        let state = qp.state();
+        let ud = match wr.op.ud_dest() {
+            Some(dest) => {
+                let ah = self.ctx.ah(dest.ah).ok_or(err(Cause::NoSuchObject {
+                    object: crate::error::Object::Ah,
+                    id: dest.ah.index(),
+                }))?;
+                // IBTA vol. 1 §10.2.4 (controlled Q_Key): the high bit set means "use the QP's".
+                let qkey = if dest.remote_qkey & 0x8000_0000 != 0 {
+                    own_qkey
+                } else {
+                    dest.remote_qkey
+                };
+                Some(UdRoute {
+                    route: route_for(qpn, &ah.sgid().gid, ah.attr(), self.config.ecn_capable),
+                    remote_qpn: dest.remote_qpn,
+                    qkey,
+                })
+            }
+            None => None,
+        };
+        let Some(t) = qp_index(qpn)
+            .and_then(|i| self.qps.get(i))
+            .and_then(|s| s.as_deref())
+        else {
+            return Err(err(Cause::NoSuchObject {
+                object: crate::error::Object::Qp,
+                id: qpn,
+            }));
+        };
+        if t.sq.len() >= max_send_wr as usize {
+            return Err(err(Cause::QueueFull {
+                max_wr: max_send_wr,
+            }));
+        }
+        let inline = wr.send_flags.contains(SendFlags::INLINE);
+        if inline {
+            self.gather_inline(wr).map_err(err)?;
+        }
+        let now = self.now_hint();
+        let new = NewWqe {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            flags: wr.send_flags,
+            signaled: info.signaled,
+            length: info.length,
+            ud,
+        };
+        let scratch = core::mem::take(&mut self.inline_scratch);
+        if let Some((t, mut env)) = self.split(qpn, now) {
+            t.sq.push(new, wr.sg_list, inline.then_some(&scratch[..]));
+            if matches!(state, QpState::Err | QpState::Sqe) {
+                t.flush_sq(&mut env);
+            }
+        }
+        self.inline_scratch = scratch;
+        self.after_qp(qpn, now);
+        Ok(())
+    }
+
+    /// Copies the data of an INLINE WR into the scratch buffer.
+    fn gather_inline(&mut self, wr: &SendWr<'_>) -> Result<(), Cause> {
+        self.inline_scratch.clear();
+        for sge in wr.sg_list {
+            let bad = Cause::InvalidValue {
+                attr: "sg_list",
+                value: sge.addr,
+            };
+            let mr = self.ctx.mrs().lookup_lkey(sge.lkey).ok_or(bad)?;
+            if !mr.contains(sge.addr, u64::from(sge.length)) {
+                return Err(bad);
+            }
+            let start = self.inline_scratch.len();
+            self.inline_scratch.resize(start + sge.length as usize, 0);
+            let dst = self.inline_scratch.get_mut(start..).ok_or(bad)?;
+            let placed = self
+                .mrs
+                .gather(self.ctx.mrs(), mr.pd(), core::iter::once(*sge), 0, dst);
+            if placed.is_err() {
+                return Err(bad);
+            }
+        }
+        Ok(())
+    }
+
+    /// ibv_post_recv(3) for one WR; nothing is queued on error. On a QP in ERR the WR completes
+    /// at once with IBV_WC_WR_FLUSH_ERR.
+    ///
+    /// # Errors
+    /// As [`Context::post_recv`].
+    pub fn post_recv(&mut self, qpn: u32, wr: &RecvWr<'_>) -> Result<(), VerbsError> {
+        self.ctx.post_recv(qpn, wr)?;
+        if self.ctx.qp(qpn).is_some_and(|q| q.state() == QpState::Err) {
+            let now = self.now_hint();
+            if let Some((t, mut env)) = self.split(qpn, now) {
+                t.flush_rq(&mut env);
+            }
+        }
+        Ok(())
+    }
+
+    // ---- I/O ----
+
+    /// A datagram arrived. Invalid packets are dropped and counted ([`Counters::drops`]), never
+    /// a panic; see the `recv` module docs for the order of the checks.
+    pub fn handle_datagram(&mut self, now: Instant, datagram: &Datagram<'_>) {
+        self.last_now = self.last_now.max(now);
+        if let Err(rejection) = self.receive(now, datagram) {
+            self.record_drop(now, rejection);
+        }
+    }
+
+    /// Builds the next packet to send into `buf` (at least [`MAX_UDP_PAYLOAD`] bytes always
+    /// suffice) and describes it; `None` when nothing is to be sent, or when the next packet
+    /// does not fit `buf` (counted in `send_err`; nothing is lost, call again with a larger
+    /// buffer). CNPs go first, then the QPs with work, round-robin, one packet each; within a
+    /// QP the responder (ACKs, READ responses) and the requester alternate.
+    #[must_use]
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        self.last_now = self.last_now.max(now);
+        if let Some(cnp) = self.cnps.front().copied() {
+            if let Some(tx) = self.build_cnp(&cnp, buf) {
+                self.cnps.pop_front();
+                return Some(tx);
+            }
+            return None;
+        }
+        for _ in 0..self.ready.len() {
+            let qpn = self.ready.pop_front()?;
+            let result = match self.split(qpn, now) {
+                Some((t, mut env)) => {
+                    t.in_ready = false;
+                    let order = if t.resp_turn {
+                        [true, false]
+                    } else {
+                        [false, true]
+                    };
+                    let mut result = TxResult::Nothing;
+                    for responder in order {
+                        result = if responder {
+                            t.next_response(&mut env, buf)
+                        } else {
+                            t.next_request(&mut env, buf)
+                        };
+                        match result {
+                            TxResult::Packet(_) => {
+                                t.resp_turn = !responder;
+                                break;
+                            }
+                            TxResult::BufferTooSmall => break,
+                            TxResult::Nothing => {}
+                        }
+                    }
+                    result
+                }
+                None => continue,
+            };
+            match result {
+                TxResult::Packet(tx) => {
+                    self.after_qp(qpn, now);
+                    self.mark_ready(qpn);
+                    return Some(tx);
+                }
+                TxResult::BufferTooSmall => {
+                    self.mark_ready(qpn);
+                    self.after_qp(qpn, now);
+                    return None;
+                }
+                TxResult::Nothing => self.after_qp(qpn, now),
+            }
+        }
+        None
+    }
+
+    /// When [`SoftHca::handle_timeout`] should be called next (`None`: no timer armed): the
+    /// earliest local ACK timeout or RNR wait of any QP.
+    #[must_use]
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        // Drop entries whose QP has since registered another deadline, and move entries whose
+        // QP's deadline moved later (a re-armed timer): each pass pops one entry and pushes at
+        // most one later one per QP, so this ends.
+        while let Some(&Reverse((at, qpn))) = self.timers.peek() {
+            let Some(t) = self.qp_transport(qpn) else {
+                self.timers.pop();
+                continue;
+            };
+            if t.timer_key != Some(at) {
+                self.timers.pop();
+                continue;
+            }
+            match t.next_deadline() {
+                Some(d) if d == at => return Some(at),
+                Some(d) if d > at => {
+                    t.timer_key = Some(d);
+                    self.timers.pop();
+                    self.timers.push(Reverse((d, qpn)));
+                }
+                // Earlier deadlines are always registered when set; none: disarmed.
+                _ => {
+                    t.timer_key = None;
+                    self.timers.pop();
+                }
+            }
+        }
+        None
+    }
+
+    /// The time reached a deadline: local ACK timeouts retransmit or fail, RNR waits end.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.last_now = self.last_now.max(now);
+        // Each pass removes one heap entry: bounded by the heap.
+        while let Some(&Reverse((at, qpn))) = self.timers.peek() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            let Some((t, mut env)) = self.split(qpn, now) else {
+                continue;
+            };
+            if t.timer_key != Some(at) {
+                continue;
+            }
+            t.timer_key = None;
+            t.on_timer(&mut env);
+            self.after_qp(qpn, now);
+        }
+    }
+
+    /// The oldest unread async event (ibv_get_async_event(3)).
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.ctx.poll_event()
+    }
+
+    /// The oldest unread completion event of an armed CQ (ibv_get_cq_event(3)).
+    #[must_use]
+    pub fn poll_cq_event(&mut self) -> Option<CqHandle> {
+        self.cq_events.pop_front()
+    }
+
+    /// The oldest unread diagnostic record (what a driver would log; rate-limited).
+    #[must_use]
+    pub fn poll_diag(&mut self) -> Option<DiagRecord> {
+        self.diag.pop()
+    }
+
+    // ---- internals ----
+
+    /// The latest instant any input carried: verbs have no `now` argument, so timers they arm
+    /// count from it.
+    fn now_hint(&self) -> Instant {
+        self.last_now
+    }
+
+    fn qp_transport(&mut self, qpn: u32) -> Option<&mut QpTransport> {
+        self.qps.get_mut(qp_index(qpn)?)?.as_deref_mut()
+    }
+
+    /// A QP's transport state and the rest of the engine, borrowed together.
+    fn split(&mut self, qpn: u32, now: Instant) -> Option<(&mut QpTransport, Env<'_>)> {
+        let t = self.qps.get_mut(qp_index(qpn)?)?.as_deref_mut()?;
+        let env = Env {
+            ctx: &mut self.ctx,
+            mem: &self.mrs,
+            counters: &mut self.counters,
+            diag: &mut self.diag,
+            config: &self.config,
+            cq_events: &mut self.cq_events,
+            now,
+        };
+        Some((t, env))
+    }
+
+    fn mark_ready(&mut self, qpn: u32) {
+        if let Some(t) = self.qp_transport(qpn) {
+            if !t.in_ready {
+                t.in_ready = true;
+                self.ready.push_back(qpn);
+            }
+        }
+    }
+
+    /// Bookkeeping after any change to a QP: in-order completions, the SQD drain, its timer and
+    /// its place on the ready list.
+    fn after_qp(&mut self, qpn: u32, now: Instant) {
+        let Some((t, mut env)) = self.split(qpn, now) else {
+            return;
+        };
+        let state = env.state(qpn);
+        t.complete_front(&mut env);
+        if t.cq_overrun {
+            t.cq_overrun = false;
+            if state != QpState::Err {
+                // IBTA vol. 1 §11.6.3: a CQ overrun is an error of the QPs that use the CQ.
+                t.enter_error(
+                    &mut env,
+                    Some(AsyncEventType::QpFatal),
+                    crate::wc::WcStatus::WrFlushErr,
+                );
+            }
+        }
+        if state == QpState::Sqd
+            && env.ctx.qp(qpn).is_some_and(|q| q.sq_draining())
+            && !t
+                .sq
+                .get(t.req.next)
+                .is_some_and(|w| w.state == WqeState::InFlight)
+            && !t.has_in_flight()
+        {
+            let _ = env.ctx.qp_sq_drained(qpn);
+        }
+        let deadline = t.next_deadline();
+        let wants_tx = t.may_transmit() && !t.in_ready;
+        let mut push_timer = None;
+        if let Some(d) = deadline {
+            if t.timer_key.is_none_or(|k| d < k) {
+                t.timer_key = Some(d);
+                push_timer = Some(d);
+            }
+        }
+        if wants_tx {
+            t.in_ready = true;
+        }
+        if let Some(d) = push_timer {
+            self.timers.push(Reverse((d, qpn)));
+        }
+        if wants_tx {
+            self.ready.push_back(qpn);
+        }
+    }
+
+    /// Builds a CNP (IBTA Annex A17.9.3): BTH opcode 0x81 to the QP to throttle, BECN set, 16
+    /// reserved zero bytes, ICRC.
+    fn build_cnp(&mut self, cnp: &PendingCnp, buf: &mut [u8]) -> Option<Transmit> {
+        let transport = TransportRepr {
+            bth: roce::cnp::Repr {
+                dest_qpn: cnp.dest_qpn,
+                pkey: cnp.pkey,
+            }
+            .bth_repr(),
+            ext: ExtReprs::default(),
+        };
+        let route = Route {
+            src_ip: cnp.src_ip,
+            dst_ip: cnp.dst_ip,
+            src_port: udp::rocev2_src_port(cnp.src_qpn),
+            dscp: self.config.cnp_dscp,
+            ecn: Ecn::NotEct,
+            hop_limit: 64,
+            flow_label: 0,
+        };
+        let payload = roce::cnp::PAYLOAD_LEN;
+        let built = net::write_headers(buf, &transport, payload).and_then(|header_len| {
+            if let Some(p) = buf.get_mut(header_len..header_len + payload) {
+                p.fill(0);
+            }
+            net::seal(buf, header_len, payload, &route)
+        });
+        match built {
+            Ok(len) => {
+                counters::bump!(self.counters.cnp_sent);
+                counters::bump!(self.counters.sent_pkts);
+                Some(Transmit::new(&route, len))
+            }
+            Err(net::BuildError::BufferTooSmall) => {
+                counters::bump!(self.counters.send_err);
+                None
+            }
+            Err(net::BuildError::Headers) => {
+                // Unsendable (mixed address families): drop it.
+                counters::bump!(self.counters.send_err);
+                self.cnps.pop_front();
+                None
+            }
+        }
+    }
+}
+
+/// The route of packets from QP `qpn` through address vector `av` with source GID `sgid`
+/// (rxe `rxe_init_av` / `rxe_prepare`): IPs from the GIDs, UDP source port from the flow label
+/// if set (`rocev2_src_port_from_flow_label`) else from the QPN, DSCP and ECN from the traffic
+/// class.
+fn route_for(qpn: u32, sgid: &Gid, av: &AhAttr, ecn_capable: bool) -> Route {
+    let (src_ip, dst_ip) = net::ips_of(sgid, &av.dgid);
+    let src_port = if av.flow_label != 0 {
+        udp::rocev2_src_port_from_flow_label(av.flow_label)
+    } else {
+        udp::rocev2_src_port(qpn)
+    };
+    let tc_ecn = Ecn::from_bits(av.traffic_class);
+    let ecn = if tc_ecn == Ecn::NotEct && ecn_capable {
+        Ecn::Ect0
+    } else {
+        tc_ecn
+    };
+    Route {
+        src_ip,
+        dst_ip,
+        src_port,
+        dscp: av.traffic_class >> 2,
+        ecn,
+        hop_limit: av.hop_limit,
+        flow_label: av.flow_label,
+    }
+}

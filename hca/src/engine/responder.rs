@@ -1,0 +1,1004 @@
+//! The responder: executes incoming requests and owes the peer its responses (rxe `rxe_resp.c`).
+//!
+//! For an RC request the responder runs rxe's checks in rxe's order, each mapped to the IBTA
+//! error class it belongs to (IBTA vol. 1 §9.9.3, table 59 "Responder Error Behavior"):
+//!
+//! 1. **PSN** (§9.7.5.1.1): the expected PSN is executed; an earlier one is a *duplicate*
+//!    (§9.7.5.1.2, below); a later one is a *sequence error* (class B): one NAK PSN sequence
+//!    error per gap, then silence until the expected PSN arrives.
+//! 2. **Opcode sequence** (§9.7.5.1.3): MIDDLE / LAST must continue a message of the same kind,
+//!    FIRST / ONLY must not interrupt one. Class C: NAK invalid request.
+//! 3. **Opcode valid** for the QP's access flags (REMOTE_WRITE / READ / ATOMIC). Class C.
+//! 4. **Resources**: a READ or atomic needs `max_dest_rd_atomic` > 0 (class C); a SEND FIRST /
+//!    ONLY and a WRITE with immediate need a receive WQE, else an **RNR NAK** carrying the QP's
+//!    `min_rnr_timer` (class B, §9.7.5.2.8).
+//! 5. **Length** (C9-92 as rxe cites it): ONLY <= PMTU, FIRST and MIDDLE == PMTU, LAST 1..=PMTU;
+//!    RETH DMA length <= 2^31 (C9-94). Class C: NAK invalid request.
+//! 6. **R_Key** (§10.6.3, §9.7.5.1.5): the rkey names a region of the QP's PD with the needed
+//!    remote access containing the whole range; a zero-length READ or WRITE names none (C9-88).
+//!    Class C: NAK remote access error. Each WRITE packet must carry exactly PMTU bytes while more
+//!    than one PMTU remains, and exactly the remainder in the end (class C, invalid request).
+//!    An atomic's address must be 8-byte aligned (class C, invalid request).
+//! 7. **Execute**, then advance the expected PSN (an RDMA READ advances it by one PSN per
+//!    response packet, §9.7.1), the MSN once per completed message (an RDMA READ on receipt,
+//!    C9-148 as rxe cites it), complete the receive WQE, and acknowledge if AckReq was set.
+//!
+//! A class C error sends its NAK, completes the receive WQE in progress with an error, raises
+//! the affiliated async event (IBTA vol. 1 §11.6.3.1: QP_REQ_ERR for invalid requests,
+//! QP_ACCESS_ERR for access violations) and moves the QP to ERR.
+//!
+//! **Duplicates** (§9.7.5.1.2): a SEND or WRITE is acknowledged again with the PSN of the last
+//! ACK-able request (`ack_psn - 1`, C9-105 as rxe cites it), never with the PSN of an RDMA READ,
+//! whose only acknowledgement is its response; an RDMA READ is answered again from the saved
+//! responder resource (`max_dest_rd_atomic` of them), from the PSN asked for, without touching the
+//! request in progress; an atomic is answered with its saved result and never executed twice.
+//!
+//! **ACK coalescing**: responses queue in PSN order; an ACK queued right after another ACK
+//! replaces it (an ACK acknowledges everything before it), so a burst of requests handled before
+//! the next `poll_transmit` costs one ACK.
+//!
+//! UC (§9.8.4): no ACKs; a packet out of sequence, or any error, drops the rest of its message
+//! and the responder resynchronises on the next FIRST or ONLY. UD (§9.8.5): single packets;
+//! the receive buffer gets the 40-byte GRH area then the payload; a message that does not fit
+//! its buffer, or finds none, is dropped silently and the QP stays in RTS.
+
+use roce::aeth::{AckCredit, NakCode, RnrTimer, Syndrome};
+use roce::opcode::{Operation, Position};
+use roce::packet::{ExtReprs, TransportRepr};
+use roce::{aeth, atomic_eth, bth, Opcode, Psn};
+
+use super::counters::{bump, DropReason};
+use super::memory::CopyError;
+use super::net::{grh_area, seal, write_headers, BuildError};
+use super::recv::RxPacket;
+use super::requester::{num_packets, TxResult};
+use super::transport::{Env, QpTransport, Resource, ResourceKind, RespOut, WriteCursor};
+use super::Transmit;
+use crate::event::AsyncEventType;
+use crate::mr::AccessFlags;
+use crate::qp::QpState;
+use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
+
+/// 24-bit MSN mask.
+const MSN_MASK: u32 = 0x00ff_ffff;
+/// Largest RETH DMA length (C9-94 as rxe cites it).
+const MAX_DMA_LEN: u32 = 1 << 31;
+
+/// Whether `cur` may follow a message whose last packet so far was `last` (IBTA vol. 1
+/// §9.7.5.1.3; rxe `check_op_seq`).
+fn op_seq_ok(last: Option<Opcode>, cur: Opcode) -> bool {
+    let (Some(op), Some(pos)) = (cur.operation(), cur.position()) else {
+        return false;
+    };
+    match last.and_then(|l| l.operation()) {
+        Some(in_progress) => in_progress == op && matches!(pos, Position::Middle | Position::Last),
+        None => matches!(pos, Position::First | Position::Only),
+    }
+}
+
+/// Whether the payload length obeys the PMTU rules for its position (C9-92 as rxe cites it).
+fn length_ok(pos: Position, len: usize, pmtu: usize) -> bool {
+    match pos {
+        Position::Only => len <= pmtu,
+        Position::First | Position::Middle => len == pmtu,
+        Position::Last => (1..=pmtu).contains(&len),
+    }
+}
+
+impl QpTransport {
+    /// Handles a request packet (SEND, RDMA WRITE, RDMA READ request, atomic) on a QP in RTR or
+    /// later. Returns the reason if it was dropped without effect.
+    pub(crate) fn on_request(
+        &mut self,
+        env: &mut Env<'_>,
+        pkt: &RxPacket<'_>,
+    ) -> Result<(), DropReason> {
+        match self.qp_type {
+            crate::qp::QpType::Rc => self.rc_request(env, pkt),
+            crate::qp::QpType::Uc => self.uc_request(env, pkt),
+            crate::qp::QpType::Ud => self.ud_request(env, pkt),
+        }
+    }
+
+    fn rc_request(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), DropReason> {
+        let psn = pkt.psn;
+        match psn.cmp_serial(self.resp.psn) {
+            core::cmp::Ordering::Greater => {
+                // Class B: one NAK per gap (rxe `sent_psn_nak`).
+                bump!(env.counters.out_of_seq_request);
+                if !self.resp.sent_psn_nak {
+                    self.resp.sent_psn_nak = true;
+                    let expected = self.resp.psn;
+                    self.queue_nak(expected, Syndrome::Nak(NakCode::PsnSequenceError));
+                }
+                return Ok(());
+            }
+            core::cmp::Ordering::Less => {
+                bump!(env.counters.duplicate_request);
+                return self.duplicate(env, pkt);
+            }
+            core::cmp::Ordering::Equal => self.resp.sent_psn_nak = false,
+        }
+        let Some(attr) = env.ctx.qp(self.qpn).map(|q| *q.attr()) else {
+            return Err(DropReason::Qpn);
+        };
+        let op = pkt.info.operation;
+        let pos = pkt.info.position;
+        if !op_seq_ok(self.resp.last_opcode, pkt.opcode) {
+            return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        }
+        let needed = match op {
+            Operation::RdmaWrite => AccessFlags::REMOTE_WRITE,
+            Operation::RdmaReadRequest => AccessFlags::REMOTE_READ,
+            Operation::CompareSwap | Operation::FetchAdd => AccessFlags::REMOTE_ATOMIC,
+            _ => AccessFlags::empty(),
+        };
+        if !attr.qp_access_flags.contains(needed) {
+            return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        }
+        match op {
+            Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd => {
+                if attr.max_dest_rd_atomic == 0 {
+                    return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                }
+                let slot_busy = self
+                    .resp
+                    .resources
+                    .get(self.resp.res_head)
+                    .is_none_or(|r| r.pending);
+                if slot_busy || self.resp.out.len() >= self.resp.out_capacity() {
+                    // The requester exceeded max_dest_rd_atomic, or responses are not being
+                    // polled: drop without effect; the requester retries.
+                    return Err(DropReason::RequestDropped);
+                }
+                return if op == Operation::RdmaReadRequest {
+                    self.execute_read(env, pkt)
+                } else {
+                    self.execute_atomic(env, pkt)
+                };
+            }
+            Operation::Send | Operation::RdmaWrite => {}
+            _ => return Err(DropReason::UnexpectedResponse),
+        }
+        let needs_wqe = (op == Operation::Send && pkt.opcode.starts_message())
+            || (op == Operation::RdmaWrite && pkt.ext.immdt.is_some());
+        if needs_wqe && !self.resp.recv.active && !self.acquire_recv(env) {
+            bump!(env.counters.send_rnr_err);
+            let timer = RnrTimer::from_code(attr.min_rnr_timer);
+            self.queue_nak(psn, Syndrome::RnrNak { timer });
+            return Ok(());
+        }
+        let pmtu = self.pmtu as usize;
+        let len = pkt.payload.len();
+        if !length_ok(pos, len, pmtu) || pkt.ext.reth.is_some_and(|r| r.dma_len > MAX_DMA_LEN) {
+            return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        }
+        if op == Operation::Send {
+            let recv = &mut self.resp.recv;
+            match env.mem.scatter(
+                env.ctx.mrs(),
+                self.pd,
+                recv.sges.iter().copied(),
+                recv.offset,
+                pkt.payload,
+            ) {
+                Ok(()) => recv.offset += len as u64,
+                // The message is longer than the receive buffer: the requester sees an invalid
+                // request, the receive WQE a local length error (IBTA vol. 1 §9.9.3).
+                Err(CopyError::Overflow) => {
+                    return self.class_c_status(
+                        env,
+                        psn,
+                        NakCode::InvalidRequest,
+                        WcStatus::LocLenErr,
+                        AsyncEventType::QpReqErr,
+                    )
+                }
+                // A receive SGE failed its lkey check: class A (rxe ERR_MALFORMED_WQE).
+                Err(CopyError::Key(_)) => {
+                    return self.class_c_status(
+                        env,
+                        psn,
+                        NakCode::RemoteOperationalError,
+                        WcStatus::LocQpOpErr,
+                        AsyncEventType::QpFatal,
+                    )
+                }
+            }
+        } else {
+            if pkt.opcode.starts_message() {
+                let Some(reth) = pkt.ext.reth else {
+                    return Err(DropReason::Length);
+                };
+                self.resp.write = WriteCursor {
+                    va: reth.virtual_address,
+                    rkey: reth.rkey,
+                    resid: reth.dma_len,
+                    length: reth.dma_len,
+                };
+                if reth.dma_len > 0
+                    && env
+                        .ctx
+                        .mrs()
+                        .check_rkey(
+                            self.pd,
+                            reth.rkey,
+                            reth.virtual_address,
+                            u64::from(reth.dma_len),
+                            AccessFlags::REMOTE_WRITE,
+                        )
+                        .is_err()
+                {
+                    return self.class_c(
+                        env,
+                        psn,
+                        NakCode::RemoteAccessError,
+                        WcStatus::RemAccessErr,
+                    );
+                }
+            }
+            let w = self.resp.write;
+            let fits = if w.resid as usize > pmtu {
+                len == pmtu
+            } else {
+                len == w.resid as usize
+            };
+            if !fits {
+                return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            }
+            if len > 0 {
+                let written = env
+                    .mem
+                    .remote(
+                        env.ctx.mrs(),
+                        self.pd,
+                        w.rkey,
+                        w.va,
+                        len,
+                        AccessFlags::REMOTE_WRITE,
+                    )
+                    .ok()
+                    .is_some_and(|(mem, at)| mem.write(at, pkt.payload).is_ok());
+                if !written {
+                    return self.class_c(
+                        env,
+                        psn,
+                        NakCode::RemoteAccessError,
+                        WcStatus::RemAccessErr,
+                    );
+                }
+            }
+            self.resp.write.va = w.va.wrapping_add(len as u64);
+            self.resp.write.resid = w.resid - len as u32;
+        }
+        if let Some(ieth) = pkt.ext.ieth {
+            // SEND with Invalidate (IBTA vol. 1 §9.4.1.1): the rkey must name a region of this
+            // QP's PD; otherwise the request is invalid.
+            if env.ctx.invalidate_mr_key(self.pd, ieth.rkey).is_err() {
+                return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+            }
+        }
+        let end = matches!(pos, Position::Last | Position::Only);
+        if end {
+            self.resp.msn = (self.resp.msn + 1) & MSN_MASK;
+        }
+        self.resp.psn = psn.next();
+        self.resp.ack_psn = self.resp.psn;
+        self.resp.last_opcode = if end { None } else { Some(pkt.opcode) };
+        if end && self.resp.recv.active && (op == Operation::Send || pkt.ext.immdt.is_some()) {
+            self.complete_recv(env, pkt);
+        }
+        if pkt.bth.ack_req {
+            self.queue_ack(env, psn);
+        }
+        Ok(())
+    }
+
+    /// A new RDMA READ request at the expected PSN.
+    fn execute_read(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), DropReason> {
+        let psn = pkt.psn;
+        let Some(reth) = pkt.ext.reth else {
+            return Err(DropReason::Length);
+        };
+        if reth.dma_len > MAX_DMA_LEN {
+            return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        }
+        if reth.dma_len > 0
+            && env
+                .ctx
+                .mrs()
+                .check_rkey(
+                    self.pd,
+                    reth.rkey,
+                    reth.virtual_address,
+                    u64::from(reth.dma_len),
+                    AccessFlags::REMOTE_READ,
+                )
+                .is_err()
+        {
+            return self.class_c(env, psn, NakCode::RemoteAccessError, WcStatus::RemAccessErr);
+        }
+        let npkts = num_packets(reth.dma_len, self.pmtu);
+        self.resp.msn = (self.resp.msn + 1) & MSN_MASK;
+        let msn = self.resp.msn;
+        let slot = self.take_resource(Resource {
+            kind: ResourceKind::Read {
+                va: reth.virtual_address,
+                length: reth.dma_len,
+                rkey: reth.rkey,
+            },
+            first_psn: psn,
+            last_psn: psn.wrapping_add(npkts - 1),
+            msn,
+            valid: true,
+            pending: true,
+        });
+        self.resp.psn = psn.wrapping_add(npkts);
+        self.resp.last_opcode = None;
+        self.resp.out.push_back(RespOut::Read {
+            slot,
+            first: psn,
+            psn,
+            va: reth.virtual_address,
+            resid: reth.dma_len,
+            rkey: reth.rkey,
+            msn,
+        });
+        Ok(())
+    }
+
+    /// A new atomic request at the expected PSN: executed exactly once, its result saved.
+    fn execute_atomic(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), DropReason> {
+        let psn = pkt.psn;
+        let Some(a) = pkt.ext.atomic_eth else {
+            return Err(DropReason::Length);
+        };
+        let Ok((mem, at)) = env.mem.remote(
+            env.ctx.mrs(),
+            self.pd,
+            a.rkey,
+            a.virtual_address,
+            8,
+            AccessFlags::REMOTE_ATOMIC,
+        ) else {
+            return self.class_c(env, psn, NakCode::RemoteAccessError, WcStatus::RemAccessErr);
+        };
+        // IBTA vol. 1 §9.4.5: atomics act on naturally aligned 64-bit words (rxe
+        // ERR_MISALIGNED_ATOMIC, class C invalid request).
+        if a.virtual_address & 7 != 0 {
+            return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        }
+        let result = if pkt.info.operation == Operation::CompareSwap {
+            mem.compare_swap(at, a.compare_data, a.swap_add_data)
+        } else {
+            mem.fetch_add(at, a.swap_add_data)
+        };
+        let Ok(orig) = result else {
+            return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        };
+        self.resp.msn = (self.resp.msn + 1) & MSN_MASK;
+        let msn = self.resp.msn;
+        let slot = self.take_resource(Resource {
+            kind: ResourceKind::Atomic { orig },
+            first_psn: psn,
+            last_psn: psn,
+            msn,
+            valid: true,
+            pending: true,
+        });
+        self.resp.psn = psn.next();
+        self.resp.ack_psn = self.resp.psn;
+        self.resp.last_opcode = None;
+        self.resp.out.push_back(RespOut::Atomic {
+            slot,
+            psn,
+            orig,
+            msn,
+        });
+        Ok(())
+    }
+
+    /// Stores a new responder resource in the oldest slot (the caller checked it is not pending).
+    fn take_resource(&mut self, resource: Resource) -> usize {
+        let n = self.resp.resources.len().max(1);
+        let slot = self.resp.res_head % n;
+        if let Some(r) = self.resp.resources.get_mut(slot) {
+            *r = resource;
+        }
+        self.resp.res_head = (slot + 1) % n;
+        slot
+    }
+
+    /// A duplicate request (PSN before the expected one), IBTA vol. 1 §9.7.5.1.2.
+    fn duplicate(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), DropReason> {
+        let psn = pkt.psn;
+        match pkt.info.operation {
+            Operation::Send | Operation::RdmaWrite => {
+                // C9-105 (as rxe cites it): acknowledge again, with the last ACK-able PSN.
+                let ack = self.resp.ack_psn.wrapping_sub(1);
+                self.queue_ack(env, ack);
+                Ok(())
+            }
+            Operation::RdmaReadRequest => {
+                let reth = pkt.ext.reth.ok_or(DropReason::Length)?;
+                let pmtu = u64::from(self.pmtu.max(1));
+                let found = self.resp.resources.iter().enumerate().find(|(_, r)| {
+                    r.valid
+                        && matches!(r.kind, ResourceKind::Read { .. })
+                        && psn.in_window(r.first_psn, r.first_psn.distance(r.last_psn) + 1)
+                });
+                let Some((slot, res)) = found.map(|(i, r)| (i, *r)) else {
+                    // Class D: no resource for it (too old), drop.
+                    return Err(DropReason::RequestDropped);
+                };
+                let ResourceKind::Read { va, length, rkey } = res.kind else {
+                    return Err(DropReason::RequestDropped);
+                };
+                // The retried READ must ask for exactly the rest of the original, from `psn`.
+                let skip = u64::from(res.first_psn.distance(psn)) * pmtu;
+                if reth.rkey != rkey
+                    || reth.virtual_address != va.wrapping_add(skip)
+                    || u64::from(reth.dma_len) != u64::from(length).saturating_sub(skip)
+                {
+                    return Err(DropReason::RequestDropped);
+                }
+                let replay = RespOut::Read {
+                    slot,
+                    first: psn,
+                    psn,
+                    va: reth.virtual_address,
+                    resid: reth.dma_len,
+                    rkey,
+                    msn: res.msn,
+                };
+                for o in self.resp.out.iter_mut() {
+                    if let RespOut::Read {
+                        slot: s,
+                        psn: queued,
+                        ..
+                    } = *o
+                    {
+                        if s == slot {
+                            // Still being sent: restart it from `psn` if that is earlier.
+                            if psn.is_before(queued) {
+                                *o = replay;
+                            }
+                            return Ok(());
+                        }
+                    }
+                }
+                if self.resp.out.len() >= self.resp.out_capacity() {
+                    return Err(DropReason::RequestDropped);
+                }
+                if let Some(r) = self.resp.resources.get_mut(slot) {
+                    r.pending = true;
+                }
+                self.resp.out.push_back(replay);
+                Ok(())
+            }
+            Operation::CompareSwap | Operation::FetchAdd => {
+                let found = self.resp.resources.iter().enumerate().find(|(_, r)| {
+                    r.valid && matches!(r.kind, ResourceKind::Atomic { .. }) && r.first_psn == psn
+                });
+                let Some((slot, res)) = found.map(|(i, r)| (i, *r)) else {
+                    return Err(DropReason::RequestDropped);
+                };
+                let ResourceKind::Atomic { orig } = res.kind else {
+                    return Err(DropReason::RequestDropped);
+                };
+                if self
+                    .resp
+                    .out
+                    .iter()
+                    .any(|o| matches!(o, RespOut::Atomic { slot: s, .. } if *s == slot))
+                {
+                    return Ok(());
+                }
+                if self.resp.out.len() >= self.resp.out_capacity() {
+                    return Err(DropReason::RequestDropped);
+                }
+                if let Some(r) = self.resp.resources.get_mut(slot) {
+                    r.pending = true;
+                }
+                self.resp.out.push_back(RespOut::Atomic {
+                    slot,
+                    psn,
+                    orig,
+                    msn: res.msn,
+                });
+                Ok(())
+            }
+            _ => Err(DropReason::UnexpectedResponse),
+        }
+    }
+
+    /// Queues an ACK for `psn`, merging it into an ACK queued last (coalescing).
+    fn queue_ack(&mut self, env: &mut Env<'_>, psn: Psn) {
+        let msn = self.resp.msn;
+        if let Some(RespOut::Ack {
+            psn: queued,
+            syndrome: Syndrome::Ack { .. },
+            msn: queued_msn,
+        }) = self.resp.out.back_mut()
+        {
+            if psn.is_after(*queued) {
+                *queued = psn;
+            }
+            *queued_msn = msn;
+            bump!(env.counters.ack_deferred);
+            return;
+        }
+        if self.resp.out.len() < self.resp.out_capacity() {
+            self.resp.out.push_back(RespOut::Ack {
+                psn,
+                syndrome: Syndrome::Ack {
+                    credit: AckCredit::INVALID,
+                },
+                msn,
+            });
+        }
+    }
+
+    /// Queues a NAK or RNR NAK (never merged). Dropped if the queue is full: the requester's
+    /// timeout covers a lost NAK.
+    fn queue_nak(&mut self, psn: Psn, syndrome: Syndrome) {
+        if self.resp.out.len() < self.resp.out_capacity() {
+            self.resp.out.push_back(RespOut::Ack {
+                psn,
+                syndrome,
+                msn: self.resp.msn,
+            });
+        }
+    }
+
+    /// A class C error on the request with PSN `psn`: NAK `code`, the receive WQE in progress
+    /// completes with `status`, the QP enters ERR.
+    fn class_c(
+        &mut self,
+        env: &mut Env<'_>,
+        psn: Psn,
+        code: NakCode,
+        status: WcStatus,
+    ) -> Result<(), DropReason> {
+        let event = if code == NakCode::RemoteAccessError {
+            AsyncEventType::QpAccessErr
+        } else {
+            AsyncEventType::QpReqErr
+        };
+        self.class_c_status(env, psn, code, status, event)
+    }
+
+    fn class_c_status(
+        &mut self,
+        env: &mut Env<'_>,
+        psn: Psn,
+        code: NakCode,
+        status: WcStatus,
+        event: AsyncEventType,
+    ) -> Result<(), DropReason> {
+        self.fail_recv_cursor(env, status);
+        self.enter_error(env, Some(event), status);
+        self.resp.out.push_back(RespOut::Ack {
+            psn,
+            syndrome: Syndrome::Nak(code),
+            msn: self.resp.msn,
+        });
+        Ok(())
+    }
+
+    /// Takes the oldest receive WQE (own RQ or SRQ) into the receive cursor. False if none.
+    fn acquire_recv(&mut self, env: &mut Env<'_>) -> bool {
+        let cursor = &mut self.resp.recv;
+        cursor.sges.clear();
+        if let Some(srq) = self.srq {
+            let Some(wqe) = env.ctx.srq(srq).and_then(|s| s.front()) else {
+                return false;
+            };
+            cursor.wr_id = wqe.wr_id;
+            cursor.length = wqe.length;
+            cursor.sges.extend(wqe.sg_list().copied());
+            let _ = env.ctx.consume_srq_wqe(srq);
+        } else {
+            let Some(wqe) = env
+                .ctx
+                .qp(self.qpn)
+                .and_then(|q| q.rq())
+                .and_then(|rq| rq.front())
+            else {
+                return false;
+            };
+            cursor.wr_id = wqe.wr_id;
+            cursor.length = wqe.length;
+            cursor.sges.extend(wqe.sg_list().copied());
+            let _ = env
+                .ctx
+                .qp_mut(self.qpn)
+                .and_then(|q| q.rq_mut())
+                .and_then(|rq| rq.pop());
+        }
+        cursor.offset = 0;
+        cursor.active = true;
+        true
+    }
+
+    /// The length of the oldest receive WQE, without taking it.
+    fn peek_recv_len(&self, env: &Env<'_>) -> Option<u64> {
+        match self.srq {
+            Some(srq) => env.ctx.srq(srq).and_then(|s| s.front()).map(|w| w.length),
+            None => env
+                .ctx
+                .qp(self.qpn)
+                .and_then(|q| q.rq())
+                .and_then(|rq| rq.front())
+                .map(|w| w.length),
+        }
+    }
+
+    /// Completes the receive WQE that took the message `pkt` ends.
+    fn complete_recv(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) {
+        let recv = &mut self.resp.recv;
+        recv.active = false;
+        let write_imm = pkt.info.operation == Operation::RdmaWrite;
+        let (opcode, byte_len) = if write_imm {
+            (WcOpcode::RecvRdmaWithImm, self.resp.write.length)
+        } else {
+            (WcOpcode::Recv, recv.offset.min(u64::from(u32::MAX)) as u32)
+        };
+        let mut wc = WorkCompletion::success(recv.wr_id, opcode, self.qpn, byte_len);
+        if let Some(imm) = pkt.ext.immdt {
+            wc = wc.with_imm(imm.to_host_order());
+        }
+        if let Some(ieth) = pkt.ext.ieth {
+            wc = wc.with_inv(ieth.rkey);
+        }
+        if let Some(deth) = pkt.ext.deth {
+            wc = wc.with_grh(deth.src_qpn);
+        }
+        bump!(env.counters.rdma_recvs);
+        if !env.push_wc(self.recv_cq, wc, pkt.bth.solicited) {
+            self.cq_overrun = true;
+        }
+    }
+
+    /// UC: forget the message in progress; the receive WQE it used is kept for the next one
+    /// (rxe class D1: "reset the recv wr to its original state").
+    fn uc_reset_message(&mut self) {
+        self.resp.recv.offset = 0;
+        self.resp.last_opcode = None;
+    }
+
+    fn uc_drop(&mut self) -> Result<(), DropReason> {
+        self.resp.drop_msg = true;
+        self.uc_reset_message();
+        Err(DropReason::RequestDropped)
+    }
+
+    fn uc_request(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), DropReason> {
+        let starts = pkt.opcode.starts_message();
+        if self.resp.drop_msg || pkt.psn != self.resp.psn {
+            if !starts {
+                return self.uc_drop();
+            }
+            self.resp.drop_msg = false;
+            self.uc_reset_message();
+        }
+        if self.resp.last_opcode.is_some() && starts {
+            // A new message while one was in progress: the old one is lost (class D1E).
+            self.uc_reset_message();
+        }
+        if !op_seq_ok(self.resp.last_opcode, pkt.opcode) {
+            return self.uc_drop();
+        }
+        let Some(attr) = env.ctx.qp(self.qpn).map(|q| *q.attr()) else {
+            return Err(DropReason::Qpn);
+        };
+        let op = pkt.info.operation;
+        let pos = pkt.info.position;
+        if op == Operation::RdmaWrite && !attr.qp_access_flags.contains(AccessFlags::REMOTE_WRITE) {
+            return self.uc_drop();
+        }
+        let needs_wqe = (op == Operation::Send && starts)
+            || (op == Operation::RdmaWrite && pkt.ext.immdt.is_some());
+        if needs_wqe && !self.resp.recv.active && !self.acquire_recv(env) {
+            return self.uc_drop();
+        }
+        let pmtu = self.pmtu as usize;
+        let len = pkt.payload.len();
+        if !length_ok(pos, len, pmtu) || pkt.ext.reth.is_some_and(|r| r.dma_len > MAX_DMA_LEN) {
+            return self.uc_drop();
+        }
+        if op == Operation::Send {
+            let recv = &mut self.resp.recv;
+            if env
+                .mem
+                .scatter(
+                    env.ctx.mrs(),
+                    self.pd,
+                    recv.sges.iter().copied(),
+                    recv.offset,
+                    pkt.payload,
+                )
+                .is_err()
+            {
+                return self.uc_drop();
+            }
+            recv.offset += len as u64;
+        } else {
+            if starts {
+                let Some(reth) = pkt.ext.reth else {
+                    return self.uc_drop();
+                };
+                self.resp.write = WriteCursor {
+                    va: reth.virtual_address,
+                    rkey: reth.rkey,
+                    resid: reth.dma_len,
+                    length: reth.dma_len,
+                };
+            }
+            let w = self.resp.write;
+            let fits = if w.resid as usize > pmtu {
+                len == pmtu
+            } else {
+                len == w.resid as usize
+            };
+            if !fits {
+                return self.uc_drop();
+            }
+            if len > 0 {
+                let written = env
+                    .mem
+                    .remote(
+                        env.ctx.mrs(),
+                        self.pd,
+                        w.rkey,
+                        w.va,
+                        len,
+                        AccessFlags::REMOTE_WRITE,
+                    )
+                    .ok()
+                    .is_some_and(|(mem, at)| mem.write(at, pkt.payload).is_ok());
+                if !written {
+                    return self.uc_drop();
+                }
+            }
+            self.resp.write.va = w.va.wrapping_add(len as u64);
+            self.resp.write.resid = w.resid - len as u32;
+        }
+        let end = matches!(pos, Position::Last | Position::Only);
+        self.resp.psn = pkt.psn.next();
+        self.resp.last_opcode = if end { None } else { Some(pkt.opcode) };
+        if end && self.resp.recv.active && (op == Operation::Send || pkt.ext.immdt.is_some()) {
+            self.complete_recv(env, pkt);
+        }
+        Ok(())
+    }
+
+    fn ud_request(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), DropReason> {
+        if pkt.ext.deth.is_none() {
+            return Err(DropReason::Length);
+        }
+        let needed = 40 + pkt.payload.len() as u64;
+        match self.peek_recv_len(env) {
+            // Class D: no buffer, or too small: dropped silently, the QP stays in RTS.
+            Some(len) if len >= needed => {}
+            _ => return Err(DropReason::RequestDropped),
+        }
+        if !self.acquire_recv(env) {
+            return Err(DropReason::RequestDropped);
+        }
+        let grh = grh_area(&pkt.ip, pkt.udp_len);
+        let recv = &self.resp.recv;
+        let placed = env
+            .mem
+            .scatter(env.ctx.mrs(), self.pd, recv.sges.iter().copied(), 0, &grh)
+            .and_then(|()| {
+                env.mem.scatter(
+                    env.ctx.mrs(),
+                    self.pd,
+                    recv.sges.iter().copied(),
+                    40,
+                    pkt.payload,
+                )
+            });
+        if placed.is_err() {
+            // rxe ERR_MALFORMED_WQE (class A): the WQE completes in error, the QP enters ERR.
+            self.fail_recv_cursor(env, WcStatus::LocQpOpErr);
+            self.enter_error(env, Some(AsyncEventType::QpFatal), WcStatus::LocQpOpErr);
+            return Ok(());
+        }
+        self.resp.recv.offset = needed;
+        self.complete_recv(env, pkt);
+        Ok(())
+    }
+
+    /// Builds the next queued response (ACK, NAK, READ response, atomic ACK) into `buf`.
+    pub(crate) fn next_response(&mut self, env: &mut Env<'_>, buf: &mut [u8]) -> TxResult {
+        let state = env.state(self.qpn);
+        if state == QpState::Reset || state == QpState::Init {
+            self.resp.out.clear();
+            return TxResult::Nothing;
+        }
+        let Some(route) = self.route else {
+            self.resp.out.clear();
+            return TxResult::Nothing;
+        };
+        let dest_qpn = env.ctx.qp(self.qpn).map_or(0, |q| q.attr().dest_qp_num);
+        // At most two passes: a READ response that fails its rkey recheck is replaced by a NAK.
+        for _ in 0..2 {
+            let Some(front) = self.resp.out.front().copied() else {
+                return TxResult::Nothing;
+            };
+            let mut ext = ExtReprs::default();
+            let (opcode, psn, payload_len) = match front {
+                RespOut::Ack { psn, syndrome, msn } => {
+                    ext.aeth = Some(aeth::Repr { syndrome, msn });
+                    (Opcode::RcAcknowledge, psn, 0)
+                }
+                RespOut::Atomic { psn, orig, msn, .. } => {
+                    ext.aeth = Some(aeth::Repr {
+                        syndrome: Syndrome::Ack {
+                            credit: AckCredit::INVALID,
+                        },
+                        msn,
+                    });
+                    ext.atomic_ack_eth = Some(atomic_eth::ack::Repr {
+                        orig_remote_data: orig,
+                    });
+                    (Opcode::RcAtomicAcknowledge, psn, 0)
+                }
+                RespOut::Read {
+                    first,
+                    psn,
+                    resid,
+                    msn,
+                    ..
+                } => {
+                    let payload = resid.min(self.pmtu);
+                    let more = resid > payload;
+                    let opcode = match (psn == first, more) {
+                        (true, false) => Opcode::RcRdmaReadResponseOnly,
+                        (true, true) => Opcode::RcRdmaReadResponseFirst,
+                        (false, true) => Opcode::RcRdmaReadResponseMiddle,
+                        (false, false) => Opcode::RcRdmaReadResponseLast,
+                    };
+                    if opcode != Opcode::RcRdmaReadResponseMiddle {
+                        ext.aeth = Some(aeth::Repr {
+                            syndrome: Syndrome::Ack {
+                                credit: AckCredit::INVALID,
+                            },
+                            msn,
+                        });
+                    }
+                    (opcode, psn, payload as usize)
+                }
+            };
+            let transport = TransportRepr {
+                bth: bth::Repr {
+                    opcode,
+                    solicited: false,
+                    mig_req: false,
+                    pad_cnt: 0,
+                    pkey: self.pkey,
+                    fecn: false,
+                    becn: false,
+                    dest_qpn,
+                    ack_req: false,
+                    psn: psn.value(),
+                },
+                ext,
+            };
+            let header_len = match write_headers(buf, &transport, payload_len) {
+                Ok(n) => n,
+                Err(BuildError::BufferTooSmall) => {
+                    bump!(env.counters.send_err);
+                    return TxResult::BufferTooSmall;
+                }
+                Err(BuildError::Headers) => {
+                    bump!(env.counters.send_err);
+                    self.resp.out.pop_front();
+                    return TxResult::Nothing;
+                }
+            };
+            if let RespOut::Read { va, rkey, .. } = front {
+                if payload_len > 0 {
+                    // rxe rechecks the rkey for every response packet: the region may have been
+                    // deregistered or invalidated since the request was accepted.
+                    let read = env
+                        .mem
+                        .remote(
+                            env.ctx.mrs(),
+                            self.pd,
+                            rkey,
+                            va,
+                            payload_len,
+                            AccessFlags::REMOTE_READ,
+                        )
+                        .ok()
+                        .zip(buf.get_mut(header_len..header_len + payload_len))
+                        .is_some_and(|((mem, at), dst)| mem.read(at, dst).is_ok());
+                    if !read {
+                        self.resp.out.pop_front();
+                        let _ = self.class_c_status(
+                            env,
+                            psn,
+                            NakCode::RemoteAccessError,
+                            WcStatus::WrFlushErr,
+                            AsyncEventType::QpAccessErr,
+                        );
+                        continue;
+                    }
+                }
+            }
+            let len = match seal(buf, header_len, payload_len, &route) {
+                Ok(len) => len,
+                Err(_) => {
+                    bump!(env.counters.send_err);
+                    return TxResult::BufferTooSmall;
+                }
+            };
+            self.advance_response(payload_len);
+            bump!(env.counters.sent_pkts);
+            return TxResult::Packet(Transmit::new(&route, len));
+        }
+        TxResult::Nothing
+    }
+
+    /// The front response's packet was sent: move its stream on or drop it.
+    fn advance_response(&mut self, payload_len: usize) {
+        let done_slot = match self.resp.out.front_mut() {
+            Some(RespOut::Read {
+                slot,
+                psn,
+                va,
+                resid,
+                ..
+            }) => {
+                *psn = psn.next();
+                *va = va.wrapping_add(payload_len as u64);
+                *resid -= payload_len as u32;
+                if *resid > 0 {
+                    return;
+                }
+                Some(*slot)
+            }
+            Some(RespOut::Atomic { slot, .. }) => Some(*slot),
+            _ => None,
+        };
+        self.resp.out.pop_front();
+        if let Some(r) = done_slot.and_then(|s| self.resp.resources.get_mut(s)) {
+            r.pending = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opcode_sequences() {
+        use Opcode::*;
+        assert!(op_seq_ok(None, RcSendFirst));
+        assert!(op_seq_ok(None, RcRdmaWriteOnly));
+        assert!(!op_seq_ok(None, RcSendMiddle));
+        assert!(!op_seq_ok(None, RcRdmaWriteLast));
+        assert!(op_seq_ok(Some(RcSendFirst), RcSendLastWithInvalidate));
+        assert!(!op_seq_ok(Some(RcSendFirst), RcRdmaWriteMiddle));
+        assert!(!op_seq_ok(Some(RcRdmaWriteMiddle), RcSendOnly));
+        assert!(op_seq_ok(
+            Some(RcRdmaWriteMiddle),
+            RcRdmaWriteLastWithImmediate
+        ));
+    }
+
+    #[test]
+    fn pmtu_length_rules() {
+        assert!(length_ok(Position::Only, 0, 1024));
+        assert!(length_ok(Position::Only, 1024, 1024));
+        assert!(!length_ok(Position::Only, 1025, 1024));
+        assert!(!length_ok(Position::Middle, 1000, 1024));
+        assert!(length_ok(Position::First, 1024, 1024));
+        assert!(!length_ok(Position::Last, 0, 1024));
+        assert!(length_ok(Position::Last, 1, 1024));
+    }
+}

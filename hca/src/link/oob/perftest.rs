@@ -1,0 +1,898 @@
+//! The TCP exchange of perftest 4.5 (`ib_write_bw`, `ib_read_bw`, `ib_send_bw`, `ib_atomic_bw`,
+//! `ib_write_lat`, `ib_read_lat`, `ib_send_lat`, `ib_atomic_lat`) without RDMA-CM (`-R` / `--cm`
+//! not given), the default.
+//!
+//! Source: linux-rdma/perftest tag `v4.5-0.17` (Debian bookworm's `perftest 4.5+0.17-1`; its
+//! binaries report `Version: 6.06`), `src/perftest_communication.c` and `.h`, and the `main` of
+//! each `src/*_bw.c` / `src/*_lat.c`.
+//!
+//! # The connection
+//! The server (no host name given) listens on TCP port 18515 (`-p`), IPv4 only
+//! (`ethernet_server_connect`: `AF_INET`, `AI_PASSIVE`, `SO_REUSEADDR`) and accepts one client
+//! (`ethernet_client_connect`). Every exchange below is `ctx_xchg_data_ethernet` /
+//! `ctx_hand_shake`: **the client writes its message then reads the server's; the server reads
+//! then writes**, each message with one write(2) and one read(2) that must return all of it.
+//!
+//! # The preamble (every test, right after connecting; `main` sleeps 1 s first)
+//! 1. `exchange_versions`: each side's `user_param.version`, a 16-byte `char[MAX_VERSION]`
+//!    filled by `strncpy(VERSION)`: `"6.06"` and 12 NULs. `check_version_compatibility` then
+//!    aborts if `atof(remote) < 5.70`.
+//! 2. `check_sys_data` (remote >= 5.32): `cycle_buffer` (the page size, 4096) then
+//!    `cache_line_size` (64), each a 4-byte big-endian `int` in its own exchange; both sides take
+//!    the maximum.
+//! 3. `check_mtu` (remote >= 5.1, not raw Ethernet): `sprintf("%d", mtu)` of the port's active
+//!    MTU as `enum ibv_mtu` (1..5), sent as 2 bytes (remote >= 5.31), e.g. `"3\0"` for 1024; both
+//!    use the smaller if the remote one is valid (1..=5).
+//!
+//! # `pingpong_dest` messages (`ethernet_write_keys` / `ethernet_read_keys`)
+//! On RoCE the GID index is never -1 (`check_link` sets 0 for an Ethernet link layer), so the
+//! message is `KEY_PRINT_FMT_GID`, 108 bytes with the NUL:
+//! `"%04x:%04x:%06x:%06x:%08x:%016llx:"` (LID, outstanding reads, QPN, PSN, rkey, buffer address)
+//! `+ 16 x "%02x:"` (the GID bytes in order) `+ "%08x:"` (SRQ number, 0 unless XRC / DC). With
+//! a GID index of -1 (InfiniBand without `-x`) it is `KEY_PRINT_FMT`,
+//! `"%04x:%04x:%06x:%06x:%08x:%016llx:%08x"`, 59 bytes with the NUL. Every `ctx_hand_shake` sends
+//! the whole message again and the receiver overwrites what it had, so every hand-shake must
+//! carry the same, current values.
+//!
+//! # The sequence per test (RC/UC/UD, one or more QPs, not bidirectional)
+//! After the preamble ([`PerftestConn::preamble`]):
+//! * [`PerftestConn::exchange_dests`] (before `ctx_connect`): `ib_write_lat`, `ib_read_lat` and
+//!   `ib_atomic_lat` first do one extra hand-shake with QP 0's message; then every test does one
+//!   hand-shake per QP. `ctx_check_gid_compatibility` then refuses a peer whose GID is IPv4-mapped
+//!   when ours is not (and vice versa).
+//! * Both sides bring their QPs to RTR / RTS (`ctx_connect`).
+//! * [`PerftestConn::sync_after_connect`]: `ib_send_bw` / `ib_send_lat` do one hand-shake with QP
+//!   0 then one per QP; the others one per QP then one with QP 0 ("an additional handshake is
+//!   required after moving qp to RTR").
+//! * The test and its end:
+//!   - `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw`: the client runs the test; the server waits in
+//!     a hand-shake with QP 0 that the client answers when done; then
+//!     [`PerftestConn::exchange_bw_report`] (the server prints the client's numbers) and
+//!     [`PerftestConn::close`] on both sides.
+//!   - `ib_send_bw`: both post receives, hand-shake with QP 0, run (the server receives), and with
+//!     `-a` one more hand-shake after each size; then `close` on both.
+//!   - `ib_send_lat`: per size a hand-shake with QP 0 (after posting receives), run; then `close`.
+//!   - `ib_read_lat`, `ib_atomic_lat`: the server calls `close` at once (its hand-shake waits for
+//!     the client's); the client runs, then `close`.
+//!   - `ib_write_lat`: no further TCP traffic; both just exit.
+//!
+//! [`PerftestConn::close`] is `ctx_close_connection`: a hand-shake with QP 0, then `"done"` and its
+//! NUL (5 bytes), which neither side reads, then close.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use roce::{Gid, PathMtu};
+
+use super::{connect, parse_hex, printable, OobError, OobListener, OobStream, OobTimeouts};
+
+/// The version this side announces: perftest 4.5-0.17's `VERSION`.
+pub const VERSION: &str = "6.06";
+
+/// Bytes of the version message (`MAX_VERSION`).
+pub const VERSION_LEN: usize = 16;
+
+/// The oldest peer version perftest 4.5 accepts (`check_version_compatibility`).
+pub const MIN_PEER_VERSION: f64 = 5.70;
+
+/// Bytes of a `pingpong_dest` message without GID, NUL included (`KEY_MSG_SIZE`).
+pub const KEY_MSG_SIZE: usize = 59;
+
+/// Bytes of a `pingpong_dest` message with GID, NUL included (`KEY_MSG_SIZE_GID`).
+pub const KEY_MSG_SIZE_GID: usize = 108;
+
+/// The last message of [`PerftestConn::close`]: `"done"` and its NUL.
+pub const DONE: &[u8; 5] = b"done\0";
+
+/// perftest's default `cycle_buffer` (`sysconf(_SC_PAGESIZE)`) on common hosts, bytes.
+pub const DEFAULT_CYCLE_BUFFER: i32 = 4096;
+
+/// perftest's default `cache_line_size` (`DEF_CACHE_LINE_SIZE`), bytes.
+pub const DEFAULT_CACHE_LINE_SIZE: i32 = 64;
+
+const WHAT: &str = "perftest pingpong_dest";
+
+/// One QP's parameters as perftest exchanges them (`struct pingpong_dest`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PerftestDest {
+    /// Local identifier, 16 bits (0 on RoCE).
+    pub lid: u16,
+    /// Outstanding RDMA READ / atomic operations the QP allows (`-o`, default the device's
+    /// `max_qp_rd_atom`), 16 bits in the message.
+    pub out_reads: u16,
+    /// Queue pair number, 24 bits.
+    pub qpn: u32,
+    /// Initial PSN, 24 bits (`lrand48() & 0xffffff`).
+    pub psn: u32,
+    /// rkey of the buffer the peer targets.
+    pub rkey: u32,
+    /// Address of that buffer in the peer's address space.
+    pub vaddr: u64,
+    /// The GID (only in the GID format).
+    pub gid: Gid,
+    /// SRQ number (XRC / DC; 0 otherwise).
+    pub srqn: u32,
+}
+
+/// Which `pingpong_dest` format a connection uses: both sides must agree, and perftest picks it
+/// from its GID index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyFormat {
+    /// `KEY_PRINT_FMT_GID`, 108 bytes: RoCE, or InfiniBand with `-x`.
+    WithGid,
+    /// `KEY_PRINT_FMT`, 59 bytes: InfiniBand without `-x` (GID index -1).
+    WithoutGid,
+}
+
+impl KeyFormat {
+    /// Bytes of a message of this format, NUL included.
+    pub const fn message_len(self) -> usize {
+        match self {
+            KeyFormat::WithGid => KEY_MSG_SIZE_GID,
+            KeyFormat::WithoutGid => KEY_MSG_SIZE,
+        }
+    }
+}
+
+fn check_range(field: &'static str, value: u64, max: u64) -> Result<(), OobError> {
+    if value > max {
+        Err(OobError::OutOfRange {
+            what: WHAT,
+            field,
+            value,
+            max,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+impl PerftestDest {
+    /// The message in `format`: text and NUL, [`KeyFormat::message_len`] bytes.
+    ///
+    /// Errors: [`OobError::OutOfRange`] for a QPN or PSN above 24 bits (the C format would print
+    /// more digits than the fixed-size message holds).
+    pub fn encode(&self, format: KeyFormat) -> Result<Vec<u8>, OobError> {
+        check_range("QPN", u64::from(self.qpn), 0xff_ffff)?;
+        check_range("PSN", u64::from(self.psn), 0xff_ffff)?;
+        let mut text = format!(
+            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
+            self.lid, self.out_reads, self.qpn, self.psn, self.rkey, self.vaddr
+        );
+        match format {
+            KeyFormat::WithGid => {
+                for b in self.gid.as_bytes() {
+                    text.push_str(&format!("{b:02x}:"));
+                }
+                text.push_str(&format!("{:08x}:", self.srqn));
+            }
+            KeyFormat::WithoutGid => text.push_str(&format!("{:08x}", self.srqn)),
+        }
+        let mut msg = text.into_bytes();
+        msg.push(0);
+        debug_assert_eq!(msg.len(), format.message_len());
+        Ok(msg)
+    }
+
+    /// Parses a message of `format` (the text up to the first NUL): the fields as hex numbers of
+    /// at most their printed width, `:`-separated, the GID format ending in `:`. For the GID
+    /// format the GID is 16 fields of 1-2 hex digits (what `ethernet_read_keys`' `strtol` reads);
+    /// the no-GID format leaves `gid` zero.
+    ///
+    /// Errors: [`OobError::Malformed`] (without a peer) naming the bad field.
+    pub fn decode(msg: &[u8], format: KeyFormat) -> Result<PerftestDest, OobError> {
+        let bad = |reason| OobError::Malformed {
+            peer: None,
+            what: WHAT,
+            reason,
+            text: printable(msg),
+        };
+        let end = msg
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or_else(|| bad("no terminating NUL"))?;
+        let mut fields = msg[..end].split(|&b| b == b':');
+        let mut field = |digits, reason| {
+            fields
+                .next()
+                .and_then(|f| parse_hex(f, digits))
+                .ok_or_else(|| bad(reason))
+        };
+        let lid = field(4, "LID is not 1-4 hex digits")? as u16;
+        let out_reads = field(4, "outstanding reads is not 1-4 hex digits")? as u16;
+        let qpn = field(6, "QPN is not 1-6 hex digits")? as u32;
+        let psn = field(6, "PSN is not 1-6 hex digits")? as u32;
+        let rkey = field(8, "rkey is not 1-8 hex digits")? as u32;
+        let vaddr = field(16, "address is not 1-16 hex digits")?;
+        let mut gid = [0u8; 16];
+        if format == KeyFormat::WithGid {
+            for b in gid.iter_mut() {
+                *b = field(2, "GID byte is not 1-2 hex digits")? as u8;
+            }
+        }
+        let srqn = field(8, "SRQ number is not 1-8 hex digits")? as u32;
+        let rest: Vec<&[u8]> = fields.collect();
+        let trailer_ok = match format {
+            KeyFormat::WithGid => rest == [&b""[..]],
+            KeyFormat::WithoutGid => rest.is_empty(),
+        };
+        if !trailer_ok {
+            return Err(bad("wrong number of fields"));
+        }
+        Ok(PerftestDest {
+            lid,
+            out_reads,
+            qpn,
+            psn,
+            rkey,
+            vaddr,
+            gid: Gid::from_bytes(gid),
+            srqn,
+        })
+    }
+}
+
+/// The numbers a bandwidth test reports, as `xchg_bw_reports` exchanges them.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct BwReport {
+    /// Message size, bytes (`unsigned long`, 8 bytes big-endian on LP64).
+    pub size: u64,
+    /// Iterations (`uint64_t` big-endian for peers >= 5.33).
+    pub iters: u64,
+    /// Peak bandwidth (the unit of `--report_gbits`: MB/s or Gb/s), as a big-endian IEEE double.
+    pub bw_peak: f64,
+    /// Average bandwidth, same unit.
+    pub bw_avg: f64,
+    /// Average message rate, Mpps.
+    pub msg_rate_avg: f64,
+    /// Per-port (`--report-per-port`) average bandwidth of port 1.
+    pub bw_avg_p1: f64,
+    /// Per-port message rate of port 1.
+    pub msg_rate_avg_p1: f64,
+    /// Per-port average bandwidth of port 2.
+    pub bw_avg_p2: f64,
+    /// Per-port message rate of port 2.
+    pub msg_rate_avg_p2: f64,
+}
+
+/// Which side of the connection this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Connected to a server (perftest given a host name); writes first in every exchange.
+    Client,
+    /// Accepted a client; reads first in every exchange.
+    Server,
+}
+
+/// The perftest programs, for the test-specific parts of the sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PerftestTest {
+    /// `ib_write_bw`.
+    WriteBw,
+    /// `ib_read_bw`.
+    ReadBw,
+    /// `ib_send_bw`.
+    SendBw,
+    /// `ib_atomic_bw`.
+    AtomicBw,
+    /// `ib_write_lat`.
+    WriteLat,
+    /// `ib_read_lat`.
+    ReadLat,
+    /// `ib_send_lat`.
+    SendLat,
+    /// `ib_atomic_lat`.
+    AtomicLat,
+}
+
+impl PerftestTest {
+    /// Whether `main` does one hand-shake with QP 0 before the per-QP ones (`ib_write_lat`,
+    /// `ib_read_lat`, `ib_atomic_lat`).
+    pub const fn extra_first_hand_shake(self) -> bool {
+        matches!(
+            self,
+            PerftestTest::WriteLat | PerftestTest::ReadLat | PerftestTest::AtomicLat
+        )
+    }
+
+    /// Whether the hand-shake with QP 0 after `ctx_connect` comes before the per-QP ones
+    /// (`ib_send_bw`, `ib_send_lat`) rather than after them.
+    pub const fn sync_before_per_qp(self) -> bool {
+        matches!(self, PerftestTest::SendBw | PerftestTest::SendLat)
+    }
+}
+
+/// What the preamble settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preamble {
+    /// The peer's version string.
+    pub remote_version: String,
+    /// The larger of both `cycle_buffer`s, bytes.
+    pub cycle_buffer: i32,
+    /// The larger of both `cache_line_size`s, bytes.
+    pub cache_line_size: i32,
+    /// The MTU both use: the smaller of both if the peer's is valid, else ours.
+    pub mtu: PathMtu,
+}
+
+/// A listening perftest server.
+#[derive(Debug)]
+pub struct PerftestListener {
+    listener: OobListener,
+    timeouts: OobTimeouts,
+}
+
+impl PerftestListener {
+    /// Listens on `addr` (perftest: `0.0.0.0:18515`; port 0 picks one).
+    ///
+    /// Errors: [`OobError::Listen`].
+    pub fn bind(addr: SocketAddr, timeouts: OobTimeouts) -> Result<PerftestListener, OobError> {
+        Ok(PerftestListener {
+            listener: OobListener::bind(addr)?,
+            timeouts,
+        })
+    }
+
+    /// The address listened on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr()
+    }
+
+    /// Waits up to `timeouts.accept` for a client.
+    ///
+    /// Errors: [`OobError::AcceptTimeout`], [`OobError::Accept`].
+    pub fn accept(&self, format: KeyFormat) -> Result<PerftestConn, OobError> {
+        let (stream, _) = self.listener.accept(&self.timeouts)?;
+        Ok(PerftestConn {
+            stream: OobStream::new(stream, self.timeouts.io)?,
+            role: Role::Server,
+            format,
+        })
+    }
+}
+
+/// One perftest TCP connection, client or server; see the [module docs](self) for the order of
+/// calls.
+#[derive(Debug)]
+pub struct PerftestConn {
+    stream: OobStream,
+    role: Role,
+    format: KeyFormat,
+}
+
+impl PerftestConn {
+    /// Connects to a perftest server at `host:port` (retrying until `timeouts.connect`).
+    ///
+    /// Errors: [`OobError::Resolve`], [`OobError::Connect`].
+    pub fn connect(
+        host: &str,
+        port: u16,
+        format: KeyFormat,
+        timeouts: &OobTimeouts,
+    ) -> Result<PerftestConn, OobError> {
+        let stream = connect(host, port, timeouts)?;
+        Ok(PerftestConn {
+            stream: OobStream::new(stream, timeouts.io)?,
+            role: Role::Client,
+            format,
+        })
+    }
+
+    /// Client or server.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The peer's TCP address.
+    pub fn peer(&self) -> SocketAddr {
+        self.stream.peer
+    }
+
+    /// Changes the timeout of each later read and write (e.g. to the test's duration plus a
+    /// margin before the end-of-test hand-shake).
+    ///
+    /// Errors: [`OobError::Write`] if the socket refuses the option.
+    pub fn set_io_timeout(&mut self, io: Duration) -> Result<(), OobError> {
+        self.stream.set_io_timeout(io)
+    }
+
+    /// One `ctx_xchg_data_ethernet`: the client writes `mine` then reads `theirs`, the server
+    /// reads then writes.
+    ///
+    /// Errors: [`OobError::Write`], [`OobError::Read`], [`OobError::Timeout`],
+    /// [`OobError::Closed`].
+    pub fn exchange_raw(
+        &mut self,
+        what: &'static str,
+        mine: &[u8],
+        theirs: &mut [u8],
+    ) -> Result<(), OobError> {
+        match self.role {
+            Role::Client => {
+                self.stream.write_msg(what, mine)?;
+                self.stream.read_msg(what, theirs)
+            }
+            Role::Server => {
+                self.stream.read_msg(what, theirs)?;
+                self.stream.write_msg(what, mine)
+            }
+        }
+    }
+
+    /// `exchange_versions` + `check_version_compatibility`: sends `local` (at most 15 bytes, NUL
+    /// padded to 16; normally [`VERSION`]) and returns the peer's.
+    ///
+    /// Errors: those of [`exchange_raw`](Self::exchange_raw); [`OobError::Version`] when the
+    /// peer's version is below [`MIN_PEER_VERSION`] (perftest 4.5 itself aborts then);
+    /// [`OobError::OutOfRange`] for a `local` of more than 15 bytes.
+    pub fn exchange_versions(&mut self, local: &str) -> Result<String, OobError> {
+        if local.len() >= VERSION_LEN {
+            return Err(OobError::OutOfRange {
+                what: "perftest version",
+                field: "length",
+                value: local.len() as u64,
+                max: (VERSION_LEN - 1) as u64,
+            });
+        }
+        let mut mine = [0u8; VERSION_LEN];
+        mine[..local.len()].copy_from_slice(local.as_bytes());
+        let mut theirs = [0u8; VERSION_LEN];
+        self.exchange_raw("perftest version", &mine, &mut theirs)?;
+        let version = printable(&theirs);
+        if c_atof(&theirs) < MIN_PEER_VERSION {
+            return Err(OobError::Version {
+                peer: self.peer(),
+                version,
+            });
+        }
+        Ok(version)
+    }
+
+    /// `check_sys_data`: exchanges `cycle_buffer` then `cache_line_size` (4-byte big-endian
+    /// `int`s, two exchanges) and returns the larger of each pair.
+    ///
+    /// Errors: those of [`exchange_raw`](Self::exchange_raw).
+    pub fn exchange_sys_data(
+        &mut self,
+        cycle_buffer: i32,
+        cache_line_size: i32,
+    ) -> Result<(i32, i32), OobError> {
+        let mut theirs = [0u8; 4];
+        self.exchange_raw(
+            "perftest cycle_buffer",
+            &cycle_buffer.to_be_bytes(),
+            &mut theirs,
+        )?;
+        let cycle = i32::from_be_bytes(theirs).max(cycle_buffer);
+        self.exchange_raw(
+            "perftest cache_line_size",
+            &cache_line_size.to_be_bytes(),
+            &mut theirs,
+        )?;
+        let line = i32::from_be_bytes(theirs).max(cache_line_size);
+        Ok((cycle, line))
+    }
+
+    /// `check_mtu`: exchanges the MTU code as decimal text and NUL (2 bytes) and returns the
+    /// MTU to use: the peer's if it is valid and smaller than `local`, else `local`.
+    ///
+    /// Errors: those of [`exchange_raw`](Self::exchange_raw).
+    pub fn exchange_mtu(&mut self, local: PathMtu) -> Result<PathMtu, OobError> {
+        let mine = [b'0' + local.code(), 0];
+        let mut theirs = [0u8; 2];
+        self.exchange_raw("perftest MTU", &mine, &mut theirs)?;
+        // strtol(rem, NULL, 10) on the 2 bytes: a leading decimal digit, else 0 (invalid).
+        let remote = if theirs[0].is_ascii_digit() {
+            theirs[0] - b'0'
+        } else {
+            0
+        };
+        Ok(PathMtu::ALL
+            .into_iter()
+            .find(|m| m.code() == remote && *m < local)
+            .unwrap_or(local))
+    }
+
+    /// The whole preamble: [`exchange_versions`](Self::exchange_versions) with [`VERSION`],
+    /// [`exchange_sys_data`](Self::exchange_sys_data), [`exchange_mtu`](Self::exchange_mtu).
+    ///
+    /// Errors: those of the three.
+    pub fn preamble(
+        &mut self,
+        cycle_buffer: i32,
+        cache_line_size: i32,
+        mtu: PathMtu,
+    ) -> Result<Preamble, OobError> {
+        let remote_version = self.exchange_versions(VERSION)?;
+        let (cycle_buffer, cache_line_size) =
+            self.exchange_sys_data(cycle_buffer, cache_line_size)?;
+        let mtu = self.exchange_mtu(mtu)?;
+        Ok(Preamble {
+            remote_version,
+            cycle_buffer,
+            cache_line_size,
+            mtu,
+        })
+    }
+
+    /// `ctx_hand_shake`: sends `local` and returns the peer's message.
+    ///
+    /// Errors: [`OobError::OutOfRange`] (bad `local`; nothing sent), those of
+    /// [`exchange_raw`](Self::exchange_raw), [`OobError::Malformed`].
+    pub fn hand_shake(&mut self, local: &PerftestDest) -> Result<PerftestDest, OobError> {
+        let mine = local.encode(self.format)?;
+        let mut theirs = vec![0u8; self.format.message_len()];
+        self.exchange_raw(WHAT, &mine, &mut theirs)?;
+        PerftestDest::decode(&theirs, self.format).map_err(|e| e.with_peer(self.peer()))
+    }
+
+    /// The hand-shakes before `ctx_connect` (see the [module docs](self)): returns the peer's
+    /// message for each QP of `local` (which must hold one per QP, the peer having as many).
+    ///
+    /// Errors: those of [`hand_shake`](Self::hand_shake); [`OobError::OutOfRange`] for an empty
+    /// `local`.
+    pub fn exchange_dests(
+        &mut self,
+        test: PerftestTest,
+        local: &[PerftestDest],
+    ) -> Result<Vec<PerftestDest>, OobError> {
+        let first = non_empty(local)?;
+        let mut remote = Vec::with_capacity(local.len());
+        if test.extra_first_hand_shake() {
+            self.hand_shake(first)?;
+        }
+        for d in local {
+            remote.push(self.hand_shake(d)?);
+        }
+        Ok(remote)
+    }
+
+    /// The hand-shakes after `ctx_connect`, up to the start of the test (see the
+    /// [module docs](self)); returns the peer's messages again (they should not have changed).
+    ///
+    /// Errors: as [`exchange_dests`](Self::exchange_dests).
+    pub fn sync_after_connect(
+        &mut self,
+        test: PerftestTest,
+        local: &[PerftestDest],
+    ) -> Result<Vec<PerftestDest>, OobError> {
+        let first = non_empty(local)?;
+        let mut remote = Vec::with_capacity(local.len());
+        if test.sync_before_per_qp() {
+            self.hand_shake(first)?;
+        }
+        for d in local {
+            remote.push(self.hand_shake(d)?);
+        }
+        if !test.sync_before_per_qp() {
+            let r0 = self.hand_shake(first)?;
+            remote[0] = r0;
+        }
+        Ok(remote)
+    }
+
+    /// `xchg_bw_reports` with a peer >= 5.33: size, iterations, peak and average bandwidth and
+    /// message rate (and the four per-port values if `per_port`), each field its own exchange of
+    /// 8 big-endian bytes. Returns the peer's report.
+    ///
+    /// Errors: those of [`exchange_raw`](Self::exchange_raw).
+    pub fn exchange_bw_report(
+        &mut self,
+        mine: &BwReport,
+        per_port: bool,
+    ) -> Result<BwReport, OobError> {
+        let mut theirs = BwReport::default();
+        let mut x = |what, v: [u8; 8]| -> Result<[u8; 8], OobError> {
+            let mut buf = [0u8; 8];
+            self.exchange_raw(what, &v, &mut buf)?;
+            Ok(buf)
+        };
+        theirs.size = u64::from_be_bytes(x("bw report size", mine.size.to_be_bytes())?);
+        theirs.iters = u64::from_be_bytes(x("bw report iterations", mine.iters.to_be_bytes())?);
+        let f = |v: f64| v.to_bits().to_be_bytes();
+        let g = |b: [u8; 8]| f64::from_bits(u64::from_be_bytes(b));
+        theirs.bw_peak = g(x("bw report peak", f(mine.bw_peak))?);
+        theirs.bw_avg = g(x("bw report average", f(mine.bw_avg))?);
+        theirs.msg_rate_avg = g(x("bw report message rate", f(mine.msg_rate_avg))?);
+        if per_port {
+            theirs.bw_avg_p1 = g(x("bw report port 1", f(mine.bw_avg_p1))?);
+            theirs.msg_rate_avg_p1 = g(x("bw report port 1 rate", f(mine.msg_rate_avg_p1))?);
+            theirs.bw_avg_p2 = g(x("bw report port 2", f(mine.bw_avg_p2))?);
+            theirs.msg_rate_avg_p2 = g(x("bw report port 2 rate", f(mine.msg_rate_avg_p2))?);
+        }
+        Ok(theirs)
+    }
+
+    /// `ctx_close_connection`: a hand-shake with `local` (QP 0's message), then [`DONE`], then
+    /// closes (after reading, for at most 500 ms, the peer's own `done`).
+    ///
+    /// Errors: those of [`hand_shake`](Self::hand_shake), [`OobError::Write`].
+    pub fn close(mut self, local: &PerftestDest) -> Result<(), OobError> {
+        self.hand_shake(local)?;
+        self.stream.write_msg("done message", DONE)?;
+        self.stream.finish(Duration::from_millis(500));
+        Ok(())
+    }
+}
+
+fn non_empty(local: &[PerftestDest]) -> Result<&PerftestDest, OobError> {
+    local.first().ok_or(OobError::OutOfRange {
+        what: WHAT,
+        field: "number of QPs",
+        value: 0,
+        max: 0,
+    })
+}
+
+/// C `atof` of a NUL-terminated buffer, as far as version strings need: optional blanks, sign,
+/// digits, a point and digits; 0.0 when there are no digits.
+fn c_atof(buf: &[u8]) -> f64 {
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let s = &buf[..end];
+    let s = &s[s.iter().take_while(|b| b.is_ascii_whitespace()).count()..];
+    let mut n = 0;
+    if matches!(s.first(), Some(b'+' | b'-')) {
+        n += 1;
+    }
+    let int_digits = s[n..].iter().take_while(|b| b.is_ascii_digit()).count();
+    n += int_digits;
+    let mut frac_digits = 0;
+    if s.get(n) == Some(&b'.') {
+        frac_digits = s[n + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
+        if int_digits + frac_digits > 0 {
+            n += 1 + frac_digits;
+        }
+    }
+    if int_digits + frac_digits == 0 {
+        return 0.0;
+    }
+    std::str::from_utf8(&s[..n])
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    /// Printed by gcc with `KEY_PRINT_FMT_GID` / `KEY_PRINT_FMT` (x86-64).
+    const GOLDEN_GID: &[u8] = b"0000:0010:000011:abcdef:00001234:00007f0000001000:00:00:00:00:00:00:00:00:00:00:ff:ff:7f:00:00:01:00000000:\0";
+    const GOLDEN_NO_GID: &[u8] = b"001f:0010:000011:abcdef:00001234:00007f0000001000:00000042\0";
+
+    fn dest() -> PerftestDest {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&Ipv4Addr::LOCALHOST.octets());
+        PerftestDest {
+            lid: 0,
+            out_reads: 0x10,
+            qpn: 0x11,
+            psn: 0xabcdef,
+            rkey: 0x1234,
+            vaddr: 0x7f00_0000_1000,
+            gid: Gid::from_bytes(g),
+            srqn: 0,
+        }
+    }
+
+    #[test]
+    fn golden_messages() {
+        assert_eq!(GOLDEN_GID.len(), KEY_MSG_SIZE_GID);
+        assert_eq!(GOLDEN_NO_GID.len(), KEY_MSG_SIZE);
+        let d = dest();
+        assert_eq!(d.encode(KeyFormat::WithGid).unwrap(), GOLDEN_GID);
+        assert_eq!(
+            PerftestDest::decode(GOLDEN_GID, KeyFormat::WithGid).unwrap(),
+            d
+        );
+        let d2 = PerftestDest {
+            lid: 0x1f,
+            srqn: 0x42,
+            gid: Gid::from_bytes([0; 16]),
+            ..d
+        };
+        assert_eq!(d2.encode(KeyFormat::WithoutGid).unwrap(), GOLDEN_NO_GID);
+        assert_eq!(
+            PerftestDest::decode(GOLDEN_NO_GID, KeyFormat::WithoutGid).unwrap(),
+            d2
+        );
+        // Largest values keep the fixed length.
+        let max = PerftestDest {
+            lid: u16::MAX,
+            out_reads: u16::MAX,
+            qpn: 0xff_ffff,
+            psn: 0xff_ffff,
+            rkey: u32::MAX,
+            vaddr: u64::MAX,
+            gid: Gid::from_bytes([0xff; 16]),
+            srqn: u32::MAX,
+        };
+        for f in [KeyFormat::WithGid, KeyFormat::WithoutGid] {
+            let m = max.encode(f).unwrap();
+            assert_eq!(m.len(), f.message_len());
+            let back = PerftestDest::decode(&m, f).unwrap();
+            assert_eq!(back.qpn, max.qpn);
+        }
+    }
+
+    #[test]
+    fn decode_rejects_malformed() {
+        let cases: [(&[u8], KeyFormat, &str); 6] = [
+            (&GOLDEN_GID[..107], KeyFormat::WithGid, "NUL"),
+            (GOLDEN_NO_GID, KeyFormat::WithGid, "GID byte"),
+            (GOLDEN_GID, KeyFormat::WithoutGid, "number of fields"),
+            (
+                b"0000:0010:1000011:abcdef:00001234:00007f0000001000:00000042\0",
+                KeyFormat::WithoutGid,
+                "QPN",
+            ),
+            (
+                b"0000:0010:000011:abcdef:00001234:00007f0000001000:00000042:\0",
+                KeyFormat::WithoutGid,
+                "number of fields",
+            ),
+            (b"\0", KeyFormat::WithGid, "LID"),
+        ];
+        for (msg, f, want) in cases {
+            let e = PerftestDest::decode(msg, f).unwrap_err();
+            assert!(e.to_string().contains(want), "{e} (wanted {want})");
+        }
+        let e = PerftestDest {
+            psn: 0x100_0000,
+            ..dest()
+        }
+        .encode(KeyFormat::WithGid)
+        .unwrap_err();
+        assert!(matches!(e, OobError::OutOfRange { field: "PSN", .. }));
+    }
+
+    #[test]
+    fn atof_like_c() {
+        assert_eq!(c_atof(b"6.06\0\0\0"), 6.06);
+        assert_eq!(c_atof(b"5.70"), 5.70);
+        assert_eq!(c_atof(b" 5.7x"), 5.7);
+        assert_eq!(c_atof(b"\0"), 0.0);
+        assert_eq!(c_atof(b"abc"), 0.0);
+        assert_eq!(c_atof(b"."), 0.0);
+        assert_eq!(c_atof(b"7"), 7.0);
+        assert!(c_atof(b"5.69") < MIN_PEER_VERSION);
+    }
+
+    /// A client and a server through the whole `ib_write_bw` sequence over loopback, byte counts
+    /// checked by the fixed-size reads on both sides.
+    #[test]
+    fn loopback_write_bw_sequence() {
+        let t = OobTimeouts {
+            connect: Duration::from_secs(5),
+            accept: Duration::from_secs(5),
+            io: Duration::from_secs(5),
+        };
+        let l = PerftestListener::bind("127.0.0.1:0".parse().unwrap(), t).unwrap();
+        let port = l.local_addr().port();
+        let server_dests = [
+            PerftestDest {
+                qpn: 0x21,
+                ..dest()
+            },
+            PerftestDest {
+                qpn: 0x22,
+                ..dest()
+            },
+        ];
+        let client_dests = [
+            PerftestDest {
+                qpn: 0x31,
+                psn: 1,
+                ..dest()
+            },
+            PerftestDest {
+                qpn: 0x32,
+                psn: 2,
+                ..dest()
+            },
+        ];
+        let sd = server_dests;
+        let server = std::thread::spawn(move || -> Result<_, OobError> {
+            let mut c = l.accept(KeyFormat::WithGid)?;
+            assert_eq!(c.role(), Role::Server);
+            let p = c.preamble(4096, 128, PathMtu::Mtu4096)?;
+            let r1 = c.exchange_dests(PerftestTest::WriteBw, &sd)?;
+            let r2 = c.sync_after_connect(PerftestTest::WriteBw, &sd)?;
+            c.hand_shake(&sd[0])?; // waits for the client's end of test
+            let rep = c.exchange_bw_report(&BwReport::default(), false)?;
+            c.close(&sd[0])?;
+            Ok((p, r1, r2, rep))
+        });
+        let mut c = PerftestConn::connect("127.0.0.1", port, KeyFormat::WithGid, &t).unwrap();
+        let p = c.preamble(8192, 64, PathMtu::Mtu1024).unwrap();
+        assert_eq!(
+            p,
+            Preamble {
+                remote_version: VERSION.to_string(),
+                cycle_buffer: 8192,
+                cache_line_size: 128,
+                mtu: PathMtu::Mtu1024,
+            }
+        );
+        assert_eq!(
+            c.exchange_dests(PerftestTest::WriteBw, &client_dests)
+                .unwrap(),
+            server_dests
+        );
+        assert_eq!(
+            c.sync_after_connect(PerftestTest::WriteBw, &client_dests)
+                .unwrap(),
+            server_dests
+        );
+        c.hand_shake(&client_dests[0]).unwrap();
+        let mine = BwReport {
+            size: 65536,
+            iters: 5000,
+            bw_peak: 11.25,
+            bw_avg: 10.5,
+            msg_rate_avg: 0.02,
+            ..BwReport::default()
+        };
+        c.exchange_bw_report(&mine, false).unwrap();
+        c.close(&client_dests[0]).unwrap();
+        let (sp, r1, r2, rep) = server.join().unwrap().unwrap();
+        assert_eq!(sp.mtu, PathMtu::Mtu1024);
+        assert_eq!((sp.cycle_buffer, sp.cache_line_size), (8192, 128));
+        assert_eq!(r1, client_dests);
+        assert_eq!(r2, client_dests);
+        assert_eq!(rep, mine);
+    }
+
+    #[test]
+    fn old_peer_version_is_refused() {
+        let t = OobTimeouts {
+            io: Duration::from_secs(5),
+            ..OobTimeouts::default()
+        };
+        let l = PerftestListener::bind("127.0.0.1:0".parse().unwrap(), t).unwrap();
+        let port = l.local_addr().port();
+        let server = std::thread::spawn(move || {
+            let mut c = l.accept(KeyFormat::WithGid).unwrap();
+            c.exchange_versions("5.60")
+        });
+        let mut c = PerftestConn::connect("127.0.0.1", port, KeyFormat::WithGid, &t).unwrap();
+        let e = c.exchange_versions(VERSION).unwrap_err();
+        assert!(e.to_string().contains("\"5.60\""), "{e}");
+        // The server saw 6.06 and accepted it.
+        assert_eq!(server.join().unwrap().unwrap(), "6.06");
+    }
+
+    #[test]
+    fn silent_peer_times_out() {
+        let t = OobTimeouts {
+            io: Duration::from_millis(200),
+            ..OobTimeouts::default()
+        };
+        let l = PerftestListener::bind("127.0.0.1:0".parse().unwrap(), t).unwrap();
+        let port = l.local_addr().port();
+        let server = std::thread::spawn(move || {
+            let c = l.accept(KeyFormat::WithGid).unwrap();
+            std::thread::sleep(Duration::from_millis(600));
+            drop(c);
+        });
+        let mut c = PerftestConn::connect("127.0.0.1", port, KeyFormat::WithGid, &t).unwrap();
+        let start = std::time::Instant::now();
+        let e = c.exchange_versions(VERSION).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                OobError::Timeout {
+                    got: 0,
+                    expected: 16,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(2));
+        server.join().unwrap();
+    }
+}

@@ -1,0 +1,519 @@
+//! The raw libc calls of the links: every `unsafe` block of [`crate::link`] lives here.
+//!
+//! Each function wraps one system call behind a safe signature: the arguments are Rust slices and
+//! values, the `msghdr` / `iovec` / `sockaddr` structures the kernel reads are built on the stack
+//! inside the call from those borrows, and errors come back as [`io::Error`] (errno kept). Nothing
+//! here decides policy (which options, what to do on an error); `udp.rs`, `oob` and `wake.rs` do.
+//!
+//! Sources: socket(2), setsockopt(2) / getsockopt(2), bind(2), getsockname(2), recvmmsg(2),
+//! sendmmsg(2), poll(2), eventfd(2), read(2), write(2); the option semantics in udp(7), ip(7) and
+//! ipv6(7).
+#![allow(unsafe_code)]
+
+use std::io::{self, IoSlice};
+use std::mem::{self, MaybeUninit};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+/// Most messages one [`recv_batch`] or [`send_batch`] call hands the kernel (the `vlen` of
+/// recvmmsg(2) / sendmmsg(2), which the kernel caps at `UIO_MAXIOV` = 1024).
+pub(crate) const MAX_BATCH: usize = 256;
+
+/// Most `iovec`s one [`send_batch`] call passes in all its messages together (`UIO_MAXIOV`, the
+/// kernel's limit per message, `include/uapi/linux/uio.h`).
+pub(crate) const MAX_IOV: usize = 1024;
+
+/// `SO_RXQ_OVFL` (socket(7)): ask for a control message carrying the socket's count of datagrams
+/// dropped for lack of receive-buffer room. The `libc` crate does not export it for glibc targets;
+/// the value is the uapi one (`include/uapi/asm-generic/socket.h`: 40, also on alpha and mips;
+/// sparc and parisc number it differently and go without).
+pub(crate) const SO_RXQ_OVFL: Option<libc::c_int> =
+    if cfg!(any(target_arch = "sparc", target_arch = "sparc64")) {
+        None
+    } else {
+        Some(40)
+    };
+
+/// Bytes of a socket address buffer: a `struct sockaddr_in6` (28), which also holds a
+/// `struct sockaddr_in` (16).
+const SOCKADDR_LEN: usize = mem::size_of::<libc::sockaddr_in6>();
+
+/// A socket address in its kernel layout (`struct sockaddr_in` or `struct sockaddr_in6`, ip(7),
+/// ipv6(7)), kept as bytes so that safe code can build and read it.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(4))]
+pub(crate) struct SockAddrBuf {
+    bytes: [u8; SOCKADDR_LEN],
+    /// Bytes of `bytes` in use (the `socklen_t`).
+    len: u32,
+}
+
+impl SockAddrBuf {
+    /// An empty buffer for the kernel to fill (length = the whole buffer).
+    pub(crate) const fn empty() -> SockAddrBuf {
+        SockAddrBuf {
+            bytes: [0; SOCKADDR_LEN],
+            len: SOCKADDR_LEN as u32,
+        }
+    }
+
+    /// The kernel layout of `addr`: family (native order), port and address (network order),
+    /// IPv6 flow information and scope id.
+    pub(crate) fn new(addr: &SocketAddr) -> SockAddrBuf {
+        let mut buf = SockAddrBuf::empty();
+        match addr {
+            SocketAddr::V4(a) => {
+                buf.bytes[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+                buf.bytes[2..4].copy_from_slice(&a.port().to_be_bytes());
+                buf.bytes[4..8].copy_from_slice(&a.ip().octets());
+                buf.len = mem::size_of::<libc::sockaddr_in>() as u32;
+            }
+            SocketAddr::V6(a) => {
+                buf.bytes[0..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+                buf.bytes[2..4].copy_from_slice(&a.port().to_be_bytes());
+                buf.bytes[4..8].copy_from_slice(&a.flowinfo().to_be_bytes());
+                buf.bytes[8..24].copy_from_slice(&a.ip().octets());
+                buf.bytes[24..28].copy_from_slice(&a.scope_id().to_ne_bytes());
+                buf.len = SOCKADDR_LEN as u32;
+            }
+        }
+        buf
+    }
+
+    /// The address the kernel wrote, or `None` for a family other than `AF_INET` / `AF_INET6` or a
+    /// length too short for it.
+    pub(crate) fn socket_addr(&self) -> Option<SocketAddr> {
+        let b = &self.bytes;
+        let family = u16::from_ne_bytes([b[0], b[1]]);
+        let port = u16::from_be_bytes([b[2], b[3]]);
+        let len = self.len as usize;
+        if family == libc::AF_INET as u16 && len >= mem::size_of::<libc::sockaddr_in>() {
+            let ip = Ipv4Addr::new(b[4], b[5], b[6], b[7]);
+            Some(SocketAddr::V4(SocketAddrV4::new(ip, port)))
+        } else if family == libc::AF_INET6 as u16 && len >= SOCKADDR_LEN {
+            let flowinfo = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
+            let mut ip = [0u8; 16];
+            ip.copy_from_slice(&b[8..24]);
+            let scope = u32::from_ne_bytes([b[24], b[25], b[26], b[27]]);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(ip),
+                port,
+                flowinfo,
+                scope,
+            )))
+        } else {
+            None
+        }
+    }
+}
+
+/// The last OS error (errno) as an [`io::Error`].
+fn last_error() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// A non-blocking, close-on-exec UDP socket of the family of `ipv6` (socket(2) with
+/// `SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC`).
+pub(crate) fn udp_socket(ipv6: bool) -> io::Result<OwnedFd> {
+    let domain = if ipv6 { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: socket(2) takes only integers and returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::socket(
+            domain,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_UDP,
+        )
+    };
+    if fd < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: `fd` was just returned by socket(2), is valid and owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// setsockopt(2) of an `int` option.
+pub(crate) fn set_int(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: the option value points at a live `c_int` whose size is passed as the length; the
+    // kernel only reads it.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        Err(last_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// getsockopt(2) of an `int` option.
+pub(crate) fn get_int(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: value and len point at live locals; len says how many bytes value holds.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        Err(last_error())
+    } else {
+        Ok(value)
+    }
+}
+
+/// bind(2) to `addr`.
+pub(crate) fn bind(fd: BorrowedFd<'_>, addr: &SocketAddr) -> io::Result<()> {
+    let buf = SockAddrBuf::new(addr);
+    // SAFETY: buf holds a sockaddr_in / sockaddr_in6 of `buf.len` bytes, alive for the call.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            buf.bytes.as_ptr().cast(),
+            buf.len as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        Err(last_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// getsockname(2): the address the socket is bound to.
+pub(crate) fn local_addr(fd: BorrowedFd<'_>) -> io::Result<SocketAddr> {
+    let mut buf = SockAddrBuf::empty();
+    let mut len = SOCKADDR_LEN as libc::socklen_t;
+    // SAFETY: buf.bytes has room for `len` bytes; the kernel writes at most that and updates len.
+    let rc = unsafe { libc::getsockname(fd.as_raw_fd(), buf.bytes.as_mut_ptr().cast(), &mut len) };
+    if rc < 0 {
+        return Err(last_error());
+    }
+    buf.len = len;
+    buf.socket_addr()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not an IP socket address"))
+}
+
+/// What the kernel reported for one received message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RecvResult {
+    /// Bytes of payload received (`msg_len`; with `MSG_TRUNC`, the datagram's full length).
+    pub(crate) len: usize,
+    /// `msg_flags` (`MSG_TRUNC`, `MSG_CTRUNC`).
+    pub(crate) flags: libc::c_int,
+    /// Bytes of control messages written (`msg_controllen`).
+    pub(crate) control_len: usize,
+}
+
+/// recvmmsg(2) without blocking: receives up to `results.len()` datagrams (at most
+/// [`MAX_BATCH`]), datagram `i` into `payload[i * slot_len ..][.. slot_len]`, its source address
+/// into `names[i]` and its control messages into `control[i]`. Returns how many arrived; `Ok(0)`
+/// when none was waiting (`EAGAIN`).
+pub(crate) fn recv_batch<const C: usize>(
+    fd: BorrowedFd<'_>,
+    payload: &mut [u8],
+    slot_len: usize,
+    names: &mut [SockAddrBuf],
+    control: &mut [[u8; C]],
+    results: &mut [RecvResult],
+) -> io::Result<usize> {
+    let n = results
+        .len()
+        .min(names.len())
+        .min(control.len())
+        .min(MAX_BATCH)
+        .min(payload.len().checked_div(slot_len).unwrap_or(0));
+    if n == 0 {
+        return Ok(0);
+    }
+    let mut iov: [MaybeUninit<libc::iovec>; MAX_BATCH] =
+        [const { MaybeUninit::uninit() }; MAX_BATCH];
+    let mut hdrs: [MaybeUninit<libc::mmsghdr>; MAX_BATCH] =
+        [const { MaybeUninit::uninit() }; MAX_BATCH];
+    let base = payload.as_mut_ptr();
+    for i in 0..n {
+        let iov_i = iov[i].write(libc::iovec {
+            // i * slot_len + slot_len <= payload.len(), checked above through n.
+            iov_base: base.wrapping_add(i * slot_len).cast(),
+            iov_len: slot_len,
+        });
+        names[i] = SockAddrBuf::empty();
+        // SAFETY: an all-zero mmsghdr is a valid value (null pointers, zero lengths).
+        let mut h: libc::mmsghdr = unsafe { mem::zeroed() };
+        h.msg_hdr.msg_name = names[i].bytes.as_mut_ptr().cast();
+        h.msg_hdr.msg_namelen = SOCKADDR_LEN as libc::socklen_t;
+        h.msg_hdr.msg_iov = iov_i;
+        h.msg_hdr.msg_iovlen = 1;
+        h.msg_hdr.msg_control = control[i].as_mut_ptr().cast();
+        h.msg_hdr.msg_controllen = C as _;
+        hdrs[i].write(h);
+    }
+    let rc = loop {
+        // SAFETY: the first n entries of hdrs are initialized; each points at a live name buffer
+        // of SOCKADDR_LEN bytes, one iovec covering a disjoint slot_len-byte slot of `payload`, and
+        // a live control buffer of C bytes, all borrowed mutably for this call. The kernel writes
+        // only within those lengths. A null timeout with MSG_DONTWAIT never blocks.
+        let rc = unsafe {
+            libc::recvmmsg(
+                fd.as_raw_fd(),
+                hdrs.as_mut_ptr().cast(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc < 0 {
+            let err = last_error();
+            match err.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(0),
+                _ => return Err(err),
+            }
+        }
+        break rc as usize;
+    };
+    #[allow(clippy::unnecessary_cast)] // msg_controllen is a socklen_t on musl
+    for i in 0..rc.min(n) {
+        // SAFETY: entry i < n was initialized above; the kernel only updated its fields.
+        let h = unsafe { hdrs[i].assume_init_ref() };
+        names[i].len = h.msg_hdr.msg_namelen;
+        results[i] = RecvResult {
+            len: h.msg_len as usize,
+            flags: h.msg_hdr.msg_flags,
+            control_len: (h.msg_hdr.msg_controllen as usize).min(C),
+        };
+    }
+    Ok(rc.min(n))
+}
+
+/// One message of a [`send_batch`]: the datagrams `first .. first + count` of the batch, their
+/// parts gathered in order into one UDP payload (one datagram, or a GSO train when the control
+/// messages carry `UDP_SEGMENT`), sent to `name` with `control[..control_len]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MsgPlan<const C: usize> {
+    pub(crate) first: usize,
+    pub(crate) count: usize,
+    pub(crate) name: SockAddrBuf,
+    pub(crate) control: [u8; C],
+    pub(crate) control_len: usize,
+}
+
+/// sendmmsg(2) without blocking: sends the messages of `plans` (at most [`MAX_BATCH`], and at
+/// most [`MAX_IOV`] parts in all; the rest are not tried), message `m` gathering the parts
+/// `parts(d)` of datagrams `d` in `plans[m].first ..`. Returns how many messages the kernel took;
+/// `Ok(0)` when the socket buffer is full (`EAGAIN`, `ENOBUFS`). An error means the first message
+/// failed.
+pub(crate) fn send_batch<'a, const C: usize>(
+    fd: BorrowedFd<'_>,
+    plans: &[MsgPlan<C>],
+    parts: impl Fn(usize) -> &'a [IoSlice<'a>],
+) -> io::Result<usize> {
+    let mut iov: [MaybeUninit<libc::iovec>; MAX_IOV] = [const { MaybeUninit::uninit() }; MAX_IOV];
+    let mut hdrs: [MaybeUninit<libc::mmsghdr>; MAX_BATCH] =
+        [const { MaybeUninit::uninit() }; MAX_BATCH];
+    // Ranges of `iov` per message, filled first: `iov` must not move once pointers are taken.
+    let mut ranges = [(0usize, 0usize); MAX_BATCH];
+    let mut used = 0usize;
+    let mut n = 0usize;
+    'plans: for plan in plans.iter().take(MAX_BATCH) {
+        let start = used;
+        for d in plan.first..plan.first + plan.count {
+            for part in parts(d) {
+                if used == MAX_IOV {
+                    break 'plans;
+                }
+                iov[used].write(libc::iovec {
+                    iov_base: part.as_ptr() as *mut libc::c_void,
+                    iov_len: part.len(),
+                });
+                used += 1;
+            }
+        }
+        ranges[n] = (start, used - start);
+        n += 1;
+    }
+    if n == 0 {
+        return Ok(0);
+    }
+    let iov_base = iov.as_mut_ptr();
+    for (i, plan) in plans.iter().take(n).enumerate() {
+        // SAFETY: an all-zero mmsghdr is a valid value (null pointers, zero lengths).
+        let mut h: libc::mmsghdr = unsafe { mem::zeroed() };
+        h.msg_hdr.msg_name = plan.name.bytes.as_ptr() as *mut libc::c_void;
+        h.msg_hdr.msg_namelen = plan.name.len as libc::socklen_t;
+        h.msg_hdr.msg_iov = iov_base.wrapping_add(ranges[i].0).cast();
+        h.msg_hdr.msg_iovlen = ranges[i].1 as _;
+        if plan.control_len > 0 {
+            h.msg_hdr.msg_control = plan.control.as_ptr() as *mut libc::c_void;
+            h.msg_hdr.msg_controllen = plan.control_len.min(C) as _;
+        }
+        hdrs[i].write(h);
+    }
+    loop {
+        // SAFETY: the first n headers are initialized; each names a live SockAddrBuf and control
+        // buffer inside `plans` (borrowed for the call) and a range of initialized iovecs of
+        // `iov` (a local that does not move during the call), each of which points at a part
+        // slice borrowed for 'a, which outlives the call. The kernel only reads those buffers and
+        // writes msg_len.
+        let rc = unsafe {
+            libc::sendmmsg(
+                fd.as_raw_fd(),
+                hdrs.as_mut_ptr().cast(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if rc < 0 {
+            let err = last_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            if err.kind() == io::ErrorKind::WouldBlock || err.raw_os_error() == Some(libc::ENOBUFS)
+            {
+                return Ok(0);
+            }
+            return Err(err);
+        }
+        return Ok(rc as usize);
+    }
+}
+
+/// poll(2) on `fds` (fd, events) for at most `timeout` (rounded up to whole milliseconds, capped
+/// at `i32::MAX` ms); returns the `revents` of each in order. `EINTR` returns all-zero revents.
+pub(crate) fn poll<const N: usize>(
+    fds: [(BorrowedFd<'_>, libc::c_short); N],
+    timeout: Duration,
+) -> io::Result<[libc::c_short; N]> {
+    let mut pfds = fds.map(|(fd, events)| libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    });
+    let ms = timeout.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: pfds is a live array of N pollfd entries; the kernel writes only their revents.
+    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), N as libc::nfds_t, ms) };
+    if rc < 0 {
+        let err = last_error();
+        if err.kind() == io::ErrorKind::Interrupted {
+            return Ok([0; N]);
+        }
+        return Err(err);
+    }
+    Ok(pfds.map(|p| p.revents))
+}
+
+/// eventfd(2) with count 0, non-blocking and close-on-exec.
+pub(crate) fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd(2) takes only integers and returns a new descriptor or -1.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: `fd` was just returned by eventfd(2), is valid and owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds `value` to an eventfd counter (write(2) of 8 bytes). A full counter (`EAGAIN`) is
+/// success: the reader is woken anyway.
+pub(crate) fn eventfd_add(fd: BorrowedFd<'_>, value: u64) -> io::Result<()> {
+    let bytes = value.to_ne_bytes();
+    loop {
+        // SAFETY: bytes is a live 8-byte buffer; write(2) only reads it.
+        let rc = unsafe { libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+        if rc < 0 {
+            let err = last_error();
+            match err.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(()),
+                _ => return Err(err),
+            }
+        }
+        return Ok(());
+    }
+}
+
+/// Reads and resets an eventfd counter (read(2) of 8 bytes); `Ok(0)` when it was already zero.
+pub(crate) fn eventfd_take(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut bytes = [0u8; 8];
+    loop {
+        // SAFETY: bytes is a live 8-byte buffer the kernel writes at most 8 bytes into.
+        let rc = unsafe { libc::read(fd.as_raw_fd(), bytes.as_mut_ptr().cast(), bytes.len()) };
+        if rc < 0 {
+            let err = last_error();
+            match err.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(0),
+                _ => return Err(err),
+            }
+        }
+        return Ok(u64::from_ne_bytes(bytes));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockaddr_round_trips() {
+        for addr in [
+            "127.0.0.2:4791".parse::<SocketAddr>().unwrap(),
+            "[fe80::1%3]:4791".parse().unwrap(),
+            SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::LOCALHOST, 65535, 0x12345, 0)),
+        ] {
+            assert_eq!(SockAddrBuf::new(&addr).socket_addr(), Some(addr));
+        }
+        // A family the link does not speak, or a short length, reads as None.
+        let mut unix = SockAddrBuf::empty();
+        unix.bytes[0..2].copy_from_slice(&(libc::AF_UNIX as u16).to_ne_bytes());
+        assert_eq!(unix.socket_addr(), None);
+        let mut short = SockAddrBuf::new(&"[::1]:1".parse().unwrap());
+        short.len = 16;
+        assert_eq!(short.socket_addr(), None);
+    }
+
+    #[test]
+    fn sockaddr_layout_matches_libc() {
+        // The byte offsets used above are those of the C structures.
+        assert_eq!(mem::size_of::<libc::sockaddr_in>(), 16);
+        assert_eq!(mem::size_of::<libc::sockaddr_in6>(), 28);
+        assert_eq!(mem::offset_of!(libc::sockaddr_in, sin_port), 2);
+        assert_eq!(mem::offset_of!(libc::sockaddr_in, sin_addr), 4);
+        assert_eq!(mem::offset_of!(libc::sockaddr_in6, sin6_port), 2);
+        assert_eq!(mem::offset_of!(libc::sockaddr_in6, sin6_flowinfo), 4);
+        assert_eq!(mem::offset_of!(libc::sockaddr_in6, sin6_addr), 8);
+        assert_eq!(mem::offset_of!(libc::sockaddr_in6, sin6_scope_id), 24);
+    }
+
+    #[test]
+    fn eventfd_counts_and_resets() {
+        let fd = eventfd().unwrap();
+        assert_eq!(eventfd_take(fd.as_fd()).unwrap(), 0);
+        eventfd_add(fd.as_fd(), 1).unwrap();
+        eventfd_add(fd.as_fd(), 2).unwrap();
+        assert_eq!(eventfd_take(fd.as_fd()).unwrap(), 3);
+        assert_eq!(eventfd_take(fd.as_fd()).unwrap(), 0);
+    }
+
+    use std::os::fd::AsFd;
+}

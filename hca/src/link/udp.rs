@@ -1,0 +1,985 @@
+//! The RoCEv2 UDP socket link: carries the software HCA's packets over a kernel UDP socket.
+//!
+//! RoCEv2 (IBTA vol. 1 Annex A17) puts the InfiniBand transport headers (BTH and the extended
+//! headers), the payload and the ICRC into the payload of a UDP datagram to port 4791. A kernel UDP
+//! socket bound to a local address and that port therefore moves exactly what the transport engine
+//! consumes and produces: a UDP payload plus a little IP metadata (addresses, ports, ECN, DSCP,
+//! hop limit). That lets two processes, or a process and Linux's own soft-RoCE driver (rxe), talk
+//! RoCEv2 with no special hardware.
+//!
+//! # What this socket is set up to do
+//! * **One socket per device**, bound to one chosen local address (IPv4 or IPv6, never the
+//!   unspecified address, since the address is the device's GID and is covered by the ICRC) and
+//!   port 4791 ([`ROCEV2_PORT`]; tests use high ports). Devices on one host bind distinct
+//!   addresses (127.0.0.1 and 127.0.0.2). IPv6 sockets are `IPV6_V6ONLY`.
+//! * **Non-blocking**, with [`UdpLink::wait`] (poll(2)) for a progress thread to block on when idle
+//!   and a [`Waker`] to wake it.
+//! * **Zero UDP checksum over IPv6 accepted** (`UDP_NO_CHECK6_RX`, udp(7)): Linux rxe sends its
+//!   IPv6 packets with checksum 0 (RoCEv2 has the ICRC), which an IPv6 UDP socket otherwise drops
+//!   (RFC 8200 §8.1). Sending with checksum 0 (`UDP_NO_CHECK6_TX`) is an option
+//!   ([`UdpLinkConfig::zero_checksum_tx`]); it excludes GSO.
+//! * **ECN and DSCP**: received ones are read from `IP_RECVTOS` / `IPV6_RECVTCLASS` control
+//!   messages (ip(7), ipv6(7)), the hop limit from `IP_RECVTTL` / `IPV6_RECVHOPLIMIT`; sent ones
+//!   are set per datagram with `IP_TOS` / `IPV6_TCLASS` and `IP_TTL` / `IPV6_HOPLIMIT` control
+//!   messages, so DCQCN's ECT marks and CNPs can differ packet by packet.
+//! * **Don't Fragment** (`IP_MTU_DISCOVER = IP_PMTUDISC_DO`, ip(7); `IPV6_MTU_DISCOVER =
+//!   IPV6_PMTUDISC_DO`): RoCEv2 packets are never fragmented; a datagram above the path MTU fails
+//!   with `EMSGSIZE` instead. With DF set, Linux gives every IPv4 packet of an *unconnected* socket
+//!   the identification 0 (`ip_select_ident_segs`, `include/net/ip.h`: a socket without a
+//!   destination and a DF packet get `iph->id = 0`), which is the value the engine assumes when
+//!   it computes the ICRC (the ICRC covers the IPv4 identification). This socket is never
+//!   connected. Checked on this kernel by capturing from a TUN device (see the crate's
+//!   `tests/udp_link.rs`): unconnected + DF gives ident 0, connected gives a per-socket counter,
+//!   no DF gives a hashed counter.
+//! * **Batched I/O**: recvmmsg(2) / sendmmsg(2), up to [`UdpLinkConfig::batch`] datagrams a call.
+//! * **UDP GSO** (`UDP_SEGMENT`, udp(7), Linux 4.18): several datagrams of one size (the last may
+//!   be shorter) to one destination with the same ECN / DSCP / hop limit go down as one "train" in
+//!   one message; the kernel (or the NIC) cuts it into datagrams. Probed at start; if a GSO send
+//!   fails with `EIO` / `EINVAL` / `EOPNOTSUPP` (a device without checksum offload, a route MTU
+//!   below the segment) GSO is switched off for good and the datagrams go out one by one.
+//!   **IPv4 caveat:** the kernel's segmentation (`inet_gso_segment`, `net/ipv4/af_inet.c`) numbers
+//!   the segments' IPv4 identification 0, 1, 2, ... from the train's first value (0): only the
+//!   first carries identification 0, so a peer that checks the ICRC of the others (rxe, RoCE
+//!   NICs) drops them. GSO is therefore off for IPv4 unless [`UdpLinkConfig::gso_ipv4`] says the
+//!   sender accounts for that; over IPv6 (no identification) it is on by default.
+//! * **UDP GRO** (`UDP_GRO`, Linux 5.0): the kernel may hand over several same-size datagrams of
+//!   one flow coalesced in one buffer with a `UDP_GRO` control message giving the segment size;
+//!   [`RecvBatch::iter`] splits them again. Receive buffers are then 64 KiB each.
+//! * **Zero-copy gather on send**: a [`SendDatagram`] is a list of [`IoSlice`]s (header bytes,
+//!   payload straight from registered memory, ICRC); the kernel gathers them, no user-space copy.
+//! * **Bounded memory**: a [`RecvBatch`] is allocated once (`batch` slots of `max_payload` bytes,
+//!   or of 64 KiB with GRO); sending allocates nothing per datagram (the message plans are reused
+//!   and the kernel structures live on the stack of the call).
+//!
+//! # The UDP source port
+//! A UDP socket sends from its bound port. RoCEv2 lets senders vary the source port per QP for
+//! ECMP entropy, and the ICRC covers the UDP source port, so the engine must build the packets it
+//! gives this link with source port [`UdpLink::local_addr`]`.port()`.
+
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::Duration;
+
+use roce::ipv4::Ecn;
+
+use super::cmsg;
+use super::error::LinkError;
+use super::sys::{self, MsgPlan, RecvResult, SockAddrBuf};
+use super::wake::Waker;
+
+/// The RoCEv2 UDP destination port, 4791 (IBTA vol. 1 Annex A17.2.2; IANA).
+pub const ROCEV2_PORT: u16 = roce::udp::ROCEV2_PORT;
+
+/// Default datagrams per recvmmsg(2) / sendmmsg(2) call.
+pub const DEFAULT_BATCH: usize = 32;
+
+/// Most datagrams per call ([`UdpLinkConfig::batch`] may not exceed it).
+pub const MAX_BATCH: usize = sys::MAX_BATCH;
+
+/// Default largest UDP payload received, in bytes: a 4096-byte PMTU payload plus 128 bytes for
+/// BTH, extended headers, pad and ICRC (at most 12 + 28 + 3 + 4 = 47). Longer datagrams are
+/// dropped and counted in [`LinkCounters::rx_truncated`].
+pub const DEFAULT_MAX_PAYLOAD: usize = 4096 + 128;
+
+/// Bytes of one receive slot when GRO is on: the largest UDP payload a coalesced buffer can
+/// carry (its length must fit the 16-bit UDP length).
+pub const GRO_SLOT_BYTES: usize = 65536;
+
+/// Most datagrams in one GSO train (`UDP_MAX_SEGMENTS` of Linux 4.18 .. 6.x; newer kernels allow
+/// more).
+pub const GSO_MAX_SEGMENTS: usize = 64;
+
+/// Largest UDP payload one IPv4 datagram (or GSO train) can carry: 65535 - 20 (IPv4) - 8 (UDP).
+const MAX_UDP_PAYLOAD_V4: usize = 65535 - 20 - 8;
+
+/// Largest UDP payload one IPv6 datagram (or GSO train) can carry: 65535 - 8 (UDP; the IPv6
+/// payload length excludes the fixed header), less 40 bytes of room for extension headers.
+const MAX_UDP_PAYLOAD_V6: usize = 65535 - 8 - 40;
+
+/// Control-buffer bytes per received datagram: TOS/TCLASS, TTL/HOPLIMIT, UDP_GRO and SO_RXQ_OVFL
+/// need 4 x 24 = 96 on 64-bit Linux.
+const RECV_CONTROL: usize = 128;
+
+/// Control-buffer bytes per sent message: TOS/TCLASS, TTL/HOPLIMIT (ints) and UDP_SEGMENT (u16),
+/// 3 x 24 = 72 on 64-bit Linux.
+const SEND_CONTROL: usize = 3 * cmsg::space(4);
+
+/// How to open a [`UdpLink`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UdpLinkConfig {
+    /// Local address and port to bind: a specific IPv4 or IPv6 address (not `0.0.0.0` / `::`)
+    /// and normally [`ROCEV2_PORT`]. Port 0 picks a free port (tests).
+    pub local: SocketAddr,
+    /// Datagrams per recvmmsg(2) / sendmmsg(2) call, 1 ..= [`MAX_BATCH`]. Default
+    /// [`DEFAULT_BATCH`].
+    pub batch: usize,
+    /// Largest UDP payload to receive, bytes (without GRO; with GRO a slot is
+    /// [`GRO_SLOT_BYTES`]). Default [`DEFAULT_MAX_PAYLOAD`].
+    pub max_payload: usize,
+    /// Use UDP GSO when the kernel has it. Default `true`.
+    pub gso: bool,
+    /// Also use GSO on an IPv4 link. Default `false`: the kernel numbers the IPv4 identification
+    /// of the segments of a train 0, 1, 2, ... and the ICRC covers it (see the module docs).
+    pub gso_ipv4: bool,
+    /// Ask for UDP GRO when the kernel has it. Default `true`.
+    pub gro: bool,
+    /// IPv6 only: send with UDP checksum 0 (`UDP_NO_CHECK6_TX`), as rxe does. Turns GSO off (the
+    /// kernel refuses GSO without checksums). Default `false`.
+    pub zero_checksum_tx: bool,
+    /// `SO_RCVBUF` to ask for, bytes (socket(7); the kernel doubles it and caps it at
+    /// `net.core.rmem_max`). Default `None`: the system default.
+    pub recv_buffer_bytes: Option<usize>,
+    /// `SO_SNDBUF` to ask for, bytes (likewise capped at `net.core.wmem_max`). Default `None`.
+    pub send_buffer_bytes: Option<usize>,
+}
+
+impl UdpLinkConfig {
+    /// The defaults for a link bound to `local`.
+    pub fn new(local: SocketAddr) -> UdpLinkConfig {
+        UdpLinkConfig {
+            local,
+            batch: DEFAULT_BATCH,
+            max_payload: DEFAULT_MAX_PAYLOAD,
+            gso: true,
+            gso_ipv4: false,
+            gro: true,
+            zero_checksum_tx: false,
+            recv_buffer_bytes: None,
+            send_buffer_bytes: None,
+        }
+    }
+}
+
+/// What the kernel offered when the link was opened, and what is in use now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Offloads {
+    /// The kernel knows `UDP_SEGMENT` (Linux >= 4.18).
+    pub gso_supported: bool,
+    /// GSO trains are being sent: supported, asked for, allowed for the address family and not
+    /// switched off by a failed GSO send.
+    pub gso: bool,
+    /// Most datagrams per GSO train.
+    pub gso_max_segments: usize,
+    /// `UDP_GRO` is on: received buffers may hold several datagrams.
+    pub gro: bool,
+    /// `SO_RXQ_OVFL` is on: [`LinkCounters::rx_kernel_drops`] is meaningful.
+    pub rx_drop_count: bool,
+}
+
+/// What a link has done, for diagnostics. Counts are of datagrams unless said otherwise.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkCounters {
+    /// Datagrams delivered by [`UdpLink::recv`] (after splitting GRO buffers).
+    pub rx_datagrams: u64,
+    /// UDP payload bytes delivered.
+    pub rx_bytes: u64,
+    /// recvmmsg(2) calls that returned at least one message.
+    pub rx_calls: u64,
+    /// Received buffers that held more than one datagram (GRO).
+    pub rx_gro_buffers: u64,
+    /// Messages dropped because they were longer than the receive slot (`MSG_TRUNC`).
+    pub rx_truncated: u64,
+    /// Messages dropped because their control messages did not fit (`MSG_CTRUNC`).
+    pub rx_control_truncated: u64,
+    /// Messages dropped because their source address was not an IP address of the link's family.
+    pub rx_bad_source: u64,
+    /// Datagrams the kernel dropped for lack of receive-buffer room since the socket was opened
+    /// (`SO_RXQ_OVFL`, socket(7)); the last value reported.
+    pub rx_kernel_drops: u64,
+    /// Datagrams the kernel accepted for sending.
+    pub tx_datagrams: u64,
+    /// UDP payload bytes accepted for sending.
+    pub tx_bytes: u64,
+    /// sendmmsg(2) calls that sent at least one message.
+    pub tx_calls: u64,
+    /// GSO trains (messages of more than one datagram) sent.
+    pub tx_gso_trains: u64,
+    /// Times [`UdpLink::send`] stopped because the socket buffer was full (`EAGAIN`, `ENOBUFS`).
+    pub tx_full: u64,
+    /// Datagrams refused (returned as [`LinkError::Send`] or [`LinkError::InvalidDatagram`]).
+    pub tx_errors: u64,
+    /// Times a failed GSO send switched GSO off.
+    pub gso_fallbacks: u64,
+}
+
+/// One datagram to send: its destination and IP marks, and its UDP payload as a gather list.
+#[derive(Debug, Clone, Copy)]
+pub struct SendDatagram<'a> {
+    /// Destination address and UDP port (normally [`ROCEV2_PORT`]); same family as the link.
+    pub dst: SocketAddr,
+    /// ECN codepoint of the IP header (RFC 3168).
+    pub ecn: Ecn,
+    /// DSCP of the IP header, 0 ..= 63 (RFC 2474).
+    pub dscp: u8,
+    /// IPv4 TTL / IPv6 hop limit, 1 ..= 255; `None` for the system default (64).
+    pub hop_limit: Option<u8>,
+    /// The UDP payload (BTH .. ICRC), gathered in order from these slices: e.g. header bytes,
+    /// payload straight from registered memory, ICRC. At most 1024 slices (`UIO_MAXIOV`).
+    pub parts: &'a [IoSlice<'a>],
+}
+
+impl<'a> SendDatagram<'a> {
+    /// A datagram to `dst` with no ECN, DSCP 0 and the default hop limit.
+    pub fn new(dst: SocketAddr, parts: &'a [IoSlice<'a>]) -> SendDatagram<'a> {
+        SendDatagram {
+            dst,
+            ecn: Ecn::NotEct,
+            dscp: 0,
+            hop_limit: None,
+            parts,
+        }
+    }
+
+    /// UDP payload bytes: the sum of the parts' lengths.
+    pub fn len(&self) -> usize {
+        self.parts.iter().map(|p| p.len()).sum()
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.parts.iter().all(|p| p.is_empty())
+    }
+}
+
+/// One received datagram, borrowed from a [`RecvBatch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvDatagram<'a> {
+    /// Source address and UDP port.
+    pub src: SocketAddr,
+    /// Destination address and port: the link's local address.
+    pub dst: SocketAddr,
+    /// ECN codepoint of the IP header (`NotEct` if the kernel did not report one).
+    pub ecn: Ecn,
+    /// DSCP of the IP header (0 if not reported).
+    pub dscp: u8,
+    /// IPv4 TTL / IPv6 hop limit, if the kernel reported it.
+    pub hop_limit: Option<u8>,
+    /// The UDP payload (BTH .. ICRC for RoCEv2).
+    pub payload: &'a [u8],
+}
+
+/// Per-message metadata parsed after a receive.
+#[derive(Debug, Clone, Copy)]
+struct MsgMeta {
+    /// Index of the receive slot holding the bytes.
+    slot: usize,
+    src: SocketAddr,
+    len: usize,
+    /// Segment size: the datagrams' length in a GRO buffer, else `len`.
+    segment: usize,
+    ecn: Ecn,
+    dscp: u8,
+    hop_limit: Option<u8>,
+}
+
+/// Receive buffers for [`UdpLink::recv`]: allocated once ([`UdpLink::new_recv_batch`]) and
+/// reused; after a receive it holds the datagrams until the next one.
+#[derive(Debug)]
+pub struct RecvBatch {
+    payload: Vec<u8>,
+    slot_len: usize,
+    names: Vec<SockAddrBuf>,
+    control: Vec<[u8; RECV_CONTROL]>,
+    results: Vec<RecvResult>,
+    meta: Vec<MsgMeta>,
+    datagrams: usize,
+    local: SocketAddr,
+}
+
+impl RecvBatch {
+    /// Buffers for `slots` messages of `slot_len` bytes each (at most [`MAX_BATCH`] messages are
+    /// used).
+    fn new(slots: usize, slot_len: usize, local: SocketAddr) -> RecvBatch {
+        let slots = slots.clamp(1, MAX_BATCH);
+        RecvBatch {
+            payload: vec![0; slots * slot_len],
+            slot_len,
+            names: vec![SockAddrBuf::empty(); slots],
+            control: vec![[0; RECV_CONTROL]; slots],
+            results: vec![RecvResult::default(); slots],
+            meta: Vec::with_capacity(slots),
+            datagrams: 0,
+            local,
+        }
+    }
+
+    /// Messages one receive can take (the batch size).
+    pub fn capacity(&self) -> usize {
+        self.results.len()
+    }
+
+    /// Bytes of one receive slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_len
+    }
+
+    /// Datagrams held (GRO buffers counted as the datagrams they hold).
+    pub fn len(&self) -> usize {
+        self.datagrams
+    }
+
+    /// Whether no datagram is held.
+    pub fn is_empty(&self) -> bool {
+        self.datagrams == 0
+    }
+
+    /// The datagrams of the last receive, in arrival order, GRO buffers split into their
+    /// datagrams (each `segment` bytes, the last one possibly shorter).
+    pub fn iter(&self) -> RecvIter<'_> {
+        RecvIter {
+            batch: self,
+            msg: 0,
+            offset: 0,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.meta.clear();
+        self.datagrams = 0;
+    }
+}
+
+impl<'a> IntoIterator for &'a RecvBatch {
+    type Item = RecvDatagram<'a>;
+    type IntoIter = RecvIter<'a>;
+
+    fn into_iter(self) -> RecvIter<'a> {
+        self.iter()
+    }
+}
+
+/// Iterator over the datagrams of a [`RecvBatch`].
+#[derive(Debug, Clone)]
+pub struct RecvIter<'a> {
+    batch: &'a RecvBatch,
+    msg: usize,
+    offset: usize,
+}
+
+impl<'a> Iterator for RecvIter<'a> {
+    type Item = RecvDatagram<'a>;
+
+    fn next(&mut self) -> Option<RecvDatagram<'a>> {
+        loop {
+            let m = self.batch.meta.get(self.msg)?;
+            let slot = self.batch.bytes_of(m);
+            if self.offset < m.len || (m.len == 0 && self.offset == 0) {
+                let end = (self.offset + m.segment.max(1)).min(m.len);
+                let payload = &slot[self.offset..end];
+                self.offset = if m.len == 0 { 1 } else { end };
+                return Some(RecvDatagram {
+                    src: m.src,
+                    dst: self.batch.local,
+                    ecn: m.ecn,
+                    dscp: m.dscp,
+                    hop_limit: m.hop_limit,
+                    payload,
+                });
+            }
+            self.msg += 1;
+            self.offset = 0;
+        }
+    }
+}
+
+impl RecvBatch {
+    /// The received bytes of a message (empty if the metadata were inconsistent, which `recv`
+    /// never records).
+    fn bytes_of(&self, m: &MsgMeta) -> &[u8] {
+        let start = m.slot * self.slot_len;
+        self.payload.get(start..start + m.len).unwrap_or(&[])
+    }
+}
+
+/// A RoCEv2 UDP socket: see the [module docs](self).
+#[derive(Debug)]
+pub struct UdpLink {
+    fd: OwnedFd,
+    local: SocketAddr,
+    config: UdpLinkConfig,
+    offloads: Offloads,
+    counters: LinkCounters,
+    plans: Vec<MsgPlan<SEND_CONTROL>>,
+}
+
+impl UdpLink {
+    /// Opens and binds the socket, sets its options and probes GSO and GRO.
+    ///
+    /// Errors: [`LinkError::Config`] for an unspecified address, a batch of 0 or above
+    /// [`MAX_BATCH`], or a `max_payload` of 0 or above 65535; [`LinkError::Socket`];
+    /// [`LinkError::SetOption`] naming a required option the kernel refused (GSO, GRO and
+    /// `SO_RXQ_OVFL` are optional and only probed); [`LinkError::Bind`] (address in use, address
+    /// not available on this host, ...).
+    pub fn bind(config: UdpLinkConfig) -> Result<UdpLink, LinkError> {
+        let local = config.local;
+        let bad = |reason| Err(LinkError::Config { local, reason });
+        if local.ip().is_unspecified() {
+            return bad("the local address must be the device's own address, not 0.0.0.0 or ::");
+        }
+        if config.batch == 0 || config.batch > MAX_BATCH {
+            return bad("batch must be 1 ..= 256 datagrams");
+        }
+        if config.max_payload == 0 || config.max_payload > 65535 {
+            return bad("max_payload must be 1 ..= 65535 bytes");
+        }
+        if config.zero_checksum_tx && local.is_ipv4() {
+            return bad(
+                "zero_checksum_tx applies to IPv6 only (IPv4 UDP checksums are optional anyway)",
+            );
+        }
+        let ipv6 = local.is_ipv6();
+        let fd = sys::udp_socket(ipv6).map_err(|source| LinkError::Socket { local, source })?;
+        let set = |level, name, value, option: &'static str| {
+            sys::set_int(fd.as_fd(), level, name, value).map_err(|source| LinkError::SetOption {
+                local,
+                option,
+                source,
+            })
+        };
+        if ipv6 {
+            set(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1, "IPV6_V6ONLY")?;
+            set(
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                libc::IPV6_PMTUDISC_DO,
+                "IPV6_MTU_DISCOVER",
+            )?;
+            set(
+                libc::IPPROTO_IPV6,
+                libc::IPV6_RECVTCLASS,
+                1,
+                "IPV6_RECVTCLASS",
+            )?;
+            set(
+                libc::IPPROTO_IPV6,
+                libc::IPV6_RECVHOPLIMIT,
+                1,
+                "IPV6_RECVHOPLIMIT",
+            )?;
+            set(libc::SOL_UDP, libc::UDP_NO_CHECK6_RX, 1, "UDP_NO_CHECK6_RX")?;
+            if config.zero_checksum_tx {
+                set(libc::SOL_UDP, libc::UDP_NO_CHECK6_TX, 1, "UDP_NO_CHECK6_TX")?;
+            }
+        } else {
+            set(
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DO,
+                "IP_MTU_DISCOVER",
+            )?;
+            set(libc::IPPROTO_IP, libc::IP_RECVTOS, 1, "IP_RECVTOS")?;
+            set(libc::IPPROTO_IP, libc::IP_RECVTTL, 1, "IP_RECVTTL")?;
+        }
+        if let Some(bytes) = config.recv_buffer_bytes {
+            let v = bytes.min(i32::MAX as usize) as i32;
+            set(libc::SOL_SOCKET, libc::SO_RCVBUF, v, "SO_RCVBUF")?;
+        }
+        if let Some(bytes) = config.send_buffer_bytes {
+            let v = bytes.min(i32::MAX as usize) as i32;
+            set(libc::SOL_SOCKET, libc::SO_SNDBUF, v, "SO_SNDBUF")?;
+        }
+        let rx_drop_count = sys::SO_RXQ_OVFL
+            .is_some_and(|opt| sys::set_int(fd.as_fd(), libc::SOL_SOCKET, opt, 1).is_ok());
+        // GSO probe: a default segment size of 0 ("no GSO unless a control message asks") is
+        // accepted by every kernel that knows the option (udp(7) UDP_SEGMENT).
+        let gso_supported = sys::set_int(fd.as_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, 0).is_ok();
+        let gro = config.gro && sys::set_int(fd.as_fd(), libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
+        sys::bind(fd.as_fd(), &local).map_err(|source| LinkError::Bind { local, source })?;
+        let bound = sys::local_addr(fd.as_fd()).map_err(|source| LinkError::SetOption {
+            local,
+            option: "getsockname",
+            source,
+        })?;
+        let gso =
+            gso_supported && config.gso && !config.zero_checksum_tx && (ipv6 || config.gso_ipv4);
+        Ok(UdpLink {
+            fd,
+            local: bound,
+            offloads: Offloads {
+                gso_supported,
+                gso,
+                gso_max_segments: GSO_MAX_SEGMENTS,
+                gro,
+                rx_drop_count,
+            },
+            plans: Vec::with_capacity(config.batch),
+            config,
+            counters: LinkCounters::default(),
+        })
+    }
+
+    /// The bound local address and port (the port the kernel picked if the config said 0). Every
+    /// datagram sent leaves from it.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The configuration the link was opened with.
+    pub fn config(&self) -> &UdpLinkConfig {
+        &self.config
+    }
+
+    /// The GSO / GRO state.
+    pub fn offloads(&self) -> Offloads {
+        self.offloads
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> &LinkCounters {
+        &self.counters
+    }
+
+    /// The kernel's receive and send buffer sizes, bytes (`SO_RCVBUF`, `SO_SNDBUF` read back:
+    /// twice what was asked for, capped by `net.core.rmem_max` / `wmem_max`, socket(7)).
+    ///
+    /// Errors: [`LinkError::SetOption`] naming the option if getsockopt(2) fails.
+    pub fn socket_buffers(&self) -> Result<(usize, usize), LinkError> {
+        let get = |name, option| {
+            sys::get_int(self.fd.as_fd(), libc::SOL_SOCKET, name)
+                .map(|v| v.max(0) as usize)
+                .map_err(|source| LinkError::SetOption {
+                    local: self.local,
+                    option,
+                    source,
+                })
+        };
+        Ok((
+            get(libc::SO_RCVBUF, "SO_RCVBUF")?,
+            get(libc::SO_SNDBUF, "SO_SNDBUF")?,
+        ))
+    }
+
+    /// Receive buffers sized for this link: [`UdpLinkConfig::batch`] slots of
+    /// [`UdpLinkConfig::max_payload`] bytes, or of [`GRO_SLOT_BYTES`] when GRO is on (with GRO
+    /// a smaller slot would truncate coalesced buffers, losing their datagrams).
+    pub fn new_recv_batch(&self) -> RecvBatch {
+        let slot = if self.offloads.gro {
+            GRO_SLOT_BYTES
+        } else {
+            self.config.max_payload
+        };
+        RecvBatch::new(self.config.batch, slot, self.local)
+    }
+
+    /// Receives what is waiting, without blocking: one recvmmsg(2) call of up to
+    /// `batch.capacity()` messages. Returns the number of datagrams now in `batch` (GRO buffers
+    /// split); 0 when nothing was waiting. The previous contents of `batch` are discarded.
+    /// Messages longer than a slot, with truncated control data or from a non-IP source are
+    /// dropped and counted.
+    ///
+    /// Errors: [`LinkError::Recv`] for a socket error (`EAGAIN` and `EINTR` are not errors).
+    pub fn recv(&mut self, batch: &mut RecvBatch) -> Result<usize, LinkError> {
+        batch.clear();
+        batch.local = self.local;
+        let RecvBatch {
+            payload,
+            slot_len,
+            names,
+            control,
+            results,
+            ..
+        } = batch;
+        let n = sys::recv_batch(self.fd.as_fd(), payload, *slot_len, names, control, results)
+            .map_err(|source| LinkError::Recv {
+                local: self.local,
+                source,
+            })?;
+        if n == 0 {
+            return Ok(0);
+        }
+        self.counters.rx_calls += 1;
+        for i in 0..n {
+            let r = batch.results[i];
+            if r.flags & libc::MSG_TRUNC != 0 || r.len > batch.slot_len {
+                self.counters.rx_truncated += 1;
+                continue;
+            }
+            if r.flags & libc::MSG_CTRUNC != 0 {
+                self.counters.rx_control_truncated += 1;
+                continue;
+            }
+            let Some(src) = batch.names[i]
+                .socket_addr()
+                .filter(|s| s.is_ipv6() == self.local.is_ipv6())
+            else {
+                self.counters.rx_bad_source += 1;
+                continue;
+            };
+            let c = parse_control(&batch.control[i][..r.control_len]);
+            if let Some(drops) = c.drops {
+                self.counters.rx_kernel_drops = u64::from(drops);
+            }
+            let segment = match c.gro_segment {
+                Some(s) if s > 0 && s < r.len => s,
+                _ => r.len,
+            };
+            let count = if r.len == 0 {
+                1
+            } else {
+                r.len.div_ceil(segment)
+            };
+            if count > 1 {
+                self.counters.rx_gro_buffers += 1;
+            }
+            batch.datagrams += count;
+            self.counters.rx_datagrams += count as u64;
+            self.counters.rx_bytes += r.len as u64;
+            batch.meta.push(MsgMeta {
+                slot: i,
+                src,
+                len: r.len,
+                segment,
+                ecn: Ecn::from_bits(c.tos),
+                dscp: c.tos >> 2,
+                hop_limit: c.hop_limit,
+            });
+        }
+        Ok(batch.datagrams)
+    }
+
+    /// Sends `dgrams` in order, without blocking, in sendmmsg(2) calls of up to
+    /// [`UdpLinkConfig::batch`] messages, grouping runs of datagrams into GSO trains where
+    /// [`Offloads::gso`] allows (same destination, ECN, DSCP and hop limit, equal lengths but a
+    /// shorter last one). Returns how many datagrams (from the front) the kernel accepted: fewer
+    /// than `dgrams.len()` when the socket buffer filled up (wait for
+    /// [`Readiness::writable`] and send the rest).
+    ///
+    /// Errors (the datagrams before `index` were sent, datagram `index` was not and should be
+    /// dropped, the rest were not tried): [`LinkError::InvalidDatagram`] for a datagram of the
+    /// wrong address family, port 0, DSCP above 63, hop limit 0, more than 1024 parts or a payload
+    /// above the largest UDP payload; [`LinkError::Send`] for a datagram the kernel refused
+    /// (`EMSGSIZE` above the path MTU, `ENETUNREACH`, ...).
+    pub fn send(&mut self, dgrams: &[SendDatagram<'_>]) -> Result<usize, LinkError> {
+        let mut done = 0;
+        // GSO is skipped for one round after a train failed with a per-datagram error, so that
+        // the error is reported on the datagram it belongs to.
+        let mut gso_this_round = true;
+        while done < dgrams.len() {
+            if let Err(reason) = self.check(&dgrams[done]) {
+                self.counters.tx_errors += 1;
+                return Err(LinkError::InvalidDatagram {
+                    local: self.local,
+                    dst: dgrams[done].dst,
+                    index: done,
+                    reason,
+                });
+            }
+            self.plan(dgrams, done, gso_this_round);
+            gso_this_round = true;
+            let result = sys::send_batch(self.fd.as_fd(), &self.plans, |d| dgrams[d].parts);
+            let sent_msgs = match result {
+                Ok(k) => k,
+                Err(source) => {
+                    let first = self.plans[0];
+                    if first.count > 1 {
+                        let code = source.raw_os_error();
+                        if matches!(code, Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP)) {
+                            // The device or route cannot do GSO: off for good.
+                            self.offloads.gso = false;
+                            self.counters.gso_fallbacks += 1;
+                        } else {
+                            gso_this_round = false;
+                        }
+                        continue;
+                    }
+                    self.counters.tx_errors += 1;
+                    return Err(LinkError::Send {
+                        local: self.local,
+                        dst: dgrams[done].dst,
+                        index: done,
+                        source,
+                    });
+                }
+            };
+            if sent_msgs == 0 {
+                self.counters.tx_full += 1;
+                break;
+            }
+            self.counters.tx_calls += 1;
+            for plan in &self.plans[..sent_msgs.min(self.plans.len())] {
+                if plan.count > 1 {
+                    self.counters.tx_gso_trains += 1;
+                }
+                for d in &dgrams[plan.first..plan.first + plan.count] {
+                    self.counters.tx_bytes += d.len() as u64;
+                }
+                self.counters.tx_datagrams += plan.count as u64;
+                done = plan.first + plan.count;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Checks one datagram before it is planned.
+    fn check(&self, d: &SendDatagram<'_>) -> Result<(), &'static str> {
+        if d.dst.is_ipv6() != self.local.is_ipv6() {
+            return Err("destination address family differs from the link's");
+        }
+        if d.dst.port() == 0 {
+            return Err("destination port 0");
+        }
+        if d.dscp > 63 {
+            return Err("DSCP above 63");
+        }
+        if d.hop_limit == Some(0) {
+            return Err("hop limit 0");
+        }
+        if d.parts.len() > sys::MAX_IOV {
+            return Err("more than 1024 parts");
+        }
+        if d.len() > self.max_udp_payload() {
+            return Err("payload longer than the largest UDP payload");
+        }
+        Ok(())
+    }
+
+    fn max_udp_payload(&self) -> usize {
+        if self.local.is_ipv6() {
+            MAX_UDP_PAYLOAD_V6
+        } else {
+            MAX_UDP_PAYLOAD_V4
+        }
+    }
+
+    /// Fills `self.plans` with the messages for `dgrams[start..]`: up to `batch` messages and
+    /// `MAX_IOV` parts, stopping before a datagram that fails [`check`](Self::check) (the next
+    /// round reports it).
+    fn plan(&mut self, dgrams: &[SendDatagram<'_>], start: usize, gso_allowed: bool) {
+        self.plans.clear();
+        let gso = gso_allowed && self.offloads.gso;
+        let mut i = start;
+        let mut iov = 0;
+        while i < dgrams.len() && self.plans.len() < self.config.batch {
+            let first = &dgrams[i];
+            if self.check(first).is_err() || iov + first.parts.len() > sys::MAX_IOV {
+                break;
+            }
+            let seg = first.len();
+            let mut count = 1;
+            let mut total = seg;
+            iov += first.parts.len();
+            if gso && seg > 0 {
+                while i + count < dgrams.len() && count < self.offloads.gso_max_segments {
+                    let d = &dgrams[i + count];
+                    let len = d.len();
+                    if d.dst != first.dst
+                        || d.ecn != first.ecn
+                        || d.dscp != first.dscp
+                        || d.hop_limit != first.hop_limit
+                        || len == 0
+                        || len > seg
+                        || total + len > self.max_udp_payload()
+                        || iov + d.parts.len() > sys::MAX_IOV
+                        || self.check(d).is_err()
+                    {
+                        break;
+                    }
+                    count += 1;
+                    total += len;
+                    iov += d.parts.len();
+                    if len < seg {
+                        break;
+                    }
+                }
+            }
+            let mut control = [0u8; SEND_CONTROL];
+            let mut w = cmsg::Writer::new(&mut control);
+            let tos = i32::from(first.dscp << 2 | first.ecn.bits());
+            let ok = if self.local.is_ipv6() {
+                w.push_int(libc::IPPROTO_IPV6, libc::IPV6_TCLASS, tos)
+                    && first.hop_limit.is_none_or(|h| {
+                        w.push_int(libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT, i32::from(h))
+                    })
+            } else {
+                w.push_int(libc::IPPROTO_IP, libc::IP_TOS, tos)
+                    && first
+                        .hop_limit
+                        .is_none_or(|h| w.push_int(libc::IPPROTO_IP, libc::IP_TTL, i32::from(h)))
+            };
+            let ok = ok && (count == 1 || w.push_u16(libc::SOL_UDP, libc::UDP_SEGMENT, seg as u16));
+            debug_assert!(ok, "SEND_CONTROL holds three int-sized messages");
+            let control_len = w.len();
+            self.plans.push(MsgPlan {
+                first: i,
+                count,
+                name: SockAddrBuf::new(&first.dst),
+                control,
+                control_len,
+            });
+            i += count;
+        }
+    }
+
+    /// Blocks until the socket is readable (or writable, if `writable` is asked for), `waker` is
+    /// woken, or `timeout` passes (rounded up to milliseconds): poll(2) on the socket and the
+    /// waker's eventfd. A woken waker is reset. A signal ends the wait early with nothing ready.
+    ///
+    /// Errors: [`LinkError::Poll`]; [`LinkError::Waker`] if resetting the waker fails.
+    pub fn wait(
+        &self,
+        writable: bool,
+        waker: Option<&Waker>,
+        timeout: Duration,
+    ) -> Result<Readiness, LinkError> {
+        let events = libc::POLLIN | if writable { libc::POLLOUT } else { 0 };
+        let map = |source| LinkError::Poll {
+            local: self.local,
+            source,
+        };
+        let (sock, wake) = match waker {
+            Some(w) => {
+                let [s, k] = sys::poll(
+                    [(self.fd.as_fd(), events), (w.as_fd(), libc::POLLIN)],
+                    timeout,
+                )
+                .map_err(map)?;
+                (s, k)
+            }
+            None => {
+                let [s] = sys::poll([(self.fd.as_fd(), events)], timeout).map_err(map)?;
+                (s, 0)
+            }
+        };
+        let woken = match waker {
+            Some(w) if wake & libc::POLLIN != 0 => w.take()?,
+            _ => false,
+        };
+        Ok(Readiness {
+            readable: sock & libc::POLLIN != 0,
+            writable: sock & libc::POLLOUT != 0,
+            woken,
+            error: sock & (libc::POLLERR | libc::POLLNVAL) != 0,
+        })
+    }
+}
+
+impl AsFd for UdpLink {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// What [`UdpLink::wait`] found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Readiness {
+    /// Datagrams are waiting: call [`UdpLink::recv`].
+    pub readable: bool,
+    /// The socket buffer has room (only reported if asked for).
+    pub writable: bool,
+    /// The waker was woken (and has been reset).
+    pub woken: bool,
+    /// poll(2) reported `POLLERR` / `POLLNVAL` on the socket.
+    pub error: bool,
+}
+
+/// What the control messages of one received datagram said.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct RecvControl {
+    /// IPv4 TOS / IPv6 Traffic Class byte (DSCP << 2 | ECN).
+    tos: u8,
+    hop_limit: Option<u8>,
+    gro_segment: Option<usize>,
+    drops: Option<u32>,
+}
+
+/// Parses the control messages of a received datagram (ip(7) `IP_TOS`, `IP_TTL`; ipv6(7)
+/// `IPV6_TCLASS`, `IPV6_HOPLIMIT`; udp(7) `UDP_GRO`; socket(7) `SO_RXQ_OVFL`). Unknown or
+/// malformed messages are ignored.
+fn parse_control(buf: &[u8]) -> RecvControl {
+    let mut c = RecvControl::default();
+    for m in cmsg::Iter::new(buf) {
+        match (m.level, m.ty) {
+            (libc::IPPROTO_IP, libc::IP_TOS) => c.tos = m.byte_or_int().unwrap_or(0),
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => c.tos = m.byte_or_int().unwrap_or(0),
+            (libc::IPPROTO_IP, libc::IP_TTL) | (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
+                c.hop_limit = m.int().and_then(|v| u8::try_from(v).ok())
+            }
+            (libc::SOL_UDP, libc::UDP_GRO) => {
+                c.gro_segment = m.int().and_then(|v| usize::try_from(v).ok())
+            }
+            (libc::SOL_SOCKET, ty) if Some(ty) == sys::SO_RXQ_OVFL => {
+                c.drops = m.int().map(|v| v as u32)
+            }
+            _ => {}
+        }
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_control_reads_marks_gro_and_drops() {
+        let mut buf = [0u8; RECV_CONTROL];
+        let mut w = cmsg::Writer::new(&mut buf);
+        assert!(w.push(libc::IPPROTO_IP, libc::IP_TOS, &[0xb9])); // DSCP 46 (EF), ECT(1)
+        assert!(w.push_int(libc::IPPROTO_IP, libc::IP_TTL, 63));
+        assert!(w.push_int(libc::SOL_UDP, libc::UDP_GRO, 1100));
+        assert!(w.push_int(libc::SOL_SOCKET, sys::SO_RXQ_OVFL.unwrap(), 7));
+        let n = w.len();
+        let c = parse_control(&buf[..n]);
+        assert_eq!(
+            c,
+            RecvControl {
+                tos: 0xb9,
+                hop_limit: Some(63),
+                gro_segment: Some(1100),
+                drops: Some(7)
+            }
+        );
+        assert_eq!(Ecn::from_bits(c.tos), Ecn::Ect1);
+        assert_eq!(c.tos >> 2, 46);
+    }
+
+    #[test]
+    fn parse_control_ipv6_and_garbage() {
+        let mut buf = [0u8; RECV_CONTROL];
+        let mut w = cmsg::Writer::new(&mut buf);
+        assert!(w.push_int(libc::IPPROTO_IPV6, libc::IPV6_TCLASS, 0x03));
+        assert!(w.push_int(libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT, 255));
+        assert!(w.push_int(libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT + 100, 1)); // unknown
+        let n = w.len();
+        let c = parse_control(&buf[..n]);
+        assert_eq!((Ecn::from_bits(c.tos), c.hop_limit), (Ecn::Ce, Some(255)));
+        // A negative hop limit or GRO size is ignored rather than wrapped.
+        let mut buf = [0u8; 64];
+        let mut w = cmsg::Writer::new(&mut buf);
+        assert!(w.push_int(libc::IPPROTO_IP, libc::IP_TTL, -1));
+        assert!(w.push_int(libc::SOL_UDP, libc::UDP_GRO, -5));
+        let n = w.len();
+        assert_eq!(parse_control(&buf[..n]), RecvControl::default());
+    }
+
+    #[test]
+    fn config_is_checked_before_any_syscall() {
+        let mut c = UdpLinkConfig::new("0.0.0.0:4791".parse().unwrap());
+        assert!(matches!(
+            UdpLink::bind(c.clone()),
+            Err(LinkError::Config { .. })
+        ));
+        c.local = "127.0.0.1:0".parse().unwrap();
+        c.batch = 0;
+        assert!(matches!(
+            UdpLink::bind(c.clone()),
+            Err(LinkError::Config { .. })
+        ));
+        c.batch = MAX_BATCH + 1;
+        assert!(matches!(
+            UdpLink::bind(c.clone()),
+            Err(LinkError::Config { .. })
+        ));
+        c.batch = 4;
+        c.max_payload = 70000;
+        assert!(matches!(
+            UdpLink::bind(c.clone()),
+            Err(LinkError::Config { .. })
+        ));
+        c.max_payload = 100;
+        c.zero_checksum_tx = true;
+        let e = UdpLink::bind(c).unwrap_err();
+        assert!(e.to_string().contains("IPv6 only"), "{e}");
+    }
+}

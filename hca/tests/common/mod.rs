@@ -1,0 +1,419 @@
+//! Shared set-up for the engine tests: two software HCAs on a fabric, one QP each, connected,
+//! with a memory region of host memory on each side.
+#![allow(dead_code)]
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_p2p::{HostMemory, Memory};
+use hca::ah::AhAttr;
+use hca::engine::EngineConfig;
+use hca::fabric::{self, Fabric, Faults, NodeId};
+use hca::{
+    AccessFlags, CqHandle, Gid, MemoryRegion, PathMtu, PdHandle, QpAttr, QpAttrMask, QpCap,
+    QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion,
+};
+
+/// IOVA where side A's MR starts (different from B's so address bugs show).
+pub const A_IOVA: u64 = 0x10_0000;
+/// IOVA where side B's MR starts.
+pub const B_IOVA: u64 = 0x7700_0000;
+
+/// One side of a connection.
+pub struct Peer {
+    pub node: NodeId,
+    pub ip: IpAddr,
+    pub pd: PdHandle,
+    pub cq: CqHandle,
+    pub qpn: u32,
+    pub mem: Arc<HostMemory>,
+    pub mr: MemoryRegion,
+}
+
+impl Peer {
+    /// An SGE of `len` bytes at byte `offset` of this side's MR.
+    pub fn sge(&self, offset: u64, len: u32) -> Sge {
+        Sge {
+            addr: self.mr.iova() + offset,
+            length: len,
+            lkey: self.mr.lkey(),
+        }
+    }
+
+    /// The I/O virtual address of byte `offset` of the MR.
+    pub fn addr(&self, offset: u64) -> u64 {
+        self.mr.iova() + offset
+    }
+
+    pub fn write(&self, offset: usize, bytes: &[u8]) {
+        self.mem.write(offset, bytes).unwrap();
+    }
+
+    pub fn read(&self, offset: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0; len];
+        self.mem.read(offset, &mut v).unwrap();
+        v
+    }
+}
+
+/// Connection parameters.
+#[derive(Clone)]
+pub struct Opts {
+    pub qp_type: QpType,
+    pub pmtu: PathMtu,
+    pub a_psn: u32,
+    pub b_psn: u32,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub max_rd_atomic: u8,
+    pub mem_len: usize,
+    pub depth: u32,
+    pub cq_depth: u32,
+    pub seed: u64,
+    pub faults: Faults,
+    pub config: EngineConfig,
+    pub ipv6: bool,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            qp_type: QpType::Rc,
+            pmtu: PathMtu::Mtu1024,
+            a_psn: 100,
+            b_psn: 0xff_fff0,
+            timeout: 8,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1,
+            max_rd_atomic: 8,
+            mem_len: 1 << 20,
+            depth: 64,
+            cq_depth: 1024,
+            seed: 1,
+            faults: Faults::none(),
+            config: EngineConfig::default(),
+            ipv6: false,
+        }
+    }
+}
+
+pub fn ip_of(n: u8, ipv6: bool) -> IpAddr {
+    if ipv6 {
+        IpAddr::V6(std::net::Ipv6Addr::new(
+            0xfd00,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            u16::from(n),
+        ))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(10, 0, 0, n))
+    }
+}
+
+/// Creates side `n` (PD, CQ, MR, a QP in RESET) on a new node of `fabric`.
+pub fn side(fabric: &mut Fabric, n: u8, iova: u64, o: &Opts) -> Peer {
+    let ip = ip_of(n, o.ipv6);
+    let node = fabric.add_node(fabric::soft_hca_with(ip, 9000, o.config.clone()));
+    let h = fabric.node_mut(node);
+    let pd = h.alloc_pd().unwrap();
+    let cq = h.create_cq(o.cq_depth).unwrap();
+    let mem = Arc::new(HostMemory::new(o.mem_len).unwrap());
+    let access = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    let mr = h.reg_mr(pd, mem.clone(), iova, access).unwrap();
+    let qpn = h
+        .create_qp(
+            pd,
+            &QpInitAttr {
+                qp_type: o.qp_type,
+                send_cq: cq,
+                recv_cq: cq,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: o.depth,
+                    max_recv_wr: o.depth,
+                    max_send_sge: 8,
+                    max_recv_sge: 8,
+                    max_inline_data: 256,
+                },
+                sq_sig_all: false,
+            },
+        )
+        .unwrap();
+    // Setting up the GID table raised IBV_EVENT_GID_CHANGE: tests look at later events.
+    while h.poll_event().is_some() {}
+    Peer {
+        node,
+        ip,
+        pd,
+        cq,
+        qpn,
+        mem,
+        mr,
+    }
+}
+
+/// Brings `me` to RTS, connected (RC/UC) to `peer`.
+pub fn bring_up(fabric: &mut Fabric, me: &Peer, peer: &Peer, my_psn: u32, peer_psn: u32, o: &Opts) {
+    let h = fabric.node_mut(me.node);
+    let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: if o.qp_type == QpType::Uc {
+            AccessFlags::REMOTE_WRITE
+        } else {
+            access
+        },
+        qkey: 0x1111_1111,
+        ..QpAttr::default()
+    };
+    let init_mask = match o.qp_type {
+        QpType::Ud => {
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY
+        }
+        _ => {
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS
+        }
+    };
+    h.modify_qp(me.qpn, &a, init_mask).unwrap();
+    a.qp_state = QpState::Rtr;
+    a.path_mtu = o.pmtu;
+    a.dest_qp_num = peer.qpn;
+    a.rq_psn = peer_psn;
+    a.max_dest_rd_atomic = o.max_rd_atomic;
+    a.min_rnr_timer = o.min_rnr_timer;
+    a.ah_attr = AhAttr {
+        dgid: Gid::from(peer.ip),
+        sgid_index: 2,
+        hop_limit: 64,
+        port_num: 1,
+        ..AhAttr::default()
+    };
+    let rtr_mask = match o.qp_type {
+        QpType::Rc => {
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER
+        }
+        QpType::Uc => {
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+        }
+        QpType::Ud => QpAttrMask::STATE,
+    };
+    h.modify_qp(me.qpn, &a, rtr_mask).unwrap();
+    a.qp_state = QpState::Rts;
+    a.sq_psn = my_psn;
+    a.timeout = o.timeout;
+    a.retry_cnt = o.retry_cnt;
+    a.rnr_retry = o.rnr_retry;
+    a.max_rd_atomic = o.max_rd_atomic;
+    let rts_mask = match o.qp_type {
+        QpType::Rc => {
+            QpAttrMask::STATE
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC
+        }
+        _ => QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+    };
+    h.modify_qp(me.qpn, &a, rts_mask).unwrap();
+}
+
+/// A fabric with two connected sides.
+pub fn pair(o: &Opts) -> (Fabric, Peer, Peer) {
+    let mut fabric = Fabric::new(o.seed, o.faults);
+    let a = side(&mut fabric, 1, A_IOVA, o);
+    let b = side(&mut fabric, 2, B_IOVA, o);
+    bring_up(&mut fabric, &a, &b, o.a_psn, o.b_psn, o);
+    bring_up(&mut fabric, &b, &a, o.b_psn, o.a_psn, o);
+    (fabric, a, b)
+}
+
+pub fn send_wr<'a>(wr_id: u64, sg: &'a [Sge], op: SendOp) -> SendWr<'a> {
+    SendWr {
+        wr_id,
+        sg_list: sg,
+        op,
+        send_flags: SendFlags::SIGNALED,
+    }
+}
+
+pub fn post_send(f: &mut Fabric, p: &Peer, wr: &SendWr<'_>) {
+    f.node_mut(p.node).post_send(p.qpn, wr).unwrap();
+}
+
+pub fn post_recv(f: &mut Fabric, p: &Peer, wr_id: u64, sg: &[Sge]) {
+    f.node_mut(p.node)
+        .post_recv(p.qpn, &RecvWr { wr_id, sg_list: sg })
+        .unwrap();
+}
+
+/// Drains a side's CQ.
+pub fn poll(f: &mut Fabric, p: &Peer) -> Vec<WorkCompletion> {
+    let mut out = Vec::new();
+    let mut buf = [WorkCompletion::success(0, hca::WcOpcode::Send, 0, 0); 64];
+    loop {
+        let n = f.node_mut(p.node).poll_cq(p.cq, &mut buf).unwrap();
+        out.extend_from_slice(&buf[..n]);
+        if n < buf.len() {
+            return out;
+        }
+    }
+}
+
+/// Runs until `n` completions have been polled from `p` (collecting them), or fails.
+pub fn run_for_completions(
+    f: &mut Fabric,
+    p: &Peer,
+    n: usize,
+    max: Duration,
+) -> Vec<WorkCompletion> {
+    let mut got = Vec::new();
+    let r = f.run_until(
+        |f| {
+            got.extend(poll(f, p));
+            got.len() >= n
+        },
+        max,
+    );
+    assert!(
+        r.is_ok(),
+        "{r:?}: got {} of {n} completions: {got:?}",
+        got.len()
+    );
+    got
+}
+
+pub mod workload;
+
+/// A packet taken from an engine by hand (scenario tests drive the link themselves).
+#[derive(Clone, Debug)]
+pub struct Pkt {
+    pub tx: hca::Transmit,
+    pub data: Vec<u8>,
+}
+
+impl Pkt {
+    /// The parsed headers (the packet is well-formed: the engine built it).
+    pub fn parsed(&self) -> roce::packet::ParsedTransport<'_> {
+        roce::packet::parse_udp_payload(&self.data).unwrap()
+    }
+
+    pub fn opcode(&self) -> roce::Opcode {
+        self.parsed().transport.bth.opcode
+    }
+
+    pub fn psn(&self) -> u32 {
+        self.parsed().transport.bth.psn
+    }
+
+    pub fn aeth(&self) -> Option<roce::aeth::Repr> {
+        self.parsed().transport.ext.aeth
+    }
+
+    /// Rebuilds the packet with new transport headers and payload (a valid ICRC: the receiver
+    /// must judge the content, not the checksum).
+    pub fn rebuilt(&self, transport: roce::packet::TransportRepr, payload: &[u8]) -> Pkt {
+        let ip = match (self.tx.src_ip, self.tx.dst_ip) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => roce::packet::IpRepr::Ipv4(roce::ipv4::Repr {
+                src_addr: s,
+                dst_addr: d,
+                protocol: roce::ipv4::IpProtocol::Udp,
+                payload_len: 0,
+                hop_limit: self.tx.hop_limit,
+                dscp: self.tx.dscp,
+                ecn: self.tx.ecn,
+                ident: hca::engine::IPV4_IDENT,
+                dont_frag: true,
+            }),
+            (IpAddr::V6(s), IpAddr::V6(d)) => roce::packet::IpRepr::Ipv6(roce::ipv6::Repr {
+                src_addr: s,
+                dst_addr: d,
+                next_header: roce::ipv4::IpProtocol::Udp,
+                payload_len: 0,
+                hop_limit: self.tx.hop_limit,
+                dscp: self.tx.dscp,
+                ecn: self.tx.ecn,
+                flow_label: 0,
+            }),
+            _ => unreachable!("mixed families"),
+        };
+        let repr = roce::packet::PacketRepr {
+            ip,
+            udp_src_port: self.tx.src_port,
+            udp_checksum: false,
+            transport,
+        };
+        let mut out = vec![0u8; 9000];
+        let len = roce::packet::build_udp_payload(&repr, &[payload], &mut out).unwrap();
+        out.truncate(len);
+        let mut tx = self.tx;
+        tx.len = len;
+        Pkt { tx, data: out }
+    }
+}
+
+/// Everything `p`'s engine wants to send now.
+pub fn transmit(f: &mut Fabric, p: &Peer, now: hca::Instant) -> Vec<Pkt> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; hca::engine::MAX_UDP_PAYLOAD];
+    while let Some(tx) = f.node_mut(p.node).poll_transmit(now, &mut buf) {
+        out.push(Pkt {
+            tx,
+            data: buf[..tx.len].to_vec(),
+        });
+        assert!(out.len() < 100_000, "endless transmit");
+    }
+    out
+}
+
+/// Hands `pkt` to `to`'s engine.
+pub fn deliver(f: &mut Fabric, to: &Peer, pkt: &Pkt, now: hca::Instant) {
+    f.node_mut(to.node).handle_datagram(
+        now,
+        &hca::Datagram {
+            src_ip: pkt.tx.src_ip,
+            dst_ip: pkt.tx.dst_ip,
+            src_port: pkt.tx.src_port,
+            dst_port: pkt.tx.dst_port,
+            ecn: pkt.tx.ecn,
+            dscp: pkt.tx.dscp,
+            hop_limit: pkt.tx.hop_limit,
+            ip_ident: Some(hca::engine::IPV4_IDENT),
+            payload: &pkt.data,
+        },
+    );
+}
+
+/// Delivers every packet of `pkts` to `to`.
+pub fn deliver_all(f: &mut Fabric, to: &Peer, pkts: &[Pkt], now: hca::Instant) {
+    for p in pkts {
+        deliver(f, to, p, now);
+    }
+}
+
+pub fn t_us(us: u64) -> hca::Instant {
+    hca::Instant::from_micros(us)
+}
