@@ -15,8 +15,8 @@
 //! full length, as libpcap does.
 
 use std::io::{self, Read, Write};
-use std::vec::Vec;
 use std::time::Duration;
+use std::vec::Vec;
 
 /// The classic pcap magic number for microsecond timestamps (pcap-savefile(5)).
 pub const MAGIC: u32 = 0xA1B2_C3D4;
