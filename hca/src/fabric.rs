@@ -52,7 +52,9 @@ pub struct Faults {
     pub ce_mark: f64,
     /// One-way latency of every packet.
     pub latency: Duration,
-    /// Extra random delay, uniform in `0..=jitter`.
+    /// Extra random delay, uniform in `0..=jitter`. Jitter keeps the order of the packets
+    /// between two nodes (one path, as ECMP keeps a flow on one path); only `reorder` and
+    /// `duplicate` make packets overtake each other.
     pub jitter: Duration,
     /// Extra delay of a reordered packet.
     pub reorder_delay: Duration,
@@ -204,6 +206,8 @@ pub struct Fabric {
     buf: Vec<u8>,
     stats: FabricStats,
     tap: Option<Box<dyn Tap>>,
+    /// The latest in-order arrival scheduled per (from, to) node pair.
+    last_arrival: Vec<Instant>,
 }
 
 impl core::fmt::Debug for Fabric {
@@ -253,6 +257,7 @@ impl Fabric {
             buf: vec![0; MAX_UDP_PAYLOAD],
             stats: FabricStats::default(),
             tap: None,
+            last_arrival: Vec::new(),
         }
     }
 
@@ -361,11 +366,7 @@ impl Fabric {
             packet.ecn = Ecn::Ce;
             self.stats.ce_marked += 1;
         }
-        let mut delay = self.delay();
-        if self.chance(self.faults.reorder) {
-            delay += self.faults.reorder_delay;
-            self.stats.reordered += 1;
-        }
+        let delay = self.delay();
         if self.chance(self.faults.duplicate) {
             let mut copy = self.free.pop().unwrap_or_default();
             copy.clear();
@@ -375,13 +376,25 @@ impl Fabric {
                 ..packet.clone_meta()
             };
             let extra = self.delay();
-            self.schedule(dup, delay + extra);
+            self.schedule(dup, self.now + delay + extra);
             self.stats.duplicated += 1;
         }
-        self.schedule(packet, delay);
+        if self.chance(self.faults.reorder) {
+            self.stats.reordered += 1;
+            self.schedule(packet, self.now + delay + self.faults.reorder_delay);
+            return;
+        }
+        // In order on the path: never before the previous in-order packet of the same pair.
+        let pair = packet.from.0 * self.nodes.len() + packet.to.0;
+        if self.last_arrival.len() <= pair {
+            self.last_arrival.resize(pair + 1, Instant::ZERO);
+        }
+        let at = (self.now + delay).max(self.last_arrival[pair]);
+        self.last_arrival[pair] = at;
+        self.schedule(packet, at);
     }
 
-    fn schedule(&mut self, packet: WirePacket, delay: Duration) {
+    fn schedule(&mut self, packet: WirePacket, at: Instant) {
         if self.queue.len() >= MAX_IN_FLIGHT {
             self.stats.overflow += 1;
             self.recycle(packet.data);
@@ -389,7 +402,7 @@ impl Fabric {
         }
         self.seq += 1;
         self.queue.push(Reverse(InFlight {
-            at: self.now + delay,
+            at,
             seq: self.seq,
             packet,
         }));

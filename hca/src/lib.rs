@@ -5,8 +5,8 @@
 //! (host channel adapter), moves the bytes between registered memory and the wire itself. The
 //! programming interface is **verbs**, defined abstractly by the InfiniBand Architecture
 //! Specification (IBTA vol. 1, chapters 10 and 11) and concretely by rdma-core's libibverbs
-//! (`ibv_*`). This crate offers the verbs object model in Rust; a software HCA that speaks RoCEv2
-//! (RDMA over UDP/IP, crate `roce`) will drive it.
+//! (`ibv_*`). This crate offers the verbs object model in Rust and a software HCA, [`SoftHca`],
+//! that speaks RoCEv2 (RDMA over UDP/IP, crate `roce`) through it.
 //!
 //! ## The objects, in the order a program meets them
 //!
@@ -34,10 +34,17 @@
 //!
 //! ## What is here and what is not
 //!
-//! This is the object model only: objects, attributes, the QP state machine, key checks,
-//! validation of work requests, queues of receive WQEs and completions. The transport engine
-//! (requester, responder, completer), the links and the memory behind MRs build on it. The crate
-//! is `no_std` + `alloc` without the default `std` feature, and has no `unsafe` code.
+//! * The object model: objects, attributes, the QP state machine, key checks, validation of work
+//!   requests, queues of receive WQEs and completions.
+//! * The transport engine ([`engine`], [`SoftHca`]): a sans-I/O RC / UC / UD engine in the shape
+//!   of Linux rxe (receive validation, requester, responder, completer), over memory regions
+//!   backed by [`gpu_p2p::Memory`]. It owns no socket, thread or clock; links feed it datagrams
+//!   and time and send what it builds.
+//! * The in-memory test fabric ([`fabric`], feature `fabric`, on by default): engines linked by a
+//!   virtual clock with seeded loss, duplication, reordering, delay, corruption and ECN marks.
+//!
+//! The object model, the engine and the fabric are `no_std` + `alloc` without the default `std`
+//! feature.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![deny(missing_docs)]
 #![deny(unsafe_code)]

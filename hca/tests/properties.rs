@@ -37,12 +37,29 @@ fn arb_faults() -> impl Strategy<Value = Faults> {
         )
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 10,
+/// The cases are drawn from a fixed seed, so that the suite is reproducible: under 12% loss an
+/// RC QP may legitimately exhaust `retry_cnt` (eight rounds in a row without progress, about
+/// 0.2^8 per stall), which a random seed would turn into a rare flake. Set `HCA_PROPTEST_SEED`
+/// (and `PROPTEST_CASES`) to explore other cases.
+fn config() -> ProptestConfig {
+    let seed = std::env::var("HCA_PROPTEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_0003);
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    ProptestConfig {
+        cases,
         failure_persistence: None,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(seed),
         ..ProptestConfig::default()
-    })]
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
 
     #[test]
     fn random_operations_under_random_faults_match_a_lossless_run_and_the_model(

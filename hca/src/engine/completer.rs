@@ -36,7 +36,8 @@ enum Retire {
     /// Done; `true` if PSNs were newly acknowledged.
     Progress(bool),
     /// An RDMA READ or atomic was covered by a plain acknowledgement: its response is lost.
-    ImplicitNak,
+    /// `true` if WQEs before it were retired (progress).
+    ImplicitNak(bool),
 }
 
 impl QpTransport {
@@ -83,8 +84,8 @@ impl QpTransport {
                         bump!(env.counters.rcvd_seq_err);
                         let progress = match self.retire(env, psn.wrapping_sub(1), None) {
                             Retire::Progress(p) => p,
-                            Retire::ImplicitNak => {
-                                self.retry(env, self.comp.psn);
+                            Retire::ImplicitNak(p) => {
+                                self.retry_counted(env, self.comp.psn, p);
                                 return Ok(());
                             }
                         };
@@ -122,8 +123,8 @@ impl QpTransport {
                 // Responses come in PSN order: one for `psn` acknowledges everything before it.
                 match self.retire(env, psn.wrapping_sub(1), Some(psn)) {
                     Retire::Progress(_) => {}
-                    Retire::ImplicitNak => {
-                        self.retry_counted(env, self.comp.psn, false);
+                    Retire::ImplicitNak(p) => {
+                        self.retry_counted(env, self.comp.psn, p);
                         return Err(DropReason::UnexpectedResponse);
                     }
                 }
@@ -153,8 +154,8 @@ impl QpTransport {
     fn retire_or_retry(&mut self, env: &mut Env<'_>, upto: Psn) -> bool {
         match self.retire(env, upto, None) {
             Retire::Progress(_) => true,
-            Retire::ImplicitNak => {
-                self.retry_counted(env, self.comp.psn, false);
+            Retire::ImplicitNak(progress) => {
+                self.retry_counted(env, self.comp.psn, progress);
                 false
             }
         }
@@ -184,7 +185,10 @@ impl QpTransport {
                 break;
             }
             if front.is_read_or_atomic() {
-                return Retire::ImplicitNak;
+                if progress {
+                    self.on_progress(env);
+                }
+                return Retire::ImplicitNak(progress);
             }
             if !front.last_psn.is_after(upto) {
                 self.comp.psn = front.last_psn.next();
@@ -341,6 +345,10 @@ impl QpTransport {
         let Some(rnr_retry) = env.ctx.qp(self.qpn).map(|q| q.attr().rnr_retry) else {
             return;
         };
+        if self.comp.rnr_until.is_some() && self.comp.rnr_psn == psn {
+            // A duplicate of the RNR NAK this wait is for.
+            return;
+        }
         // IBTA vol. 1 §9.7.5.2.8: rnr_retry 7 means retry forever.
         if rnr_retry != crate::qp::MAX_RETRY {
             if self.comp.rnr_left == 0 {
@@ -360,6 +368,11 @@ impl QpTransport {
     /// requests sent before the retry keep arriving) is ignored: only the local ACK timeout
     /// repeats a retry without progress (rxe likewise starts one retry at a time).
     fn retry_counted(&mut self, env: &mut Env<'_>, from: Psn, progress: bool) {
+        // During an RNR wait the requester resends from the NAKed PSN when the wait ends; NAKs
+        // for packets sent before the wait change nothing.
+        if self.comp.rnr_until.is_some() {
+            return;
+        }
         if !progress && self.comp.retried_from == Some(from) {
             return;
         }

@@ -70,7 +70,7 @@ pub use time::Instant;
 use memory::{MrBacking, MrMemory};
 use net::Route;
 use requester::TxResult;
-use send_queue::{NewWqe, UdRoute, WqeState};
+use send_queue::{NewWqe, UdRoute};
 use transport::{Env, QpTransport};
 
 use crate::ah::{AhAttr, AhHandle};
@@ -103,8 +103,8 @@ pub struct EngineConfig {
     /// RC: the requester sets AckReq at least every this many packets of a long message
     /// (rxe `RXE_MAX_PKT_PER_ACK` = 64), besides the last packet of every message.
     pub ack_req_every: u32,
-    /// Shortest time between two CNPs sent for the same local QP (mlx5's
-    /// `min_time_between_cnps` defaults to 4 us; 50 us here, as DCQCN's paper assumes).
+    /// Shortest time between two CNPs sent for the same local QP (NICs make it configurable;
+    /// default 50 us, the DCQCN paper's CNP interval).
     pub cnp_interval: Duration,
     /// Most CNPs queued for transmission; further CE marks are counted in `cnp_suppressed`.
     pub max_pending_cnps: usize,
@@ -695,6 +695,38 @@ impl SoftHca {
         Ok(())
     }
 
+    /// ibv_post_send(3) for a list of WRs: posts them in order and stops at the first that
+    /// fails, returning its index (libibverbs' `bad_wr`) with the error; the WRs before it stay
+    /// posted.
+    ///
+    /// # Errors
+    /// `(index, error)` of the first WR [`SoftHca::post_send`] refused.
+    pub fn post_send_list(
+        &mut self,
+        qpn: u32,
+        wrs: &[SendWr<'_>],
+    ) -> Result<(), (usize, VerbsError)> {
+        for (i, wr) in wrs.iter().enumerate() {
+            self.post_send(qpn, wr).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
+
+    /// ibv_post_recv(3) for a list of WRs, as [`SoftHca::post_send_list`].
+    ///
+    /// # Errors
+    /// `(index, error)` of the first WR [`SoftHca::post_recv`] refused.
+    pub fn post_recv_list(
+        &mut self,
+        qpn: u32,
+        wrs: &[RecvWr<'_>],
+    ) -> Result<(), (usize, VerbsError)> {
+        for (i, wr) in wrs.iter().enumerate() {
+            self.post_recv(qpn, wr).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
+
     /// Copies the data of an INLINE WR into the scratch buffer.
     fn gather_inline(&mut self, wr: &SendWr<'_>) -> Result<(), Cause> {
         self.inline_scratch.clear();
@@ -936,12 +968,9 @@ impl SoftHca {
                 );
             }
         }
+        // IBTA vol. 1 §10.3.1: SQD is reached once no started WR is outstanding.
         if state == QpState::Sqd
             && env.ctx.qp(qpn).is_some_and(|q| q.sq_draining())
-            && !t
-                .sq
-                .get(t.req.next)
-                .is_some_and(|w| w.state == WqeState::InFlight)
             && !t.has_in_flight()
         {
             let _ = env.ctx.qp_sq_drained(qpn);
@@ -960,6 +989,17 @@ impl SoftHca {
         }
         if let Some(d) = push_timer {
             self.timers.push(Reverse((d, qpn)));
+            // Stale entries (deadlines moved earlier) are normally popped in time; keep the heap
+            // bounded even if a peer makes deadlines jump around.
+            if self.timers.len() > 2 * self.qps.len() + 64 {
+                let qps = &self.qps;
+                self.timers.retain(|Reverse((at, q))| {
+                    qp_index(*q)
+                        .and_then(|i| qps.get(i))
+                        .and_then(|s| s.as_deref())
+                        .is_some_and(|t| t.timer_key == Some(*at))
+                });
+            }
         }
         if wants_tx {
             self.ready.push_back(qpn);

@@ -267,7 +267,17 @@ impl SoftHca {
             None => Err(DropReason::Qpn),
         };
         self.after_qp(qpn, now);
-        result.map_err(|reason| with_qp(reason, "request or response not applicable"))
+        result.map_err(|reason| {
+            let detail = match reason {
+                DropReason::UnexpectedResponse => "response matches no outstanding request",
+                DropReason::RequestDropped => {
+                    "request dropped without effect (resources busy, UC message being dropped, \
+                     no or too small UD receive buffer)"
+                }
+                _ => "malformed request or response",
+            };
+            with_qp(reason, detail)
+        })
     }
 
     /// Queues a CNP to `sender` (the QP that sent the CE-marked packet), unless one went to it

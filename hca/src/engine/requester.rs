@@ -16,9 +16,10 @@
 //! * RC: no more than [`super::EngineConfig::max_unacked_psns`] PSNs are outstanding.
 //!
 //! AckReq policy (RC): set on the last packet of every message (and on every READ / atomic
-//! request, which are ONLY packets), and on every [`super::EngineConfig::ack_req_every`]-th packet
-//! of a long message, so that the responder reports progress and the local ACK timeout need not
-//! fire (rxe `RXE_MAX_PKT_PER_ACK`).
+//! request, which are ONLY packets), on every [`super::EngineConfig::ack_req_every`]-th packet
+//! of a long message (rxe `RXE_MAX_PKT_PER_ACK`), and on the packet that fills the
+//! unacknowledged-PSN window, so that the responder reports progress before the requester has
+//! to wait and the local ACK timeout need not fire.
 //!
 //! UC and UD WQEs complete as soon as their last packet is handed to the link; RC WQEs are
 //! completed by the completer when acknowledged.
@@ -400,9 +401,12 @@ impl QpTransport {
             }
             SendOp::LocalInv { .. } => return Err(RequestError::Build(BuildError::Headers)),
         }
+        // The packet that fills the unacknowledged-PSN window asks for an ACK too, or the
+        // window would only reopen at the local ACK timeout.
+        let fills_window = self.comp.psn.distance(psn.next()) >= env.config.max_unacked_psns.max(1);
         let ack_req = if self.qp_type != QpType::Rc {
             false
-        } else if end {
+        } else if end || fills_window {
             self.req.noack_pkts = 0;
             true
         } else {

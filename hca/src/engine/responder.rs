@@ -23,6 +23,12 @@
 //!    response packet, §9.7.1), the MSN once per completed message (an RDMA READ on receipt,
 //!    C9-148 as rxe cites it), complete the receive WQE, and acknowledge if AckReq was set.
 //!
+//! An RDMA READ's data is read from memory when its response packets are built, as a NIC reads
+//! it by DMA while it goes on with later requests: a WRITE or atomic that follows the READ may
+//! be visible in the READ's data unless the requester fenced it (IBTA vol. 1 §10.8.3.3; the
+//! relaxed ordering of RDMA READ, "writes can complete faster than reads"). rxe instead stalls
+//! its responder until the READ response is sent.
+//!
 //! A class C error sends its NAK, completes the receive WQE in progress with an error, raises
 //! the affiliated async event (IBTA vol. 1 §11.6.3.1: QP_REQ_ERR for invalid requests,
 //! QP_ACCESS_ERR for access violations) and moves the QP to ERR.
@@ -56,7 +62,7 @@ use super::transport::{Env, QpTransport, Resource, ResourceKind, RespOut, WriteC
 use super::Transmit;
 use crate::event::AsyncEventType;
 use crate::mr::AccessFlags;
-use crate::qp::QpState;
+use crate::qp::{QpAttr, QpState};
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 
 /// 24-bit MSN mask.
@@ -85,6 +91,61 @@ fn length_ok(pos: Position, len: usize, pmtu: usize) -> bool {
     }
 }
 
+/// The states of an RC request in the responder (rxe `enum resp_states`), in the order a
+/// request goes through them; each has one function that returns the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RespState {
+    /// Expected, duplicate or out-of-sequence PSN.
+    CheckPsn,
+    /// The opcode continues or starts a message correctly.
+    CheckOpSeq,
+    /// The QP's access flags allow the operation.
+    CheckOpValid,
+    /// Responder resources (READ, atomic), receive WQE (SEND, WRITE with immediate).
+    CheckResource,
+    /// PMTU and RETH length rules.
+    CheckLength,
+    /// R_Key, bounds and access; WRITE packet sizes; atomic alignment.
+    CheckRkey,
+    /// Places a SEND / WRITE payload, invalidates an IETH rkey, advances PSN and MSN.
+    Execute,
+    /// Queues a new READ's response stream.
+    ReadReply,
+    /// Executes a new atomic and queues its ATOMIC ACKNOWLEDGE.
+    AtomicReply,
+    /// Completes the receive WQE.
+    Complete,
+    /// Queues an ACK if AckReq was set.
+    Acknowledge,
+    /// A request seen before.
+    Duplicate,
+    /// Class B: NAK PSN sequence error (once per gap).
+    ErrPsnOutOfSeq,
+    /// Class B: RNR NAK with the QP's `min_rnr_timer`.
+    ErrRnr,
+    /// Class A / C: NAK `code`; the receive WQE fails with `status`; the QP enters ERR.
+    ErrNak {
+        code: NakCode,
+        status: WcStatus,
+        event: AsyncEventType,
+    },
+    /// Finished with the packet.
+    Done,
+    /// Dropped without effect.
+    Drop(DropReason),
+}
+
+impl RespState {
+    /// Class C, invalid request: NAK invalid request, IBV_WC_REM_INV_REQ_ERR, QP_REQ_ERR.
+    const fn invalid_request() -> RespState {
+        RespState::ErrNak {
+            code: NakCode::InvalidRequest,
+            status: WcStatus::RemInvReqErr,
+            event: AsyncEventType::QpReqErr,
+        }
+    }
+}
+
 impl QpTransport {
     /// Handles a request packet (SEND, RDMA WRITE, RDMA READ request, atomic) on a QP in RTR or
     /// later. Returns the reason if it was dropped without effect.
@@ -100,224 +161,349 @@ impl QpTransport {
         }
     }
 
+    /// Runs an RC request through the responder's states (rxe `rxe_responder`).
     fn rc_request(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), DropReason> {
-        let psn = pkt.psn;
-        match psn.cmp_serial(self.resp.psn) {
-            core::cmp::Ordering::Greater => {
-                // Class B: one NAK per gap (rxe `sent_psn_nak`).
-                bump!(env.counters.out_of_seq_request);
-                if !self.resp.sent_psn_nak {
-                    self.resp.sent_psn_nak = true;
-                    let expected = self.resp.psn;
-                    self.queue_nak(expected, Syndrome::Nak(NakCode::PsnSequenceError));
-                }
-                return Ok(());
-            }
-            core::cmp::Ordering::Less => {
-                bump!(env.counters.duplicate_request);
-                return self.duplicate(env, pkt);
-            }
-            core::cmp::Ordering::Equal => self.resp.sent_psn_nak = false,
-        }
         let Some(attr) = env.ctx.qp(self.qpn).map(|q| *q.attr()) else {
             return Err(DropReason::Qpn);
         };
-        let op = pkt.info.operation;
-        let pos = pkt.info.position;
-        if !op_seq_ok(self.resp.last_opcode, pkt.opcode) {
-            return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        let mut state = RespState::CheckPsn;
+        // Every transition moves down the list of states (an error state ends in Done), so a
+        // packet takes fewer than 16 steps.
+        for _ in 0..16 {
+            state = match state {
+                RespState::CheckPsn => self.check_psn(env, pkt),
+                RespState::CheckOpSeq => self.check_op_seq(pkt),
+                RespState::CheckOpValid => self.check_op_valid(pkt, &attr),
+                RespState::CheckResource => self.check_resource(env, pkt, &attr),
+                RespState::CheckLength => self.check_length(pkt),
+                RespState::CheckRkey => self.check_rkey(env, pkt),
+                RespState::Execute => self.execute(env, pkt),
+                RespState::ReadReply => self.read_reply(pkt),
+                RespState::AtomicReply => self.atomic_reply(env, pkt),
+                RespState::Complete => {
+                    self.complete_recv(env, pkt);
+                    RespState::Acknowledge
+                }
+                RespState::Acknowledge => {
+                    if pkt.bth.ack_req {
+                        self.queue_ack(env, pkt.psn);
+                    }
+                    RespState::Done
+                }
+                RespState::Duplicate => self.duplicate(env, pkt),
+                RespState::ErrPsnOutOfSeq => {
+                    self.resp.sent_psn_nak = true;
+                    let expected = self.resp.psn;
+                    self.queue_nak(expected, Syndrome::Nak(NakCode::PsnSequenceError));
+                    RespState::Done
+                }
+                RespState::ErrRnr => {
+                    bump!(env.counters.send_rnr_err);
+                    let timer = RnrTimer::from_code(attr.min_rnr_timer);
+                    self.queue_nak(pkt.psn, Syndrome::RnrNak { timer });
+                    RespState::Done
+                }
+                RespState::ErrNak {
+                    code,
+                    status,
+                    event,
+                } => {
+                    self.class_c(env, pkt.psn, code, status, event);
+                    RespState::Done
+                }
+                RespState::Done => return Ok(()),
+                RespState::Drop(reason) => return Err(reason),
+            };
         }
-        let needed = match op {
+        Err(DropReason::RequestDropped)
+    }
+
+    /// IBTA vol. 1 §9.7.5.1.1: the expected PSN goes on; an earlier one is a duplicate; a later
+    /// one a sequence error (class B), NAKed once per gap (rxe `sent_psn_nak`).
+    fn check_psn(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> RespState {
+        match pkt.psn.cmp_serial(self.resp.psn) {
+            core::cmp::Ordering::Greater => {
+                bump!(env.counters.out_of_seq_request);
+                if self.resp.sent_psn_nak {
+                    RespState::Done
+                } else {
+                    RespState::ErrPsnOutOfSeq
+                }
+            }
+            core::cmp::Ordering::Less => {
+                bump!(env.counters.duplicate_request);
+                RespState::Duplicate
+            }
+            core::cmp::Ordering::Equal => {
+                self.resp.sent_psn_nak = false;
+                RespState::CheckOpSeq
+            }
+        }
+    }
+
+    /// IBTA vol. 1 §9.7.5.1.3 (rxe `check_op_seq`): class C on a broken message.
+    fn check_op_seq(&mut self, pkt: &RxPacket<'_>) -> RespState {
+        if op_seq_ok(self.resp.last_opcode, pkt.opcode) {
+            RespState::CheckOpValid
+        } else {
+            RespState::invalid_request()
+        }
+    }
+
+    /// The QP's access flags allow the operation (rxe `check_op_valid`); class C otherwise.
+    fn check_op_valid(&mut self, pkt: &RxPacket<'_>, attr: &QpAttr) -> RespState {
+        let needed = match pkt.info.operation {
             Operation::RdmaWrite => AccessFlags::REMOTE_WRITE,
             Operation::RdmaReadRequest => AccessFlags::REMOTE_READ,
             Operation::CompareSwap | Operation::FetchAdd => AccessFlags::REMOTE_ATOMIC,
-            _ => AccessFlags::empty(),
+            Operation::Send => AccessFlags::empty(),
+            _ => return RespState::Drop(DropReason::UnexpectedResponse),
         };
-        if !attr.qp_access_flags.contains(needed) {
-            return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        if attr.qp_access_flags.contains(needed) {
+            RespState::CheckResource
+        } else {
+            RespState::invalid_request()
         }
-        match op {
-            Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd => {
-                if attr.max_dest_rd_atomic == 0 {
-                    return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
-                }
-                let slot_busy = self
-                    .resp
-                    .resources
-                    .get(self.resp.res_head)
-                    .is_none_or(|r| r.pending);
-                if slot_busy || self.resp.out.len() >= self.resp.out_capacity() {
-                    // The requester exceeded max_dest_rd_atomic, or responses are not being
-                    // polled: drop without effect; the requester retries.
-                    return Err(DropReason::RequestDropped);
-                }
-                return if op == Operation::RdmaReadRequest {
-                    self.execute_read(env, pkt)
-                } else {
-                    self.execute_atomic(env, pkt)
-                };
+    }
+
+    /// A READ or atomic needs responder resources; a SEND FIRST / ONLY or a WRITE with immediate
+    /// a receive WQE (rxe `check_resource`).
+    fn check_resource(
+        &mut self,
+        env: &mut Env<'_>,
+        pkt: &RxPacket<'_>,
+        attr: &QpAttr,
+    ) -> RespState {
+        let op = pkt.info.operation;
+        if matches!(
+            op,
+            Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd
+        ) {
+            if attr.max_dest_rd_atomic == 0 {
+                return RespState::invalid_request();
             }
-            Operation::Send | Operation::RdmaWrite => {}
-            _ => return Err(DropReason::UnexpectedResponse),
+            let slot_busy = self
+                .resp
+                .resources
+                .get(self.resp.res_head)
+                .is_none_or(|r| r.pending);
+            if slot_busy || self.resp.out.len() >= self.resp.out_capacity() {
+                // The requester exceeded max_dest_rd_atomic, or responses are not being polled:
+                // drop without effect; the requester retries.
+                return RespState::Drop(DropReason::RequestDropped);
+            }
+            return RespState::CheckLength;
         }
         let needs_wqe = (op == Operation::Send && pkt.opcode.starts_message())
             || (op == Operation::RdmaWrite && pkt.ext.immdt.is_some());
         if needs_wqe && !self.resp.recv.active && !self.acquire_recv(env) {
-            bump!(env.counters.send_rnr_err);
-            let timer = RnrTimer::from_code(attr.min_rnr_timer);
-            self.queue_nak(psn, Syndrome::RnrNak { timer });
-            return Ok(());
+            return RespState::ErrRnr;
         }
-        let pmtu = self.pmtu as usize;
-        let len = pkt.payload.len();
-        if !length_ok(pos, len, pmtu) || pkt.ext.reth.is_some_and(|r| r.dma_len > MAX_DMA_LEN) {
-            return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+        RespState::CheckLength
+    }
+
+    /// C9-92 (as rxe cites it): ONLY <= PMTU, FIRST / MIDDLE == PMTU, LAST 1..=PMTU; C9-94: RETH
+    /// DMA length <= 2^31. Class C.
+    fn check_length(&mut self, pkt: &RxPacket<'_>) -> RespState {
+        let payload_ok = !pkt.info.has_payload
+            || length_ok(pkt.info.position, pkt.payload.len(), self.pmtu as usize);
+        if !payload_ok || pkt.ext.reth.is_some_and(|r| r.dma_len > MAX_DMA_LEN) {
+            return RespState::invalid_request();
         }
-        if op == Operation::Send {
-            let recv = &mut self.resp.recv;
-            match env.mem.scatter(
-                env.ctx.mrs(),
-                self.pd,
-                recv.sges.iter().copied(),
-                recv.offset,
-                pkt.payload,
-            ) {
-                Ok(()) => recv.offset += len as u64,
-                // The message is longer than the receive buffer: the requester sees an invalid
-                // request, the receive WQE a local length error (IBTA vol. 1 §9.9.3).
-                Err(CopyError::Overflow) => {
-                    return self.class_c_status(
-                        env,
-                        psn,
-                        NakCode::InvalidRequest,
-                        WcStatus::LocLenErr,
-                        AsyncEventType::QpReqErr,
-                    )
+        RespState::CheckRkey
+    }
+
+    /// The R_Key names a region of the QP's PD granting the access over the whole range
+    /// (§10.6.3; a zero-length READ or WRITE names none, C9-88); each WRITE packet carries PMTU
+    /// bytes while more remain and exactly the rest at the end; atomics are 8-byte aligned
+    /// (§9.4.5). Class C (rxe `check_rkey`).
+    fn check_rkey(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> RespState {
+        let access_error = RespState::ErrNak {
+            code: NakCode::RemoteAccessError,
+            status: WcStatus::RemAccessErr,
+            event: AsyncEventType::QpAccessErr,
+        };
+        let mrs = env.ctx.mrs();
+        match pkt.info.operation {
+            Operation::RdmaWrite => {
+                if pkt.opcode.starts_message() {
+                    let Some(reth) = pkt.ext.reth else {
+                        return RespState::Drop(DropReason::Length);
+                    };
+                    self.resp.write = WriteCursor {
+                        va: reth.virtual_address,
+                        rkey: reth.rkey,
+                        resid: reth.dma_len,
+                        length: reth.dma_len,
+                    };
+                    if reth.dma_len > 0
+                        && mrs
+                            .check_rkey(
+                                self.pd,
+                                reth.rkey,
+                                reth.virtual_address,
+                                u64::from(reth.dma_len),
+                                AccessFlags::REMOTE_WRITE,
+                            )
+                            .is_err()
+                    {
+                        return access_error;
+                    }
                 }
-                // A receive SGE failed its lkey check: class A (rxe ERR_MALFORMED_WQE).
-                Err(CopyError::Key(_)) => {
-                    return self.class_c_status(
-                        env,
-                        psn,
-                        NakCode::RemoteOperationalError,
-                        WcStatus::LocQpOpErr,
-                        AsyncEventType::QpFatal,
-                    )
+                let (resid, len, pmtu) = (
+                    self.resp.write.resid as usize,
+                    pkt.payload.len(),
+                    self.pmtu as usize,
+                );
+                let fits = if resid > pmtu {
+                    len == pmtu
+                } else {
+                    len == resid
+                };
+                if !fits {
+                    return RespState::invalid_request();
                 }
             }
-        } else {
-            if pkt.opcode.starts_message() {
+            Operation::RdmaReadRequest => {
                 let Some(reth) = pkt.ext.reth else {
-                    return Err(DropReason::Length);
-                };
-                self.resp.write = WriteCursor {
-                    va: reth.virtual_address,
-                    rkey: reth.rkey,
-                    resid: reth.dma_len,
-                    length: reth.dma_len,
+                    return RespState::Drop(DropReason::Length);
                 };
                 if reth.dma_len > 0
-                    && env
-                        .ctx
-                        .mrs()
+                    && mrs
                         .check_rkey(
                             self.pd,
                             reth.rkey,
                             reth.virtual_address,
                             u64::from(reth.dma_len),
-                            AccessFlags::REMOTE_WRITE,
+                            AccessFlags::REMOTE_READ,
                         )
                         .is_err()
                 {
-                    return self.class_c(
-                        env,
-                        psn,
-                        NakCode::RemoteAccessError,
-                        WcStatus::RemAccessErr,
-                    );
+                    return access_error;
                 }
             }
-            let w = self.resp.write;
-            let fits = if w.resid as usize > pmtu {
-                len == pmtu
-            } else {
-                len == w.resid as usize
-            };
-            if !fits {
-                return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
-            }
-            if len > 0 {
-                let written = env
-                    .mem
-                    .remote(
-                        env.ctx.mrs(),
+            Operation::CompareSwap | Operation::FetchAdd => {
+                let Some(a) = pkt.ext.atomic_eth else {
+                    return RespState::Drop(DropReason::Length);
+                };
+                if mrs
+                    .check_rkey(
                         self.pd,
-                        w.rkey,
-                        w.va,
-                        len,
-                        AccessFlags::REMOTE_WRITE,
+                        a.rkey,
+                        a.virtual_address,
+                        8,
+                        AccessFlags::REMOTE_ATOMIC,
                     )
-                    .ok()
-                    .is_some_and(|(mem, at)| mem.write(at, pkt.payload).is_ok());
-                if !written {
-                    return self.class_c(
-                        env,
-                        psn,
-                        NakCode::RemoteAccessError,
-                        WcStatus::RemAccessErr,
-                    );
+                    .is_err()
+                {
+                    return access_error;
+                }
+                // rxe ERR_MISALIGNED_ATOMIC: class C, invalid request.
+                if a.virtual_address & 7 != 0 {
+                    return RespState::invalid_request();
                 }
             }
-            self.resp.write.va = w.va.wrapping_add(len as u64);
-            self.resp.write.resid = w.resid - len as u32;
+            _ => {}
+        }
+        RespState::Execute
+    }
+
+    /// Executes a new SEND or WRITE packet, or hands a READ / atomic to its reply state
+    /// (rxe `execute`).
+    fn execute(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> RespState {
+        let op = pkt.info.operation;
+        let len = pkt.payload.len();
+        match op {
+            Operation::RdmaReadRequest => return RespState::ReadReply,
+            Operation::CompareSwap | Operation::FetchAdd => return RespState::AtomicReply,
+            Operation::Send => {
+                let recv = &mut self.resp.recv;
+                match env.mem.scatter(
+                    env.ctx.mrs(),
+                    self.pd,
+                    recv.sges.iter().copied(),
+                    recv.offset,
+                    pkt.payload,
+                ) {
+                    Ok(()) => recv.offset += len as u64,
+                    // Longer than the receive buffer: the requester sees an invalid request,
+                    // the receive WQE a local length error (IBTA vol. 1 §9.9.3).
+                    Err(CopyError::Overflow) => {
+                        return RespState::ErrNak {
+                            code: NakCode::InvalidRequest,
+                            status: WcStatus::LocLenErr,
+                            event: AsyncEventType::QpReqErr,
+                        }
+                    }
+                    // A receive SGE failed its lkey check: class A (rxe ERR_MALFORMED_WQE).
+                    Err(CopyError::Key(_)) => {
+                        return RespState::ErrNak {
+                            code: NakCode::RemoteOperationalError,
+                            status: WcStatus::LocQpOpErr,
+                            event: AsyncEventType::QpFatal,
+                        }
+                    }
+                }
+            }
+            Operation::RdmaWrite => {
+                let w = self.resp.write;
+                if len > 0 {
+                    // rxe rechecks the rkey for every packet: the region may have gone since
+                    // the FIRST packet.
+                    let written = env
+                        .mem
+                        .remote(
+                            env.ctx.mrs(),
+                            self.pd,
+                            w.rkey,
+                            w.va,
+                            len,
+                            AccessFlags::REMOTE_WRITE,
+                        )
+                        .ok()
+                        .is_some_and(|(mem, at)| mem.write(at, pkt.payload).is_ok());
+                    if !written {
+                        return RespState::ErrNak {
+                            code: NakCode::RemoteAccessError,
+                            status: WcStatus::RemAccessErr,
+                            event: AsyncEventType::QpAccessErr,
+                        };
+                    }
+                }
+                self.resp.write.va = w.va.wrapping_add(len as u64);
+                self.resp.write.resid = w.resid.saturating_sub(len as u32);
+            }
+            _ => return RespState::Drop(DropReason::UnexpectedResponse),
         }
         if let Some(ieth) = pkt.ext.ieth {
             // SEND with Invalidate (IBTA vol. 1 §9.4.1.1): the rkey must name a region of this
             // QP's PD; otherwise the request is invalid.
             if env.ctx.invalidate_mr_key(self.pd, ieth.rkey).is_err() {
-                return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+                return RespState::invalid_request();
             }
         }
-        let end = matches!(pos, Position::Last | Position::Only);
+        let end = matches!(pkt.info.position, Position::Last | Position::Only);
         if end {
             self.resp.msn = (self.resp.msn + 1) & MSN_MASK;
         }
-        self.resp.psn = psn.next();
+        self.resp.psn = pkt.psn.next();
         self.resp.ack_psn = self.resp.psn;
         self.resp.last_opcode = if end { None } else { Some(pkt.opcode) };
         if end && self.resp.recv.active && (op == Operation::Send || pkt.ext.immdt.is_some()) {
-            self.complete_recv(env, pkt);
+            RespState::Complete
+        } else {
+            RespState::Acknowledge
         }
-        if pkt.bth.ack_req {
-            self.queue_ack(env, psn);
-        }
-        Ok(())
     }
 
-    /// A new RDMA READ request at the expected PSN.
-    fn execute_read(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), DropReason> {
-        let psn = pkt.psn;
+    /// A new RDMA READ: save it as a responder resource, advance the expected PSN by one per
+    /// response packet (§9.7.1) and the MSN (C9-148 as rxe cites it), queue the response
+    /// stream.
+    fn read_reply(&mut self, pkt: &RxPacket<'_>) -> RespState {
         let Some(reth) = pkt.ext.reth else {
-            return Err(DropReason::Length);
+            return RespState::Drop(DropReason::Length);
         };
-        if reth.dma_len > MAX_DMA_LEN {
-            return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
-        }
-        if reth.dma_len > 0
-            && env
-                .ctx
-                .mrs()
-                .check_rkey(
-                    self.pd,
-                    reth.rkey,
-                    reth.virtual_address,
-                    u64::from(reth.dma_len),
-                    AccessFlags::REMOTE_READ,
-                )
-                .is_err()
-        {
-            return self.class_c(env, psn, NakCode::RemoteAccessError, WcStatus::RemAccessErr);
-        }
+        let psn = pkt.psn;
         let npkts = num_packets(reth.dma_len, self.pmtu);
         self.resp.msn = (self.resp.msn + 1) & MSN_MASK;
         let msn = self.resp.msn;
@@ -344,38 +530,38 @@ impl QpTransport {
             rkey: reth.rkey,
             msn,
         });
-        Ok(())
+        RespState::Done
     }
 
-    /// A new atomic request at the expected PSN: executed exactly once, its result saved.
-    fn execute_atomic(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), DropReason> {
-        let psn = pkt.psn;
+    /// A new atomic: executed exactly once (IBTA vol. 1 §9.4.5), its result saved as a
+    /// responder resource for duplicates, its ATOMIC ACKNOWLEDGE queued.
+    fn atomic_reply(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> RespState {
         let Some(a) = pkt.ext.atomic_eth else {
-            return Err(DropReason::Length);
+            return RespState::Drop(DropReason::Length);
         };
-        let Ok((mem, at)) = env.mem.remote(
-            env.ctx.mrs(),
-            self.pd,
-            a.rkey,
-            a.virtual_address,
-            8,
-            AccessFlags::REMOTE_ATOMIC,
-        ) else {
-            return self.class_c(env, psn, NakCode::RemoteAccessError, WcStatus::RemAccessErr);
+        let result = env
+            .mem
+            .remote(
+                env.ctx.mrs(),
+                self.pd,
+                a.rkey,
+                a.virtual_address,
+                8,
+                AccessFlags::REMOTE_ATOMIC,
+            )
+            .ok()
+            .map(|(mem, at)| {
+                if pkt.info.operation == Operation::CompareSwap {
+                    mem.compare_swap(at, a.compare_data, a.swap_add_data)
+                } else {
+                    mem.fetch_add(at, a.swap_add_data)
+                }
+            });
+        // A word the memory cannot operate on atomically (misaligned in the backing memory).
+        let Some(Ok(orig)) = result else {
+            return RespState::invalid_request();
         };
-        // IBTA vol. 1 §9.4.5: atomics act on naturally aligned 64-bit words (rxe
-        // ERR_MISALIGNED_ATOMIC, class C invalid request).
-        if a.virtual_address & 7 != 0 {
-            return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
-        }
-        let result = if pkt.info.operation == Operation::CompareSwap {
-            mem.compare_swap(at, a.compare_data, a.swap_add_data)
-        } else {
-            mem.fetch_add(at, a.swap_add_data)
-        };
-        let Ok(orig) = result else {
-            return self.class_c(env, psn, NakCode::InvalidRequest, WcStatus::RemInvReqErr);
-        };
+        let psn = pkt.psn;
         self.resp.msn = (self.resp.msn + 1) & MSN_MASK;
         let msn = self.resp.msn;
         let slot = self.take_resource(Resource {
@@ -395,7 +581,7 @@ impl QpTransport {
             orig,
             msn,
         });
-        Ok(())
+        RespState::Done
     }
 
     /// Stores a new responder resource in the oldest slot (the caller checked it is not pending).
@@ -410,7 +596,14 @@ impl QpTransport {
     }
 
     /// A duplicate request (PSN before the expected one), IBTA vol. 1 §9.7.5.1.2.
-    fn duplicate(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), DropReason> {
+    fn duplicate(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> RespState {
+        match self.duplicate_inner(env, pkt) {
+            Ok(()) => RespState::Done,
+            Err(reason) => RespState::Drop(reason),
+        }
+    }
+
+    fn duplicate_inner(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), DropReason> {
         let psn = pkt.psn;
         match pkt.info.operation {
             Operation::Send | Operation::RdmaWrite => {
@@ -421,7 +614,6 @@ impl QpTransport {
             }
             Operation::RdmaReadRequest => {
                 let reth = pkt.ext.reth.ok_or(DropReason::Length)?;
-                let pmtu = u64::from(self.pmtu.max(1));
                 let found = self.resp.resources.iter().enumerate().find(|(_, r)| {
                     r.valid
                         && matches!(r.kind, ResourceKind::Read { .. })
@@ -434,11 +626,16 @@ impl QpTransport {
                 let ResourceKind::Read { va, length, rkey } = res.kind else {
                     return Err(DropReason::RequestDropped);
                 };
-                // The retried READ must ask for exactly the rest of the original, from `psn`.
-                let skip = u64::from(res.first_psn.distance(psn)) * pmtu;
+                // The retried READ must ask for a part of the original (rxe `duplicate_request`:
+                // same rkey, a sub-range), and no more response packets than the PSNs left.
+                let end = va.checked_add(u64::from(length));
+                let asked_end = reth.virtual_address.checked_add(u64::from(reth.dma_len));
+                let psns_left = u64::from(psn.distance(res.last_psn)) + 1;
                 if reth.rkey != rkey
-                    || reth.virtual_address != va.wrapping_add(skip)
-                    || u64::from(reth.dma_len) != u64::from(length).saturating_sub(skip)
+                    || reth.virtual_address < va
+                    || asked_end.is_none()
+                    || asked_end > end
+                    || u64::from(num_packets(reth.dma_len, self.pmtu)) > psns_left
                 {
                     return Err(DropReason::RequestDropped);
                 }
@@ -551,31 +748,17 @@ impl QpTransport {
         }
     }
 
-    /// A class C error on the request with PSN `psn`: NAK `code`, the receive WQE in progress
-    /// completes with `status`, the QP enters ERR.
+    /// A class A or C error on the request with PSN `psn` (rxe `do_class_ac_error`): the
+    /// receive WQE in progress completes with `status`, the QP enters ERR raising `event`, and a
+    /// NAK `code` is queued, the one packet a QP in ERR still sends.
     fn class_c(
         &mut self,
         env: &mut Env<'_>,
         psn: Psn,
         code: NakCode,
         status: WcStatus,
-    ) -> Result<(), DropReason> {
-        let event = if code == NakCode::RemoteAccessError {
-            AsyncEventType::QpAccessErr
-        } else {
-            AsyncEventType::QpReqErr
-        };
-        self.class_c_status(env, psn, code, status, event)
-    }
-
-    fn class_c_status(
-        &mut self,
-        env: &mut Env<'_>,
-        psn: Psn,
-        code: NakCode,
-        status: WcStatus,
         event: AsyncEventType,
-    ) -> Result<(), DropReason> {
+    ) {
         self.fail_recv_cursor(env, status);
         self.enter_error(env, Some(event), status);
         self.resp.out.push_back(RespOut::Ack {
@@ -583,7 +766,6 @@ impl QpTransport {
             syndrome: Syndrome::Nak(code),
             msn: self.resp.msn,
         });
-        Ok(())
     }
 
     /// Takes the oldest receive WQE (own RQ or SRQ) into the receive cursor. False if none.
@@ -918,7 +1100,7 @@ impl QpTransport {
                         .is_some_and(|((mem, at), dst)| mem.read(at, dst).is_ok());
                     if !read {
                         self.resp.out.pop_front();
-                        let _ = self.class_c_status(
+                        self.class_c(
                             env,
                             psn,
                             NakCode::RemoteAccessError,

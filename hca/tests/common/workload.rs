@@ -270,6 +270,22 @@ fn recv_slot(at: &mut usize, len: usize) -> (usize, usize) {
     (off, size)
 }
 
+/// Prints what a failed run left behind: diagnostics, states, counters.
+fn dump(f: &mut Fabric, a: &Peer, b: &Peer) {
+    for (name, p) in [("A", a), ("B", b)] {
+        while let Some(d) = f.node_mut(p.node).poll_diag() {
+            eprintln!("{name} diag {d:?}");
+        }
+        let h = f.node(p.node);
+        eprintln!(
+            "{name} state {:?} counters {:?}",
+            h.context().qp(p.qpn).map(|q| q.state()),
+            h.counters()
+        );
+    }
+    eprintln!("fabric {:?} at {}", f.stats(), f.now());
+}
+
 type SendWc = (u64, WcStatus, WcOpcode, u32);
 type RecvWc = (u64, WcStatus, WcOpcode, u32, Option<u32>);
 
@@ -402,6 +418,9 @@ pub fn run(ops: &[Op], o: &Opts, max: Duration) -> Outcome {
                     },
                     max,
                 );
+                if res.is_err() {
+                    dump(&mut f, &a, &b);
+                }
                 assert!(res.is_ok(), "receive queue never drained: {res:?}");
             }
         }
@@ -438,11 +457,10 @@ pub fn run(ops: &[Op], o: &Opts, max: Duration) -> Outcome {
                 },
                 max,
             );
-            assert!(
-                res.is_ok(),
-                "send queue never drained: {res:?} {:?}",
-                f.node(a.node).counters()
-            );
+            if res.is_err() {
+                dump(&mut f, &a, &b);
+            }
+            assert!(res.is_ok(), "send queue never drained: {res:?}");
         }
     }
     let res = f.run_until(
@@ -453,12 +471,7 @@ pub fn run(ops: &[Op], o: &Opts, max: Duration) -> Outcome {
         max,
     );
     if res.is_err() {
-        while let Some(d) = f.node_mut(a.node).poll_diag() {
-            eprintln!("A diag {d:?}");
-        }
-        while let Some(d) = f.node_mut(b.node).poll_diag() {
-            eprintln!("B diag {d:?}");
-        }
+        dump(&mut f, &a, &b);
         eprintln!("A wcs tail {:?}", &a_wcs[a_wcs.len().saturating_sub(5)..]);
     }
     assert!(
