@@ -1,5 +1,78 @@
-//! # `collectives`: zero-copy collectives over RDMA WRITE with immediate
+//! # `collectives`: NCCL's job over this project's verbs
 //!
-//! Not built yet: this crate is a skeleton until the communicator and the collectives land (issue 6).
-//! Nothing here claims to work.
+//! A training job runs one process (a *rank*) per accelerator or per CPU worker. Between steps
+//! the ranks combine their gradients (*all-reduce*), share parameters (*broadcast*,
+//! *all-gather*), shard state (*reduce-scatter*) or exchange tokens (*all-to-all*). This crate
+//! does that for `nranks` ranks, with NCCL's algorithms, names and semantics:
+//!
+//! * [`Communicator`]: created from a [`UniqueId`] (NCCL's `ncclGetUniqueId` +
+//!   `ncclCommInitRank`) or from a launcher's environment (torchrun, Open MPI, Slurm):
+//!   [`Communicator::from_env`]. Collectives: `all_reduce`, `broadcast`, `reduce`,
+//!   `all_gather`, `reduce_scatter`, `all_to_all`, `scatter`, `gather`, `barrier`, and
+//!   point-to-point `send` / `recv` / `send_recv`; each also in place.
+//! * [`DataType`] (`i8 u8 i32 u32 i64 u64 f16 bf16 f32 f64`) and [`RedOp`]
+//!   (`sum prod min max avg`), with the reduction kernels in [`reduce`].
+//! * [`transport`]: the seam between algorithms and wires. Data moves in chunks into a ring of
+//!   slots in the receiver's memory, each with a 32-bit immediate (step, chunk) and credit-based
+//!   flow control: the shape of RDMA WRITE_WITH_IMM. The shared-memory transport
+//!   ([`transport::shm`]) connects ranks on one host.
+//! * [`bootstrap`] (rendezvous, launcher environments, host identity) and [`topology`] (which
+//!   transport per peer pair).
+//! * [`perf`]: the `coll-perf` benchmark (nccl-tests' interface and output).
+//!
+//! ## Layers
+//! ```text
+//! Communicator  --  algorithms (ring, chain, pairwise)  --  SendConnector / RecvConnector
+//!                                                          |- shm: slot rings in /dev/shm
+//!                                                          |- roce: RDMA WRITE_WITH_IMM (to come)
+//! bootstrap: launcher env -> TCP rendezvous (all-gather of business cards and connection
+//!            infos) -> topology -> transport setup -> the rendezvous closes
+//! ```
+//!
+//! ## What the RoCE transport will add
+//! A `Transport` whose `setup` creates one RC QP per channel per peer and registers the
+//! receive slot rings (an MR), returning the QPN, GID, PSN, rkey and ring address as its
+//! connection info; whose `connect` moves the QPs to RTR/RTS with the peer's info; whose
+//! `SendConnector::post` is one RDMA WRITE_WITH_IMM of slot header + payload into the peer's
+//! slot (immediate = [`transport::Imm`]) and whose credits come back as RDMA WRITEs of the
+//! receiver's `head` counter. The algorithms do not change.
+//!
+//! ## Example
+//! ```
+//! use collectives::{CommConfig, Communicator, RedOp, TransportKind, UniqueId};
+//!
+//! let id = UniqueId::new().unwrap();
+//! let config = CommConfig { transport: TransportKind::InProcess, ..CommConfig::default() };
+//! let ranks: Vec<_> = (0..2)
+//!     .map(|rank| {
+//!         std::thread::spawn(move || {
+//!             let mut comm = Communicator::init(&id, rank, 2, config).unwrap();
+//!             let mut grad = vec![rank as f32 + 1.0; 1000];
+//!             comm.all_reduce_typed_in_place(&mut grad, RedOp::Sum).unwrap();
+//!             grad[0]
+//!         })
+//!     })
+//!     .collect();
+//! for r in ranks {
+//!     assert_eq!(r.join().unwrap(), 3.0);
+//! }
+//! ```
 #![deny(missing_docs)]
+
+pub mod algorithms;
+pub mod bootstrap;
+mod codec;
+mod comm;
+mod datatype;
+mod error;
+pub mod perf;
+pub mod reduce;
+pub mod topology;
+pub mod transport;
+
+pub use bootstrap::UniqueId;
+pub use codec::Truncated;
+pub use comm::{CommConfig, Communicator};
+pub use datatype::{DataType, Element, RedOp, UnknownName};
+pub use error::{CollError, InitError};
+pub use transport::TransportKind;

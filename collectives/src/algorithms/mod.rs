@@ -1,0 +1,429 @@
+//! The collective algorithms, written once against the [`crate::transport`] connectors.
+//!
+//! Each algorithm is a fixed schedule of messages: for every chunk, which peer it goes to, which
+//! peer it comes from, and what is done between (copy, reduce-copy, or both). The schedules are
+//! NCCL's:
+//!
+//! * [`ring`]: all-reduce as a ring reduce-scatter followed by a ring all-gather
+//!   (`2 (nranks - 1)` steps per round), reduce-scatter and all-gather alone.
+//! * [`chain`]: broadcast down the ring order from the root, reduce up the ring order to the
+//!   root (pipelined chains).
+//! * [`pairwise`]: all-to-all by pairwise exchange, scatter and gather from and to the root,
+//!   point-to-point send/recv, and the dissemination barrier.
+//!
+//! **Chunking and pipelining.** Data moves in chunks of at most one slot. A rank posts a chunk
+//! as soon as it has it and moves on to the next; the credits (`nslots` per channel) let it run
+//! up to `nslots` chunks ahead of its receiver, so successive chunks flow through successive
+//! ranks at the same time.
+//!
+//! **Reduction order.** In the ring, segment `s` is reduced along the ring starting at rank
+//! `s + 1` and ending at rank `s`: `x[s+1]`, then `f(that, x[s+2])`, ..., then `f(that, x[s])`.
+//! In the chain reduce, starting at `root + 1` and ending at the root. The order depends only on
+//! `(nranks, count, slot size)`, never on timing, so results are bit-reproducible.
+//!
+//! **Checks.** Every received chunk's descriptor must equal the receiver's own ([`OpDesc`]:
+//! sequence number, collective, count, data type, operator, root), its chunk index the expected
+//! one and its length the expected length. At the end of an operation every rank waits until its
+//! receivers have consumed everything it sent (a *drain*); a rank that found a mismatch aborts
+//! instead of consuming, so the mismatch reaches the senders too.
+
+use core::ops::Range;
+use std::time::Duration;
+
+use crate::datatype::{DataType, RedOp};
+use crate::error::CollError;
+use crate::reduce::{self, KernelError};
+use crate::transport::{Abort, OpDesc, RecvConnector, SendConnector, TransportError};
+
+pub mod chain;
+pub mod pairwise;
+pub mod ring;
+
+/// The send side of one peer: its channels, used round-robin message by message.
+pub(crate) struct PeerSend {
+    pub peer: usize,
+    pub conns: Vec<Box<dyn SendConnector>>,
+    /// Messages sent to this peer (selects the channel).
+    pub sent: u64,
+    /// Something was posted since the last drain.
+    pub dirty: bool,
+}
+
+/// The receive side of one peer.
+pub(crate) struct PeerRecv {
+    pub peer: usize,
+    pub conns: Vec<Box<dyn RecvConnector>>,
+    /// Messages received from this peer (selects the channel).
+    pub received: u64,
+}
+
+fn no_connection(peer: usize) -> TransportError {
+    TransportError::Usage {
+        peer,
+        what: "no connection to this peer",
+    }
+}
+
+impl PeerSend {
+    fn conn(&mut self) -> Result<&mut dyn SendConnector, TransportError> {
+        let n = self.conns.len() as u64;
+        if n == 0 {
+            return Err(no_connection(self.peer));
+        }
+        Ok(&mut *self.conns[(self.sent % n) as usize])
+    }
+
+    pub(crate) fn abort(&mut self, abort: Abort) {
+        for c in &mut self.conns {
+            c.abort(abort);
+        }
+    }
+}
+
+impl PeerRecv {
+    fn conn(&mut self) -> Result<&mut dyn RecvConnector, TransportError> {
+        let n = self.conns.len() as u64;
+        if n == 0 {
+            return Err(no_connection(self.peer));
+        }
+        Ok(&mut *self.conns[(self.received % n) as usize])
+    }
+
+    pub(crate) fn abort(&mut self, abort: Abort) {
+        for c in &mut self.conns {
+            c.abort(abort);
+        }
+    }
+}
+
+/// A user's buffers for one operation: either a separate input and output, or one buffer for
+/// both (in place). Algorithms address the input and the output in their own coordinates; in
+/// place, input coordinate `i` is byte `in_base + i` of the buffer and output coordinate `o` is
+/// byte `out_base + o` (e.g. an in-place all-gather's input is this rank's block of the output).
+pub(crate) struct Io<'a> {
+    input: Option<&'a [u8]>,
+    buf: &'a mut [u8],
+    in_base: usize,
+    out_base: usize,
+}
+
+impl<'a> Io<'a> {
+    pub(crate) fn out_of_place(input: &'a [u8], output: &'a mut [u8]) -> Self {
+        Io {
+            input: Some(input),
+            buf: output,
+            in_base: 0,
+            out_base: 0,
+        }
+    }
+
+    pub(crate) fn in_place(buf: &'a mut [u8], in_base: usize, out_base: usize) -> Self {
+        Io {
+            input: None,
+            buf,
+            in_base,
+            out_base,
+        }
+    }
+
+    fn input(&self, r: Range<usize>) -> &[u8] {
+        match self.input {
+            Some(input) => &input[r],
+            None => &self.buf[r.start + self.in_base..r.end + self.in_base],
+        }
+    }
+
+    fn output(&mut self, r: Range<usize>) -> &mut [u8] {
+        &mut self.buf[r.start + self.out_base..r.end + self.out_base]
+    }
+
+    fn output_ref(&self, r: Range<usize>) -> &[u8] {
+        &self.buf[r.start + self.out_base..r.end + self.out_base]
+    }
+
+    /// Whether input range `i` and output range `o` are the same bytes (in place).
+    fn aliases(&self, i: &Range<usize>, o: &Range<usize>) -> bool {
+        self.input.is_none() && i.start + self.in_base == o.start + self.out_base
+    }
+
+    /// Output `o` = input `i` (nothing to do where they are the same bytes).
+    fn copy_input_to_output(&mut self, i: Range<usize>, o: Range<usize>) {
+        if self.aliases(&i, &o) {
+            return;
+        }
+        match self.input {
+            Some(input) => self.output(o).copy_from_slice(&input[i]),
+            None => {
+                let src = i.start + self.in_base;
+                self.buf
+                    .copy_within(src..src + i.len(), o.start + self.out_base);
+            }
+        }
+    }
+
+    /// Output `o` = f(incoming, input `i`), element-wise.
+    fn reduce_to_output(
+        &mut self,
+        o: Range<usize>,
+        i: Range<usize>,
+        incoming: &[u8],
+        datatype: DataType,
+        redop: RedOp,
+    ) -> Result<(), KernelError> {
+        match self.input {
+            Some(input) => {
+                reduce::reduce_copy(datatype, redop, self.output(o), incoming, &input[i])
+            }
+            None => {
+                // Bring the local contribution to the output position first (a no-op for every
+                // in-place schedule here, where they coincide), then reduce in place.
+                self.copy_input_to_output(i, o.clone());
+                reduce::reduce_in_place(datatype, redop, self.output(o), incoming)
+            }
+        }
+    }
+}
+
+/// One operation in flight: its descriptor and the connectors it drives.
+pub(crate) struct Op<'c> {
+    pub rank: usize,
+    pub nranks: usize,
+    /// The descriptor this rank's messages carry.
+    pub send_desc: OpDesc,
+    /// The descriptor incoming messages must carry.
+    pub recv_desc: OpDesc,
+    pub datatype: DataType,
+    pub redop: RedOp,
+    pub timeout: Duration,
+    /// Payload bytes per chunk: the slot size rounded down to whole elements.
+    pub chunk_bytes: usize,
+    pub sends: &'c mut [PeerSend],
+    pub recvs: &'c mut [PeerRecv],
+}
+
+impl Op<'_> {
+    /// Elements per chunk.
+    pub(crate) fn chunk_elems(&self) -> usize {
+        (self.chunk_bytes / self.datatype.size()).max(1)
+    }
+
+    /// Sends chunk `chunk` of `len` bytes to `peer`, filled by `fill` (given exactly `len`
+    /// bytes of the slot).
+    pub(crate) fn send_with(
+        &mut self,
+        peer: usize,
+        chunk: usize,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), CollError>,
+    ) -> Result<(), CollError> {
+        let (desc, timeout) = (self.send_desc, self.timeout);
+        let te = move |source| CollError::Transport { op: desc, source };
+        let side = &mut self.sends[peer];
+        let conn = side.conn().map_err(te)?;
+        let slot = conn.wait_slot(timeout).map_err(te)?;
+        if len > slot.len() {
+            return Err(te(TransportError::Usage {
+                peer,
+                what: "chunk larger than a slot",
+            }));
+        }
+        fill(&mut slot[..len])?;
+        conn.post(len, chunk as u16, &desc).map_err(te)?;
+        side.sent += 1;
+        side.dirty = true;
+        Ok(())
+    }
+
+    /// Receives chunk `chunk` of `len` bytes from `peer`, checks it, hands it to `consume`,
+    /// and returns the slot.
+    pub(crate) fn recv_with(
+        &mut self,
+        peer: usize,
+        chunk: usize,
+        len: usize,
+        consume: impl FnOnce(&[u8]) -> Result<(), CollError>,
+    ) -> Result<(), CollError> {
+        let (rank, desc, timeout) = (self.rank, self.recv_desc, self.timeout);
+        let side = &mut self.recvs[peer];
+        let conn = side.conn().map_err(|e| CollError::Transport {
+            op: desc,
+            source: e,
+        })?;
+        let c = conn.wait(timeout).map_err(|e| CollError::Transport {
+            op: desc,
+            source: e,
+        })?;
+        check_chunk(
+            rank,
+            peer,
+            &desc,
+            &c.desc,
+            c.imm.chunk,
+            chunk,
+            c.data.len(),
+            len,
+        )?;
+        consume(c.data)?;
+        conn.release().map_err(|e| CollError::Transport {
+            op: desc,
+            source: e,
+        })?;
+        side.received += 1;
+        Ok(())
+    }
+
+    /// Receives chunk `chunk` (`len` bytes) from `from` and sends chunk `chunk` (`len` bytes)
+    /// to `to`, with `f(incoming, outgoing slot)` between: NCCL's `recvReduceSend` and
+    /// `recvCopySend`.
+    pub(crate) fn recv_send_with(
+        &mut self,
+        from: usize,
+        to: usize,
+        chunk: usize,
+        len: usize,
+        f: impl FnOnce(&[u8], &mut [u8]) -> Result<(), CollError>,
+    ) -> Result<(), CollError> {
+        let (rank, desc, timeout) = (self.rank, self.recv_desc, self.timeout);
+        let send_desc = self.send_desc;
+        let te = move |source| CollError::Transport { op: desc, source };
+        let rside = &mut self.recvs[from];
+        let sside = &mut self.sends[to];
+        let rconn = rside.conn().map_err(te)?;
+        let c = rconn.wait(timeout).map_err(te)?;
+        check_chunk(
+            rank,
+            from,
+            &desc,
+            &c.desc,
+            c.imm.chunk,
+            chunk,
+            c.data.len(),
+            len,
+        )?;
+        let sconn = sside.conn().map_err(te)?;
+        let slot = sconn.wait_slot(timeout).map_err(te)?;
+        if len > slot.len() {
+            return Err(te(TransportError::Usage {
+                peer: to,
+                what: "chunk larger than a slot",
+            }));
+        }
+        f(c.data, &mut slot[..len])?;
+        sconn.post(len, chunk as u16, &send_desc).map_err(te)?;
+        rconn.release().map_err(te)?;
+        sside.sent += 1;
+        sside.dirty = true;
+        rside.received += 1;
+        Ok(())
+    }
+
+    /// Waits until every peer has consumed everything this operation sent to it.
+    pub(crate) fn drain(&mut self) -> Result<(), CollError> {
+        let (desc, timeout) = (self.send_desc, self.timeout);
+        for side in self.sends.iter_mut().filter(|s| s.dirty) {
+            for conn in &mut side.conns {
+                conn.drain(timeout).map_err(|e| CollError::Transport {
+                    op: desc,
+                    source: e,
+                })?;
+            }
+            side.dirty = false;
+        }
+        Ok(())
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_chunk(
+    rank: usize,
+    peer: usize,
+    mine: &OpDesc,
+    theirs: &OpDesc,
+    got_chunk: u16,
+    want_chunk: usize,
+    got_len: usize,
+    want_len: usize,
+) -> Result<(), CollError> {
+    if theirs != mine {
+        return Err(CollError::Mismatch {
+            rank,
+            mine: *mine,
+            peer,
+            theirs: *theirs,
+        });
+    }
+    if got_chunk != want_chunk as u16 {
+        return Err(CollError::Protocol {
+            op: *mine,
+            peer,
+            what: format!(
+                "chunk {got_chunk} arrived where chunk {} was expected",
+                want_chunk as u16
+            ),
+        });
+    }
+    if got_len != want_len {
+        return Err(CollError::Protocol {
+            op: *mine,
+            peer,
+            what: format!("chunk {got_chunk} has {got_len} bytes, {want_len} expected"),
+        });
+    }
+    Ok(())
+}
+
+/// Byte range of element range `[start, start + len)` clipped to round `k` of chunks of
+/// `chunk` elements: `[start + k*chunk, start + min((k+1)*chunk, len))`, possibly empty.
+pub(crate) fn piece(
+    start: usize,
+    len: usize,
+    k: usize,
+    chunk: usize,
+    esize: usize,
+) -> Range<usize> {
+    let lo = (k * chunk).min(len);
+    let hi = ((k + 1) * chunk).min(len);
+    (start + lo) * esize..(start + hi) * esize
+}
+
+/// Number of chunk rounds for `len` elements (at least one, so that every operation, even of
+/// zero elements, exchanges its descriptor).
+pub(crate) fn rounds(len: usize, chunk: usize) -> usize {
+    len.div_ceil(chunk).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_tile_the_range() {
+        let (start, len, chunk) = (5, 23, 7);
+        let mut next = start * 4;
+        for k in 0..rounds(len, chunk) {
+            let p = piece(start, len, k, chunk, 4);
+            assert_eq!(p.start, next);
+            next = p.end;
+        }
+        assert_eq!(next, (start + len) * 4);
+        assert_eq!(rounds(0, 7), 1);
+        assert_eq!(piece(0, 0, 0, 7, 4), 0..0);
+        assert_eq!(piece(3, 2, 1, 7, 1), 5..5, "past the end: empty");
+    }
+
+    #[test]
+    fn in_place_io_addresses() {
+        let mut buf: Vec<u8> = (0..12).collect();
+        let mut io = Io::in_place(&mut buf, 4, 0);
+        assert_eq!(io.input(0..4), &[4, 5, 6, 7]);
+        assert!(io.aliases(&(0..4), &(4..8)));
+        io.copy_input_to_output(0..2, 0..2);
+        assert_eq!(io.output_ref(0..4), &[4, 5, 2, 3]);
+        let mut out = [0u8; 4];
+        let input = [1u8, 2, 3, 4];
+        let mut io = Io::out_of_place(&input, &mut out);
+        io.reduce_to_output(0..4, 0..4, &[10, 20, 30, 40], DataType::U8, RedOp::Sum)
+            .unwrap();
+        assert_eq!(out, [11, 22, 33, 44]);
+    }
+}

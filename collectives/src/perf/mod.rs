@@ -1,0 +1,704 @@
+//! `coll-perf`: nccl-tests for this crate.
+//!
+//! ```text
+//! coll-perf all-reduce|all-gather|reduce-scatter|broadcast|reduce|all-to-all|scatter|gather
+//!           [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP] [-d TYPE] [-o OP]
+//!           [-r ROOT] [-c CHECK] [-T TIMEOUT] [--ranks N] [--transport auto|shm|roce]
+//! ```
+//!
+//! Under a launcher (torchrun's environment, `mpirun`, `srun`) each process is one rank. Run
+//! bare, it starts `--ranks N` (default 4) rank processes of itself on this host and waits for
+//! them ([`spawn`]). Rank 0 prints nccl-tests' table: for every size, the time of one operation
+//! (averaged over `-n` iterations and over ranks), the algorithm bandwidth and nccl-tests' bus
+//! bandwidth, and the number of wrong elements found by checking every rank's output against a
+//! reference ([`data`]), out of place and in place; then the average bus bandwidth.
+
+use core::fmt;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+
+use crate::bootstrap::{launcher, LaunchInfo};
+use crate::datatype::{DataType, RedOp};
+use crate::error::{CollError, InitError};
+use crate::transport::TransportKind;
+use crate::{CommConfig, Communicator};
+
+pub mod data;
+pub mod report;
+pub mod spawn;
+
+use data::{Expect, Pattern};
+use report::{bandwidth, row_body, row_preamble, Counts, TableHeader};
+
+/// The collectives `coll-perf` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
+pub enum Collective {
+    /// `all_reduce` (busbw factor `2 (n - 1) / n`).
+    AllReduce,
+    /// `all_gather` (`(n - 1) / n`).
+    AllGather,
+    /// `reduce_scatter` (`(n - 1) / n`).
+    ReduceScatter,
+    /// `broadcast` (1).
+    Broadcast,
+    /// `reduce` (1).
+    Reduce,
+    /// `all_to_all` (`(n - 1) / n`).
+    AllToAll,
+    /// `scatter` (`(n - 1) / n`).
+    Scatter,
+    /// `gather` (`(n - 1) / n`).
+    Gather,
+}
+
+impl Collective {
+    /// Whether it reduces (prints its operator; others print `none`).
+    pub fn reduces(self) -> bool {
+        matches!(
+            self,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+        )
+    }
+
+    /// Whether it has a root (prints it; others print `-1`).
+    pub fn rooted(self) -> bool {
+        matches!(
+            self,
+            Collective::Broadcast | Collective::Reduce | Collective::Scatter | Collective::Gather
+        )
+    }
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all-reduce",
+            Collective::AllGather => "all-gather",
+            Collective::ReduceScatter => "reduce-scatter",
+            Collective::Broadcast => "broadcast",
+            Collective::Reduce => "reduce",
+            Collective::AllToAll => "all-to-all",
+            Collective::Scatter => "scatter",
+            Collective::Gather => "gather",
+        }
+    }
+}
+
+fn size_arg(s: &str) -> Result<u64, String> {
+    report::parse_size(s)
+}
+
+fn transport_arg(s: &str) -> Result<TransportKind, String> {
+    match s.parse::<TransportKind>() {
+        Ok(t @ (TransportKind::Auto | TransportKind::Shm | TransportKind::Roce)) => Ok(t),
+        _ => Err(format!("'{s}' is not one of auto, shm, roce")),
+    }
+}
+
+/// The command line (nccl-tests' short options).
+#[derive(Debug, Clone, PartialEq, Eq, Parser)]
+#[command(
+    name = "coll-perf",
+    version,
+    about = "Measure collectives the way nccl-tests does: per size, time, algbw, busbw and #wrong, out of place and in place"
+)]
+pub struct PerfArgs {
+    /// The collective to measure.
+    #[arg(value_enum)]
+    pub collective: Collective,
+    /// Smallest size, in bytes (K, M, G suffixes: powers of 1024).
+    #[arg(short = 'b', long = "minbytes", default_value = "32M", value_parser = size_arg)]
+    pub min_bytes: u64,
+    /// Largest size, in bytes.
+    #[arg(short = 'e', long = "maxbytes", default_value = "32M", value_parser = size_arg)]
+    pub max_bytes: u64,
+    /// Size increment when the step factor is 1, in bytes.
+    #[arg(short = 'i', long = "stepbytes", default_value = "1M", value_parser = size_arg)]
+    pub step_bytes: u64,
+    /// Size multiplication factor between sizes (1: add --stepbytes instead).
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 1)]
+    pub step_factor: u64,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    pub iters: usize,
+    /// Warm-up iterations per size (not timed).
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 1)]
+    pub warmup_iters: usize,
+    /// Data type: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16.
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    pub datatype: DataType,
+    /// Reduction operator: sum prod max min avg.
+    #[arg(short = 'o', long = "op", default_value = "sum")]
+    pub op: RedOp,
+    /// Root rank of broadcast, reduce, scatter and gather.
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    pub root: usize,
+    /// Checked iterations per size (0: no check, #wrong prints N/A).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    pub check: usize,
+    /// Seconds without progress before an operation fails (naming the peer).
+    #[arg(short = 'T', long = "timeout", default_value_t = 60)]
+    pub timeout: u64,
+    /// Ranks to start on this host when run without a launcher (default 4); under a launcher
+    /// it must equal the launcher's world size.
+    #[arg(long)]
+    pub ranks: Option<usize>,
+    /// Transport between ranks: auto (shm on one host, roce across hosts), shm, roce.
+    #[arg(long, default_value = "auto", value_parser = transport_arg)]
+    pub transport: TransportKind,
+}
+
+impl PerfArgs {
+    /// Checks what clap cannot.
+    ///
+    /// # Errors
+    /// A message naming the bad option.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.min_bytes > self.max_bytes {
+            return Err(format!(
+                "invalid sizes for 'minbytes' and 'maxbytes': {} > {}",
+                self.min_bytes, self.max_bytes
+            ));
+        }
+        if self.step_factor == 0 || (self.step_factor == 1 && self.step_bytes == 0) {
+            return Err(
+                "the step factor must be >= 1, and with factor 1 the step bytes > 0".into(),
+            );
+        }
+        if self.iters == 0 {
+            return Err("-n/--iters must be at least 1".into());
+        }
+        if self.ranks == Some(0) {
+            return Err("--ranks must be at least 1".into());
+        }
+        if self.timeout == 0 {
+            return Err("-T/--timeout must be at least 1 second".into());
+        }
+        Ok(())
+    }
+
+    /// The sizes measured, in bytes.
+    pub fn sizes(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut size = self.min_bytes;
+        while size <= self.max_bytes {
+            out.push(size);
+            let next = if self.step_factor > 1 {
+                size.saturating_mul(self.step_factor)
+            } else {
+                size.saturating_add(self.step_bytes)
+            };
+            if next <= size {
+                break;
+            }
+            size = next;
+        }
+        out
+    }
+
+    fn config(&self) -> Result<CommConfig, launcher::EnvError> {
+        CommConfig {
+            transport: self.transport,
+            timeout: Duration::from_secs(self.timeout),
+            ..CommConfig::default()
+        }
+        .with_env_overrides()
+    }
+}
+
+/// What stops a `coll-perf` rank.
+#[derive(Debug)]
+pub enum PerfError {
+    /// Bad arguments.
+    Args(String),
+    /// The launcher environment.
+    Env(launcher::EnvError),
+    /// Creating the communicator.
+    Init(InitError),
+    /// An operation.
+    Coll(CollError),
+    /// Writing the table.
+    Output(std::io::Error),
+    /// Starting or waiting for the local rank processes.
+    Spawn(String),
+}
+
+impl fmt::Display for PerfError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PerfError::Args(m) => write!(f, "{m}"),
+            PerfError::Env(e) => write!(f, "{e}"),
+            PerfError::Init(e) => write!(f, "{e}"),
+            PerfError::Coll(e) => write!(f, "{e}"),
+            PerfError::Output(e) => write!(f, "writing the report: {e}"),
+            PerfError::Spawn(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl std::error::Error for PerfError {}
+
+impl From<CollError> for PerfError {
+    fn from(e: CollError) -> Self {
+        PerfError::Coll(e)
+    }
+}
+
+impl From<std::io::Error> for PerfError {
+    fn from(e: std::io::Error) -> Self {
+        PerfError::Output(e)
+    }
+}
+
+/// `coll-perf`'s `main`: one rank under a launcher, else the local spawner.
+pub fn main(args: PerfArgs) -> ExitCode {
+    if let Err(m) = args.validate() {
+        eprintln!("coll-perf: {m}");
+        return ExitCode::from(2);
+    }
+    match launcher::detect(&|k| std::env::var(k).ok()) {
+        Ok(Some(info)) => {
+            let rank = info.rank;
+            match run_rank(&args, &info, &mut std::io::stdout()) {
+                Ok(0) => ExitCode::SUCCESS,
+                Ok(wrong) => {
+                    if rank == 0 {
+                        eprintln!("coll-perf: {wrong} wrong elements");
+                    }
+                    ExitCode::FAILURE
+                }
+                Err(e) => {
+                    eprintln!("coll-perf rank {rank}: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Ok(None) => spawn::run_local(&args, std::env::args_os().skip(1).collect()),
+        Err(e) => {
+            eprintln!("coll-perf: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the benchmark as the rank `info` describes; rank 0 writes the table to `out`.
+/// Returns the total number of wrong elements found.
+///
+/// # Errors
+/// [`PerfError`].
+pub fn run_rank(args: &PerfArgs, info: &LaunchInfo, out: &mut dyn Write) -> Result<u64, PerfError> {
+    if let Some(n) = args.ranks.filter(|&n| n != info.nranks) {
+        return Err(PerfError::Args(format!(
+            "--ranks {n} but the {} environment says {} ranks",
+            info.launcher, info.nranks
+        )));
+    }
+    let config = args.config().map_err(PerfError::Env)?;
+    let mut comm = Communicator::from_launch(info, config).map_err(PerfError::Init)?;
+    if args.collective.rooted() && args.root >= comm.nranks() {
+        return Err(PerfError::Args(format!(
+            "root {} is not below the {} ranks",
+            args.root,
+            comm.nranks()
+        )));
+    }
+    let mut sink = std::io::sink();
+    let out: &mut dyn Write = if comm.rank() == 0 { out } else { &mut sink };
+    bench(args, &mut comm, out)
+}
+
+/// One checked run of a collective, as `coll-perf -c` makes it: fill every rank's inputs from a
+/// [`Pattern`], poison the outputs, run, and count this rank's wrong output elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Case {
+    /// The collective.
+    pub collective: Collective,
+    /// Element type.
+    pub datatype: DataType,
+    /// Operator (reducing collectives).
+    pub op: RedOp,
+    /// Root (rooted collectives).
+    pub root: usize,
+    /// The `count` argument (per rank block for all-gather, reduce-scatter, all-to-all,
+    /// scatter and gather).
+    pub count: usize,
+    /// In place or out of place.
+    pub in_place: bool,
+}
+
+impl Case {
+    /// Runs the case once with data of repetition `rep`; returns this rank's wrong elements.
+    ///
+    /// # Errors
+    /// The operation's [`CollError`].
+    pub fn run_checked(&self, comm: &mut Communicator, rep: u64) -> Result<u64, CollError> {
+        let counts = Counts::for_param(self.collective, self.count, comm.nranks());
+        let mut b = Buffers::new(&counts, self.datatype.size());
+        let pattern = Pattern {
+            datatype: self.datatype,
+            op: self.op,
+            nranks: comm.nranks(),
+            rep,
+        };
+        b.fill(self, &pattern, comm.rank());
+        b.run(self, comm)?;
+        Ok(b.count_wrong(self, &pattern, comm.rank(), &counts))
+    }
+}
+
+/// Buffers of one size.
+struct Buffers {
+    send: Vec<u8>,
+    recv: Vec<u8>,
+    inplace: Vec<u8>,
+}
+
+/// Byte value that output buffers are poisoned with before a checked run: as `f32`, `bf16`,
+/// `f16`, or any integer it is no value a check can expect.
+const POISON: u8 = 0x5a;
+
+fn bench(args: &PerfArgs, comm: &mut Communicator, out: &mut dyn Write) -> Result<u64, PerfError> {
+    let (n, me) = (comm.nranks(), comm.rank());
+    let (coll, dt) = (args.collective, args.datatype);
+    let es = dt.size();
+    let sizes = args.sizes();
+    writeln!(out, "# Collective test starting: coll-perf {}", coll.name())?;
+    writeln!(
+        out,
+        "# nRanks {n} minBytes {} maxBytes {} step: {}({}) warmup iters: {} iters: {} validation: {} transport: {}",
+        args.min_bytes,
+        args.max_bytes,
+        if args.step_factor > 1 { args.step_factor } else { args.step_bytes },
+        if args.step_factor > 1 { "factor" } else { "bytes" },
+        args.warmup_iters,
+        args.iters,
+        args.check,
+        args.transport
+    )?;
+    writeln!(out, "#\n# Using ranks")?;
+    for r in 0..n {
+        let path = match comm.path(r) {
+            Some(crate::topology::Path::SelfRank) | None => "self".to_string(),
+            Some(p) => p.transport().map_or("?".into(), |t| t.to_string()),
+        };
+        writeln!(
+            out,
+            "#  Rank {r:>2} Pid {:>6} on {:>10} via {path}",
+            comm.pid(r).unwrap_or(0),
+            comm.hostname(r).unwrap_or("?")
+        )?;
+    }
+
+    let case_of = |counts: &Counts, in_place: bool| Case {
+        collective: coll,
+        datatype: dt,
+        op: args.op,
+        root: args.root,
+        count: counts.param,
+        in_place,
+    };
+    // Warm-up: every size, out of place, untimed.
+    for &size in &sizes {
+        let counts = Counts::new(coll, size, es, n);
+        let mut b = Buffers::new(&counts, es);
+        for _ in 0..args.warmup_iters {
+            b.run(&case_of(&counts, false), comm)?;
+        }
+    }
+
+    writeln!(out, "#")?;
+    write!(out, "{TableHeader}")?;
+    let (mut bw_sum, mut bw_count, mut wrong_total) = (0.0, 0usize, 0u64);
+    let mut rep = 0u64;
+    for &size in &sizes {
+        let counts = Counts::new(coll, size, es, n);
+        let mut b = Buffers::new(&counts, es);
+        let mut line = row_preamble(
+            counts.size_bytes(es),
+            counts.param,
+            dt.name(),
+            if coll.reduces() {
+                args.op.name()
+            } else {
+                "none"
+            },
+            if coll.rooted() { args.root as i64 } else { -1 },
+        );
+        for in_place in [false, true] {
+            let case = case_of(&counts, in_place);
+            let pattern = Pattern {
+                datatype: dt,
+                op: args.op,
+                nranks: n,
+                rep: 0,
+            };
+            // Time on real data (no NaN or denormal slow paths), as nccl-tests does.
+            b.fill(&case, &pattern, me);
+            comm.barrier()?;
+            let t = Instant::now();
+            for _ in 0..args.iters {
+                b.run(&case, comm)?;
+            }
+            let mut secs = [t.elapsed().as_secs_f64() / args.iters as f64];
+            comm.all_reduce_typed_in_place(&mut secs, RedOp::Sum)?;
+            let secs = secs[0] / n as f64;
+            let (algbw, busbw) = bandwidth(coll, counts.param, es, secs, n);
+            let wrong = if args.check > 0 {
+                let mut wrong = [0u64];
+                for _ in 0..args.check {
+                    rep += 1;
+                    let pattern = Pattern { rep, ..pattern };
+                    b.fill(&case, &pattern, me);
+                    b.run(&case, comm)?;
+                    wrong[0] = b.count_wrong(&case, &pattern, me, &counts);
+                    comm.all_reduce_typed_in_place(&mut wrong, RedOp::Sum)?;
+                    if wrong[0] > 0 {
+                        break;
+                    }
+                }
+                wrong_total += wrong[0];
+                Some(wrong[0])
+            } else {
+                None
+            };
+            bw_sum += busbw;
+            bw_count += 1;
+            line.push_str(&row_body(secs * 1e6, algbw, busbw, wrong));
+        }
+        writeln!(out, "{line}")?;
+        out.flush()?;
+    }
+    let avg = if bw_count > 0 {
+        bw_sum / bw_count as f64
+    } else {
+        0.0
+    };
+    writeln!(
+        out,
+        "# {:<20} : {} {}",
+        "Out of bounds values",
+        wrong_total,
+        if wrong_total > 0 { "FAILED" } else { "OK" }
+    )?;
+    writeln!(out, "# {:<20} : {} ", "Avg bus bandwidth", report::c_g(avg))?;
+    writeln!(
+        out,
+        "#\n# Collective test concluded: coll-perf {}",
+        coll.name()
+    )?;
+    out.flush()?;
+    Ok(wrong_total)
+}
+
+impl Buffers {
+    fn new(c: &Counts, es: usize) -> Buffers {
+        Buffers {
+            send: vec![0; c.send * es],
+            recv: vec![0; c.recv * es],
+            inplace: vec![0; c.send.max(c.recv) * es],
+        }
+    }
+
+    /// Writes this rank's inputs (and poisons outputs) for one run.
+    fn fill(&mut self, case: &Case, p: &Pattern, me: usize) {
+        let block = case.count * case.datatype.size();
+        if !case.in_place {
+            p.fill(me, &mut self.send, 0);
+            self.recv.fill(POISON);
+            return;
+        }
+        let buf = &mut self.inplace;
+        match case.collective {
+            Collective::AllReduce | Collective::ReduceScatter | Collective::AllToAll => {
+                p.fill(me, buf, 0)
+            }
+            Collective::Reduce => p.fill(me, buf, 0),
+            Collective::Broadcast => {
+                if me == case.root {
+                    p.fill(me, buf, 0)
+                } else {
+                    buf.fill(POISON)
+                }
+            }
+            Collective::Scatter => {
+                if me == case.root {
+                    p.fill(me, buf, 0)
+                } else {
+                    buf.fill(POISON)
+                }
+            }
+            Collective::AllGather | Collective::Gather => {
+                buf.fill(POISON);
+                p.fill(me, &mut buf[me * block..(me + 1) * block], 0);
+            }
+        }
+    }
+
+    /// Runs the case's operation on these buffers.
+    fn run(&mut self, case: &Case, comm: &mut Communicator) -> Result<(), CollError> {
+        let (dt, op, root, count) = (case.datatype, case.op, case.root, case.count);
+        let (send, recv, buf) = (&self.send, &mut self.recv, &mut self.inplace);
+        match (case.collective, case.in_place) {
+            (Collective::AllReduce, false) => comm.all_reduce(send, recv, count, dt, op),
+            (Collective::AllReduce, true) => comm.all_reduce_in_place(buf, count, dt, op),
+            (Collective::AllGather, false) => comm.all_gather(send, recv, count, dt),
+            (Collective::AllGather, true) => comm.all_gather_in_place(buf, count, dt),
+            (Collective::ReduceScatter, false) => comm.reduce_scatter(send, recv, count, dt, op),
+            (Collective::ReduceScatter, true) => comm.reduce_scatter_in_place(buf, count, dt, op),
+            (Collective::Broadcast, false) => comm.broadcast(send, recv, count, dt, root),
+            (Collective::Broadcast, true) => comm.broadcast_in_place(buf, count, dt, root),
+            (Collective::Reduce, false) => comm.reduce(send, recv, count, dt, op, root),
+            (Collective::Reduce, true) => comm.reduce_in_place(buf, count, dt, op, root),
+            (Collective::AllToAll, false) => comm.all_to_all(send, recv, count, dt),
+            (Collective::AllToAll, true) => comm.all_to_all_in_place(buf, count, dt),
+            (Collective::Scatter, false) => comm.scatter(send, recv, count, dt, root),
+            (Collective::Scatter, true) => comm.scatter_in_place(buf, count, dt, root),
+            (Collective::Gather, false) => comm.gather(send, recv, count, dt, root),
+            (Collective::Gather, true) => comm.gather_in_place(buf, count, dt, root),
+        }
+    }
+
+    /// Wrong elements of this rank's output of the last run.
+    fn count_wrong(&self, case: &Case, p: &Pattern, me: usize, c: &Counts) -> u64 {
+        let es = case.datatype.size();
+        let (param, root) = (c.param, case.root);
+        let block = param * es;
+        let output: &[u8] = match (case.in_place, case.collective) {
+            (false, _) => &self.recv,
+            (true, Collective::ReduceScatter | Collective::Scatter) => {
+                &self.inplace[me * block..(me + 1) * block]
+            }
+            (true, _) => &self.inplace[..c.recv * es],
+        };
+        let by_block = |k: usize| (k / param.max(1), k % param.max(1));
+        match case.collective {
+            Collective::AllReduce => p.count_wrong(output, |k| Expect::Reduced { index: k }),
+            Collective::Reduce if me == root => {
+                p.count_wrong(output, |k| Expect::Reduced { index: k })
+            }
+            Collective::Reduce => 0,
+            Collective::Broadcast => p.count_wrong(output, |k| Expect::Value {
+                rank: root,
+                index: k,
+            }),
+            Collective::AllGather => p.count_wrong(output, |k| {
+                let (rank, index) = by_block(k);
+                Expect::Value { rank, index }
+            }),
+            Collective::Gather if me == root => p.count_wrong(output, |k| {
+                let (rank, index) = by_block(k);
+                Expect::Value { rank, index }
+            }),
+            Collective::Gather => 0,
+            Collective::ReduceScatter => p.count_wrong(output, |k| Expect::Reduced {
+                index: me * param + k,
+            }),
+            Collective::AllToAll => p.count_wrong(output, |k| {
+                let (rank, index) = by_block(k);
+                Expect::Value {
+                    rank,
+                    index: me * param + index,
+                }
+            }),
+            Collective::Scatter => p.count_wrong(output, |k| Expect::Value {
+                rank: root,
+                index: me * param + k,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<PerfArgs, clap::Error> {
+        PerfArgs::try_parse_from(std::iter::once("coll-perf").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn parses_nccl_tests_options() {
+        let a = parse(&[
+            "all-reduce",
+            "-b",
+            "1K",
+            "-e",
+            "1M",
+            "-f",
+            "2",
+            "-n",
+            "5",
+            "-w",
+            "2",
+            "-d",
+            "half",
+            "-o",
+            "max",
+            "-c",
+            "3",
+            "--ranks",
+            "8",
+            "--transport",
+            "shm",
+        ])
+        .unwrap();
+        assert_eq!(a.collective, Collective::AllReduce);
+        assert_eq!(
+            (a.min_bytes, a.max_bytes, a.step_factor),
+            (1024, 1 << 20, 2)
+        );
+        assert_eq!((a.iters, a.warmup_iters, a.check), (5, 2, 3));
+        assert_eq!((a.datatype, a.op), (DataType::F16, RedOp::Max));
+        assert_eq!((a.ranks, a.transport), (Some(8), TransportKind::Shm));
+        assert_eq!(a.sizes(), (10..=20).map(|p| 1u64 << p).collect::<Vec<_>>());
+        a.validate().unwrap();
+
+        let d = parse(&["broadcast"]).unwrap();
+        assert_eq!(
+            (d.min_bytes, d.max_bytes, d.iters, d.warmup_iters),
+            (32 << 20, 32 << 20, 20, 1)
+        );
+        assert_eq!(
+            (d.datatype, d.op, d.root, d.check, d.ranks),
+            (DataType::F32, RedOp::Sum, 0, 1, None)
+        );
+        assert_eq!(d.transport, TransportKind::Auto);
+
+        let s = parse(&["gather", "-b", "1M", "-e", "3M", "-i", "1M"]).unwrap();
+        assert_eq!(s.sizes(), vec![1 << 20, 2 << 20, 3 << 20]);
+        for name in [
+            "all-reduce",
+            "all-gather",
+            "reduce-scatter",
+            "broadcast",
+            "reduce",
+            "all-to-all",
+            "scatter",
+            "gather",
+        ] {
+            assert_eq!(parse(&[name]).unwrap().collective.name(), name);
+        }
+    }
+
+    #[test]
+    fn rejects_bad_options_with_clear_messages() {
+        assert!(parse(&[]).is_err(), "collective required");
+        assert!(parse(&["all-everything"]).is_err());
+        let e = parse(&["all-reduce", "-d", "float128"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("float128"), "{e}");
+        let e = parse(&["all-reduce", "--transport", "inproc"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("auto, shm, roce"), "{e}");
+        let e = parse(&["all-reduce", "-b", "1Q"]).unwrap_err().to_string();
+        assert!(e.contains("1Q"), "{e}");
+        let a = parse(&["all-reduce", "-b", "2M", "-e", "1M"]).unwrap();
+        assert!(a.validate().unwrap_err().contains("minbytes"));
+        let a = parse(&["all-reduce", "--ranks", "0"]).unwrap();
+        assert!(a.validate().is_err());
+    }
+}

@@ -1,0 +1,220 @@
+//! Every collective on 1..=8 ranks, in place and out of place, on odd sizes (0 and 1 element,
+//! counts not divisible by the rank count, counts spanning many chunks), checked element by
+//! element against the reference of `collectives::perf::data` on every rank.
+
+mod common;
+
+use collectives::perf::{Case, Collective};
+use collectives::{DataType, RedOp, TransportKind};
+
+/// Counts: empty, single, fewer than ranks, prime, and several chunks of 256 B slots.
+const COUNTS: [usize; 6] = [0, 1, 3, 13, 97, 1000];
+
+/// Type/operator pairs cycled through the counts, so that every type and every operator runs.
+const TYPED_OPS: [(DataType, RedOp); 10] = [
+    (DataType::F32, RedOp::Sum),
+    (DataType::F16, RedOp::Avg),
+    (DataType::Bf16, RedOp::Sum),
+    (DataType::I32, RedOp::Prod),
+    (DataType::U8, RedOp::Max),
+    (DataType::I8, RedOp::Min),
+    (DataType::U32, RedOp::Avg),
+    (DataType::I64, RedOp::Avg),
+    (DataType::U64, RedOp::Prod),
+    (DataType::F64, RedOp::Min),
+];
+
+fn check(collective: Collective, transport: TransportKind, max_ranks: usize) {
+    for n in 1..=max_ranks {
+        let wrong = common::with_ranks(n, common::config(transport), |comm| {
+            let mut failures = Vec::new();
+            let mut rep = 0;
+            for (i, &count) in COUNTS.iter().enumerate() {
+                for in_place in [false, true] {
+                    let (datatype, op) =
+                        TYPED_OPS[(i * 2 + usize::from(in_place) + n) % TYPED_OPS.len()];
+                    let case = Case {
+                        collective,
+                        datatype,
+                        op,
+                        root: (i + n) % n,
+                        count,
+                        in_place,
+                    };
+                    rep += 1;
+                    let wrong = case
+                        .run_checked(comm, rep)
+                        .unwrap_or_else(|e| panic!("rank {}: {case:?}: {e}", comm.rank()));
+                    if wrong != 0 {
+                        failures.push(format!("rank {} {case:?}: {wrong} wrong", comm.rank()));
+                    }
+                }
+            }
+            failures
+        });
+        let wrong: Vec<String> = wrong.into_iter().flatten().collect();
+        assert!(wrong.is_empty(), "{n} ranks:\n{}", wrong.join("\n"));
+    }
+}
+
+#[test]
+fn all_reduce() {
+    check(Collective::AllReduce, TransportKind::InProcess, 8);
+}
+
+#[test]
+fn broadcast() {
+    check(Collective::Broadcast, TransportKind::InProcess, 8);
+}
+
+#[test]
+fn reduce() {
+    check(Collective::Reduce, TransportKind::InProcess, 8);
+}
+
+#[test]
+fn all_gather() {
+    check(Collective::AllGather, TransportKind::InProcess, 8);
+}
+
+#[test]
+fn reduce_scatter() {
+    check(Collective::ReduceScatter, TransportKind::InProcess, 8);
+}
+
+#[test]
+fn all_to_all() {
+    check(Collective::AllToAll, TransportKind::InProcess, 8);
+}
+
+#[test]
+fn scatter() {
+    check(Collective::Scatter, TransportKind::InProcess, 8);
+}
+
+#[test]
+fn gather() {
+    check(Collective::Gather, TransportKind::InProcess, 8);
+}
+
+/// The same schedules over POSIX shared memory (the ranks are threads, the segments real
+/// `/dev/shm` objects).
+#[test]
+fn all_reduce_and_all_to_all_over_posix_shm() {
+    check(Collective::AllReduce, TransportKind::Shm, 5);
+    check(Collective::AllToAll, TransportKind::Auto, 3);
+}
+
+/// Several channels per peer: chunks striped round-robin over them.
+#[test]
+fn several_channels() {
+    let config = collectives::CommConfig {
+        nchannels: 3,
+        ..common::config(TransportKind::InProcess)
+    };
+    let wrong = common::with_ranks(4, config, |comm| {
+        let mut wrong = 0;
+        for (k, collective) in [
+            Collective::AllReduce,
+            Collective::Broadcast,
+            Collective::AllToAll,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let case = Case {
+                collective,
+                datatype: DataType::F32,
+                op: RedOp::Sum,
+                root: 1,
+                count: 777,
+                in_place: k % 2 == 1,
+            };
+            wrong += case.run_checked(comm, k as u64).unwrap();
+        }
+        wrong
+    });
+    assert_eq!(wrong, vec![0; 4]);
+}
+
+#[test]
+fn results_are_bit_identical_across_runs_and_in_place() {
+    // Floats that do not add exactly: any change of reduction order would show in the bits.
+    let n = 5;
+    let count = 1234;
+    let runs = common::with_ranks(n, common::config(TransportKind::InProcess), |comm| {
+        let r = comm.rank() as f32;
+        let input: Vec<f32> = (0..count)
+            .map(|i| ((i as f32 + 0.1) * (r + 1.3)).sin() * 1e3 + 1e-3 * r)
+            .collect();
+        let mut outs = Vec::new();
+        for _ in 0..3 {
+            let mut out = vec![0f32; count];
+            comm.all_reduce_typed(&input, &mut out, RedOp::Sum).unwrap();
+            outs.push(out);
+            let mut inplace = input.clone();
+            comm.all_reduce_typed_in_place(&mut inplace, RedOp::Sum)
+                .unwrap();
+            outs.push(inplace);
+        }
+        outs
+    });
+    let bits = |v: &Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let first = bits(&runs[0][0]);
+    for (rank, outs) in runs.iter().enumerate() {
+        for o in outs {
+            assert_eq!(
+                bits(o),
+                first,
+                "rank {rank}: every run, every rank, same bits"
+            );
+        }
+    }
+}
+
+#[test]
+fn point_to_point_and_barrier() {
+    let n = 4;
+    let got = common::with_ranks(n, common::config(TransportKind::InProcess), |comm| {
+        let (r, n) = (comm.rank(), comm.nranks());
+        let send: Vec<u8> = (0..1000).map(|i| (i * 7 + r) as u8).collect();
+        let mut recv = vec![0u8; 1000];
+        // A ring shift in both directions at once: needs the interleaved send_recv.
+        comm.send_recv(
+            &send,
+            1000,
+            Some((r + 1) % n),
+            &mut recv,
+            1000,
+            Some((r + n - 1) % n),
+            DataType::U8,
+        )
+        .unwrap();
+        let from = (r + n - 1) % n;
+        assert!(recv
+            .iter()
+            .enumerate()
+            .all(|(i, &v)| v == (i * 7 + from) as u8));
+        // Plain send/recv pairs: even ranks send first.
+        let peer = r ^ 1;
+        let mut got = vec![0u8; 5];
+        if r % 2 == 0 {
+            comm.send(&send[..5], 5, DataType::U8, peer).unwrap();
+            comm.recv(&mut got, 5, DataType::U8, peer).unwrap();
+        } else {
+            comm.recv(&mut got, 5, DataType::U8, peer).unwrap();
+            comm.send(&send[..5], 5, DataType::U8, peer).unwrap();
+        }
+        // To itself.
+        let mut me = [0u8; 3];
+        comm.send_recv(&[1, 2, 3], 3, Some(r), &mut me, 3, Some(r), DataType::U8)
+            .unwrap();
+        assert_eq!(me, [1, 2, 3]);
+        comm.barrier().unwrap();
+        got
+    });
+    for (r, g) in got.iter().enumerate() {
+        let peer = r ^ 1;
+        assert_eq!(g, &(0..5).map(|i| (i * 7 + peer) as u8).collect::<Vec<_>>());
+    }
+}
