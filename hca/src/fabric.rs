@@ -206,8 +206,8 @@ pub struct Fabric {
     buf: Vec<u8>,
     stats: FabricStats,
     tap: Option<Box<dyn Tap>>,
-    /// The latest in-order arrival scheduled per (from, to) node pair.
-    last_arrival: Vec<Instant>,
+    /// The latest in-order arrival scheduled per path: `last_arrival[from][to]`.
+    last_arrival: Vec<Vec<Instant>>,
 }
 
 impl core::fmt::Debug for Fabric {
@@ -384,13 +384,22 @@ impl Fabric {
             self.schedule(packet, self.now + delay + self.faults.reorder_delay);
             return;
         }
-        // In order on the path: never before the previous in-order packet of the same pair.
-        let pair = packet.from.0 * self.nodes.len() + packet.to.0;
-        if self.last_arrival.len() <= pair {
-            self.last_arrival.resize(pair + 1, Instant::ZERO);
+        // In order on the path: never before the previous in-order packet between the same
+        // two nodes.
+        let (from, to) = (packet.from.0, packet.to.0);
+        if self.last_arrival.len() <= from {
+            self.last_arrival.resize_with(from + 1, Vec::new);
         }
-        let at = (self.now + delay).max(self.last_arrival[pair]);
-        self.last_arrival[pair] = at;
+        let mut at = self.now + delay;
+        if let Some(row) = self.last_arrival.get_mut(from) {
+            if row.len() <= to {
+                row.resize(to + 1, Instant::ZERO);
+            }
+            if let Some(last) = row.get_mut(to) {
+                at = at.max(*last);
+                *last = at;
+            }
+        }
         self.schedule(packet, at);
     }
 
