@@ -31,7 +31,8 @@
 //!
 //! A class C error sends its NAK, completes the receive WQE in progress with an error, raises
 //! the affiliated async event (IBTA vol. 1 §11.6.3.1: QP_REQ_ERR for invalid requests,
-//! QP_ACCESS_ERR for access violations) and moves the QP to ERR.
+//! QP_ACCESS_ERR for access violations) and moves the QP to ERR. READ responses and atomic
+//! acknowledgements still owed for earlier requests go out before the NAK.
 //!
 //! **Duplicates** (§9.7.5.1.2): a SEND or WRITE is acknowledged again with the PSN of the last
 //! ACK-able request (`ack_psn - 1`, C9-105 as rxe cites it), never with the PSN of an RDMA READ,
@@ -88,6 +89,19 @@ fn length_ok(pos: Position, len: usize, pmtu: usize) -> bool {
         Position::Only => len <= pmtu,
         Position::First | Position::Middle => len == pmtu,
         Position::Last => (1..=pmtu).contains(&len),
+    }
+}
+
+/// Whether an RDMA WRITE packet of `len` bytes fits the `resid` bytes its RETH left (rxe
+/// `check_rkey`): one PMTU while more than one PMTU remains, and the message's last packet carries
+/// exactly the rest. rxe checks only the first rule, so it accepts a message that ends before its
+/// DMA length (a WRITE with immediate would then complete with the RETH's byte_len for bytes
+/// never written); here that is class C, invalid request (RC) or a dropped message (UC).
+fn write_packet_fits(resid: usize, len: usize, pmtu: usize, ends: bool) -> bool {
+    if ends {
+        len == resid
+    } else {
+        resid > pmtu && len == pmtu
     }
 }
 
@@ -208,7 +222,15 @@ impl QpTransport {
                     status,
                     event,
                 } => {
+                    // READ responses and atomic ACKs queued so far answer requests before this
+                    // one that were executed (an atomic changed memory): they go out before the
+                    // NAK, which acknowledges the rest (IBTA vol. 1 §9.7.5.2); rxe sends them as
+                    // it executes the requests. Plain ACKs and NAKs queued are superseded.
+                    let mut owed = core::mem::take(&mut self.resp.out);
+                    owed.retain(|o| !matches!(o, RespOut::Ack { .. }));
                     self.class_c(env, pkt.psn, code, status, event);
+                    let nak = core::mem::replace(&mut self.resp.out, owed);
+                    self.resp.out.extend(nak);
                     RespState::Done
                 }
                 RespState::Done => return Ok(()),
@@ -355,12 +377,8 @@ impl QpTransport {
                     pkt.payload.len(),
                     self.pmtu as usize,
                 );
-                let fits = if resid > pmtu {
-                    len == pmtu
-                } else {
-                    len == resid
-                };
-                if !fits {
+                let ends = matches!(pkt.info.position, Position::Last | Position::Only);
+                if !write_packet_fits(resid, len, pmtu, ends) {
                     return RespState::invalid_request();
                 }
             }
@@ -918,12 +936,8 @@ impl QpTransport {
                 };
             }
             let w = self.resp.write;
-            let fits = if w.resid as usize > pmtu {
-                len == pmtu
-            } else {
-                len == w.resid as usize
-            };
-            if !fits {
+            let ends = matches!(pos, Position::Last | Position::Only);
+            if !write_packet_fits(w.resid as usize, len, pmtu, ends) {
                 return self.uc_drop();
             }
             if len > 0 {
