@@ -71,6 +71,8 @@ pub mod qp;
 pub mod recv_queue;
 pub mod srq;
 pub mod table;
+#[cfg(feature = "std")]
+pub mod udp_device;
 pub mod wc;
 pub mod wr;
 

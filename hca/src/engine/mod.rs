@@ -113,6 +113,11 @@ pub struct EngineConfig {
     pub ecn_capable: bool,
     /// DSCP of CNPs (mlx5's `cnp_dscp` defaults to 48).
     pub cnp_dscp: u8,
+    /// The UDP source port of every packet, if fixed. `None` (default): per-QP flow entropy
+    /// (`roce::udp::rocev2_src_port`, or the flow label's port). A link that cannot choose the
+    /// source port per packet (a UDP socket sends from its bound port) sets its port here: the
+    /// ICRC covers the UDP source port, so packets must be built with the port they leave from.
+    pub udp_src_port: Option<u16>,
 }
 
 impl Default for EngineConfig {
@@ -124,6 +129,7 @@ impl Default for EngineConfig {
             max_pending_cnps: 256,
             ecn_capable: true,
             cnp_dscp: 48,
+            udp_src_port: None,
         }
     }
 }
@@ -567,6 +573,7 @@ impl SoftHca {
         let pkey = port.and_then(|p| p.pkeys.get(qp_attr.pkey_index));
         let sgid = port.and_then(|p| p.gids.get(u32::from(qp_attr.ah_attr.sgid_index)).copied());
         let ecn_capable = self.config.ecn_capable;
+        let fixed_port = self.config.udp_src_port;
         let Some((t, mut env)) = self.split(qpn, now) else {
             return Ok(outcome);
         };
@@ -601,7 +608,8 @@ impl SoftHca {
                 t.comp.rnr_left = qp_attr.rnr_retry;
             }
             if mask.contains(QpAttrMask::AV) && qp_type != QpType::Ud {
-                t.route = sgid.map(|s| route_for(qpn, &s.gid, &qp_attr.ah_attr, ecn_capable));
+                t.route =
+                    sgid.map(|s| route_for(qpn, &s.gid, &qp_attr.ah_attr, ecn_capable, fixed_port));
             }
         }
         self.after_qp(qpn, now);
@@ -649,7 +657,13 @@ impl SoftHca {
                     dest.remote_qkey
                 };
                 Some(UdRoute {
-                    route: route_for(qpn, &ah.sgid().gid, ah.attr(), self.config.ecn_capable),
+                    route: route_for(
+                        qpn,
+                        &ah.sgid().gid,
+                        ah.attr(),
+                        self.config.ecn_capable,
+                        self.config.udp_src_port,
+                    ),
                     remote_qpn: dest.remote_qpn,
                     qkey,
                 })
@@ -1020,7 +1034,10 @@ impl SoftHca {
         let route = Route {
             src_ip: cnp.src_ip,
             dst_ip: cnp.dst_ip,
-            src_port: udp::rocev2_src_port(cnp.src_qpn),
+            src_port: self
+                .config
+                .udp_src_port
+                .unwrap_or_else(|| udp::rocev2_src_port(cnp.src_qpn)),
             dscp: self.config.cnp_dscp,
             ecn: Ecn::NotEct,
             hop_limit: 64,
@@ -1055,11 +1072,19 @@ impl SoftHca {
 
 /// The route of packets from QP `qpn` through address vector `av` with source GID `sgid`
 /// (rxe `rxe_init_av` / `rxe_prepare`): IPs from the GIDs, UDP source port from the flow label
-/// if set (`rocev2_src_port_from_flow_label`) else from the QPN, DSCP and ECN from the traffic
-/// class.
-fn route_for(qpn: u32, sgid: &Gid, av: &AhAttr, ecn_capable: bool) -> Route {
+/// if set (`rocev2_src_port_from_flow_label`) else from the QPN, unless the link fixes it
+/// (`fixed_port`, [`EngineConfig::udp_src_port`]); DSCP and ECN from the traffic class.
+fn route_for(
+    qpn: u32,
+    sgid: &Gid,
+    av: &AhAttr,
+    ecn_capable: bool,
+    fixed_port: Option<u16>,
+) -> Route {
     let (src_ip, dst_ip) = net::ips_of(sgid, &av.dgid);
-    let src_port = if av.flow_label != 0 {
+    let src_port = if let Some(port) = fixed_port {
+        port
+    } else if av.flow_label != 0 {
         udp::rocev2_src_port_from_flow_label(av.flow_label)
     } else {
         udp::rocev2_src_port(qpn)

@@ -21,7 +21,7 @@ pub mod wake;
 pub use error::LinkError;
 pub use oob::OobError;
 pub use udp::{
-    LinkCounters, Offloads, Readiness, RecvBatch, RecvDatagram, SendDatagram, UdpLink,
+    LinkCounters, LinkPoller, Offloads, Readiness, RecvBatch, RecvDatagram, SendDatagram, UdpLink,
     UdpLinkConfig,
 };
 pub use wake::Waker;

@@ -822,35 +822,80 @@ impl UdpLink {
         waker: Option<&Waker>,
         timeout: Duration,
     ) -> Result<Readiness, LinkError> {
-        let events = libc::POLLIN | if writable { libc::POLLOUT } else { 0 };
-        let map = |source| LinkError::Poll {
+        wait_on(self.fd.as_fd(), self.local, writable, waker, timeout)
+    }
+
+    /// A second handle on this link's socket that can only wait for it
+    /// ([`LinkPoller::wait`]): a progress thread sleeps on it while other threads keep using the
+    /// link (`send` and `recv` need `&mut UdpLink`, which a sleeping thread would otherwise
+    /// hold). It duplicates the descriptor (dup(2) with close-on-exec): the socket stays open
+    /// until both are dropped.
+    ///
+    /// Errors: [`LinkError::Socket`] when the process is out of descriptors.
+    pub fn poller(&self) -> Result<LinkPoller, LinkError> {
+        let fd = self.fd.try_clone().map_err(|source| LinkError::Socket {
             local: self.local,
             source,
-        };
-        let (sock, wake) = match waker {
-            Some(w) => {
-                let [s, k] = sys::poll(
-                    [(self.fd.as_fd(), events), (w.as_fd(), libc::POLLIN)],
-                    timeout,
-                )
-                .map_err(map)?;
-                (s, k)
-            }
-            None => {
-                let [s] = sys::poll([(self.fd.as_fd(), events)], timeout).map_err(map)?;
-                (s, 0)
-            }
-        };
-        let woken = match waker {
-            Some(w) if wake & libc::POLLIN != 0 => w.take()?,
-            _ => false,
-        };
-        Ok(Readiness {
-            readable: sock & libc::POLLIN != 0,
-            writable: sock & libc::POLLOUT != 0,
-            woken,
-            error: sock & (libc::POLLERR | libc::POLLNVAL) != 0,
+        })?;
+        Ok(LinkPoller {
+            fd,
+            local: self.local,
         })
+    }
+}
+
+/// poll(2) on a link's socket and, if given, a waker's eventfd; see [`UdpLink::wait`].
+fn wait_on(
+    fd: BorrowedFd<'_>,
+    local: SocketAddr,
+    writable: bool,
+    waker: Option<&Waker>,
+    timeout: Duration,
+) -> Result<Readiness, LinkError> {
+    let events = libc::POLLIN | if writable { libc::POLLOUT } else { 0 };
+    let map = |source| LinkError::Poll { local, source };
+    let (sock, wake) = match waker {
+        Some(w) => {
+            let [s, k] =
+                sys::poll([(fd, events), (w.as_fd(), libc::POLLIN)], timeout).map_err(map)?;
+            (s, k)
+        }
+        None => {
+            let [s] = sys::poll([(fd, events)], timeout).map_err(map)?;
+            (s, 0)
+        }
+    };
+    let woken = match waker {
+        Some(w) if wake & libc::POLLIN != 0 => w.take()?,
+        _ => false,
+    };
+    Ok(Readiness {
+        readable: sock & libc::POLLIN != 0,
+        writable: sock & libc::POLLOUT != 0,
+        woken,
+        error: sock & (libc::POLLERR | libc::POLLNVAL) != 0,
+    })
+}
+
+/// A duplicate of a [`UdpLink`]'s socket descriptor that can only wait for it: see
+/// [`UdpLink::poller`].
+#[derive(Debug)]
+pub struct LinkPoller {
+    fd: OwnedFd,
+    local: SocketAddr,
+}
+
+impl LinkPoller {
+    /// As [`UdpLink::wait`], without borrowing the link.
+    ///
+    /// Errors: [`LinkError::Poll`]; [`LinkError::Waker`] if resetting the waker fails.
+    pub fn wait(
+        &self,
+        writable: bool,
+        waker: Option<&Waker>,
+        timeout: Duration,
+    ) -> Result<Readiness, LinkError> {
+        wait_on(self.fd.as_fd(), self.local, writable, waker, timeout)
     }
 }
 

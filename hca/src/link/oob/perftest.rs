@@ -388,6 +388,13 @@ impl PerftestConn {
         self.stream.peer
     }
 
+    /// This side's address of the TCP connection (the source address the route to the peer
+    /// uses, or the address the client reached): a tool without a configured device address
+    /// uses it as its GID.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.stream.stream.local_addr().ok()
+    }
+
     /// Changes the timeout of each later read and write (e.g. to the test's duration plus a
     /// margin before the end-of-test hand-shake).
     ///

@@ -214,6 +214,12 @@ impl PendingReply {
         self.stream.peer
     }
 
+    /// This side's address of the TCP connection: the local address the client reached, which
+    /// a server without a configured device address can use as its GID.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.stream.stream.local_addr().ok()
+    }
+
     /// Sends `local` and waits for the client's [`DONE`].
     ///
     /// Errors: [`OobError::OutOfRange`] (bad `local`; nothing sent), write and read errors,

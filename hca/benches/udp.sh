@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Loopback benchmark of the software HCA on a kernel UDP socket against what a user would pick
+# instead, in one run, printed side by side with ratios (issue 4):
+#   1. `rdma-perf write-bw -s 65536` goodput vs raw kernel UDP (`iperf3 -u -b 0 -l <payload>`) at
+#      the same datagram payload (the path MTU's), over IPv4 (127.x, no UDP GSO: the IPv4
+#      identification is in the ICRC) and IPv6 (addresses on `lo`, UDP GSO/GRO on);
+#   2. `rdma-perf send-lat -s 8` t_typical vs `sockperf ping-pong` median half round trip
+#      (sockperf's smallest message is 14 bytes: -m 14);
+#   3. `rdma-perf write-bw -q 64` vs `-q 1` aggregate bandwidth.
+# Run by hand (not a test): `hca/benches/udp.sh [seconds-per-run]`. Needs root to install iperf3 /
+# sockperf (apt) when missing and to add two IPv6 addresses to `lo`. PIN=1 pins every server to
+# CPU 0 and every client to CPU 1 (all threads of a process then share one CPU; off by default).
+# Other load on the machine skews every figure.
+set -euo pipefail
+
+SECS=${1:-5}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+PERF=$TARGET/release/rdma-perf
+WORK=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+
+need() {
+    if ! command -v "$1" >/dev/null; then
+        echo "installing $2 ..." >&2
+        if [ "$(id -u)" -ne 0 ]; then
+            echo "$1 is missing and this is not root: install $2" >&2
+            exit 1
+        fi
+        DEBIAN_FRONTEND=noninteractive apt-get install -y "$2" >/dev/null
+    fi
+}
+need iperf3 iperf3
+need sockperf sockperf
+need python3 python3
+
+(cd "$ROOT" && cargo build --release -q -p hca --bin rdma-perf)
+
+CPUS=$(nproc)
+if [ "${PIN:-0}" = 1 ] && [ "$CPUS" -ge 2 ] && command -v taskset >/dev/null; then
+    SRV="taskset -c 0"
+    CLI="taskset -c 1"
+else
+    SRV=""
+    CLI=""
+fi
+
+V6A=fd00::4791:1
+V6B=fd00::4791:2
+if [ "$(id -u)" -eq 0 ]; then
+    ip -6 addr add $V6A/128 dev lo 2>/dev/null || true
+    ip -6 addr add $V6B/128 dev lo 2>/dev/null || true
+fi
+HAVE_V6=0
+grep -q "fd000000000000000000000047910001" /proc/net/if_inet6 && HAVE_V6=1
+
+PORT=$((20000 + RANDOM % 20000))
+next_port() { PORT=$((PORT + 1)); }
+
+# rdma-perf server + client; prints the client's output.
+perf_pair() { # test server-addr client-addr args...
+    local test=$1 a=$2 b=$3
+    shift 3
+    next_port
+    $SRV "$PERF" "$test" --link "udp:$a" -p $PORT --timeout 60 "$@" >"$WORK/srv.txt" 2>&1 &
+    local spid=$!
+    sleep 0.3
+    $CLI "$PERF" "$test" --link "udp:$b" -p $PORT --timeout 60 "$@" 127.0.0.1 >"$WORK/cli.txt" 2>&1
+    wait $spid
+    cat "$WORK/cli.txt"
+}
+
+# The value of column $1 of the first result row after the column header.
+column() {
+    awk -v c="$1" '/#bytes/ {h=1; next} h && NF > 1 {print $c; exit}'
+}
+
+# iperf3 UDP goodput at the receiver, Gbit/s: sender rate less lost datagrams.
+iperf_goodput() { # addr payload
+    next_port
+    $SRV iperf3 -s -B "$1" -p $PORT -1 >/dev/null 2>&1 &
+    sleep 0.3
+    $CLI iperf3 -c "$1" -p $PORT -u -b 0 -l "$2" -t "$SECS" --json >"$WORK/iperf.json" 2>&1 || true
+    wait || true
+    python3 - "$WORK/iperf.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))["end"]["sum"]
+print(f'{s["bits_per_second"] * (1 - s["lost_percent"] / 100) / 1e9:.3f}')
+PY
+}
+
+gbits() { python3 -c "print(f'{$1 * 1048576 * 8 / 1e9:.3f}')"; }
+ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
+
+echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $CPUS CPUs, Linux $(uname -r)"
+echo "socket buffers: rmem_max $(cat /proc/sys/net/core/rmem_max), wmem_max $(cat /proc/sys/net/core/wmem_max)"
+echo "each run: $SECS s; pinning: ${SRV:-none}${CLI:+ / $CLI}"
+echo
+
+# 1. bandwidth vs raw UDP.
+IP4A=127.0.47.1
+IP4B=127.0.47.2
+BW4=$(perf_pair write-bw $IP4A $IP4B -s 65536 -D "$SECS" | column 4)
+MTU4=$(grep -m1 "Mtu" "$WORK/cli.txt" | sed 's/[^0-9]//g')
+UDP4=$(iperf_goodput $IP4A "$MTU4")
+echo "1. write-bw -s 65536 (IPv4, path MTU $MTU4):  rdma-perf $(gbits "$BW4") Gbit/s   iperf3 -u -l $MTU4 $UDP4 Gbit/s   ratio $(ratio "$(gbits "$BW4")" "$UDP4")"
+if [ "$HAVE_V6" -eq 1 ]; then
+    BW6=$(perf_pair write-bw $V6A $V6B -s 65536 -D "$SECS" | column 4)
+    MTU6=$(grep -m1 "Mtu" "$WORK/cli.txt" | sed 's/[^0-9]//g')
+    UDP6=$(iperf_goodput $V6A "$MTU6")
+    echo "   write-bw -s 65536 (IPv6, path MTU $MTU6, GSO/GRO): rdma-perf $(gbits "$BW6") Gbit/s   iperf3 -u -l $MTU6 $UDP6 Gbit/s   ratio $(ratio "$(gbits "$BW6")" "$UDP6")"
+fi
+
+# 2. latency vs sockperf.
+LAT=$(perf_pair send-lat $IP4A $IP4B -s 8 -n 20000 | column 5)
+next_port
+$SRV sockperf server -i $IP4A -p $PORT >/dev/null 2>&1 &
+SPID=$!
+sleep 0.5
+$CLI sockperf ping-pong -i $IP4A -p $PORT -m 14 -t "$SECS" >"$WORK/sockperf.txt" 2>&1 || true
+kill $SPID 2>/dev/null || true
+wait $SPID 2>/dev/null || true
+SOCK=$(awk '/percentile 50.000/ {print $NF}' "$WORK/sockperf.txt")
+echo "2. send-lat -s 8 t_typical: rdma-perf $LAT us   sockperf ping-pong -m 14 median $SOCK us   ratio $(ratio "$LAT" "$SOCK")"
+
+# 3. 64 QPs vs 1.
+Q1=$(perf_pair write-bw $IP4A $IP4B -s 65536 -q 1 -D "$SECS" | column 4)
+Q64=$(perf_pair write-bw $IP4A $IP4B -s 65536 -q 64 -D "$SECS" | column 4)
+echo "3. write-bw -s 65536: -q 1 $(gbits "$Q1") Gbit/s   -q 64 $(gbits "$Q64") Gbit/s   ratio q64/q1 $(ratio "$Q64" "$Q1")"

@@ -1,0 +1,369 @@
+//! Shared by `rdma-perf` and `rdma-pingpong`: choosing and opening the UDP device, bringing QPs
+//! up the way the C tools do, and C `printf` formats the tools' output needs.
+#![allow(dead_code)] // each tool uses a subset
+
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::time::Duration;
+
+use hca::link::oob::OobTimeouts;
+use hca::udp_device::{Progress, UdpDevice, UdpDeviceConfig, GID_INDEX, ROCEV2_PORT};
+use hca::{AccessFlags, AhAttr, Gid, PathMtu, QpAttr, QpAttrMask, QpState, QpType};
+
+/// A one-line error for the user; `main` prints it after the tool's name and exits with 1.
+#[derive(Debug)]
+pub struct Fail(pub String);
+
+impl fmt::Display for Fail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<E: std::error::Error> From<E> for Fail {
+    fn from(e: E) -> Self {
+        Fail(e.to_string())
+    }
+}
+
+/// `Err(Fail(..))` from a format string.
+macro_rules! fail {
+    ($($t:tt)*) => { Err($crate::common::Fail(format!($($t)*))) };
+}
+pub(crate) use fail;
+
+/// Who drives the device's engine (`--progress`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProgressArg {
+    /// A progress thread per device.
+    Thread,
+    /// The tool's polling loop drives the engine (no extra thread).
+    Caller,
+}
+
+impl From<ProgressArg> for Progress {
+    fn from(p: ProgressArg) -> Self {
+        match p {
+            ProgressArg::Thread => Progress::Thread,
+            ProgressArg::Caller => Progress::Caller,
+        }
+    }
+}
+
+/// A device address as `--link` / `-d` give it: `udp:ADDR`, `udp:ADDR:PORT`, `udp:[V6]:PORT`,
+/// or the same without `udp:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkSpec {
+    /// The local address: the device's GID.
+    pub ip: IpAddr,
+    /// The local UDP port (default 4791).
+    pub port: u16,
+}
+
+impl LinkSpec {
+    /// Parses a `--link` value.
+    pub fn parse(text: &str) -> Result<LinkSpec, Fail> {
+        let rest = text.strip_prefix("udp:").unwrap_or(text);
+        if let Ok(ip) = rest.parse::<IpAddr>() {
+            return Ok(LinkSpec {
+                ip,
+                port: ROCEV2_PORT,
+            });
+        }
+        if let Ok(sa) = rest.parse::<SocketAddr>() {
+            return Ok(LinkSpec {
+                ip: sa.ip(),
+                port: sa.port(),
+            });
+        }
+        fail!(
+            "bad device \"{text}\": expected udp:ADDRESS or udp:ADDRESS:PORT (e.g. udp:192.168.1.2, \
+             udp:[fe80::1]:4791)"
+        )
+    }
+}
+
+impl fmt::Display for LinkSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.port == ROCEV2_PORT {
+            write!(f, "udp:{}", self.ip)
+        } else {
+            write!(f, "udp:{}", SocketAddr::new(self.ip, self.port))
+        }
+    }
+}
+
+/// The source address the kernel's route to `host:port` uses (a UDP `connect`, which sends
+/// nothing): the natural device address of a client given no `--link`.
+pub fn route_source(host: &str, port: u16) -> Result<IpAddr, Fail> {
+    let addrs: Vec<SocketAddr> = match (host, port).to_socket_addrs() {
+        Ok(a) => a.collect(),
+        Err(e) => return fail!("cannot resolve {host}: {e}"),
+    };
+    let mut last = None;
+    for a in addrs {
+        let any: SocketAddr = if a.is_ipv6() {
+            "[::]:0".parse().map_err(|_| Fail("address".into()))?
+        } else {
+            "0.0.0.0:0".parse().map_err(|_| Fail("address".into()))?
+        };
+        let r = UdpSocket::bind(any)
+            .and_then(|s| s.connect(a).map(|_| s))
+            .and_then(|s| s.local_addr());
+        match r {
+            Ok(local) => return Ok(local.ip()),
+            Err(e) => last = Some(e),
+        }
+    }
+    match last {
+        Some(e) => fail!("no route to {host}: {e}"),
+        None => fail!("cannot resolve {host}: no address"),
+    }
+}
+
+/// Opens the device on `spec`.
+pub fn open_device(
+    spec: LinkSpec,
+    progress: Progress,
+    link_mtu: Option<u32>,
+) -> Result<UdpDevice, Fail> {
+    let mut c = UdpDeviceConfig::new(spec.ip);
+    c.port = spec.port;
+    c.progress = progress;
+    c.link_mtu = link_mtu;
+    UdpDevice::open(c).map_err(|e| Fail(format!("cannot open device {spec}: {e}")))
+}
+
+/// `--stats`: the device's counters, to stderr.
+pub fn print_stats(dev: &UdpDevice) {
+    eprintln!("engine: {:?}", dev.counters());
+    eprintln!("link: {:?}", dev.link_counters());
+    eprintln!("progress: {:?}", dev.device_counters());
+}
+
+/// Checks a GID index option against the device's table (one GID, at [`GID_INDEX`]).
+pub fn check_gid_index(dev: &UdpDevice, index: i64) -> Result<Gid, Fail> {
+    match u32::try_from(index).ok().map(|i| dev.query_gid(i)) {
+        Some(Ok(e)) => Ok(e.gid),
+        _ => fail!(
+            "no GID at index {index} of {} (its only GID, {}, is at index {GID_INDEX})",
+            dev.local_addr(),
+            dev.gid()
+        ),
+    }
+}
+
+/// The out-of-band timeouts for `--timeout SECS`: connect, accept and each message.
+pub fn oob_timeouts(secs: u64) -> OobTimeouts {
+    let t = Duration::from_secs(secs.max(1));
+    OobTimeouts {
+        connect: t,
+        accept: t,
+        io: t,
+    }
+}
+
+/// A random 24-bit PSN (the tools use `lrand48() & 0xffffff`).
+pub fn random_psn() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut x = nanos ^ (u64::from(std::process::id()) << 32) ^ 0x9e37_79b9_7f4a_7c15;
+    // splitmix64
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    (x & 0xff_ffff) as u32
+}
+
+/// A GID as `inet_ntop(AF_INET6)` prints it.
+pub fn gid_text(gid: &Gid) -> String {
+    Ipv6Addr::from(*gid.as_bytes()).to_string()
+}
+
+/// C's `%#0Nx`: zero-padded to `width` characters including a `0x` prefix, which C omits for
+/// zero.
+pub fn c_alt_hex(value: u64, width: usize) -> String {
+    if value == 0 {
+        format!("{:0width$}", 0)
+    } else {
+        let digits = format!("{value:x}");
+        format!(
+            "0x{}{digits}",
+            "0".repeat(width.saturating_sub(2 + digits.len()))
+        )
+    }
+}
+
+/// The path MTU of `bytes` (256, 512, 1024, 2048 or 4096), as the tools' `-m` takes it.
+pub fn mtu_of_bytes(bytes: u32) -> Option<PathMtu> {
+    PathMtu::ALL.into_iter().find(|m| m.bytes() as u32 == bytes)
+}
+
+/// How to connect a QP (the attributes of the tools' `connect` functions).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectAttrs {
+    /// RC, UC or UD.
+    pub qp_type: QpType,
+    /// Path MTU (RC/UC).
+    pub mtu: PathMtu,
+    /// This QP's first PSN.
+    pub my_psn: u32,
+    /// Responder resources (RC).
+    pub max_dest_rd_atomic: u8,
+    /// Initiator depth (RC).
+    pub max_rd_atomic: u8,
+    /// RNR NAK timer code (RC).
+    pub min_rnr_timer: u8,
+    /// Local ACK timeout exponent (RC).
+    pub timeout: u8,
+    /// Transport retries (RC).
+    pub retry_cnt: u8,
+    /// RNR retries (RC; 7 = forever).
+    pub rnr_retry: u8,
+    /// IP hop limit.
+    pub hop_limit: u8,
+    /// IP traffic class.
+    pub traffic_class: u8,
+}
+
+/// The peer of a QP.
+#[derive(Debug, Clone, Copy)]
+pub struct Remote {
+    /// Its QPN.
+    pub qpn: u32,
+    /// Its first PSN.
+    pub psn: u32,
+    /// Its GID.
+    pub gid: Gid,
+}
+
+/// RESET -> INIT with the tool's access flags (and Q_Key for UD).
+pub fn qp_to_init(
+    dev: &UdpDevice,
+    qpn: u32,
+    qp_type: QpType,
+    access: AccessFlags,
+    qkey: u32,
+) -> Result<(), Fail> {
+    let attr = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: access,
+        qkey,
+        ..QpAttr::default()
+    };
+    let base = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
+    let mask = match qp_type {
+        QpType::Ud => base | QpAttrMask::QKEY,
+        _ => base | QpAttrMask::ACCESS_FLAGS,
+    };
+    dev.modify_qp(qpn, &attr, mask)
+        .map_err(|e| Fail(format!("Failed to modify QP to INIT: {e}")))?;
+    Ok(())
+}
+
+/// The address vector to `gid` from the device's GID.
+pub fn av_to(gid: Gid, hop_limit: u8, traffic_class: u8) -> AhAttr {
+    AhAttr {
+        dgid: gid,
+        sgid_index: GID_INDEX as u8,
+        hop_limit,
+        traffic_class,
+        port_num: 1,
+        ..AhAttr::default()
+    }
+}
+
+/// INIT -> RTR -> RTS as `pp_connect_ctx` / perftest's `ctx_connect` do.
+pub fn qp_to_rts(dev: &UdpDevice, qpn: u32, a: &ConnectAttrs, remote: &Remote) -> Result<(), Fail> {
+    let mut attr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: a.mtu,
+        dest_qp_num: remote.qpn,
+        rq_psn: remote.psn,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        ah_attr: av_to(remote.gid, a.hop_limit, a.traffic_class),
+        ..QpAttr::default()
+    };
+    let rtr = match a.qp_type {
+        QpType::Rc => {
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER
+        }
+        QpType::Uc => {
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+        }
+        QpType::Ud => QpAttrMask::STATE,
+    };
+    dev.modify_qp(qpn, &attr, rtr)
+        .map_err(|e| Fail(format!("Failed to modify QP to RTR: {e}")))?;
+    attr.qp_state = QpState::Rts;
+    attr.sq_psn = a.my_psn;
+    attr.timeout = a.timeout;
+    attr.retry_cnt = a.retry_cnt;
+    attr.rnr_retry = a.rnr_retry;
+    attr.max_rd_atomic = a.max_rd_atomic;
+    let rts = match a.qp_type {
+        QpType::Rc => {
+            QpAttrMask::STATE
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC
+        }
+        _ => QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+    };
+    dev.modify_qp(qpn, &attr, rts)
+        .map_err(|e| Fail(format!("Failed to modify QP to RTS: {e}")))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_alternate_hex_like_printf() {
+        // printf("%#04x", 0) == "0000", ("%#06x", 0x11) == "0x0011".
+        assert_eq!(c_alt_hex(0, 4), "0000");
+        assert_eq!(c_alt_hex(0x11, 6), "0x0011");
+        assert_eq!(c_alt_hex(0x6e8d2a, 6), "0x6e8d2a");
+        assert_eq!(c_alt_hex(0x1234567, 6), "0x1234567");
+        assert_eq!(c_alt_hex(0x7f12_3456_7000, 16), "0x007f1234567000");
+    }
+
+    #[test]
+    fn link_specs() {
+        let s = LinkSpec::parse("udp:127.0.0.2").unwrap();
+        assert_eq!((s.ip.to_string(), s.port), ("127.0.0.2".into(), 4791));
+        let s = LinkSpec::parse("udp:[::1]:5000").unwrap();
+        assert_eq!((s.ip.to_string(), s.port), ("::1".into(), 5000));
+        let s = LinkSpec::parse("::1").unwrap();
+        assert_eq!(s.port, 4791);
+        assert_eq!(
+            LinkSpec::parse("10.0.0.1:99").unwrap().to_string(),
+            "udp:10.0.0.1:99"
+        );
+        assert!(LinkSpec::parse("udp:rxe0").is_err());
+    }
+
+    #[test]
+    fn psn_is_24_bits() {
+        for _ in 0..100 {
+            assert!(random_psn() <= 0xff_ffff);
+        }
+    }
+}

@@ -1,0 +1,1415 @@
+//! `rdma-perf`: perftest's bandwidth and latency tests (`ib_write_bw`, `ib_read_bw`,
+//! `ib_send_bw`, `ib_atomic_bw`, `ib_write_lat`, `ib_read_lat`, `ib_send_lat`) over the software
+//! HCA on a UDP socket.
+//!
+//! `rdma-perf write-bw [OPTIONS] [SERVER]` is `ib_write_bw [OPTIONS] [SERVER]`: same main options
+//! and meaning, server mode when no server is given, the same output (header block, addresses,
+//! result columns), and perftest 4.5's out-of-band TCP exchange in its order
+//! ([`hca::link::oob::perftest`]), so that either side can be a real perftest over Linux
+//! soft-RoCE. Differences, all because the device is a UDP socket:
+//! * `-d` / `--link udp:ADDRESS[:PORT]` names the device by its IP address (its GID, at index 0;
+//!   `-x` may only be 0). Without it a client uses the source address of the TCP connection to
+//!   the server, and a server the address the client connected to.
+//! * `--progress thread|caller`: who drives the device. Bandwidth tests default to a progress
+//!   thread, latency tests to the polling loop itself (one thread, as perftest's busy polling);
+//!   sides that only wait (the server of write/read/atomic tests) always use a thread.
+//! * Every wait is bounded by `--timeout` (default 30 s; the server's wait for the end of the
+//!   client's test by ten times that plus `-D`): a silent peer is an error, not a hang.
+//! * Transports RC and UC (`-c`); perftest's UD, XRC, DC, events, multicast and the like are
+//!   not offered. Peak bandwidth over more than 20000 messages is not computed (perftest's own
+//!   rule), and over many messages its spans are sampled.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod report;
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use gpu_p2p::{HostMemory, Memory};
+use hca::link::oob::perftest::{
+    BwReport, KeyFormat, PerftestConn, PerftestDest, PerftestListener, PerftestTest,
+    DEFAULT_CACHE_LINE_SIZE, DEFAULT_CYCLE_BUFFER,
+};
+use hca::udp_device::{Progress, UdpDevice, ROCEV2_PORT};
+use hca::{
+    AccessFlags, CqHandle, MemoryRegion, PathMtu, PdHandle, QpCap, QpInitAttr, QpType, RecvWr,
+    SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use common::{fail, Fail, LinkSpec, ProgressArg};
+use report::{Bw, RESULT_FMT, RESULT_FMT_G, RESULT_FMT_LAT, RESULT_FMT_LAT_DUR, RESULT_LINE};
+
+/// perftest's `MAX_SIZE`: the largest message of `-a`, 8 MiB.
+const MAX_SIZE: u64 = 8 << 20;
+/// `MSG_SIZE_CQ_MOD_LIMIT`: above it CQ moderation is off unless `-Q` asks for it.
+const CQ_MOD_LIMIT: u64 = 8192;
+/// Where the MR starts in the I/O virtual address space (an address like perftest's buffers).
+const IOVA: u64 = 0x7f3a_0000_0000;
+/// Messages above which perftest computes no peak (`iters > 20000`).
+const NO_PEAK_ITERS: u64 = 20_000;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rdma-perf",
+    version,
+    about = "perftest's RDMA bandwidth and latency tests over the software RoCE HCA"
+)]
+struct Cli {
+    #[command(subcommand)]
+    test: TestCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum TestCmd {
+    /// RDMA WRITE bandwidth (ib_write_bw).
+    WriteBw(Args),
+    /// RDMA READ bandwidth (ib_read_bw).
+    ReadBw(Args),
+    /// SEND bandwidth (ib_send_bw).
+    SendBw(Args),
+    /// Atomic (fetch-and-add or compare-and-swap) rate (ib_atomic_bw).
+    AtomicBw(Args),
+    /// RDMA WRITE ping-pong latency (ib_write_lat).
+    WriteLat(Args),
+    /// RDMA READ latency (ib_read_lat).
+    ReadLat(Args),
+    /// SEND ping-pong latency (ib_send_lat).
+    SendLat(Args),
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct Args {
+    /// The server to connect to; none: be the server and wait for a client.
+    server: Option<String>,
+    /// Size of message to exchange, bytes (default 65536 for bandwidth, 2 for latency tests).
+    #[arg(short = 's', long)]
+    size: Option<u64>,
+    /// Number of exchanges (default 5000 for write-bw, else 1000).
+    #[arg(short = 'n', long)]
+    iters: Option<u64>,
+    /// Run sizes from 2 till 2^23.
+    #[arg(short = 'a', long)]
+    all: bool,
+    /// Num of QPs running in the process.
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    qps: u32,
+    /// MTU size: 256 - 4096 (default: the port's active MTU).
+    #[arg(short = 'm', long)]
+    mtu: Option<u32>,
+    /// Listen on / connect to TCP port PORT.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// Run the test for SECS seconds.
+    #[arg(short = 'D', long = "duration", value_name = "SECS")]
+    duration: Option<u64>,
+    /// Report bandwidth in Gb/s instead of MB/s.
+    #[arg(long = "report_gbits")]
+    report_gbits: bool,
+    /// GID index of the device (it has one GID, at 0).
+    #[arg(short = 'x', long = "gid-index")]
+    gid_index: Option<i64>,
+    /// The device: udp:ADDRESS[:PORT] (same as --link).
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    ib_dev: Option<String>,
+    /// The device: udp:ADDRESS[:PORT], the local address (and UDP port, default 4791) to use.
+    #[arg(long, value_name = "udp:ADDRESS[:PORT]")]
+    link: Option<String>,
+    /// Connection type: RC or UC.
+    #[arg(short = 'c', long = "connection", default_value = "RC")]
+    connection: String,
+    /// Size of the send queue (default 128 for bandwidth, 1 for latency tests).
+    #[arg(short = 't', long = "tx-depth")]
+    tx_depth: Option<u32>,
+    /// Receive queue depth of SEND tests.
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 512)]
+    rx_depth: u32,
+    /// Generate a completion every N work requests (default 100; 1 above 8 KiB messages).
+    #[arg(short = 'Q', long = "cq-mod")]
+    cq_mod: Option<u32>,
+    /// Number of outstanding READ / atomic requests (default the device's maximum).
+    #[arg(short = 'o', long = "outs")]
+    outs: Option<u16>,
+    /// Atomic type: FETCH_AND_ADD (default) or CMP_AND_SWAP.
+    #[arg(short = 'A', long = "atomic_type")]
+    atomic_type: Option<String>,
+    /// Max size of message to be sent inline.
+    #[arg(short = 'I', long = "inline_size")]
+    inline_size: Option<u32>,
+    /// Who drives the device (default: thread for bandwidth, caller for latency tests).
+    #[arg(long, value_enum)]
+    progress: Option<ProgressArg>,
+    /// Longest wait for the peer, seconds: connecting, each TCP message, each completion.
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+    /// Print the device's engine, link and progress counters to stderr at the end.
+    #[arg(long)]
+    stats: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verb {
+    Send,
+    Write,
+    Read,
+    Atomic,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Bw,
+    Lat,
+}
+
+/// Everything the test needs, resolved as perftest's parser does.
+#[derive(Debug, Clone)]
+struct Params {
+    test: PerftestTest,
+    verb: Verb,
+    kind: Kind,
+    server: Option<String>,
+    size: u64,
+    iters: u64,
+    all: bool,
+    qps: u32,
+    mtu: Option<PathMtu>,
+    port: u16,
+    duration: Option<u64>,
+    gbits: bool,
+    gid_index: i64,
+    link: Option<LinkSpec>,
+    qp_type: QpType,
+    tx_depth: u32,
+    rx_depth: u32,
+    cq_mod: u32,
+    outs: Option<u16>,
+    fetch_add: bool,
+    inline_size: u32,
+    progress: Progress,
+    timeout: Duration,
+    stats: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = resolve(&cli.test).and_then(|p| run(&p));
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rdma-perf: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn resolve(cmd: &TestCmd) -> Result<Params, Fail> {
+    let (test, verb, kind, a) = match cmd {
+        TestCmd::WriteBw(a) => (PerftestTest::WriteBw, Verb::Write, Kind::Bw, a),
+        TestCmd::ReadBw(a) => (PerftestTest::ReadBw, Verb::Read, Kind::Bw, a),
+        TestCmd::SendBw(a) => (PerftestTest::SendBw, Verb::Send, Kind::Bw, a),
+        TestCmd::AtomicBw(a) => (PerftestTest::AtomicBw, Verb::Atomic, Kind::Bw, a),
+        TestCmd::WriteLat(a) => (PerftestTest::WriteLat, Verb::Write, Kind::Lat, a),
+        TestCmd::ReadLat(a) => (PerftestTest::ReadLat, Verb::Read, Kind::Lat, a),
+        TestCmd::SendLat(a) => (PerftestTest::SendLat, Verb::Send, Kind::Lat, a),
+    };
+    let qp_type = match a.connection.to_ascii_uppercase().as_str() {
+        "RC" => QpType::Rc,
+        "UC" => QpType::Uc,
+        other => return fail!("connection type {other} is not supported (RC or UC)"),
+    };
+    if qp_type == QpType::Uc && matches!(verb, Verb::Read | Verb::Atomic) {
+        return fail!("RDMA READ and atomics need RC (-c RC)");
+    }
+    let mut size = a.size.unwrap_or(match kind {
+        Kind::Bw => 65536,
+        Kind::Lat => 2,
+    });
+    if verb == Verb::Atomic {
+        if a.all {
+            return fail!("-a is not available for atomics (their size is 8 bytes)");
+        }
+        size = 8;
+    }
+    if size == 0 || size > MAX_SIZE {
+        return fail!("Size must be between 1 and {MAX_SIZE}");
+    }
+    let iters = a.iters.unwrap_or(if test == PerftestTest::WriteBw {
+        5000
+    } else {
+        1000
+    });
+    if !(5..=100_000_000).contains(&iters) {
+        return fail!("Iteration num should be between 5 and 100000000");
+    }
+    if a.qps == 0 || a.qps > 16384 {
+        return fail!("Num of QPs should be between 1 and 16384");
+    }
+    if kind == Kind::Lat && a.qps != 1 {
+        return fail!("latency tests run on one QP (-q 1)");
+    }
+    if a.all && a.duration.is_some() {
+        return fail!("-a and -D cannot be combined");
+    }
+    if a.duration == Some(0) {
+        return fail!("Duration must be at least 1 second");
+    }
+    let mtu = match a.mtu {
+        None => None,
+        Some(m) => match common::mtu_of_bytes(m) {
+            Some(m) => Some(m),
+            None => return fail!("Invalid MTU {m}: must be 256, 512, 1024, 2048 or 4096"),
+        },
+    };
+    let link = match (&a.link, &a.ib_dev) {
+        (Some(l), _) | (None, Some(l)) => Some(LinkSpec::parse(l)?),
+        (None, None) => None,
+    };
+    let tx_depth = a.tx_depth.unwrap_or(match kind {
+        Kind::Bw => 128,
+        Kind::Lat => 1,
+    });
+    if !(1..=15000).contains(&tx_depth) {
+        return fail!("TX depth should be between 1 and 15000");
+    }
+    if !(1..=16384).contains(&a.rx_depth) {
+        return fail!("RX depth should be between 1 and 16384");
+    }
+    let cq_mod_asked = a.cq_mod.is_some();
+    let mut cq_mod = a.cq_mod.unwrap_or(100);
+    if !(1..=1024).contains(&cq_mod) {
+        return fail!("CQ moderation should be between 1 and 1024");
+    }
+    if size > CQ_MOD_LIMIT && !a.all && !cq_mod_asked {
+        cq_mod = 1;
+    }
+    cq_mod = cq_mod.min(tx_depth);
+    let fetch_add = match a.atomic_type.as_deref() {
+        None | Some("FETCH_AND_ADD") => true,
+        Some("CMP_AND_SWAP") => false,
+        Some(other) => return fail!("bad atomic type {other}: FETCH_AND_ADD or CMP_AND_SWAP"),
+    };
+    let inline_size = match verb {
+        Verb::Read | Verb::Atomic => 0,
+        _ => a.inline_size.unwrap_or(match (kind, verb) {
+            (Kind::Lat, Verb::Write) => 220,
+            (Kind::Lat, _) => 236,
+            _ => 0,
+        }),
+    };
+    if inline_size > 512 {
+        return fail!("inline size {inline_size} above the device's maximum (512)");
+    }
+    let server_waits = a.server.is_none()
+        && matches!(
+            test,
+            PerftestTest::WriteBw
+                | PerftestTest::ReadBw
+                | PerftestTest::AtomicBw
+                | PerftestTest::ReadLat
+        );
+    let progress = match (server_waits, a.progress, kind) {
+        (true, _, _) => Progress::Thread,
+        (false, Some(p), _) => p.into(),
+        (false, None, Kind::Bw) => Progress::Thread,
+        (false, None, Kind::Lat) => Progress::Caller,
+    };
+    Ok(Params {
+        test,
+        verb,
+        kind,
+        server: a.server.clone(),
+        size,
+        iters,
+        all: a.all,
+        qps: a.qps,
+        mtu,
+        port: a.port,
+        duration: a.duration,
+        gbits: a.report_gbits,
+        gid_index: a.gid_index.unwrap_or(0),
+        link,
+        qp_type,
+        tx_depth,
+        rx_depth: a.rx_depth + a.rx_depth % 2,
+        cq_mod,
+        outs: a.outs,
+        fetch_add,
+        inline_size,
+        progress,
+        timeout: Duration::from_secs(a.timeout.max(1)),
+        stats: a.stats,
+    })
+}
+
+/// One side's verbs objects.
+struct Res {
+    dev: UdpDevice,
+    /// Kept for the objects' lifetime (perftest frees them in `destroy_ctx`).
+    _pd: PdHandle,
+    send_cq: CqHandle,
+    recv_cq: CqHandle,
+    qpns: Vec<u32>,
+    mem: Arc<HostMemory>,
+    mr: MemoryRegion,
+    /// Bytes of one buffer region (`BUFF_SIZE(size, cycle_buffer)`): QP `i` sends from region
+    /// `i` and is written / read / sent to in region `qps + i`.
+    region: u64,
+    out_reads: u16,
+}
+
+impl Res {
+    fn local(&self, qp: usize) -> u64 {
+        self.mr.iova() + qp as u64 * self.region
+    }
+
+    fn target(&self, qp: usize) -> u64 {
+        self.mr.iova() + (self.qpns.len() + qp) as u64 * self.region
+    }
+
+    fn target_offset(&self, qp: usize) -> usize {
+        ((self.qpns.len() + qp) as u64 * self.region) as usize
+    }
+}
+
+fn run(p: &Params) -> Result<(), Fail> {
+    let t = common::oob_timeouts(p.timeout.as_secs());
+    let (mut conn, local_ip) = match &p.server {
+        Some(host) => {
+            let conn = PerftestConn::connect(host, p.port, KeyFormat::WithGid, &t)
+                .map_err(|e| Fail(format!("Unable to init the socket connection: {e}")))?;
+            let ip = conn.local_addr().map(|a| a.ip());
+            (conn, ip)
+        }
+        None => {
+            println!();
+            println!("************************************");
+            println!("* Waiting for client to connect... *");
+            println!("************************************");
+            let any: SocketAddr = (IpAddr::from([0u8; 4]), p.port).into();
+            let listener = PerftestListener::bind(any, t)
+                .map_err(|e| Fail(format!("Unable to open the server socket: {e}")))?;
+            let conn = listener
+                .accept(KeyFormat::WithGid)
+                .map_err(|e| Fail(format!("Unable to init the socket connection: {e}")))?;
+            let ip = conn.local_addr().map(|a| a.ip());
+            (conn, ip)
+        }
+    };
+    let spec = match (p.link, local_ip) {
+        (Some(s), _) => s,
+        (None, Some(ip)) => LinkSpec {
+            ip: match ip {
+                IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+                v4 => v4,
+            },
+            port: ROCEV2_PORT,
+        },
+        (None, None) => return fail!("cannot tell which local address to use: give --link"),
+    };
+    let dev = common::open_device(spec, p.progress, None)?;
+    let gid = common::check_gid_index(&dev, p.gid_index)?;
+    let port_mtu = dev.query_port().active_mtu;
+    let local_mtu = p.mtu.unwrap_or(port_mtu);
+    if local_mtu > port_mtu {
+        return fail!(
+            "MTU {} is above the port's active MTU {} (the link MTU of {})",
+            local_mtu.bytes(),
+            port_mtu.bytes(),
+            spec.ip
+        );
+    }
+    let pre = conn
+        .preamble(DEFAULT_CYCLE_BUFFER, DEFAULT_CACHE_LINE_SIZE, local_mtu)
+        .map_err(|e| {
+            Fail(format!(
+                "Failed to exchange data between server and clients: {e}"
+            ))
+        })?;
+    let res = setup(p, dev, pre.cycle_buffer.max(1) as u64)?;
+    let my: Vec<PerftestDest> = res
+        .qpns
+        .iter()
+        .enumerate()
+        .map(|(i, &qpn)| PerftestDest {
+            lid: 0,
+            out_reads: res.out_reads,
+            qpn,
+            psn: common::random_psn(),
+            rkey: res.mr.rkey(),
+            vaddr: res.target(i),
+            gid,
+            srqn: 0,
+        })
+        .collect();
+    print_test_info(p, &spec, pre.mtu, res.out_reads);
+    let oob = |e: hca::link::OobError| {
+        Fail(format!(
+            "Failed to exchange data between server and clients: {e}"
+        ))
+    };
+    let rem = conn.exchange_dests(p.test, &my).map_err(oob)?;
+    if rem[0].gid.is_ipv4_mapped() != my[0].gid.is_ipv4_mapped() {
+        return fail!(
+            "Found Incompatibility issue with GID types: local {} remote {} (use the same IP \
+             version on both sides)",
+            common::gid_text(&my[0].gid),
+            common::gid_text(&rem[0].gid)
+        );
+    }
+    for (i, (&qpn, r)) in res.qpns.iter().zip(&rem).enumerate() {
+        connect_qp(p, &res, qpn, &my[i], r, pre.mtu)?;
+    }
+    let rem = res
+        .dev
+        .progress_during(|| conn.sync_after_connect(p.test, &my))
+        .map_err(oob)?;
+    for d in &my {
+        print_dest(p, "local", d);
+    }
+    for d in &rem {
+        print_dest(p, "remote", d);
+    }
+    match p.kind {
+        Kind::Bw => run_bw(p, &res, conn, &my, &rem)?,
+        Kind::Lat => run_lat(p, &res, conn, &my, &rem)?,
+    }
+    if p.stats {
+        common::print_stats(&res.dev);
+    }
+    res.dev.close();
+    Ok(())
+}
+
+/// `ctx_init`: the buffer (two regions per QP), PD, MR, CQs and QPs in INIT.
+fn setup(p: &Params, dev: UdpDevice, cycle_buffer: u64) -> Result<Res, Fail> {
+    let biggest = if p.all { MAX_SIZE } else { p.size };
+    let region = biggest.max(cycle_buffer).next_multiple_of(64);
+    let q = p.qps as usize;
+    let len = (2 * q as u64 * region) as usize;
+    let mem = Arc::new(
+        HostMemory::new(len).map_err(|e| Fail(format!("Couldn't allocate the buffer: {e}")))?,
+    );
+    let pd = dev.alloc_pd()?;
+    let access = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    let mr = dev
+        .reg_mr(pd, mem.clone(), IOVA, access)
+        .map_err(|e| Fail(format!("Couldn't allocate MR: {e}")))?;
+    let max_cqe = dev.query_device().max_cqe;
+    let send_depth = p.tx_depth.clamp(128, 4096);
+    let send_cq = dev
+        .create_cq((send_depth * p.qps).min(max_cqe))
+        .map_err(|e| Fail(format!("Couldn't create CQ: {e}")))?;
+    let rx_per_qp = if p.verb == Verb::Send {
+        p.rx_depth.min((max_cqe / p.qps).max(1))
+    } else {
+        1
+    };
+    let recv_cq = dev
+        .create_cq((rx_per_qp * p.qps).min(max_cqe))
+        .map_err(|e| Fail(format!("Couldn't create CQ: {e}")))?;
+    let out_reads = {
+        let max = dev.query_device().max_qp_rd_atom.min(255) as u16;
+        match p.verb {
+            Verb::Read | Verb::Atomic => p.outs.map_or(max, |o| o.clamp(1, max)),
+            _ => 1,
+        }
+    };
+    let mut qpns = Vec::with_capacity(q);
+    for _ in 0..q {
+        let qpn = dev
+            .create_qp(
+                pd,
+                &QpInitAttr {
+                    qp_type: p.qp_type,
+                    send_cq,
+                    recv_cq,
+                    srq: None,
+                    cap: QpCap {
+                        // Unsignaled WRs hold their slot until acknowledged: room beyond tx depth.
+                        max_send_wr: send_depth,
+                        max_recv_wr: rx_per_qp,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline_data: p.inline_size,
+                    },
+                    sq_sig_all: false,
+                },
+            )
+            .map_err(|e| Fail(format!("Couldn't create QP: {e}")))?;
+        let qp_access = match p.qp_type {
+            QpType::Uc => AccessFlags::REMOTE_WRITE,
+            _ => AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
+        };
+        common::qp_to_init(&dev, qpn, p.qp_type, qp_access, 0)?;
+        qpns.push(qpn);
+    }
+    Ok(Res {
+        dev,
+        _pd: pd,
+        send_cq,
+        recv_cq,
+        qpns,
+        mem,
+        mr,
+        region,
+        out_reads,
+    })
+}
+
+/// `ctx_connect`: RTR (path MTU, responder resources = our outstanding reads, min RNR timer
+/// 12, hop limit 255) and RTS (timeout 14, retry 7, RNR retry 7, initiator depth = the peer's
+/// outstanding reads).
+fn connect_qp(
+    p: &Params,
+    res: &Res,
+    qpn: u32,
+    my: &PerftestDest,
+    rem: &PerftestDest,
+    mtu: PathMtu,
+) -> Result<(), Fail> {
+    let a = common::ConnectAttrs {
+        qp_type: p.qp_type,
+        mtu,
+        my_psn: my.psn,
+        max_dest_rd_atomic: my.out_reads.min(255) as u8,
+        max_rd_atomic: rem.out_reads.clamp(1, 255) as u8,
+        min_rnr_timer: 12,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        hop_limit: 0xff,
+        traffic_class: 0,
+    };
+    let r = common::Remote {
+        qpn: rem.qpn,
+        psn: rem.psn,
+        gid: rem.gid,
+    };
+    common::qp_to_rts(&res.dev, qpn, &a, &r)
+        .map_err(|e| Fail(format!("Unable to Connect the HCA's through the link: {e}")))
+}
+
+fn verb_name(v: Verb) -> &'static str {
+    match v {
+        Verb::Send => "Send",
+        Verb::Write => "RDMA_Write",
+        Verb::Read => "RDMA_Read",
+        Verb::Atomic => "Atomic",
+    }
+}
+
+/// `ctx_print_test_info`.
+fn print_test_info(p: &Params, spec: &LinkSpec, mtu: PathMtu, out_reads: u16) {
+    let is_client = p.server.is_some();
+    println!("{RESULT_LINE}");
+    let mut title = format!("                    {} ", verb_name(p.verb));
+    if p.verb == Verb::Atomic {
+        title.push_str(if p.fetch_add {
+            "FETCH_AND_ADD "
+        } else {
+            "CMP_AND_SWAP "
+        });
+    }
+    title.push_str(match p.kind {
+        Kind::Bw => "BW ",
+        Kind::Lat => "Latency ",
+    });
+    title.push_str("Test");
+    println!("{title}");
+    println!(" Dual-port       : OFF\t\tDevice         : {spec}");
+    println!(" Number of qps   : {}\t\tTransport type : IB", p.qps);
+    let conn = if p.qp_type == QpType::Uc { "UC" } else { "RC" };
+    println!(" Connection type : {conn}\t\tUsing SRQ      : OFF");
+    println!(" PCIe relax order: Unsupported");
+    println!(" ibv_wr* API     : OFF");
+    if is_client {
+        println!(" TX depth        : {}", p.tx_depth);
+    }
+    if p.verb == Verb::Send && !is_client {
+        println!(" RX depth        : {}", p.rx_depth);
+    }
+    if p.kind == Kind::Bw {
+        println!(" CQ Moderation   : {}", p.cq_mod);
+    }
+    println!(" Mtu             : {}[B]", mtu.bytes());
+    println!(" Link type       : Ethernet");
+    println!(" GID index       : {}", p.gid_index);
+    if matches!(p.verb, Verb::Read | Verb::Atomic) {
+        println!(" Outstand reads  : {out_reads}");
+    } else {
+        println!(" Max inline data : {}[B]", p.inline_size);
+    }
+    println!(" rdma_cm QPs\t : OFF");
+    println!(" Data ex. method : Ethernet");
+    println!("{RESULT_LINE}");
+}
+
+/// `ctx_print_pingpong_data`.
+fn print_dest(p: &Params, side: &str, d: &PerftestDest) {
+    let mut line = format!(
+        " {side} address: LID {} QPN {} PSN {}",
+        common::c_alt_hex(u64::from(d.lid), 4),
+        common::c_alt_hex(u64::from(d.qpn), 6),
+        common::c_alt_hex(u64::from(d.psn), 6)
+    );
+    if p.verb == Verb::Read {
+        line.push_str(&format!(
+            " OUT {}",
+            common::c_alt_hex(u64::from(d.out_reads), 4)
+        ));
+    }
+    if matches!(p.verb, Verb::Read | Verb::Write) {
+        line.push_str(&format!(
+            " RKey {} VAddr {}",
+            common::c_alt_hex(u64::from(d.rkey), 8),
+            common::c_alt_hex(d.vaddr, 16)
+        ));
+    }
+    println!("{line}");
+    let g: Vec<String> = d.gid.as_bytes().iter().map(|b| format!("{b:02}")).collect();
+    println!(" GID: {}", g.join(":"));
+}
+
+fn print_results_header(p: &Params) {
+    println!("{RESULT_LINE}");
+    match p.kind {
+        Kind::Bw => println!("{}", if p.gbits { RESULT_FMT_G } else { RESULT_FMT }),
+        Kind::Lat if p.duration.is_some() => println!("{RESULT_FMT_LAT_DUR}"),
+        Kind::Lat => println!("{RESULT_FMT_LAT}"),
+    }
+}
+
+fn sizes(p: &Params) -> Vec<u64> {
+    if p.all {
+        (1..24).map(|i| 1u64 << i).collect()
+    } else {
+        vec![p.size]
+    }
+}
+
+/// The wait for the end of the peer's test: ten times `--timeout` plus `-D`.
+fn long_wait(p: &Params) -> Duration {
+    p.timeout * 10 + Duration::from_secs(p.duration.unwrap_or(0))
+}
+
+fn oob_err(e: hca::link::OobError) -> Fail {
+    Fail(format!(
+        "Failed to exchange data between server and clients: {e}"
+    ))
+}
+
+// ---- bandwidth ----
+
+fn run_bw(
+    p: &Params,
+    res: &Res,
+    mut conn: PerftestConn,
+    my: &[PerftestDest],
+    rem: &[PerftestDest],
+) -> Result<(), Fail> {
+    let is_client = p.server.is_some();
+    print_results_header(p);
+    if p.verb == Verb::Send {
+        // ib_send_bw: receives posted, a hand-shake, the run; with -a one more hand-shake
+        // after each size; both sides print their own results.
+        for size in sizes(p) {
+            if !is_client {
+                post_recvs(p, res, size, p.rx_depth.min(p.iters as u32) as u64)?;
+            }
+            conn.set_io_timeout(long_wait(p)).map_err(oob_err)?;
+            during(res, || conn.hand_shake(&my[0]))?;
+            let r = if is_client {
+                bw_client(p, res, rem, size)?
+            } else {
+                bw_server_send(p, res, size)?
+            };
+            println!("{}", report::bw_line(&r, p.gbits));
+            if p.all {
+                during(res, || conn.hand_shake(&my[0]))?;
+            }
+        }
+        println!("{RESULT_LINE}");
+        conn.set_io_timeout(p.timeout).map_err(oob_err)?;
+        return close(res, conn, &my[0]);
+    }
+    if !is_client {
+        // The server only serves: it waits for the client's end-of-test hand-shake, prints the
+        // client's numbers and closes.
+        conn.set_io_timeout(long_wait(p)).map_err(oob_err)?;
+        during(res, || conn.hand_shake(&my[0]))?;
+        conn.set_io_timeout(p.timeout).map_err(oob_err)?;
+        let theirs = during(res, || conn.exchange_bw_report(&BwReport::default(), false))?;
+        let r = Bw {
+            size: theirs.size,
+            iters: theirs.iters,
+            peak: theirs.bw_peak,
+            avg: theirs.bw_avg,
+            msg_rate: theirs.msg_rate_avg,
+        };
+        println!("{}", report::bw_line(&r, p.gbits));
+        close(res, conn, &my[0])?;
+        println!("{RESULT_LINE}");
+        return Ok(());
+    }
+    let mut last = Bw::default();
+    for size in sizes(p) {
+        last = bw_client(p, res, rem, size)?;
+        println!("{}", report::bw_line(&last, p.gbits));
+    }
+    println!("{RESULT_LINE}");
+    during(res, || conn.hand_shake(&my[0]))?;
+    let mine = BwReport {
+        size: last.size,
+        iters: last.iters,
+        bw_peak: last.peak,
+        bw_avg: last.avg,
+        msg_rate_avg: last.msg_rate,
+        ..BwReport::default()
+    };
+    during(res, || conn.exchange_bw_report(&mine, false))?;
+    close(res, conn, &my[0])
+}
+
+/// `ctx_close_connection`, the engine running meanwhile.
+fn close(res: &Res, conn: PerftestConn, my: &PerftestDest) -> Result<(), Fail> {
+    res.dev.progress_during(|| conn.close(my)).map_err(|e| {
+        Fail(format!(
+            "Failed to close connection between server and client: {e}"
+        ))
+    })
+}
+
+/// An out-of-band exchange during which the engine keeps running (caller-driven progress has
+/// no thread of its own: the peer's retransmissions must still be acknowledged).
+fn during<R>(res: &Res, f: impl FnOnce() -> Result<R, hca::link::OobError>) -> Result<R, Fail> {
+    res.dev.progress_during(f).map_err(oob_err)
+}
+
+fn post_recvs(p: &Params, res: &Res, size: u64, per_qp: u64) -> Result<(), Fail> {
+    for (i, &qpn) in res.qpns.iter().enumerate() {
+        let sge = [Sge {
+            addr: res.target(i),
+            length: size as u32,
+            lkey: res.mr.lkey(),
+        }];
+        for _ in 0..per_qp {
+            res.dev
+                .post_recv(
+                    qpn,
+                    &RecvWr {
+                        wr_id: i as u64,
+                        sg_list: &sge,
+                    },
+                )
+                .map_err(|e| Fail(format!("Couldn't post recv Qp={i}: {e}")))?;
+        }
+    }
+    let _ = p;
+    Ok(())
+}
+
+/// The work request of QP `qp` for this test.
+fn bw_op(p: &Params, rem: &PerftestDest) -> SendOp {
+    match p.verb {
+        Verb::Write => SendOp::RdmaWrite {
+            remote_addr: rem.vaddr,
+            rkey: rem.rkey,
+        },
+        Verb::Read => SendOp::RdmaRead {
+            remote_addr: rem.vaddr,
+            rkey: rem.rkey,
+        },
+        Verb::Send => SendOp::Send,
+        Verb::Atomic if p.fetch_add => SendOp::AtomicFetchAndAdd {
+            remote_addr: rem.vaddr,
+            rkey: rem.rkey,
+            add: 1,
+        },
+        Verb::Atomic => SendOp::AtomicCmpAndSwp {
+            remote_addr: rem.vaddr,
+            rkey: rem.rkey,
+            compare: 0,
+            swap: 0,
+        },
+    }
+}
+
+/// Polls `cq` into `wcs`, yielding to the progress thread when empty; fails after `timeout`
+/// without any completion.
+struct Poller {
+    last: Instant,
+    yield_when_idle: bool,
+}
+
+impl Poller {
+    fn new(p: &Params) -> Poller {
+        Poller {
+            last: Instant::now(),
+            yield_when_idle: p.progress == Progress::Thread,
+        }
+    }
+
+    fn poll(
+        &mut self,
+        p: &Params,
+        res: &Res,
+        cq: CqHandle,
+        wcs: &mut [WorkCompletion],
+        what: &str,
+    ) -> Result<usize, Fail> {
+        let n = res.dev.poll_cq(cq, wcs)?;
+        if n > 0 {
+            self.last = Instant::now();
+            for wc in &wcs[..n] {
+                if wc.status != WcStatus::Success {
+                    return fail!(
+                        "Completion with error at {what}: Failed status {} ({}): wr_id {:#x}",
+                        wc.status,
+                        wc.status as u32,
+                        wc.wr_id
+                    );
+                }
+            }
+        } else {
+            if self.last.elapsed() > p.timeout {
+                return fail!(
+                    "no completion for {} s at {what}: is the peer still running?",
+                    p.timeout.as_secs()
+                );
+            }
+            if self.yield_when_idle {
+                std::thread::yield_now();
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// `run_iter_bw`: keeps `tx_depth` WRs outstanding per QP, a completion every `cq_mod`;
+/// `iters` per QP (or `-D` seconds, measured between a quarter and three quarters of the run,
+/// perftest's default margins).
+fn bw_client(p: &Params, res: &Res, rem: &[PerftestDest], size: u64) -> Result<Bw, Fail> {
+    let q = res.qpns.len();
+    let duration = p.duration.map(Duration::from_secs);
+    let iters = if duration.is_some() {
+        u64::MAX
+    } else {
+        p.iters
+    };
+    let total = (p.iters * q as u64) as usize;
+    let timed = duration.is_none();
+    let mut tposted = Vec::with_capacity(if timed { total } else { 0 });
+    let mut tcompleted = Vec::with_capacity(if timed { total } else { 0 });
+    let mut posted = vec![0u64; q];
+    let mut completed = vec![0u64; q];
+    // With -D the WRs after the last signaled one never report: the run ends at that one.
+    let mut last_signaled = vec![0u64; q];
+    let cq_mod = u64::from(p.cq_mod).max(1);
+    let length = if p.verb == Verb::Atomic {
+        8
+    } else {
+        size as u32
+    };
+    let ops: Vec<SendOp> = rem.iter().map(|r| bw_op(p, r)).collect();
+    let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 64];
+    let mut poller = Poller::new(p);
+    let start = Instant::now();
+    let (margin, end) = match duration {
+        Some(d) => (d / 4, d),
+        None => (Duration::ZERO, Duration::MAX),
+    };
+    let mut window: Option<(Instant, u64)> = None;
+    let mut window_end: Option<(Instant, u64)> = None;
+    let mut done_total = 0u64;
+    let mut stop_posting = false;
+    let mut batch: Vec<SendWr<'_>> = Vec::with_capacity(p.tx_depth as usize);
+    let sges: Vec<[Sge; 1]> = (0..q)
+        .map(|i| {
+            [Sge {
+                addr: res.local(i),
+                length,
+                lkey: res.mr.lkey(),
+            }]
+        })
+        .collect();
+    loop {
+        if let Some(d) = duration {
+            let el = start.elapsed();
+            if window.is_none() && el >= margin {
+                window = Some((Instant::now(), done_total));
+            }
+            if window_end.is_none() && el >= d - margin {
+                window_end = Some((Instant::now(), done_total));
+            }
+            if el >= end {
+                stop_posting = true;
+            }
+        }
+        for i in 0..q {
+            if stop_posting {
+                break;
+            }
+            batch.clear();
+            while posted[i] < iters && posted[i] - completed[i] < u64::from(p.tx_depth) {
+                let k = posted[i];
+                let signaled = (k + 1) % cq_mod == 0 || k + 1 == iters;
+                batch.push(SendWr {
+                    wr_id: (i as u64) << 40 | k,
+                    sg_list: &sges[i],
+                    op: ops[i],
+                    send_flags: if signaled {
+                        SendFlags::SIGNALED
+                    } else {
+                        SendFlags::empty()
+                    },
+                });
+                posted[i] += 1;
+                if signaled {
+                    last_signaled[i] = k + 1;
+                }
+            }
+            if !batch.is_empty() {
+                let now = Instant::now();
+                if timed {
+                    tposted.extend(std::iter::repeat_n(now, batch.len()));
+                }
+                res.dev
+                    .post_send_list(res.qpns[i], &batch)
+                    .map_err(|(k, e)| Fail(format!("Couldn't post send: qp {i} wr {k}: {e}")))?;
+            }
+        }
+        let n = poller.poll(p, res, res.send_cq, &mut wcs, "client")?;
+        let now = Instant::now();
+        for wc in &wcs[..n] {
+            let i = (wc.wr_id >> 40) as usize;
+            let k = wc.wr_id & ((1 << 40) - 1);
+            let Some(c) = completed.get_mut(i) else {
+                return fail!("Completion for unknown wr_id {:#x}", wc.wr_id);
+            };
+            let newly = (k + 1).saturating_sub(*c);
+            *c = k + 1;
+            done_total += newly;
+            if timed {
+                tcompleted.extend(std::iter::repeat_n(now, newly as usize));
+            }
+        }
+        let all_done = if duration.is_some() {
+            stop_posting && (0..q).all(|i| completed[i] >= last_signaled[i])
+        } else {
+            (0..q).all(|i| completed[i] >= iters)
+        };
+        if all_done {
+            break;
+        }
+    }
+    if let (Some((t0, c0)), Some((t1, c1))) = (window, window_end) {
+        let secs = t1.saturating_duration_since(t0).as_secs_f64();
+        return Ok(report::bw_window(size, c1 - c0, secs, p.gbits));
+    }
+    let peak = p.iters <= NO_PEAK_ITERS;
+    Ok(report::bw_report(
+        size,
+        &tposted,
+        &tcompleted,
+        cq_mod as usize,
+        peak,
+        p.gbits,
+    ))
+}
+
+/// `run_iter_bw_server`: receives `iters` messages per QP, reposting receives while more are
+/// due; the time runs from the first to the last receive (perftest prints no peak here).
+fn bw_server_send(p: &Params, res: &Res, size: u64) -> Result<Bw, Fail> {
+    let q = res.qpns.len();
+    let total = p.iters * q as u64;
+    let mut rcnt = vec![0u64; q];
+    let mut got = 0u64;
+    let mut first: Option<Instant> = None;
+    let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 64];
+    let mut poller = Poller::new(p);
+    let posted_per_qp = u64::from(p.rx_depth.min(p.iters as u32));
+    let duration = p.duration.map(Duration::from_secs);
+    let mut window: Option<(Instant, u64)> = None;
+    let mut window_end: Option<(Instant, u64)> = None;
+    loop {
+        if let (Some(d), Some(t0)) = (duration, first) {
+            let el = t0.elapsed();
+            if window.is_none() && el >= d / 4 {
+                window = Some((Instant::now(), got));
+            }
+            if el >= d - d / 4 {
+                window_end = Some((Instant::now(), got));
+                break;
+            }
+        } else if got >= total {
+            break;
+        }
+        let n = poller.poll(p, res, res.recv_cq, &mut wcs, "server")?;
+        if n > 0 && first.is_none() {
+            first = Some(Instant::now());
+        }
+        for wc in &wcs[..n] {
+            let i = wc.wr_id as usize;
+            let Some(c) = rcnt.get_mut(i) else {
+                return fail!("Completion for unknown wr_id {}", wc.wr_id);
+            };
+            *c += 1;
+            got += 1;
+            if duration.is_some() || *c + posted_per_qp <= p.iters {
+                let sge = [Sge {
+                    addr: res.target(i),
+                    length: size as u32,
+                    lkey: res.mr.lkey(),
+                }];
+                res.dev
+                    .post_recv(
+                        res.qpns[i],
+                        &RecvWr {
+                            wr_id: i as u64,
+                            sg_list: &sge,
+                        },
+                    )
+                    .map_err(|e| Fail(format!("Couldn't post recv Qp={i}: {e}")))?;
+            }
+        }
+    }
+    if let (Some((t0, c0)), Some((t1, c1))) = (window, window_end) {
+        let secs = t1.saturating_duration_since(t0).as_secs_f64();
+        return Ok(report::bw_window(size, c1 - c0, secs, p.gbits));
+    }
+    let t0 = first.unwrap_or_else(Instant::now);
+    let secs = t0.elapsed().as_secs_f64();
+    Ok(report::bw_window(size, got, secs, p.gbits))
+}
+
+// ---- latency ----
+
+fn run_lat(
+    p: &Params,
+    res: &Res,
+    mut conn: PerftestConn,
+    my: &[PerftestDest],
+    rem: &[PerftestDest],
+) -> Result<(), Fail> {
+    let is_client = p.server.is_some();
+    if p.test == PerftestTest::ReadLat && !is_client {
+        // ib_read_lat: the server closes at once (its hand-shake waits for the client's).
+        conn.set_io_timeout(long_wait(p)).map_err(oob_err)?;
+        close(res, conn, &my[0])?;
+        println!("{RESULT_LINE}");
+        return Ok(());
+    }
+    print_results_header(p);
+    for size in sizes(p) {
+        let line = match p.test {
+            PerftestTest::WriteLat => lat_write(p, res, &rem[0], size)?,
+            PerftestTest::ReadLat => lat_read(p, res, &rem[0], size)?,
+            _ => {
+                post_recvs(p, res, size, p.rx_depth.min(p.iters as u32) as u64)?;
+                during(res, || conn.hand_shake(&my[0]))?;
+                lat_send(p, res, size)?
+            }
+        };
+        println!("{line}");
+    }
+    println!("{RESULT_LINE}");
+    if p.test != PerftestTest::WriteLat {
+        conn.set_io_timeout(long_wait(p)).map_err(oob_err)?;
+        close(res, conn, &my[0])?;
+    }
+    Ok(())
+}
+
+fn lat_line(size: u64, tposted: &[Instant], rtt: f64, window: Option<(f64, u64)>) -> String {
+    match window {
+        Some((secs, iters)) => report::lat_duration_line(size, iters, secs, rtt),
+        None => report::lat_report(size, tposted, rtt).map_or_else(
+            || {
+                format!(
+                    " {size:<7} {}  (too few iterations for statistics)",
+                    tposted.len()
+                )
+            },
+            |l| report::lat_line(&l),
+        ),
+    }
+}
+
+/// Reads the byte at `offset` of our buffer.
+fn read_byte(res: &Res, offset: usize) -> u8 {
+    let mut b = [0u8; 1];
+    let _ = res.mem.read(offset, &mut b);
+    b[0]
+}
+
+/// `-D` bookkeeping of a latency loop: samples between a quarter and three quarters of the run.
+struct LatClock {
+    duration: Option<Duration>,
+    start: Instant,
+    window: Option<(Instant, u64)>,
+    window_end: Option<(Instant, u64)>,
+}
+
+impl LatClock {
+    fn new(p: &Params) -> LatClock {
+        LatClock {
+            duration: p.duration.map(Duration::from_secs),
+            start: Instant::now(),
+            window: None,
+            window_end: None,
+        }
+    }
+
+    /// Whether to go on after `done` iterations (`iters` is the `-n` count).
+    fn go_on(&mut self, done: u64, iters: u64) -> bool {
+        match self.duration {
+            None => done < iters,
+            Some(d) => {
+                let el = self.start.elapsed();
+                if self.window.is_none() && el >= d / 4 {
+                    self.window = Some((Instant::now(), done));
+                }
+                if self.window_end.is_none() && el >= d - d / 4 {
+                    self.window_end = Some((Instant::now(), done));
+                }
+                el < d
+            }
+        }
+    }
+
+    /// Whether a `-D` run is over (inner waits give up then: the peer stops at its own time).
+    fn expired(&self) -> bool {
+        self.duration.is_some_and(|d| self.start.elapsed() >= d)
+    }
+
+    fn result(&self) -> Option<(f64, u64)> {
+        match (self.window, self.window_end) {
+            (Some((t0, c0)), Some((t1, c1))) => {
+                Some((t1.saturating_duration_since(t0).as_secs_f64(), c1 - c0))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// `run_iter_lat_write`: each side writes its counter into the last byte of the peer's target
+/// region and spins on the last byte of its own; the server writes first.
+fn lat_write(p: &Params, res: &Res, rem: &PerftestDest, size: u64) -> Result<String, Fail> {
+    let is_server = p.server.is_none();
+    let iters = p.iters;
+    let post_off = (size - 1) as usize;
+    let poll_off = res.target_offset(0) + (size - 1) as usize;
+    let mut tposted = Vec::with_capacity(iters as usize);
+    let mut flags = SendFlags::SIGNALED;
+    if size <= u64::from(p.inline_size) {
+        flags |= SendFlags::INLINE;
+    }
+    let sge = [Sge {
+        addr: res.local(0),
+        length: size as u32,
+        lkey: res.mr.lkey(),
+    }];
+    let op = SendOp::RdmaWrite {
+        remote_addr: rem.vaddr,
+        rkey: rem.rkey,
+    };
+    let caller = p.progress == Progress::Caller;
+    let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 1];
+    let mut poller = Poller::new(p);
+    let (mut scnt, mut ccnt, mut rcnt) = (0u64, 0u64, 0u64);
+    let mut clock = LatClock::new(p);
+    let limited = clock.duration.is_none();
+    while (limited && (scnt < iters || ccnt < iters || rcnt < iters))
+        || (!limited && clock.go_on(scnt, iters))
+    {
+        if (!limited || rcnt < iters) && !(scnt < 1 && is_server) {
+            rcnt += 1;
+            let want = rcnt as u8;
+            let since = Instant::now();
+            while read_byte(res, poll_off) != want {
+                if clock.expired() {
+                    break;
+                }
+                if caller {
+                    res.dev.progress();
+                } else {
+                    std::thread::yield_now();
+                }
+                if since.elapsed() > p.timeout {
+                    return fail!(
+                        "no RDMA WRITE from the peer for {} s (iteration {rcnt}): is it still \
+                         running?",
+                        p.timeout.as_secs()
+                    );
+                }
+            }
+        }
+        if !limited || scnt < iters {
+            if limited {
+                tposted.push(Instant::now());
+            }
+            scnt += 1;
+            res.mem
+                .write(post_off, &[scnt as u8])
+                .map_err(|e| Fail(format!("buffer: {e}")))?;
+            res.dev
+                .post_send(
+                    res.qpns[0],
+                    &SendWr {
+                        wr_id: 0,
+                        sg_list: &sge,
+                        op,
+                        send_flags: flags,
+                    },
+                )
+                .map_err(|e| Fail(format!("Couldn't post send: scnt={scnt}: {e}")))?;
+        }
+        if clock.expired() {
+            break;
+        }
+        if !limited || ccnt < iters {
+            loop {
+                let n = poller.poll(p, res, res.send_cq, &mut wcs, "write")?;
+                if n > 0 {
+                    ccnt += 1;
+                    break;
+                }
+                if clock.expired() {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(lat_line(size, &tposted, 2.0, clock.result()))
+}
+
+/// `run_iter_lat`: the client posts one RDMA READ at a time and waits for its completion.
+fn lat_read(p: &Params, res: &Res, rem: &PerftestDest, size: u64) -> Result<String, Fail> {
+    let sge = [Sge {
+        addr: res.local(0),
+        length: size as u32,
+        lkey: res.mr.lkey(),
+    }];
+    let op = SendOp::RdmaRead {
+        remote_addr: rem.vaddr,
+        rkey: rem.rkey,
+    };
+    let mut tposted = Vec::with_capacity(p.iters as usize);
+    let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 1];
+    let mut poller = Poller::new(p);
+    let mut clock = LatClock::new(p);
+    let limited = clock.duration.is_none();
+    let mut scnt = 0u64;
+    while clock.go_on(scnt, p.iters) {
+        if limited {
+            tposted.push(Instant::now());
+        }
+        scnt += 1;
+        res.dev
+            .post_send(
+                res.qpns[0],
+                &SendWr {
+                    wr_id: 0,
+                    sg_list: &sge,
+                    op,
+                    send_flags: SendFlags::SIGNALED,
+                },
+            )
+            .map_err(|e| Fail(format!("Couldn't post send: scnt={scnt}: {e}")))?;
+        while poller.poll(p, res, res.send_cq, &mut wcs, "read")? == 0 {
+            if clock.expired() {
+                break;
+            }
+        }
+    }
+    Ok(lat_line(size, &tposted, 1.0, clock.result()))
+}
+
+/// `run_iter_lat_send`: the client sends first; each side waits for a receive, then sends;
+/// sends are unsignaled but every `cq_mod`-th (and the last), whose completion is awaited.
+fn lat_send(p: &Params, res: &Res, size: u64) -> Result<String, Fail> {
+    let is_client = p.server.is_some();
+    let iters = p.iters;
+    let rx = u64::from(p.rx_depth.min(iters as u32));
+    let cq_mod = u64::from(p.cq_mod).max(1);
+    let sge = [Sge {
+        addr: res.local(0),
+        length: size as u32,
+        lkey: res.mr.lkey(),
+    }];
+    let recv_sge = [Sge {
+        addr: res.target(0),
+        length: size as u32,
+        lkey: res.mr.lkey(),
+    }];
+    let inline = size <= u64::from(p.inline_size);
+    let mut tposted = Vec::with_capacity(iters as usize);
+    let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 1];
+    let mut poller = Poller::new(p);
+    let mut clock = LatClock::new(p);
+    let limited = clock.duration.is_none();
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    while (limited && (scnt < iters || rcnt < iters)) || (!limited && clock.go_on(scnt, iters)) {
+        if (!limited || rcnt < iters) && !(scnt < 1 && is_client) {
+            while poller.poll(p, res, res.recv_cq, &mut wcs, "receive")? == 0 {
+                if clock.expired() {
+                    break;
+                }
+            }
+            if clock.expired() {
+                break;
+            }
+            rcnt += 1;
+            if !limited || rcnt + rx <= iters {
+                res.dev
+                    .post_recv(
+                        res.qpns[0],
+                        &RecvWr {
+                            wr_id: 0,
+                            sg_list: &recv_sge,
+                        },
+                    )
+                    .map_err(|e| Fail(format!("Couldn't post recv: rcnt={rcnt}: {e}")))?;
+            }
+        }
+        if !limited || scnt < iters {
+            if limited {
+                tposted.push(Instant::now());
+            }
+            scnt += 1;
+            let signaled = scnt % cq_mod == 0 || (limited && scnt == iters);
+            let mut flags = SendFlags::empty();
+            if signaled {
+                flags |= SendFlags::SIGNALED;
+            }
+            if inline {
+                flags |= SendFlags::INLINE;
+            }
+            res.dev
+                .post_send(
+                    res.qpns[0],
+                    &SendWr {
+                        wr_id: 0,
+                        sg_list: &sge,
+                        op: SendOp::Send,
+                        send_flags: flags,
+                    },
+                )
+                .map_err(|e| Fail(format!("Couldn't post send: scnt={scnt}: {e}")))?;
+            if signaled {
+                while poller.poll(p, res, res.send_cq, &mut wcs, "send")? == 0 {
+                    if clock.expired() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    Ok(lat_line(size, &tposted, 2.0, clock.result()))
+}

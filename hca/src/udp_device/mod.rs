@@ -1,0 +1,1035 @@
+//! A software RDMA device on a kernel UDP socket: the [`SoftHca`] engine, a [`UdpLink`] and a
+//! progress engine, behind a thread-safe verbs API (what `ibv_open_device` gives a program over
+//! Linux's soft-RoCE driver, rxe, but in user space).
+//!
+//! # What it is
+//! RoCEv2 (IBTA vol. 1 Annex A17) carries InfiniBand transport packets in UDP datagrams to port
+//! 4791. A [`UdpDevice`] binds one UDP socket to one local IP address and that port, and runs the
+//! sans-I/O transport engine ([`crate::engine`]) over it: a program creates PDs, MRs, CQs and QPs,
+//! posts work requests and polls completions, and the device turns them into packets on the
+//! socket and back. Two devices (two processes, or two addresses of one host such as 127.0.0.1
+//! and 127.0.0.2) talk RDMA to each other, and to Linux rxe peers, with no RDMA hardware.
+//!
+//! # Addresses
+//! The device's only GID (GID table index 0, RoCEv2) is its IP address: the IPv4-mapped GID
+//! `::ffff:a.b.c.d` for an IPv4 address (IBTA Annex A17.4.1), the address itself for an IPv6 one
+//! (a link-local `fe80::` address included; give its interface in
+//! [`UdpDeviceConfig::scope_id`]). Address vectors name peers by GID; packets go to the peer's IP
+//! address and UDP port 4791, or the port [`UdpDevice::set_peer_port`] set for that address (so
+//! that tests can run two devices on one address, e.g. `::1`, with two ports).
+//!
+//! A UDP socket sends from its bound port, and the ICRC covers the UDP source port, so the engine
+//! builds every packet with the device's bound port as source port
+//! ([`EngineConfig::udp_src_port`]): per-QP source-port entropy (ECMP) is not available on a
+//! socket. Received datagrams are handed to the engine as addressed to port 4791 whatever port
+//! the device is bound to; its peers build their ICRC that way too.
+//!
+//! The IPv4 identification is covered by the ICRC too, but a UDP socket cannot read it: IPv4
+//! packets are accepted with their ICRC unchecked (counted in `icrc_unchecked`); IPv6 packets
+//! (no identification) have their ICRC checked.
+//!
+//! # Progress
+//! The engine does nothing by itself: someone must receive datagrams, fire timers and send what
+//! it builds. [`Progress::Thread`] (the default) runs a progress thread per device: it receives
+//! a batch (recvmmsg(2)), hands it to the engine, fires due timers, builds a batch of packets into
+//! preallocated buffers and sends them with one sendmmsg(2), then sleeps in poll(2) on the socket
+//! and a waker until a datagram arrives, the engine's next timer is due, or a verb wakes it. The
+//! engine lock is held only while the engine runs, never across a system call. Verbs that create
+//! work ([`UdpDevice::post_send`]) build and send its packets at once on the caller's thread when
+//! the socket is free (no thread hand-off on the send path), and otherwise wake the thread.
+//!
+//! [`Progress::Caller`] runs no thread: [`UdpDevice::poll_cq`] (and [`UdpDevice::wait_cq`],
+//! [`UdpDevice::progress`]) drive one progress round each. Timers (retransmission, RNR waits) then
+//! only fire while the program polls.
+//!
+//! # Shutdown
+//! [`UdpDevice::close`] (and dropping the device) sends what the engine still has queued, moves
+//! every QP to ERR, which completes every outstanding work request with `IBV_WC_WR_FLUSH_ERR` in
+//! its CQ before `close` returns, and stops and joins the progress thread. Completions stay
+//! pollable afterwards; verbs that would create work fail with [`DeviceError::Closed`].
+
+mod progress;
+
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, SocketAddr, SocketAddrV6};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use gpu_p2p::Memory;
+
+use crate::ah::{AhAttr, AhHandle};
+use crate::cq::CqHandle;
+use crate::device::{Device, DeviceAttr, PathMtu, PortAttr};
+use crate::engine::{Counters, EngineConfig, SoftHca};
+use crate::error::VerbsError;
+use crate::event::AsyncEvent;
+use crate::gid::{Gid, GidEntry, GidType};
+use crate::link::udp::{self, LinkCounters, Offloads, UdpLink, UdpLinkConfig};
+use crate::link::{LinkError, LinkPoller, Waker};
+use crate::mr::{AccessFlags, MemoryRegion};
+use crate::pd::PdHandle;
+use crate::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState};
+use crate::srq::{SrqAttr, SrqAttrMask, SrqHandle};
+use crate::wc::{WcOpcode, WorkCompletion};
+use crate::wr::{RecvWr, SendWr};
+
+use progress::Io;
+
+/// The RoCEv2 UDP port, 4791 (IBTA vol. 1 Annex A17.2.2): the default local and peer port.
+pub const ROCEV2_PORT: u16 = udp::ROCEV2_PORT;
+
+/// The GID table index of the device's address (its only GID).
+pub const GID_INDEX: u32 = 0;
+
+/// Who drives the engine (see the [module docs](self#progress)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Progress {
+    /// A progress thread per device (default): the program only posts and polls.
+    #[default]
+    Thread,
+    /// No thread: [`UdpDevice::poll_cq`], [`UdpDevice::wait_cq`] and [`UdpDevice::progress`]
+    /// each drive one progress round.
+    Caller,
+}
+
+/// How to open a [`UdpDevice`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UdpDeviceConfig {
+    /// The local IP address to bind: the device's GID. Not `0.0.0.0` / `::` (the GID must be an
+    /// address of this host).
+    pub local: IpAddr,
+    /// IPv6 scope (interface index) of a link-local `local` address, also used for link-local
+    /// destinations; 0 otherwise.
+    pub scope_id: u32,
+    /// The UDP port to bind, default [`ROCEV2_PORT`]; 0 picks a free port (tests).
+    pub port: u16,
+    /// The UDP port peers are sent to unless [`UdpDevice::set_peer_port`] says otherwise, default
+    /// [`ROCEV2_PORT`].
+    pub peer_port: u16,
+    /// Who drives the engine. Default [`Progress::Thread`].
+    pub progress: Progress,
+    /// The IP MTU of the path, bytes (the interface MTU): the port's active MTU is the largest
+    /// RoCE path MTU that fits it as rxe computes it (1500 gives 1024). `None` (default): see
+    /// [`UdpDeviceConfig::effective_link_mtu`].
+    pub link_mtu: Option<u32>,
+    /// Engine tunables ([`EngineConfig::udp_src_port`] is overwritten with the bound port).
+    pub engine: EngineConfig,
+    /// Datagrams per recvmmsg(2) / sendmmsg(2), 1 ..= 64. Default 64.
+    pub batch: usize,
+    /// Use UDP GSO where the link allows it (IPv6 only, see [`crate::link::udp`]). Default true.
+    pub gso: bool,
+    /// Ask for UDP GRO. Default true.
+    pub gro: bool,
+    /// `SO_RCVBUF` / `SO_SNDBUF` to ask for, bytes (capped by `net.core.rmem_max` /
+    /// `wmem_max`). Default 4 MiB: a window of 128 packets of 4 KiB must fit.
+    pub socket_buffer_bytes: Option<usize>,
+}
+
+impl UdpDeviceConfig {
+    /// The defaults for a device on `local`.
+    pub fn new(local: IpAddr) -> UdpDeviceConfig {
+        UdpDeviceConfig {
+            local,
+            scope_id: 0,
+            port: ROCEV2_PORT,
+            peer_port: ROCEV2_PORT,
+            progress: Progress::Thread,
+            link_mtu: None,
+            engine: EngineConfig::default(),
+            batch: progress::MAX_TX_BATCH,
+            gso: true,
+            gro: true,
+            socket_buffer_bytes: Some(4 << 20),
+        }
+    }
+
+    /// The socket address to bind.
+    pub fn socket_addr(&self) -> SocketAddr {
+        match self.local {
+            IpAddr::V6(ip) => SocketAddr::V6(SocketAddrV6::new(ip, self.port, 0, self.scope_id)),
+            ip => SocketAddr::new(ip, self.port),
+        }
+    }
+
+    /// The IP MTU in effect: [`UdpDeviceConfig::link_mtu`], else the MTU of the interface that
+    /// holds the address where Linux tells it without a system call (an IPv6 address: its
+    /// interface from `/proc/net/if_inet6`, then `/sys/class/net/<if>/mtu`), else 65536 for
+    /// an IPv4 loopback address (`lo`) and 1500 (Ethernet) for any other.
+    pub fn effective_link_mtu(&self) -> u32 {
+        if let Some(mtu) = self.link_mtu {
+            return mtu;
+        }
+        if let Some(mtu) = interface_mtu(self.local) {
+            return mtu;
+        }
+        if self.local.is_loopback() {
+            65536
+        } else {
+            1500
+        }
+    }
+}
+
+/// The MTU of the interface holding IPv6 address `ip` (procfs and sysfs; `None` for IPv4 or when
+/// they do not say).
+fn interface_mtu(ip: IpAddr) -> Option<u32> {
+    let IpAddr::V6(v6) = ip else {
+        return None;
+    };
+    let want: String = v6.octets().iter().map(|b| format!("{b:02x}")).collect();
+    let table = std::fs::read_to_string("/proc/net/if_inet6").ok()?;
+    let name = table.lines().find_map(|line| {
+        let mut f = line.split_whitespace();
+        if f.next()? != want {
+            return None;
+        }
+        f.nth(4).map(str::to_owned)
+    })?;
+    let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok()?;
+    mtu.trim().parse().ok()
+}
+
+/// A failed device operation. `Display` gives one line naming the device (its bound address).
+#[derive(Debug)]
+pub enum DeviceError {
+    /// The socket could not be opened, bound or used (address in use, address not on this host,
+    /// a socket error while receiving).
+    Link(LinkError),
+    /// A verb was refused (bad argument, wrong state ...): the engine's error, with its errno.
+    Verbs(VerbsError),
+    /// The device was closed: no new work is accepted.
+    Closed {
+        /// The device's address.
+        local: SocketAddr,
+    },
+    /// The configuration is unusable (nothing was opened).
+    Config {
+        /// The address asked for.
+        local: SocketAddr,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// The progress thread could not be started.
+    Thread {
+        /// The device's address.
+        local: SocketAddr,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+impl DeviceError {
+    /// The errno a libibverbs call would have returned for a refused verb, if this is one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            DeviceError::Verbs(e) => Some(e.errno()),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceError::Link(e) => write!(f, "UDP device: {e}"),
+            DeviceError::Verbs(e) => write!(f, "UDP device: {e}"),
+            DeviceError::Closed { local } => write!(f, "UDP device {local}: device is closed"),
+            DeviceError::Config { local, reason } => {
+                write!(f, "UDP device {local}: bad configuration: {reason}")
+            }
+            DeviceError::Thread { local, source } => {
+                write!(
+                    f,
+                    "UDP device {local}: cannot start progress thread: {source}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for DeviceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DeviceError::Link(e) => Some(e),
+            DeviceError::Verbs(e) => Some(e),
+            DeviceError::Thread { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl From<VerbsError> for DeviceError {
+    fn from(e: VerbsError) -> Self {
+        DeviceError::Verbs(e)
+    }
+}
+
+impl From<LinkError> for DeviceError {
+    fn from(e: LinkError) -> Self {
+        DeviceError::Link(e)
+    }
+}
+
+/// What the device's progress engine has done (the engine's and the link's own counters are
+/// [`UdpDevice::counters`] and [`UdpDevice::link_counters`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceCounters {
+    /// Progress rounds run (by the thread or by callers).
+    pub rounds: u64,
+    /// Rounds run on a caller's thread right after a verb (the send fast path).
+    pub inline_rounds: u64,
+    /// Times the progress thread went to sleep in poll(2).
+    pub sleeps: u64,
+    /// Times a verb woke the progress thread.
+    pub wakes: u64,
+    /// Packets the engine built that the socket refused for good (`EMSGSIZE` above the path
+    /// MTU, unreachable network, address family mismatch): dropped, like a lost packet.
+    pub tx_dropped: u64,
+    /// Times the socket's send buffer was full (the rest was sent later).
+    pub tx_blocked: u64,
+    /// Socket errors while receiving (the last one is also logged by [`UdpDevice::last_error`]).
+    pub rx_errors: u64,
+}
+
+/// State shared by the device handle, its progress thread and callers.
+pub(crate) struct Shared {
+    engine: Mutex<SoftHca>,
+    /// Signalled after a round changed the engine, for [`UdpDevice::wait_cq`] (thread mode).
+    cq_cv: Condvar,
+    cq_waiters: AtomicUsize,
+    io: Mutex<Io>,
+    poller: LinkPoller,
+    waker: Waker,
+    local: SocketAddr,
+    ipv6: bool,
+    progress: Progress,
+    origin: std::time::Instant,
+    closed: AtomicBool,
+    stop: AtomicBool,
+    /// The thread is about to sleep / sleeping (Dekker pair with `pending`).
+    sleeping: AtomicBool,
+    /// A caller asked for a round it could not run itself.
+    pending: AtomicBool,
+    /// When the sleeping thread will wake by itself (nanoseconds since `origin`; `u64::MAX`:
+    /// never). A caller that arms an earlier timer wakes it.
+    sleep_until: AtomicU64,
+    counters: Mutex<DeviceCounters>,
+    last_error: Mutex<Option<String>>,
+    /// Bumped after every engine operation that may have changed a CQ (Release; pollers load
+    /// it with Acquire before taking the lock).
+    epoch: AtomicU64,
+    /// Per CQ slot: `cq index << 40 | epoch` at which a poll found that CQ empty.
+    empty_hint: [AtomicU64; EMPTY_HINT_SLOTS],
+}
+
+/// Slots of [`Shared::empty_hint`] (CQs share slots by index modulo this; the key names the CQ,
+/// so sharing costs only a lock, never a missed completion).
+const EMPTY_HINT_SLOTS: usize = 64;
+
+impl Shared {
+    /// Runs `f` on the engine under its lock, then bumps the epoch: `f` may have changed a CQ.
+    pub(crate) fn engine_op<R>(&self, f: impl FnOnce(&mut SoftHca) -> R) -> R {
+        let r = f(&mut lock(&self.engine));
+        self.epoch.fetch_add(1, Ordering::Release);
+        r
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A software RoCEv2 device on a UDP socket; see the [module docs](self). `Send + Sync`: share it
+/// with an `Arc` and call verbs from any thread.
+pub struct UdpDevice {
+    shared: Arc<Shared>,
+    config: UdpDeviceConfig,
+    gid: Gid,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    thread_name: Option<String>,
+}
+
+impl fmt::Debug for UdpDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UdpDevice")
+            .field("local", &self.shared.local)
+            .field("progress", &self.shared.progress)
+            .field("closed", &self.shared.closed.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl UdpDevice {
+    /// Opens a device: binds the socket (`config.local`, `config.port`), creates the engine with
+    /// the address's GID at index [`GID_INDEX`] and the port MTU from
+    /// [`UdpDeviceConfig::effective_link_mtu`], and starts the progress thread
+    /// ([`Progress::Thread`]).
+    ///
+    /// # Errors
+    /// [`DeviceError::Config`] (unspecified address, batch outside 1 ..= 64, link MTU too small
+    /// for the smallest RoCE MTU); [`DeviceError::Link`] from binding (`AddrInUse`,
+    /// `AddrNotAvailable`: the address is not on this host); [`DeviceError::Thread`].
+    pub fn open(config: UdpDeviceConfig) -> Result<UdpDevice, DeviceError> {
+        let want = config.socket_addr();
+        let bad = |reason| {
+            Err(DeviceError::Config {
+                local: want,
+                reason,
+            })
+        };
+        if config.local.is_unspecified() {
+            return bad("the local address must be an address of this host, not 0.0.0.0 or ::");
+        }
+        if config.batch == 0 || config.batch > progress::MAX_TX_BATCH {
+            return bad("batch must be 1 ..= 64 datagrams");
+        }
+        let Some(active_mtu) = PathMtu::from_link_mtu(config.effective_link_mtu() as usize) else {
+            return bad("link MTU below the smallest RoCE path MTU (256) plus headers");
+        };
+        let mut link_config = UdpLinkConfig::new(want);
+        link_config.batch = config.batch;
+        link_config.gso = config.gso;
+        link_config.gro = config.gro;
+        link_config.recv_buffer_bytes = config.socket_buffer_bytes;
+        link_config.send_buffer_bytes = config.socket_buffer_bytes;
+        let link = UdpLink::bind(link_config)?;
+        let local = link.local_addr();
+        let poller = link.poller()?;
+        let waker = Waker::new()?;
+
+        let gid = Gid::from(config.local);
+        let mut engine_config = config.engine.clone();
+        engine_config.udp_src_port = Some(local.port());
+        let ip_tail = gid.as_bytes();
+        let mac = [2, 0, ip_tail[12], ip_tail[13], ip_tail[14], ip_tail[15]];
+        let guid = u64::from_be_bytes(crate::gid::eui64_from_mac(mac));
+        let attr = DeviceAttr {
+            node_guid: guid,
+            sys_image_guid: guid,
+            ..DeviceAttr::default()
+        };
+        let port = PortAttr {
+            active_mtu,
+            ..PortAttr::default()
+        };
+        let mut hca = SoftHca::new(Device::new(attr, port), engine_config);
+        hca.add_gid(
+            1,
+            GidEntry {
+                gid,
+                gid_type: GidType::RoceV2,
+            },
+        )?;
+        // Setting up the GID table raised IBV_EVENT_GID_CHANGE: nobody asked for it yet.
+        while hca.poll_event().is_some() {}
+
+        let io = Io::new(link, config.peer_port, config.scope_id);
+        let shared = Arc::new(Shared {
+            engine: Mutex::new(hca),
+            cq_cv: Condvar::new(),
+            cq_waiters: AtomicUsize::new(0),
+            io: Mutex::new(io),
+            poller,
+            waker,
+            local,
+            ipv6: local.is_ipv6(),
+            progress: config.progress,
+            origin: std::time::Instant::now(),
+            closed: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            pending: AtomicBool::new(false),
+            sleep_until: AtomicU64::new(u64::MAX),
+            counters: Mutex::new(DeviceCounters::default()),
+            last_error: Mutex::new(None),
+            epoch: AtomicU64::new(0),
+            empty_hint: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
+        });
+        // Linux keeps 15 bytes of a thread name: a process-wide serial number tells devices apart.
+        static SERIAL: AtomicU64 = AtomicU64::new(0);
+        let thread_name = format!("udp-hca#{}", SERIAL.fetch_add(1, Ordering::Relaxed));
+        let thread = match config.progress {
+            Progress::Thread => {
+                let s = shared.clone();
+                let handle = std::thread::Builder::new()
+                    .name(thread_name.clone())
+                    .spawn(move || s.run_thread())
+                    .map_err(|source| DeviceError::Thread { local, source })?;
+                Some(handle)
+            }
+            Progress::Caller => None,
+        };
+        Ok(UdpDevice {
+            thread_name: thread.is_some().then_some(thread_name),
+            shared,
+            config,
+            gid,
+            thread: Mutex::new(thread),
+        })
+    }
+
+    // ---- the device ----
+
+    /// The bound socket address (the port the kernel picked if the config said 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.local
+    }
+
+    /// The name of the progress thread (`udp-hca#N`, N counting the devices of this process;
+    /// shown by `ps -L` / `top -H`), `None` with [`Progress::Caller`].
+    pub fn thread_name(&self) -> Option<String> {
+        self.thread_name.clone()
+    }
+
+    /// The configuration the device was opened with.
+    pub fn config(&self) -> &UdpDeviceConfig {
+        &self.config
+    }
+
+    /// The device's GID (at [`GID_INDEX`]).
+    pub fn gid(&self) -> Gid {
+        self.gid
+    }
+
+    /// ibv_query_device(3).
+    pub fn query_device(&self) -> DeviceAttr {
+        lock(&self.shared.engine).context().query_device().clone()
+    }
+
+    /// ibv_query_port(3) of port 1.
+    pub fn query_port(&self) -> PortAttr {
+        let e = lock(&self.shared.engine);
+        e.context().device().port.attr.clone()
+    }
+
+    /// ibv_query_gid(3) on port 1.
+    ///
+    /// # Errors
+    /// [`DeviceError::Verbs`] for an empty or out-of-range index.
+    pub fn query_gid(&self, index: u32) -> Result<GidEntry, DeviceError> {
+        Ok(lock(&self.shared.engine).context().query_gid(1, index)?)
+    }
+
+    /// Sends packets for peer address `ip` to UDP port `port` instead of
+    /// [`UdpDeviceConfig::peer_port`] (two devices on one address, bound to two ports).
+    pub fn set_peer_port(&self, ip: IpAddr, port: u16) {
+        lock(&self.shared.io).set_peer_port(ip, port);
+    }
+
+    /// The engine's counters (packets, drops by reason, retries, ...).
+    pub fn counters(&self) -> Counters {
+        lock(&self.shared.engine).counters().clone()
+    }
+
+    /// The socket link's counters (datagrams, system calls, GSO/GRO, kernel drops).
+    pub fn link_counters(&self) -> LinkCounters {
+        *lock(&self.shared.io).link.counters()
+    }
+
+    /// The GSO / GRO state of the socket.
+    pub fn offloads(&self) -> Offloads {
+        lock(&self.shared.io).link.offloads()
+    }
+
+    /// The progress engine's counters.
+    pub fn device_counters(&self) -> DeviceCounters {
+        *lock(&self.shared.counters)
+    }
+
+    /// The last socket error the progress engine met (it keeps running), if any.
+    pub fn last_error(&self) -> Option<String> {
+        lock(&self.shared.last_error).clone()
+    }
+
+    /// Runs `f` on the engine under its lock (diagnostics, verbs not wrapped here). Keep it
+    /// short: the progress thread waits meanwhile.
+    pub fn with_engine<R>(&self, f: impl FnOnce(&mut SoftHca) -> R) -> R {
+        let r = self.shared.engine_op(f);
+        self.kick();
+        r
+    }
+
+    fn check_open(&self) -> Result<(), DeviceError> {
+        if self.shared.closed.load(Ordering::Acquire) {
+            Err(DeviceError::Closed {
+                local: self.shared.local,
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Runs `f` on the engine after bringing its clock up to date (verbs have no `now`; timers
+    /// they arm count from the engine's latest instant).
+    fn engine_now<R>(&self, f: impl FnOnce(&mut SoftHca) -> R) -> R {
+        self.shared.engine_op(|e| {
+            let now = self.shared.now();
+            e.handle_timeout(now);
+            f(e)
+        })
+    }
+
+    /// After a verb that may have created work: send it now on this thread if the socket is
+    /// free, else have the progress thread do it.
+    fn kick(&self) {
+        self.shared.kick();
+    }
+
+    // ---- PD, MR ----
+
+    /// ibv_alloc_pd(3).
+    ///
+    /// # Errors
+    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::alloc_pd`].
+    pub fn alloc_pd(&self) -> Result<PdHandle, DeviceError> {
+        self.check_open()?;
+        Ok(self.shared.engine_op(|e| e.alloc_pd())?)
+    }
+
+    /// ibv_dealloc_pd(3).
+    ///
+    /// # Errors
+    /// [`DeviceError::Verbs`] as [`SoftHca::dealloc_pd`].
+    pub fn dealloc_pd(&self, pd: PdHandle) -> Result<(), DeviceError> {
+        Ok(self.shared.engine_op(|e| e.dealloc_pd(pd))?)
+    }
+
+    /// ibv_reg_mr(3) over all of `memory`: its bytes become the MR `iova .. iova + len`.
+    ///
+    /// # Errors
+    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::reg_mr`].
+    pub fn reg_mr(
+        &self,
+        pd: PdHandle,
+        memory: Arc<dyn Memory>,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, DeviceError> {
+        self.check_open()?;
+        Ok(self
+            .shared
+            .engine_op(|e| e.reg_mr(pd, memory, iova, access))?)
+    }
+
+    /// ibv_reg_mr_iova(3) over `length` bytes of `memory` from byte `offset`.
+    ///
+    /// # Errors
+    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::reg_mr_range`].
+    pub fn reg_mr_range(
+        &self,
+        pd: PdHandle,
+        memory: Arc<dyn Memory>,
+        offset: usize,
+        length: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, DeviceError> {
+        self.check_open()?;
+        Ok(self
+            .shared
+            .engine_op(|e| e.reg_mr_range(pd, memory, offset, length, iova, access))?)
+    }
+
+    /// ibv_dereg_mr(3).
+    ///
+    /// # Errors
+    /// [`DeviceError::Verbs`] as [`SoftHca::dereg_mr`].
+    pub fn dereg_mr(&self, lkey: u32) -> Result<(), DeviceError> {
+        Ok(self.shared.engine_op(|e| e.dereg_mr(lkey))?)
+    }
+
+    // ---- CQ ----
+
+    /// ibv_create_cq(3): a CQ of at least `cqe` entries.
+    ///
+    /// # Errors
+    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::create_cq`].
+    pub fn create_cq(&self, cqe: u32) -> Result<CqHandle, DeviceError> {
+        self.check_open()?;
+        Ok(self.shared.engine_op(|e| e.create_cq(cqe))?)
+    }
+
+    /// ibv_destroy_cq(3).
+    ///
+    /// # Errors
+    /// [`DeviceError::Verbs`] as [`SoftHca::destroy_cq`].
+    pub fn destroy_cq(&self, cq: CqHandle) -> Result<(), DeviceError> {
+        Ok(self.shared.engine_op(|e| e.destroy_cq(cq))?)
+    }
+
+    /// ibv_poll_cq(3): moves up to `out.len()` completions into `out`, oldest first; returns how
+    /// many. With [`Progress::Caller`] it first runs one progress round (receive, timers,
+    /// send). With [`Progress::Thread`] it only takes the engine lock for the copy.
+    ///
+    /// # Errors
+    /// [`DeviceError::Verbs`] as [`SoftHca::poll_cq`].
+    pub fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize, DeviceError> {
+        let s = &self.shared;
+        if s.progress == Progress::Caller {
+            s.caller_round();
+        }
+        // Spinning pollers find an empty CQ without taking the engine lock (which the progress
+        // thread needs): the CQ was empty at this epoch and nothing changed since.
+        let epoch = s.epoch.load(Ordering::Acquire);
+        let hint = &s.empty_hint[cq.index() as usize % EMPTY_HINT_SLOTS];
+        let key = (u64::from(cq.index()) << 40) | (epoch & ((1 << 40) - 1));
+        if hint.load(Ordering::Relaxed) == key {
+            return Ok(0);
+        }
+        let n = lock(&s.engine).poll_cq(cq, out)?;
+        if n == 0 && !out.is_empty() {
+            hint.store(key, Ordering::Relaxed);
+        }
+        Ok(n)
+    }
+
+    /// Waits until `n` completions have been polled from `cq` or `timeout` passed, and returns
+    /// those polled (fewer than `n` only if the time ran out). The thread sleeps meanwhile: on a
+    /// condition variable the progress thread signals ([`Progress::Thread`]), or in poll(2) on
+    /// the socket between progress rounds it runs itself ([`Progress::Caller`]).
+    ///
+    /// # Errors
+    /// [`DeviceError::Verbs`] as [`SoftHca::poll_cq`] (a destroyed CQ).
+    pub fn wait_cq(
+        &self,
+        cq: CqHandle,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<Vec<WorkCompletion>, DeviceError> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut out = Vec::with_capacity(n.min(4096));
+        let mut buf = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 32];
+        let s = &self.shared;
+        match s.progress {
+            Progress::Thread => {
+                let mut e = lock(&s.engine);
+                loop {
+                    let want = (n - out.len()).min(buf.len());
+                    let got = e.poll_cq(cq, &mut buf[..want])?;
+                    out.extend_from_slice(&buf[..got]);
+                    if out.len() >= n {
+                        return Ok(out);
+                    }
+                    if got > 0 {
+                        continue;
+                    }
+                    let now = std::time::Instant::now();
+                    if now >= deadline {
+                        return Ok(out);
+                    }
+                    s.cq_waiters.fetch_add(1, Ordering::SeqCst);
+                    let (guard, _) = s
+                        .cq_cv
+                        .wait_timeout(e, deadline - now)
+                        .unwrap_or_else(PoisonError::into_inner);
+                    s.cq_waiters.fetch_sub(1, Ordering::SeqCst);
+                    e = guard;
+                }
+            }
+            Progress::Caller => loop {
+                let outcome = s.caller_round();
+                let next_timer = {
+                    let mut e = lock(&s.engine);
+                    loop {
+                        let want = (n - out.len()).min(buf.len());
+                        let got = e.poll_cq(cq, &mut buf[..want])?;
+                        out.extend_from_slice(&buf[..got]);
+                        if got < want || out.len() >= n {
+                            break;
+                        }
+                    }
+                    e.poll_timeout()
+                };
+                if out.len() >= n {
+                    return Ok(out);
+                }
+                let now = std::time::Instant::now();
+                if now >= deadline {
+                    return Ok(out);
+                }
+                if outcome.busy() {
+                    continue;
+                }
+                let mut sleep = deadline - now;
+                if let Some(t) = next_timer {
+                    let until = Duration::from_nanos(t.as_nanos());
+                    sleep = sleep.min(until.saturating_sub(s.origin.elapsed()));
+                }
+                // A socket error here is reported by the next round.
+                let _ = s.poller.wait(outcome.blocked, Some(&s.waker), sleep);
+            },
+        }
+    }
+
+    /// Runs one progress round on this thread now (receive a batch, fire due timers, send a
+    /// batch) and returns how many datagrams it received. Needed only with
+    /// [`Progress::Caller`] when the program does not poll a CQ; harmless with a thread.
+    pub fn progress(&self) -> usize {
+        self.shared.caller_round().received
+    }
+
+    /// Runs `f`, a blocking call such as an out-of-band TCP exchange, while the engine keeps
+    /// running: with [`Progress::Caller`] a helper thread drives progress rounds (sleeping in
+    /// poll(2) between them) until `f` returns, so that the peer's packets are acknowledged and
+    /// timers fire meanwhile; with a progress thread `f` just runs.
+    pub fn progress_during<R>(&self, f: impl FnOnce() -> R) -> R {
+        let s = &self.shared;
+        if s.progress != Progress::Caller || self.is_closed() {
+            return f();
+        }
+        let done = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !done.load(Ordering::Acquire) {
+                    let outcome = s.caller_round();
+                    if outcome.busy() {
+                        continue;
+                    }
+                    let mut sleep = Duration::from_millis(5);
+                    if let Some(t) = outcome.next_timer {
+                        let until = Duration::from_nanos(t.as_nanos());
+                        sleep = sleep.min(until.saturating_sub(s.origin.elapsed()));
+                    }
+                    // A socket error here is reported by the next round.
+                    let _ = s.poller.wait(outcome.blocked, Some(&s.waker), sleep);
+                }
+            });
+            let r = f();
+            done.store(true, Ordering::Release);
+            let _ = s.waker.wake();
+            r
+        })
+    }
+
+    /// ibv_req_notify_cq(3); the event shows up in [`UdpDevice::poll_cq_event`].
+    ///
+    /// # Errors
+    /// [`DeviceError::Verbs`] as [`SoftHca::req_notify_cq`].
+    pub fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<(), DeviceError> {
+        Ok(self
+            .shared
+            .engine_op(|e| e.req_notify_cq(cq, solicited_only))?)
+    }
+
+    /// The oldest unread completion event of an armed CQ (ibv_get_cq_event(3)).
+    pub fn poll_cq_event(&self) -> Option<CqHandle> {
+        lock(&self.shared.engine).poll_cq_event()
+    }
+
+    /// The oldest unread async event (ibv_get_async_event(3)).
+    pub fn poll_event(&self) -> Option<AsyncEvent> {
+        lock(&self.shared.engine).poll_event()
+    }
+
+    // ---- SRQ, AH ----
+
+    /// ibv_create_srq(3).
+    ///
+    /// # Errors
+    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::create_srq`].
+    pub fn create_srq(&self, pd: PdHandle, attr: &SrqAttr) -> Result<SrqHandle, DeviceError> {
+        self.check_open()?;
+        Ok(self.shared.engine_op(|e| e.create_srq(pd, attr))?)
+    }
+
+    /// ibv_modify_srq(3).
+    ///
+    /// # Errors
+    /// [`DeviceError::Verbs`] as [`SoftHca::modify_srq`].
+    pub fn modify_srq(
+        &self,
+        srq: SrqHandle,
+        attr: &SrqAttr,
+        mask: SrqAttrMask,
+    ) -> Result<(), DeviceError> {
+        Ok(self.shared.engine_op(|e| e.modify_srq(srq, attr, mask))?)
+    }
+
+    /// ibv_destroy_srq(3).
+    ///
+    /// # Errors
+    /// [`DeviceError::Verbs`] as [`SoftHca::destroy_srq`].
+    pub fn destroy_srq(&self, srq: SrqHandle) -> Result<(), DeviceError> {
+        Ok(self.shared.engine_op(|e| e.destroy_srq(srq))?)
+    }
+
+    /// ibv_post_srq_recv(3).
+    ///
+    /// # Errors
+    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::post_srq_recv`].
+    pub fn post_srq_recv(&self, srq: SrqHandle, wr: &RecvWr<'_>) -> Result<(), DeviceError> {
+        self.check_open()?;
+        self.shared.engine_op(|e| e.post_srq_recv(srq, wr))?;
+        self.kick();
+        Ok(())
+    }
+
+    /// ibv_create_ah(3): an address handle for UD sends (`attr.sgid_index` [`GID_INDEX`]).
+    ///
+    /// # Errors
+    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::create_ah`].
+    pub fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle, DeviceError> {
+        self.check_open()?;
+        Ok(self.shared.engine_op(|e| e.create_ah(pd, attr))?)
+    }
+
+    /// ibv_destroy_ah(3).
+    ///
+    /// # Errors
+    /// [`DeviceError::Verbs`] as [`SoftHca::destroy_ah`].
+    pub fn destroy_ah(&self, ah: AhHandle) -> Result<(), DeviceError> {
+        Ok(self.shared.engine_op(|e| e.destroy_ah(ah))?)
+    }
+
+    // ---- QP ----
+
+    /// ibv_create_qp(3): a QP in RESET; returns its QPN.
+    ///
+    /// # Errors
+    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::create_qp`].
+    pub fn create_qp(&self, pd: PdHandle, init: &QpInitAttr) -> Result<u32, DeviceError> {
+        self.check_open()?;
+        Ok(self.shared.engine_op(|e| e.create_qp(pd, init))?)
+    }
+
+    /// ibv_query_qp(3).
+    ///
+    /// # Errors
+    /// [`DeviceError::Verbs`] as [`SoftHca::query_qp`].
+    pub fn query_qp(&self, qpn: u32) -> Result<(QpAttr, QpInitAttr), DeviceError> {
+        Ok(lock(&self.shared.engine).query_qp(qpn)?)
+    }
+
+    /// ibv_modify_qp(3) (see [`SoftHca::modify_qp`]). The address vector names the peer by GID
+    /// with `sgid_index` [`GID_INDEX`].
+    ///
+    /// # Errors
+    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::modify_qp`].
+    pub fn modify_qp(
+        &self,
+        qpn: u32,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<ModifyOutcome, DeviceError> {
+        self.check_open()?;
+        let outcome = self.engine_now(|e| e.modify_qp(qpn, attr, mask))?;
+        self.shared.notify_cq_waiters();
+        self.kick();
+        Ok(outcome)
+    }
+
+    /// ibv_destroy_qp(3).
+    ///
+    /// # Errors
+    /// [`DeviceError::Verbs`] as [`SoftHca::destroy_qp`].
+    pub fn destroy_qp(&self, qpn: u32) -> Result<(), DeviceError> {
+        Ok(self.shared.engine_op(|e| e.destroy_qp(qpn))?)
+    }
+
+    // ---- posting ----
+
+    /// ibv_post_send(3) for one WR (see [`SoftHca::post_send`]); its packets leave at once on
+    /// this thread when the socket is free.
+    ///
+    /// # Errors
+    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::post_send`].
+    pub fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<(), DeviceError> {
+        self.check_open()?;
+        self.engine_now(|e| e.post_send(qpn, wr))?;
+        self.kick();
+        Ok(())
+    }
+
+    /// ibv_post_send(3) for a list of WRs: posts them in order, stops at the first refused and
+    /// returns its index with the error (the ones before it stay posted), then sends.
+    ///
+    /// # Errors
+    /// `(index, error)` of the first refused WR.
+    pub fn post_send_list(&self, qpn: u32, wrs: &[SendWr<'_>]) -> Result<(), (usize, DeviceError)> {
+        self.check_open().map_err(|e| (0, e))?;
+        let r = self
+            .engine_now(|e| e.post_send_list(qpn, wrs))
+            .map_err(|(i, e)| (i, DeviceError::Verbs(e)));
+        self.kick();
+        r
+    }
+
+    /// ibv_post_recv(3) for one WR (see [`SoftHca::post_recv`]).
+    ///
+    /// # Errors
+    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::post_recv`].
+    pub fn post_recv(&self, qpn: u32, wr: &RecvWr<'_>) -> Result<(), DeviceError> {
+        self.check_open()?;
+        self.shared.engine_op(|e| e.post_recv(qpn, wr))?;
+        Ok(())
+    }
+
+    /// ibv_post_recv(3) for a list of WRs, as [`UdpDevice::post_send_list`].
+    ///
+    /// # Errors
+    /// `(index, error)` of the first refused WR.
+    pub fn post_recv_list(&self, qpn: u32, wrs: &[RecvWr<'_>]) -> Result<(), (usize, DeviceError)> {
+        self.check_open().map_err(|e| (0, e))?;
+        self.shared
+            .engine_op(|e| e.post_recv_list(qpn, wrs))
+            .map_err(|(i, e)| (i, DeviceError::Verbs(e)))
+    }
+
+    // ---- shutdown ----
+
+    /// Whether [`UdpDevice::close`] ran.
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire)
+    }
+
+    /// Closes the device: sends what the engine has queued, moves every QP to ERR (every
+    /// outstanding WR completes with `IBV_WC_WR_FLUSH_ERR` in its CQ before this returns), stops
+    /// new work ([`DeviceError::Closed`]) and joins the progress thread. Completions and events
+    /// stay pollable. Calling it again does nothing.
+    pub fn close(&self) {
+        let mut thread = lock(&self.thread);
+        if self.shared.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let s = &self.shared;
+        // Last words: ACKs and responses the engine has already built or queued.
+        {
+            let mut io = lock(&s.io);
+            s.round(&mut io, false);
+        }
+        {
+            let mut e = lock(&s.engine);
+            let now = s.now();
+            e.handle_timeout(now);
+            let qpns: Vec<u32> = e.context().qpns().collect();
+            for qpn in qpns {
+                let state = e.context().qp(qpn).map(|q| q.state());
+                if matches!(state, Some(st) if st != QpState::Err) {
+                    let attr = QpAttr {
+                        qp_state: QpState::Err,
+                        ..QpAttr::default()
+                    };
+                    // RESET -> ERR and every other state -> ERR are valid transitions.
+                    let _ = e.modify_qp(qpn, &attr, QpAttrMask::STATE);
+                }
+            }
+        }
+        s.epoch.fetch_add(1, Ordering::Release);
+        s.notify_cq_waiters();
+        s.stop.store(true, Ordering::SeqCst);
+        let _ = s.waker.wake();
+        if let Some(handle) = thread.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Drop for UdpDevice {
+    /// As [`UdpDevice::close`].
+    fn drop(&mut self) {
+        self.close();
+    }
+}

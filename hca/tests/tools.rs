@@ -1,0 +1,528 @@
+//! The `rdma-perf` and `rdma-pingpong` tools: command-line parsing, output formats, error exits
+//! (bad flags, a device address not on this host, a peer that is not there, a malformed
+//! exchange, ports in use) and end-to-end runs of every test, server and client on loopback
+//! (distinct 127.x.y.z addresses per test, so tests run in parallel), data validated where the
+//! tool validates (`rdma-pingpong -c`). Every child process runs under a deadline and is killed
+//! past it.
+#![cfg(feature = "tools")]
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+const PERF: &str = env!("CARGO_BIN_EXE_rdma-perf");
+const PINGPONG: &str = env!("CARGO_BIN_EXE_rdma-pingpong");
+
+/// Longest any tool run may take here (debug builds on a loaded machine are slow).
+const DEADLINE: Duration = Duration::from_secs(120);
+
+/// A pair of loopback addresses no other test (in this process or a concurrent run) uses.
+fn addresses() -> (String, String) {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id();
+    let (b, c) = ((pid >> 8) as u8, pid as u8);
+    let d = (2 * n + 1) as u8;
+    (format!("127.{b}.{c}.{d}"), format!("127.{b}.{c}.{}", d + 1))
+}
+
+/// A TCP port that was free a moment ago.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn(bin: &str, args: &[&str]) -> Child {
+    Command::new(bin)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `child` up to `DEADLINE` (killing it past that) and collects its output.
+fn finish(mut child: Child, what: &str) -> Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what} did not finish within {DEADLINE:?}\nstdout:\n{}\nstderr:\n{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn run(bin: &str, args: &[&str]) -> (Output, Duration) {
+    let start = Instant::now();
+    let out = finish(spawn(bin, args), &format!("{bin} {args:?}"));
+    (out, start.elapsed())
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Runs a server and a client of `bin` with `args` (plus their device and TCP port options);
+/// both must succeed. Returns (server stdout, client stdout).
+fn pair(bin: &str, sub: &[&str], args: &[&str]) -> (String, String) {
+    let (a, b) = addresses();
+    let port = free_port().to_string();
+    let link_a = format!("udp:{a}");
+    let link_b = format!("udp:{b}");
+    let mut sargs: Vec<&str> = sub.to_vec();
+    sargs.extend_from_slice(&["--link", &link_a, "-p", &port, "--timeout", "20"]);
+    sargs.extend_from_slice(args);
+    let server = spawn(bin, &sargs);
+    let mut cargs: Vec<&str> = sub.to_vec();
+    cargs.extend_from_slice(&["--link", &link_b, "-p", &port, "--timeout", "20"]);
+    cargs.extend_from_slice(args);
+    cargs.push("127.0.0.1");
+    // The client retries its connection until the server listens.
+    let client = spawn(bin, &cargs);
+    let c = finish(client, "client");
+    let s = finish(server, "server");
+    let (so, co) = (text(&s.stdout), text(&c.stdout));
+    assert!(
+        s.status.success() && c.status.success(),
+        "server {:?}:\n{so}\n{}\nclient {:?}:\n{co}\n{}",
+        s.status,
+        text(&s.stderr),
+        c.status,
+        text(&c.stderr)
+    );
+    (so, co)
+}
+
+/// The numeric columns of the result rows of a perftest-style output: the lines after the
+/// column header up to the next dashed line.
+fn result_rows(out: &str, header_start: &str) -> Vec<Vec<f64>> {
+    let mut rows = Vec::new();
+    let mut inside = false;
+    for line in out.lines() {
+        if line.starts_with(header_start) {
+            inside = true;
+            continue;
+        }
+        if inside {
+            if line.starts_with("---") {
+                break;
+            }
+            let cols: Vec<f64> = line
+                .split_whitespace()
+                .map(|c| {
+                    c.parse::<f64>()
+                        .unwrap_or_else(|_| panic!("bad number {c:?} in {line:?}"))
+                })
+                .collect();
+            rows.push(cols);
+        }
+    }
+    rows
+}
+
+const BW_HEADER: &str =
+    " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]";
+const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ";
+
+fn check_bw(out: &str, size: f64, iters: f64, who: &str) {
+    assert!(
+        out.contains(BW_HEADER),
+        "{who}: no bandwidth header:\n{out}"
+    );
+    assert!(out.contains(" Link type       : Ethernet"), "{out}");
+    assert!(
+        out.contains(" GID: 00:00:00:00:00:00:00:00:00:00:255:255:127:"),
+        "{out}"
+    );
+    let rows = result_rows(out, " #bytes     #iterations");
+    assert_eq!(rows.len(), 1, "{who}: {out}");
+    let r = &rows[0];
+    assert_eq!(r.len(), 5, "{who}: {out}");
+    assert_eq!((r[0], r[1]), (size, iters), "{who}: {out}");
+    assert!(
+        r[3] > 0.0 && r[4] > 0.0,
+        "{who}: average and rate are positive: {out}"
+    );
+}
+
+fn check_lat(out: &str, size: f64, iters: f64) {
+    assert!(out.contains(LAT_HEADER), "no latency header:\n{out}");
+    let rows = result_rows(out, " #bytes #iterations");
+    assert_eq!(rows.len(), 1, "{out}");
+    let r = &rows[0];
+    assert_eq!(r.len(), 9, "{out}");
+    assert_eq!((r[0], r[1]), (size, iters), "{out}");
+    // t_min <= t_typical <= t_max, t_min <= t_avg, percentiles ordered.
+    assert!(r[2] > 0.0 && r[2] <= r[4] && r[4] <= r[3], "{out}");
+    assert!(r[2] <= r[5] && r[7] <= r[8], "{out}");
+}
+
+// ---- command line ----
+
+#[test]
+fn help_lists_the_perftest_subcommands_and_flags() {
+    let (out, _) = run(PERF, &["--help"]);
+    assert!(out.status.success());
+    let t = text(&out.stdout);
+    for sub in [
+        "write-bw",
+        "read-bw",
+        "send-bw",
+        "atomic-bw",
+        "write-lat",
+        "read-lat",
+        "send-lat",
+    ] {
+        assert!(t.contains(sub), "{t}");
+    }
+    let (out, _) = run(PERF, &["write-bw", "--help"]);
+    let t = text(&out.stdout);
+    for flag in [
+        "--size",
+        "--iters",
+        "--all",
+        "--qp",
+        "--mtu",
+        "--port",
+        "--duration",
+        "--report_gbits",
+        "--gid-index",
+        "--ib-dev",
+        "--link",
+    ] {
+        assert!(t.contains(flag), "{flag}: {t}");
+    }
+    let (out, _) = run(PINGPONG, &["--help"]);
+    let t = text(&out.stdout);
+    for flag in [
+        "--rc",
+        "--uc",
+        "--ud",
+        "--gid-idx",
+        "--iters",
+        "--size",
+        "--port",
+        "--mtu",
+        "--chk",
+    ] {
+        assert!(t.contains(flag), "{flag}: {t}");
+    }
+}
+
+#[test]
+fn bad_flags_exit_non_zero_with_one_clear_line() {
+    // clap's usage errors exit with 2.
+    let (out, _) = run(PERF, &["write-bw", "--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--no-such-flag"));
+    let (out, _) = run(PERF, &["no-such-test"]);
+    assert_eq!(out.status.code(), Some(2));
+    let (out, _) = run(PINGPONG, &["--rc", "--ud"]);
+    assert_eq!(out.status.code(), Some(2));
+    // Values checked like perftest's parser: exit 1, one line naming the problem.
+    for (bin, args, needle) in [
+        (PERF, &["write-bw", "-q", "0"][..], "QPs"),
+        (PERF, &["write-bw", "-m", "1000"][..], "MTU"),
+        (PERF, &["write-bw", "-n", "2"][..], "Iteration"),
+        (PERF, &["read-bw", "-c", "UC"][..], "RC"),
+        (PERF, &["write-bw", "-c", "UD"][..], "UD"),
+        (PERF, &["write-lat", "-q", "2"][..], "one QP"),
+        (PERF, &["write-bw", "--link", "udp:rxe0"][..], "bad device"),
+        (PINGPONG, &["-m", "1000"][..], "MTU"),
+        (PINGPONG, &["--link", "nonsense"][..], "bad device"),
+    ] {
+        let (out, took) = run(bin, args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(took < DEADLINE);
+    }
+}
+
+// ---- error exits ----
+
+#[test]
+fn unknown_device_address_is_a_clear_error() {
+    let port = free_port().to_string();
+    // 192.0.2.1 (TEST-NET-1) is not an address of this host.
+    let (out, _) = run(
+        PINGPONG,
+        &[
+            "--link",
+            "udp:192.0.2.1",
+            "-p",
+            &port,
+            "--timeout",
+            "2",
+            "127.0.0.1",
+        ],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot open device udp:192.0.2.1"), "{err}");
+    // rdma-perf opens its device after connecting: a listening (fake) server lets it get there.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    let (out, _) = run(
+        PERF,
+        &[
+            "write-bw",
+            "--link",
+            "udp:192.0.2.1",
+            "-p",
+            &port,
+            "--timeout",
+            "2",
+            "127.0.0.1",
+        ],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot open device udp:192.0.2.1"), "{err}");
+}
+
+#[test]
+fn peer_not_there_fails_within_the_timeout() {
+    let (a, b) = addresses();
+    let port = free_port().to_string();
+    let link = format!("udp:{a}");
+    for (bin, sub) in [(PINGPONG, &[][..]), (PERF, &["send-lat"][..])] {
+        let mut args = sub.to_vec();
+        args.extend_from_slice(&["--link", &link, "-p", &port, "--timeout", "1", "127.0.0.1"]);
+        let (out, took) = run(bin, &args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("127.0.0.1") && err.contains(&port), "{err}");
+        assert!(took < Duration::from_secs(30), "{took:?}");
+    }
+    // A server nobody connects to gives up too.
+    let link = format!("udp:{b}");
+    let (out, _) = run(
+        PERF,
+        &["write-bw", "--link", &link, "-p", &port, "--timeout", "1"],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no client"), "{err}");
+}
+
+#[test]
+fn malformed_exchange_is_a_clear_error() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut msg = [0u8; 52];
+        let _ = s.read_exact(&mut msg);
+        let mut junk = [b'z'; 52];
+        junk[51] = 0;
+        let _ = s.write_all(&junk);
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    let (a, _) = addresses();
+    let link = format!("udp:{a}");
+    let (out, _) = run(
+        PINGPONG,
+        &["--link", &link, "-p", &port, "--timeout", "5", "127.0.0.1"],
+    );
+    fake.join().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("pingpong address"), "{err}");
+}
+
+#[test]
+fn ports_in_use_are_clear_errors() {
+    // The TCP port.
+    let l = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    let (a, b) = addresses();
+    let link = format!("udp:{a}");
+    let (out, _) = run(PINGPONG, &["--link", &link, "-p", &port, "--timeout", "1"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("Couldn't listen to port {port}")),
+        "{err}"
+    );
+    // The UDP port (4791 on the device's address).
+    let udp = std::net::UdpSocket::bind(format!("{b}:4791")).unwrap();
+    let link = format!("udp:{b}");
+    let port = free_port().to_string();
+    let (out, _) = run(PINGPONG, &["--link", &link, "-p", &port, "--timeout", "1"]);
+    drop(udp);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot open device") && err.contains("4791"),
+        "{err}"
+    );
+}
+
+// ---- end to end ----
+
+#[test]
+fn pingpong_rc_uc_ud_with_data_check() {
+    for t in ["--rc", "--uc", "--ud"] {
+        let size = if t == "--ud" { "1024" } else { "10000" };
+        let (s, c) = pair(PINGPONG, &[t], &["-n", "200", "-s", size, "-c"]);
+        for out in [&s, &c] {
+            let lines: Vec<&str> = out.lines().collect();
+            assert!(
+                lines[0].starts_with("  local address:  LID 0x0000, QPN 0x"),
+                "{out}"
+            );
+            assert!(lines[0].contains(", GID ::ffff:127."), "{out}");
+            assert!(
+                lines[1].starts_with("  remote address: LID 0x0000, QPN 0x"),
+                "{out}"
+            );
+            let bytes: u64 = size.parse::<u64>().unwrap() * 200 * 2;
+            assert!(
+                lines[2].starts_with(&format!("{bytes} bytes in "))
+                    && lines[2].ends_with(" Mbit/sec"),
+                "{out}"
+            );
+            assert!(
+                lines[3].starts_with("200 iters in ") && lines[3].ends_with(" usec/iter"),
+                "{out}"
+            );
+            assert!(!out.contains("invalid data"), "{out}");
+        }
+        // Each side printed the other's QPN and PSN.
+        let field = |out: &str, line: usize| {
+            out.lines()
+                .nth(line)
+                .unwrap()
+                .split("QPN")
+                .nth(1)
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(field(&s, 0), field(&c, 1));
+        assert_eq!(field(&c, 0), field(&s, 1));
+    }
+}
+
+#[test]
+fn pingpong_with_a_progress_thread() {
+    let (_, c) = pair(
+        PINGPONG,
+        &["--rc"],
+        &["-n", "100", "-s", "64", "--progress", "thread"],
+    );
+    assert!(c.contains("100 iters in"), "{c}");
+}
+
+#[test]
+fn perf_write_read_atomic_bw() {
+    for (test, size) in [
+        ("write-bw", 4096.0),
+        ("read-bw", 4096.0),
+        ("atomic-bw", 8.0),
+    ] {
+        let (s, c) = pair(PERF, &[test], &["-n", "200", "-s", "4096"]);
+        check_bw(&c, size, 200.0, "client");
+        // The server prints the client's numbers (received over TCP) after waiting.
+        check_bw(&s, size, 200.0, "server");
+        assert!(s.contains("* Waiting for client to connect... *"), "{s}");
+        let title = match test {
+            "write-bw" => "RDMA_Write BW Test",
+            "read-bw" => "RDMA_Read BW Test",
+            _ => "Atomic FETCH_AND_ADD BW Test",
+        };
+        assert!(c.contains(title), "{c}");
+        if test == "read-bw" {
+            assert!(c.contains(" Outstand reads  : "), "{c}");
+            assert!(c.contains(" OUT 0x"), "{c}");
+        }
+        if test == "write-bw" {
+            assert!(c.contains(" RKey 0x") && c.contains(" VAddr 0x"), "{c}");
+        }
+    }
+}
+
+#[test]
+fn perf_send_bw_multi_qp_and_gbits() {
+    let (s, c) = pair(
+        PERF,
+        &["send-bw"],
+        &["-n", "100", "-s", "8192", "-q", "4", "--report_gbits"],
+    );
+    for out in [&s, &c] {
+        assert!(out.contains("BW average[Gb/sec]"), "{out}");
+        assert!(out.contains(" Number of qps   : 4"), "{out}");
+        assert_eq!(out.matches(" local address: ").count(), 4, "{out}");
+        assert_eq!(out.matches(" remote address: ").count(), 4, "{out}");
+    }
+    let rows = result_rows(&c, " #bytes     #iterations");
+    assert_eq!(
+        rows[0][..2],
+        [8192.0, 400.0],
+        "iterations count every QP: {c}"
+    );
+    let rows = result_rows(&s, " #bytes     #iterations");
+    assert_eq!(rows[0][..2], [8192.0, 400.0], "{s}");
+}
+
+#[test]
+fn perf_all_sizes() {
+    let (_, c) = pair(PERF, &["write-bw"], &["-a", "-n", "5"]);
+    let rows = result_rows(&c, " #bytes     #iterations");
+    let sizes: Vec<f64> = rows.iter().map(|r| r[0]).collect();
+    let want: Vec<f64> = (1..24).map(|i| f64::from(1u32 << i)).collect();
+    assert_eq!(sizes, want, "{c}");
+    let (s, c) = pair(PERF, &["send-bw"], &["-a", "-n", "5", "-q", "1"]);
+    assert_eq!(result_rows(&c, " #bytes     #iterations").len(), 23, "{c}");
+    assert_eq!(result_rows(&s, " #bytes     #iterations").len(), 23, "{s}");
+}
+
+#[test]
+fn perf_latency_tests() {
+    for test in ["write-lat", "send-lat"] {
+        let (s, c) = pair(PERF, &[test], &["-n", "200", "-s", "64"]);
+        check_lat(&c, 64.0, 200.0);
+        check_lat(&s, 64.0, 200.0);
+    }
+    let (s, c) = pair(PERF, &["read-lat"], &["-n", "200", "-s", "4096"]);
+    check_lat(&c, 4096.0, 200.0);
+    assert!(
+        !s.contains(LAT_HEADER),
+        "the read-lat server prints no results: {s}"
+    );
+    // Latency with a progress thread, and a large (multi-packet, non-inline) message.
+    let (_, c) = pair(
+        PERF,
+        &["send-lat"],
+        &["-n", "100", "-s", "20000", "--progress", "thread"],
+    );
+    check_lat(&c, 20000.0, 100.0);
+}
+
+#[test]
+fn perf_duration_mode() {
+    let (_, c) = pair(PERF, &["write-bw"], &["-D", "1", "-s", "4096"]);
+    let rows = result_rows(&c, " #bytes     #iterations");
+    assert_eq!(rows.len(), 1, "{c}");
+    assert!(rows[0][1] > 0.0, "{c}");
+    let (_, c) = pair(PERF, &["send-lat"], &["-D", "1"]);
+    assert!(
+        c.contains(" #bytes        #iterations       t_avg[usec]    tps average"),
+        "{c}"
+    );
+}

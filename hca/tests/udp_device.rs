@@ -1,0 +1,735 @@
+//! The software HCA over real UDP sockets (`hca::udp_device`): two devices on loopback
+//! (127.0.0.1 and 127.0.0.2; `::1` with two ports) run every RC operation, UD SEND, and the
+//! shutdown and failure paths end to end, with data checked. Devices bind ephemeral ports (and
+//! tell each other with `set_peer_port`) so that test runs never collide. Every wait is bounded
+//! by a deadline; nothing asserts on wall-clock durations.
+#![cfg(feature = "std")]
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_p2p::{HostMemory, Memory};
+use hca::udp_device::{DeviceError, Progress, UdpDevice, UdpDeviceConfig, GID_INDEX};
+use hca::{
+    AccessFlags, AhAttr, CqHandle, MemoryRegion, PathMtu, PdHandle, QpAttr, QpAttrMask, QpCap,
+    QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode,
+    WcStatus, WorkCompletion,
+};
+
+/// Generous bound on any single wait: a loaded CI machine may be slow, a hang is a failure.
+const WAIT: Duration = Duration::from_secs(20);
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn open(addr: &str, progress: Progress) -> UdpDevice {
+    let mut c = UdpDeviceConfig::new(ip(addr));
+    c.port = 0;
+    c.progress = progress;
+    UdpDevice::open(c).unwrap()
+}
+
+/// One side: a device with a PD, a CQ, a 1 MiB MR and one QP.
+struct Side {
+    dev: Arc<UdpDevice>,
+    pd: PdHandle,
+    cq: CqHandle,
+    qpn: u32,
+    mem: Arc<HostMemory>,
+    mr: MemoryRegion,
+}
+
+const MEM: usize = 1 << 20;
+
+impl Side {
+    fn new(dev: Arc<UdpDevice>, qp_type: QpType, iova: u64) -> Side {
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(1024).unwrap();
+        let mem = Arc::new(HostMemory::new(MEM).unwrap());
+        let access = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC;
+        let mr = dev.reg_mr(pd, mem.clone(), iova, access).unwrap();
+        let qpn = dev
+            .create_qp(
+                pd,
+                &QpInitAttr {
+                    qp_type,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    cap: QpCap {
+                        max_send_wr: 128,
+                        max_recv_wr: 128,
+                        max_send_sge: 4,
+                        max_recv_sge: 4,
+                        max_inline_data: 64,
+                    },
+                    sq_sig_all: false,
+                },
+            )
+            .unwrap();
+        Side {
+            dev,
+            pd,
+            cq,
+            qpn,
+            mem,
+            mr,
+        }
+    }
+
+    fn sge(&self, offset: u64, len: u32) -> Sge {
+        Sge {
+            addr: self.mr.iova() + offset,
+            length: len,
+            lkey: self.mr.lkey(),
+        }
+    }
+
+    fn addr(&self, offset: u64) -> u64 {
+        self.mr.iova() + offset
+    }
+
+    fn write(&self, offset: usize, bytes: &[u8]) {
+        self.mem.write(offset, bytes).unwrap();
+    }
+
+    fn read(&self, offset: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0; len];
+        self.mem.read(offset, &mut v).unwrap();
+        v
+    }
+
+    fn wait(&self, n: usize) -> Vec<WorkCompletion> {
+        let got = self.dev.wait_cq(self.cq, n, WAIT).unwrap();
+        assert_eq!(
+            got.len(),
+            n,
+            "got {} of {n} completions: {got:?}",
+            got.len()
+        );
+        got
+    }
+
+    fn post_recv(&self, wr_id: u64, sg: &[Sge]) {
+        self.dev
+            .post_recv(self.qpn, &RecvWr { wr_id, sg_list: sg })
+            .unwrap();
+    }
+
+    fn post_send(&self, wr_id: u64, sg: &[Sge], op: SendOp) {
+        self.dev
+            .post_send(
+                self.qpn,
+                &SendWr {
+                    wr_id,
+                    sg_list: sg,
+                    op,
+                    send_flags: SendFlags::SIGNALED,
+                },
+            )
+            .unwrap();
+    }
+}
+
+/// RC / UC connection parameters of one side.
+#[derive(Clone, Copy)]
+struct Conn {
+    timeout: u8,
+    retry_cnt: u8,
+    mtu: PathMtu,
+}
+
+impl Default for Conn {
+    fn default() -> Self {
+        Conn {
+            timeout: 14,
+            retry_cnt: 7,
+            mtu: PathMtu::Mtu1024,
+        }
+    }
+}
+
+/// Brings `me` to RTS: RC / UC connected to `peer`, UD ready to send.
+fn bring_up(me: &Side, peer: &Side, my_psn: u32, peer_psn: u32, qp_type: QpType, c: Conn) {
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
+        qkey: 0x1111_1111,
+        ..QpAttr::default()
+    };
+    let base = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
+    let init_mask = match qp_type {
+        QpType::Ud => base | QpAttrMask::QKEY,
+        QpType::Uc => {
+            a.qp_access_flags = AccessFlags::REMOTE_WRITE;
+            base | QpAttrMask::ACCESS_FLAGS
+        }
+        QpType::Rc => base | QpAttrMask::ACCESS_FLAGS,
+    };
+    me.dev.modify_qp(me.qpn, &a, init_mask).unwrap();
+    a.qp_state = QpState::Rtr;
+    a.path_mtu = c.mtu;
+    a.dest_qp_num = peer.qpn;
+    a.rq_psn = peer_psn;
+    a.max_dest_rd_atomic = 16;
+    a.min_rnr_timer = 12;
+    a.ah_attr = AhAttr {
+        dgid: peer.dev.gid(),
+        sgid_index: GID_INDEX as u8,
+        hop_limit: 64,
+        port_num: 1,
+        ..AhAttr::default()
+    };
+    let rtr_mask = match qp_type {
+        QpType::Rc => {
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER
+        }
+        QpType::Uc => {
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+        }
+        QpType::Ud => QpAttrMask::STATE,
+    };
+    me.dev.modify_qp(me.qpn, &a, rtr_mask).unwrap();
+    a.qp_state = QpState::Rts;
+    a.sq_psn = my_psn;
+    a.timeout = c.timeout;
+    a.retry_cnt = c.retry_cnt;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 16;
+    let rts_mask = match qp_type {
+        QpType::Rc => {
+            QpAttrMask::STATE
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC
+        }
+        _ => QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+    };
+    me.dev.modify_qp(me.qpn, &a, rts_mask).unwrap();
+}
+
+/// Two devices, each told the other's port, with one QP each, connected.
+fn pair(a_addr: &str, b_addr: &str, progress: Progress, qp_type: QpType, c: Conn) -> (Side, Side) {
+    let da = open(a_addr, progress);
+    let db = open(b_addr, progress);
+    da.set_peer_port(db.local_addr().ip(), db.local_addr().port());
+    db.set_peer_port(da.local_addr().ip(), da.local_addr().port());
+    let a = Side::new(Arc::new(da), qp_type, 0x10_0000);
+    let b = Side::new(Arc::new(db), qp_type, 0x7700_0000);
+    bring_up(&a, &b, 0x100, 0xff_fff0, qp_type, c);
+    bring_up(&b, &a, 0xff_fff0, 0x100, qp_type, c);
+    (a, b)
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
+        .collect()
+}
+
+/// SEND, SEND_WITH_IMM, WRITE, WRITE_WITH_IMM, READ, CAS and FAA from `a` to `b`, multi-packet
+/// where the operation allows, data checked on both sides.
+fn all_rc_operations(a: &Side, b: &Side) {
+    // SEND (10 packets at MTU 1024) into two receive SGEs.
+    let data = pattern(10_000, 1);
+    a.write(0, &data);
+    b.post_recv(11, &[b.sge(100, 6000), b.sge(20_000, 6000)]);
+    a.post_send(1, &[a.sge(0, 10_000)], SendOp::Send);
+    let wa = a.wait(1);
+    assert_eq!(
+        (wa[0].wr_id, wa[0].status, wa[0].opcode),
+        (1, WcStatus::Success, WcOpcode::Send)
+    );
+    let wb = b.wait(1);
+    assert_eq!((wb[0].wr_id, wb[0].status), (11, WcStatus::Success));
+    assert_eq!((wb[0].opcode, wb[0].byte_len), (WcOpcode::Recv, 10_000));
+    let mut got = b.read(100, 6000);
+    got.extend(b.read(20_000, 4000));
+    assert_eq!(got, data);
+
+    // SEND_WITH_IMM.
+    let data = pattern(3000, 2);
+    a.write(0, &data);
+    b.post_recv(12, &[b.sge(40_000, 4096)]);
+    a.post_send(
+        2,
+        &[a.sge(0, 3000)],
+        SendOp::SendWithImm { imm_data: 0xfeed },
+    );
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    let wb = b.wait(1);
+    assert_eq!(wb[0].status, WcStatus::Success);
+    assert_eq!(wb[0].imm_data, Some(0xfeed));
+    assert!(wb[0].wc_flags.contains(WcFlags::WITH_IMM));
+    assert_eq!(b.read(40_000, 3000), data);
+
+    // RDMA WRITE (20 packets).
+    let data = pattern(20_000, 3);
+    a.write(100_000, &data);
+    a.post_send(
+        3,
+        &[a.sge(100_000, 20_000)],
+        SendOp::RdmaWrite {
+            remote_addr: b.addr(200_000),
+            rkey: b.mr.rkey(),
+        },
+    );
+    let wa = a.wait(1);
+    assert_eq!(
+        (wa[0].status, wa[0].opcode),
+        (WcStatus::Success, WcOpcode::RdmaWrite)
+    );
+    assert_eq!(b.read(200_000, 20_000), data);
+
+    // RDMA WRITE_WITH_IMM: consumes a receive WQE, reports the immediate.
+    let data = pattern(5000, 4);
+    a.write(100_000, &data);
+    b.post_recv(14, &[]);
+    a.post_send(
+        4,
+        &[a.sge(100_000, 5000)],
+        SendOp::RdmaWriteWithImm {
+            remote_addr: b.addr(300_000),
+            rkey: b.mr.rkey(),
+            imm_data: 0x1234_5678,
+        },
+    );
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    let wb = b.wait(1);
+    assert_eq!(
+        (wb[0].wr_id, wb[0].status, wb[0].opcode),
+        (14, WcStatus::Success, WcOpcode::RecvRdmaWithImm)
+    );
+    assert_eq!((wb[0].imm_data, wb[0].byte_len), (Some(0x1234_5678), 5000));
+    assert_eq!(b.read(300_000, 5000), data);
+
+    // RDMA READ (multi-packet response) of what was written.
+    a.post_send(
+        5,
+        &[a.sge(400_000, 20_000)],
+        SendOp::RdmaRead {
+            remote_addr: b.addr(200_000),
+            rkey: b.mr.rkey(),
+        },
+    );
+    let wa = a.wait(1);
+    assert_eq!(
+        (wa[0].status, wa[0].opcode),
+        (WcStatus::Success, WcOpcode::RdmaRead)
+    );
+    assert_eq!(a.read(400_000, 20_000), pattern(20_000, 3));
+
+    // Atomics: FAA then CAS on one 8-byte word.
+    b.write(8000, &41u64.to_ne_bytes());
+    a.post_send(
+        6,
+        &[a.sge(500_000, 8)],
+        SendOp::AtomicFetchAndAdd {
+            remote_addr: b.addr(8000),
+            rkey: b.mr.rkey(),
+            add: 1,
+        },
+    );
+    a.post_send(
+        7,
+        &[a.sge(500_008, 8)],
+        SendOp::AtomicCmpAndSwp {
+            remote_addr: b.addr(8000),
+            rkey: b.mr.rkey(),
+            compare: 42,
+            swap: 1000,
+        },
+    );
+    let wa = a.wait(2);
+    let ids: Vec<_> = wa.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect();
+    assert_eq!(
+        ids,
+        [
+            (6, WcStatus::Success, WcOpcode::FetchAdd),
+            (7, WcStatus::Success, WcOpcode::CompSwap)
+        ]
+    );
+    assert_eq!(a.read(500_000, 8), 41u64.to_ne_bytes());
+    assert_eq!(a.read(500_008, 8), 42u64.to_ne_bytes());
+    assert_eq!(b.read(8000, 8), 1000u64.to_ne_bytes());
+}
+
+#[test]
+fn rc_operations_two_ipv4_addresses() {
+    let (a, b) = pair(
+        "127.0.0.1",
+        "127.0.0.2",
+        Progress::Thread,
+        QpType::Rc,
+        Conn::default(),
+    );
+    all_rc_operations(&a, &b);
+    // The other direction too, and the ICRC was not checkable on IPv4 (no identification).
+    all_rc_operations(&b, &a);
+    let c = b.dev.counters();
+    assert_eq!(c.total_drops(), 0, "{c:?}");
+    assert!(c.icrc_unchecked > 0, "{c:?}");
+    assert_eq!(a.dev.device_counters().tx_dropped, 0);
+}
+
+#[test]
+fn rc_operations_ipv6_loopback_two_ports() {
+    let (a, b) = pair("::1", "::1", Progress::Thread, QpType::Rc, Conn::default());
+    assert_eq!(a.dev.gid(), b.dev.gid(), "one address, two ports");
+    all_rc_operations(&a, &b);
+    // IPv6 has no identification field: every ICRC was checked (and matched, with the bound
+    // port as UDP source port).
+    let c = b.dev.counters();
+    assert_eq!(c.total_drops(), 0, "{c:?}");
+    assert_eq!(c.icrc_unchecked, 0, "{c:?}");
+    assert_eq!(c.icrc_errors, 0, "{c:?}");
+}
+
+#[test]
+fn rc_operations_at_mtu_4096_with_caller_progress() {
+    let c = Conn {
+        mtu: PathMtu::Mtu4096,
+        ..Conn::default()
+    };
+    let (a, b) = pair("127.0.0.3", "127.0.0.4", Progress::Caller, QpType::Rc, c);
+    // With caller-driven progress nobody runs `b` unless someone polls it: a helper thread does.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    std::thread::scope(|s| {
+        let b_ref = &b;
+        let stop2 = stop.clone();
+        s.spawn(move || {
+            while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                b_ref.dev.progress();
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        });
+        all_rc_operations(&a, &b);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    assert_eq!(b.dev.counters().total_drops(), 0);
+}
+
+#[test]
+fn uc_write_and_send() {
+    let (a, b) = pair(
+        "127.0.0.5",
+        "127.0.0.6",
+        Progress::Thread,
+        QpType::Uc,
+        Conn::default(),
+    );
+    let data = pattern(7000, 9);
+    a.write(0, &data);
+    b.post_recv(1, &[b.sge(0, 8192)]);
+    // UC completes a WR once sent: the WRITE goes first, so that the SEND's arrival (in order
+    // on the QP) says the WRITE's data is in place.
+    a.post_send(
+        2,
+        &[a.sge(0, 7000)],
+        SendOp::RdmaWrite {
+            remote_addr: b.addr(65536),
+            rkey: b.mr.rkey(),
+        },
+    );
+    a.post_send(1, &[a.sge(0, 7000)], SendOp::Send);
+    assert!(a.wait(2).iter().all(|w| w.status == WcStatus::Success));
+    let wb = b.wait(1);
+    assert_eq!((wb[0].status, wb[0].byte_len), (WcStatus::Success, 7000));
+    assert_eq!(b.read(0, 7000), data);
+    assert_eq!(b.read(65536, 7000), data);
+}
+
+fn ud_send(a_addr: &str, b_addr: &str) {
+    let (a, b) = pair(
+        a_addr,
+        b_addr,
+        Progress::Thread,
+        QpType::Ud,
+        Conn::default(),
+    );
+    let ah = a
+        .dev
+        .create_ah(
+            a.pd,
+            &AhAttr {
+                dgid: b.dev.gid(),
+                sgid_index: GID_INDEX as u8,
+                hop_limit: 1,
+                port_num: 1,
+                ..AhAttr::default()
+            },
+        )
+        .unwrap();
+    let data = pattern(1000, 5);
+    a.write(4096, &data);
+    for i in 0..4u64 {
+        b.post_recv(100 + i, &[b.sge(i * 2048, 40 + 1024)]);
+    }
+    for i in 0..4u64 {
+        a.post_send(
+            i,
+            &[a.sge(4096, 1000)],
+            SendOp::UdSend {
+                dest: UdDest {
+                    ah,
+                    remote_qpn: b.qpn,
+                    remote_qkey: 0x1111_1111,
+                },
+                imm_data: (i == 3).then_some(77),
+            },
+        );
+    }
+    assert!(a.wait(4).iter().all(|w| w.status == WcStatus::Success));
+    let wb = b.wait(4);
+    for (i, w) in wb.iter().enumerate() {
+        assert_eq!(w.status, WcStatus::Success, "{w:?}");
+        assert_eq!(w.wr_id, 100 + i as u64);
+        assert_eq!(w.byte_len, 40 + 1000, "GRH area + payload");
+        assert_eq!(w.src_qp, a.qpn);
+        assert!(w.wc_flags.contains(WcFlags::GRH));
+        assert_eq!(b.read(i * 2048 + 40, 1000), data);
+    }
+    assert_eq!(wb[3].imm_data, Some(77));
+}
+
+#[test]
+fn ud_send_ipv4() {
+    ud_send("127.0.0.7", "127.0.0.8");
+}
+
+#[test]
+fn ud_send_ipv6() {
+    ud_send("::1", "::1");
+}
+
+/// Waits (bounded) until no thread of this process has this name. `close` joined the thread,
+/// but the kernel lists an exited thread in `/proc/self/task` for a moment after the join.
+fn wait_thread_gone(name: &str) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while thread_names().iter().any(|n| n == name) {
+        assert!(std::time::Instant::now() < deadline, "{name} still runs");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Names of this process's threads (`/proc/self/task/*/comm`).
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|s| s.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn close_flushes_outstanding_work_and_joins_the_thread() {
+    let (a, b) = pair(
+        "127.0.0.9",
+        "127.0.0.10",
+        Progress::Thread,
+        QpType::Rc,
+        Conn::default(),
+    );
+    let name = b.dev.thread_name().unwrap();
+    // The thread names itself once it runs.
+    let deadline = std::time::Instant::now() + WAIT;
+    while !thread_names().contains(&name) {
+        assert!(std::time::Instant::now() < deadline, "{:?}", thread_names());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for i in 0..5 {
+        b.post_recv(i, &[b.sge(i * 100, 100)]);
+    }
+    b.dev.close();
+    // The flush completions are in the CQ when close returns.
+    let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 16];
+    let n = b.dev.poll_cq(b.cq, &mut wcs).unwrap();
+    assert_eq!(n, 5);
+    for (i, w) in wcs[..n].iter().enumerate() {
+        assert_eq!((w.wr_id, w.status), (i as u64, WcStatus::WrFlushErr));
+    }
+    assert_eq!(b.dev.query_qp(b.qpn).unwrap().0.qp_state, QpState::Err);
+    wait_thread_gone(&name);
+    // New work is refused; closing again is a no-op.
+    let e = b
+        .dev
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 9,
+                sg_list: &[],
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(e, DeviceError::Closed { .. }), "{e}");
+    assert!(e.to_string().contains("closed"), "{e}");
+    b.dev.close();
+    // Dropping the other device does the same.
+    let name_a = a.dev.thread_name().unwrap();
+    drop(a);
+    wait_thread_gone(&name_a);
+}
+
+#[test]
+fn send_queue_is_flushed_on_close() {
+    let (a, b) = pair(
+        "127.0.0.11",
+        "127.0.0.12",
+        Progress::Thread,
+        QpType::Rc,
+        Conn::default(),
+    );
+    // b posts no receive: a's SENDs get RNR NAKs and wait (rnr_retry 7 = forever).
+    a.write(0, &pattern(100, 1));
+    for i in 0..3 {
+        a.post_send(i, &[a.sge(0, 100)], SendOp::Send);
+    }
+    a.dev.close();
+    let wcs = a.dev.wait_cq(a.cq, 3, WAIT).unwrap();
+    assert_eq!(wcs.len(), 3, "{wcs:?}");
+    assert!(
+        wcs.iter().all(|w| w.status == WcStatus::WrFlushErr),
+        "{wcs:?}"
+    );
+    drop(b);
+}
+
+#[test]
+fn dead_peer_gives_retry_exceeded() {
+    // Local ACK timeout 4.096 us * 2^10 = 4.2 ms, 2 retries: the error comes after ~13 ms.
+    let c = Conn {
+        timeout: 10,
+        retry_cnt: 2,
+        ..Conn::default()
+    };
+    let (a, b) = pair("127.0.0.13", "127.0.0.14", Progress::Thread, QpType::Rc, c);
+    drop(b);
+    a.write(0, &pattern(2000, 1));
+    a.post_send(
+        1,
+        &[a.sge(0, 2000)],
+        SendOp::RdmaWrite {
+            remote_addr: 0x7700_0000,
+            rkey: 1,
+        },
+    );
+    let w = a.wait(1);
+    assert_eq!((w[0].wr_id, w[0].status), (1, WcStatus::RetryExcErr));
+    assert_eq!(a.dev.query_qp(a.qpn).unwrap().0.qp_state, QpState::Err);
+    assert!(a.dev.counters().retry_exceeded_err >= 1);
+}
+
+#[test]
+fn dead_peer_with_caller_progress() {
+    let c = Conn {
+        timeout: 8,
+        retry_cnt: 1,
+        ..Conn::default()
+    };
+    let (a, b) = pair("127.0.0.15", "127.0.0.16", Progress::Caller, QpType::Rc, c);
+    drop(b);
+    a.post_send(1, &[a.sge(0, 8)], SendOp::Send);
+    let w = a.wait(1);
+    assert_eq!(w[0].status, WcStatus::RetryExcErr);
+}
+
+#[test]
+fn several_threads_post_and_poll_one_device() {
+    // Four QP pairs between two devices; one thread per pair ping-pongs SENDs both ways while
+    // the others do the same on the same devices.
+    let da = Arc::new(open("127.0.0.17", Progress::Thread));
+    let db = Arc::new(open("127.0.0.18", Progress::Thread));
+    da.set_peer_port(db.local_addr().ip(), db.local_addr().port());
+    db.set_peer_port(da.local_addr().ip(), da.local_addr().port());
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (da, db) = (da.clone(), db.clone());
+            s.spawn(move || {
+                let a = Side::new(da, QpType::Rc, 0x1000_0000 * (t + 1));
+                let b = Side::new(db, QpType::Rc, 0x2000_0000 * (t + 1));
+                bring_up(&a, &b, 7, 9, QpType::Rc, Conn::default());
+                bring_up(&b, &a, 9, 7, QpType::Rc, Conn::default());
+                for round in 0..50u64 {
+                    let (from, to) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
+                    let data = pattern(2000 + round as usize, (t * 50 + round) as u8);
+                    from.write(0, &data);
+                    to.post_recv(round, &[to.sge(4096, 4096)]);
+                    from.post_send(round, &[from.sge(0, data.len() as u32)], SendOp::Send);
+                    assert_eq!(from.wait(1)[0].status, WcStatus::Success);
+                    let w = to.wait(1);
+                    assert_eq!((w[0].wr_id, w[0].status), (round, WcStatus::Success));
+                    assert_eq!(to.read(4096, data.len()), data);
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn open_errors_name_the_address() {
+    // Not an address of this host.
+    let e = UdpDevice::open(UdpDeviceConfig::new(ip("192.0.2.1"))).unwrap_err();
+    assert!(matches!(e, DeviceError::Link(_)), "{e}");
+    assert!(e.to_string().contains("192.0.2.1"), "{e}");
+    // The unspecified address is no GID.
+    let e = UdpDevice::open(UdpDeviceConfig::new(ip("0.0.0.0"))).unwrap_err();
+    assert!(matches!(e, DeviceError::Config { .. }), "{e}");
+    // A port in use.
+    let d = open("127.0.0.19", Progress::Thread);
+    let mut c = UdpDeviceConfig::new(ip("127.0.0.19"));
+    c.port = d.local_addr().port();
+    let e = UdpDevice::open(c).unwrap_err();
+    assert!(e.to_string().contains("127.0.0.19"), "{e}");
+    // A link MTU too small for any RoCE MTU.
+    let mut c = UdpDeviceConfig::new(ip("127.0.0.19"));
+    c.port = 0;
+    c.link_mtu = Some(200);
+    assert!(matches!(
+        UdpDevice::open(c),
+        Err(DeviceError::Config { .. })
+    ));
+}
+
+#[test]
+fn gid_table_holds_the_address() {
+    let d = open("127.0.0.20", Progress::Caller);
+    let g = d.query_gid(GID_INDEX).unwrap();
+    assert_eq!(g.gid.to_string(), "::ffff:127.0.0.20");
+    assert!(d.query_gid(1).is_err());
+    assert_eq!(
+        d.query_port().active_mtu,
+        PathMtu::Mtu4096,
+        "loopback MTU 65536"
+    );
+    let mut c = UdpDeviceConfig::new(ip("::1"));
+    c.port = 0;
+    c.link_mtu = Some(1500);
+    let d6 = UdpDevice::open(c).unwrap();
+    assert_eq!(d6.gid().to_string(), "::1");
+    assert_eq!(
+        d6.query_port().active_mtu,
+        PathMtu::Mtu1024,
+        "as rxe on 1500"
+    );
+}
