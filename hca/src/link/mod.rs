@@ -16,6 +16,8 @@ pub mod error;
 pub mod oob;
 mod sys;
 pub mod udp;
+#[cfg(all(feature = "std", target_os = "linux"))]
+pub mod vfio;
 pub mod wake;
 
 pub use error::LinkError;

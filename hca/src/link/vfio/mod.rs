@@ -1,0 +1,100 @@
+//! A userspace virtio-net driver over VFIO, as a link for the software HCA: kernel bypass.
+//!
+//! With this link the kernel is not on the data path at all: the process maps the NIC's registers
+//! and drives its queues itself, and the NIC reads and writes the process's memory by DMA,
+//! fenced in by the IOMMU. The NIC is a modern (virtio 1.x) virtio-net PCI function, which every
+//! QEMU guest can have (`-device virtio-net-pci,disable-legacy=on,iommu_platform=on` behind
+//! `-device intel-iommu`); ixy.rs (`ixy-languages/ixy.rs`, `src/virtio.rs`) is the driver this
+//! one learned from. ixy drives the legacy interface (device 0x1000) through the I/O BAR in
+//! sysfs (`resource0`) and gives the device physical addresses; this one drives the modern
+//! interface through VFIO, and the device sees only what is mapped in its IOMMU context.
+//!
+//! # How the driver is built, bottom up
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | `sys` | every system call: VFIO ioctls (structures from `vfio-bindings`), pread/pwrite of the configuration space, mmap of BARs, volatile MMIO loads and stores, sysfs links. In unit tests the same signatures come from `sys_fake`: a fake kernel with an emulated virtio-net device, IOMMU and sysfs. |
+//! | `dma` | the container's IOMMU (Type1): an IOVA allocator, `DmaRegion` (hugepage-backed, locked memory that unmaps itself from the IOMMU on drop, before it is freed), and the mapping of registered memory. With `sys`, the only `unsafe` code. |
+//! | `device` | opening the device: sysfs checks (bound to `vfio-pci`, has an IOMMU group), container (API version, Type1), group (viable), device (PCI, configuration region), BAR mapping. |
+//! | `pci` | configuration space: vendor/device IDs, command register, the capability list and the virtio capabilities (common, notify, ISR, device configuration; virtio spec §4.1.4). |
+//! | `virtio` | the transport: `virtio_pci_common_cfg`, reset with a bounded wait, feature negotiation (§3.1.1), queue set-up, notification. |
+//! | `virtqueue` | split virtqueues (§2.7): `repr(C)` descriptor and ring layouts, publishing with Release, notification suppression with a SeqCst fence, validated used-ring consumption. |
+//! | `net` | the virtio-net device (§5.1): the 12-byte `virtio_net_hdr`, receive buffers refilled in batches, transmit slots and chains. |
+//! | `frame`, `neigh` | layer 2/3: sorting received frames, ARP and IPv6 Neighbor Discovery, Ethernet/IP/UDP headers around RoCEv2 payloads. |
+//! | `link` | [`VfioLink`]: the engine's progress over all of it, and memory registration that maps regions into the IOMMU. |
+//!
+//! # Bringing a device up ([`VfioLink::open`])
+//!
+//! 1. sysfs: `/sys/bus/pci/devices/<addr>` exists, its `driver` is `vfio-pci`
+//!    ([`VfioError::NotBoundToVfio`]), it has an `iommu_group` ([`VfioError::NoIommuGroup`]).
+//! 2. `/dev/vfio/vfio`: API version 0, Type1 IOMMU offered ([`VfioError::NoType1Iommu`]).
+//! 3. `/dev/vfio/<group>`: viable ([`VfioError::GroupNotViable`]); attached to the container;
+//!    `VFIO_SET_IOMMU` (Type1v2 when offered); the device fd; PCI with a configuration region.
+//! 4. Configuration space: vendor 0x1af4, device 0x1041 / 0x1000 ([`VfioError::NotVirtioNet`]);
+//!    the virtio capabilities; their BARs mmap()ed; memory decoding, bus mastering on, INTx off.
+//! 5. virtio: reset (bounded, [`VfioError::ResetTimeout`]), ACKNOWLEDGE, DRIVER, features:
+//!    VERSION_1 and ACCESS_PLATFORM required (without ACCESS_PLATFORM the device would bypass the
+//!    IOMMU), MAC and MTU taken when offered, nothing else; FEATURES_OK checked
+//!    ([`VfioError::Features`]).
+//! 6. Queues 0 (receive) and 1 (transmit): each in one 2 MiB-rounded DMA region, its descriptor
+//!    table and available ring mapped device-read-only, its used ring read-write, receive buffers
+//!    read-write, transmit slots read-only. All receive buffers posted; DRIVER_OK; receive
+//!    queue notified.
+//!
+//! Dropping the link resets the device (bounded) before any DMA memory is unmapped, and unmaps
+//! before freeing.
+//!
+//! # The data path
+//!
+//! Polling, by default: the driver sets `VIRTQ_AVAIL_F_NO_INTERRUPT` on both queues and never
+//! waits for an interrupt (INTx is disabled, no MSI-X vector is assigned). Receive: up to a burst
+//! of used buffers is taken (each validated: a chain the device owned, a length within the
+//! buffer), each frame is sorted without a copy (RoCEv2 straight from the DMA buffer into the
+//! engine), and the buffers go back to the device in batches. Transmit: the engine builds each
+//! packet's UDP payload straight into a DMA transmit slot, the link writes the Ethernet/IP/UDP
+//! headers in front and the 12-byte header before that, and one publication plus at most one
+//! notification (skipped while the device sets `VIRTQ_USED_F_NO_NOTIFY`) hands a whole batch to
+//! the device.
+//!
+//! Zero copy: [`VfioLink::send_gather`] sends a packet as a descriptor chain (headers in a slot,
+//! payload descriptors pointing straight into regions that [`VfioLink::reg_mr`] mapped into the
+//! IOMMU, pad and ICRC in the slot); the CPU reads the payload once for the ICRC and copies none
+//! of it, and [`VfioLink::dereg_mr`] waits (bounded) until the device has sent such frames before
+//! it unmaps. The engine's own packets still take one copy, MR memory into the slot (as on the
+//! UDP link): `SoftHca::poll_transmit` fills a buffer; a gather form of it would let the link use
+//! `send_gather` for them too.
+//!
+//! Interrupts, as an option ([`VfioLinkConfig::interrupts`]): MSI-X vector 0 is routed by
+//! `VFIO_DEVICE_SET_IRQS` to an eventfd and assigned to the receive queue; [`VfioLink::wait`]
+//! clears `VIRTQ_AVAIL_F_NO_INTERRUPT` only for the wait, re-checks the used ring after a SeqCst
+//! fence (no lost wake-up), and sleeps in poll(2) until the interrupt or the next timer.
+
+mod device;
+mod dma;
+mod error;
+mod frame;
+mod link;
+mod neigh;
+mod net;
+mod pci;
+#[cfg_attr(test, allow(dead_code))]
+mod sys;
+#[cfg(test)]
+mod sys_fake;
+mod virtio;
+mod virtqueue;
+
+/// The system-call layer the driver uses: the kernel, or in unit tests the fake one.
+#[cfg(not(test))]
+use sys as os;
+#[cfg(test)]
+use sys_fake as os;
+
+pub use device::PciAddress;
+pub use error::VfioError;
+pub use link::{IdlePolicy, MrSlice, Progress, VfioLink, VfioLinkConfig, VfioLinkCounters};
+pub use neigh::{NeighbourCounters, NeighbourState};
+pub use net::NicCounters;
+
+#[cfg(test)]
+mod tests;
