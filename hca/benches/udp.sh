@@ -14,6 +14,8 @@
 set -euo pipefail
 
 SECS=${1:-5}
+# Each figure is the median of this many runs (the machine's other load varies).
+REPS=${REPS:-3}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 PERF=$TARGET/release/rdma-perf
@@ -54,8 +56,8 @@ fi
 HAVE_V6=0
 grep -q "fd000000000000000000000047910001" /proc/net/if_inet6 && HAVE_V6=1
 
-PORT=$((20000 + RANDOM % 20000))
-next_port() { PORT=$((PORT + 1)); }
+# A fresh TCP port per run (runs happen in subshells, so no counter survives them).
+next_port() { PORT=$((20000 + RANDOM % 30000)); }
 
 # rdma-perf server + client; prints the client's output.
 perf_pair() { # test server-addr client-addr args...
@@ -90,6 +92,29 @@ PY
 }
 
 gbits() { python3 -c "print(f'{$1 * 1048576 * 8 / 1e9:.3f}')"; }
+# The median of the numbers given.
+median() { python3 -c "import statistics, sys; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
+# Runs "$@" REPS times and prints the median of what it prints.
+med() {
+    local vals=()
+    for _ in $(seq "$REPS"); do vals+=("$("$@")"); done
+    median "${vals[@]}"
+}
+perf_col() { # column test a b args...
+    local c=$1
+    shift
+    perf_pair "$@" | column "$c"
+}
+sockperf_median() {
+    next_port
+    $SRV sockperf server -i $IP4A -p $PORT >/dev/null 2>&1 &
+    local spid=$!
+    sleep 0.5
+    $CLI sockperf ping-pong -i $IP4A -p $PORT -m 14 -t "$SECS" >"$WORK/sockperf.txt" 2>&1 || true
+    kill $spid 2>/dev/null || true
+    wait $spid 2>/dev/null || true
+    awk '/percentile 50.000/ {print $NF}' "$WORK/sockperf.txt"
+}
 ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
 
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $CPUS CPUs, Linux $(uname -r)"
@@ -97,33 +122,31 @@ echo "socket buffers: rmem_max $(cat /proc/sys/net/core/rmem_max), wmem_max $(ca
 echo "each run: $SECS s; pinning: ${SRV:-none}${CLI:+ / $CLI}"
 echo
 
+echo "each figure: median of $REPS runs"
+echo
+
 # 1. bandwidth vs raw UDP.
 IP4A=127.0.47.1
 IP4B=127.0.47.2
-BW4=$(perf_pair write-bw $IP4A $IP4B -s 65536 -D "$SECS" | column 4)
+perf_pair write-bw $IP4A $IP4B -s 65536 -n 100 >/dev/null
 MTU4=$(grep -m1 "Mtu" "$WORK/cli.txt" | sed 's/[^0-9]//g')
-UDP4=$(iperf_goodput $IP4A "$MTU4")
-echo "1. write-bw -s 65536 (IPv4, path MTU $MTU4):  rdma-perf $(gbits "$BW4") Gbit/s   iperf3 -u -l $MTU4 $UDP4 Gbit/s   ratio $(ratio "$(gbits "$BW4")" "$UDP4")"
+BW4=$(med perf_col 4 write-bw $IP4A $IP4B -s 65536 -D "$SECS")
+UDP4=$(med iperf_goodput $IP4A "$MTU4")
+echo "1. write-bw -s 65536 (IPv4, path MTU $MTU4, GSO/GRO):  rdma-perf $(gbits "$BW4") Gbit/s   iperf3 -u -b 0 -l $MTU4 $UDP4 Gbit/s   ratio $(ratio "$(gbits "$BW4")" "$UDP4")"
 if [ "$HAVE_V6" -eq 1 ]; then
-    BW6=$(perf_pair write-bw $V6A $V6B -s 65536 -D "$SECS" | column 4)
+    perf_pair write-bw $V6A $V6B -s 65536 -n 100 >/dev/null
     MTU6=$(grep -m1 "Mtu" "$WORK/cli.txt" | sed 's/[^0-9]//g')
-    UDP6=$(iperf_goodput $V6A "$MTU6")
-    echo "   write-bw -s 65536 (IPv6, path MTU $MTU6, GSO/GRO): rdma-perf $(gbits "$BW6") Gbit/s   iperf3 -u -l $MTU6 $UDP6 Gbit/s   ratio $(ratio "$(gbits "$BW6")" "$UDP6")"
+    BW6=$(med perf_col 4 write-bw $V6A $V6B -s 65536 -D "$SECS")
+    UDP6=$(med iperf_goodput $V6A "$MTU6")
+    echo "   write-bw -s 65536 (IPv6, path MTU $MTU6, GSO/GRO):  rdma-perf $(gbits "$BW6") Gbit/s   iperf3 -u -b 0 -l $MTU6 $UDP6 Gbit/s   ratio $(ratio "$(gbits "$BW6")" "$UDP6")"
 fi
 
 # 2. latency vs sockperf.
-LAT=$(perf_pair send-lat $IP4A $IP4B -s 8 -n 20000 | column 5)
-next_port
-$SRV sockperf server -i $IP4A -p $PORT >/dev/null 2>&1 &
-SPID=$!
-sleep 0.5
-$CLI sockperf ping-pong -i $IP4A -p $PORT -m 14 -t "$SECS" >"$WORK/sockperf.txt" 2>&1 || true
-kill $SPID 2>/dev/null || true
-wait $SPID 2>/dev/null || true
-SOCK=$(awk '/percentile 50.000/ {print $NF}' "$WORK/sockperf.txt")
+LAT=$(med perf_col 5 send-lat $IP4A $IP4B -s 8 -n 20000)
+SOCK=$(med sockperf_median)
 echo "2. send-lat -s 8 t_typical: rdma-perf $LAT us   sockperf ping-pong -m 14 median $SOCK us   ratio $(ratio "$LAT" "$SOCK")"
 
 # 3. 64 QPs vs 1.
-Q1=$(perf_pair write-bw $IP4A $IP4B -s 65536 -q 1 -D "$SECS" | column 4)
-Q64=$(perf_pair write-bw $IP4A $IP4B -s 65536 -q 64 -D "$SECS" | column 4)
+Q1=$(med perf_col 4 write-bw $IP4A $IP4B -s 65536 -q 1 -D "$SECS")
+Q64=$(med perf_col 4 write-bw $IP4A $IP4B -s 65536 -q 64 -D "$SECS")
 echo "3. write-bw -s 65536: -q 1 $(gbits "$Q1") Gbit/s   -q 64 $(gbits "$Q64") Gbit/s   ratio q64/q1 $(ratio "$Q64" "$Q1")"

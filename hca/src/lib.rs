@@ -42,6 +42,11 @@
 //!   and time and send what it builds.
 //! * The in-memory test fabric ([`fabric`], feature `fabric`, on by default): engines linked by a
 //!   virtual clock with seeded loss, duplication, reordering, delay, corruption and ECN marks.
+//! * Links ([`link`], feature `std`): the kernel UDP socket and the tools' out-of-band exchanges.
+//! * The UDP device ([`udp_device`], feature `std`): the engine on a UDP socket with a progress
+//!   thread behind a thread-safe verbs API: soft-RoCE in user space, interoperable with Linux rxe.
+//!   The binaries `rdma-perf` (perftest's `ib_*_bw` / `ib_*_lat`) and `rdma-pingpong` (rdma-core's
+//!   `ibv_rc/uc/ud_pingpong`) run on it (feature `tools`, on by default).
 //!
 //! The object model, the engine and the fabric are `no_std` + `alloc` without the default `std`
 //! feature.

@@ -526,3 +526,47 @@ fn perf_duration_mode() {
         "{c}"
     );
 }
+
+#[test]
+fn wrong_gid_index_and_unreachable_server() {
+    let (a, _) = addresses();
+    let link = format!("udp:{a}");
+    let port = free_port().to_string();
+    // The device has one GID, at index 0.
+    let (out, _) = run(
+        PINGPONG,
+        &[
+            "--link",
+            &link,
+            "-g",
+            "3",
+            "-p",
+            &port,
+            "--timeout",
+            "1",
+            "127.0.0.1",
+        ],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no GID at index 3"), "{err}");
+    // 192.0.2.1 (TEST-NET-1) answers no TCP connection: refused, unreachable or silent, the
+    // client gives up within its timeout and names the server.
+    let (out, took) = run(
+        PERF,
+        &[
+            "write-bw",
+            "--link",
+            &link,
+            "-p",
+            &port,
+            "--timeout",
+            "1",
+            "192.0.2.1",
+        ],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("192.0.2.1"), "{err}");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}

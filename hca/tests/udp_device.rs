@@ -4,6 +4,7 @@
 //! tell each other with `set_peer_port`) so that test runs never collide. Every wait is bounded
 //! by a deadline; nothing asserts on wall-clock durations.
 #![cfg(feature = "std")]
+#![allow(unsafe_code)] // the TUN device of `ipv4_gso_trains_carry_valid_icrcs_on_the_wire`
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -732,4 +733,261 @@ fn gid_table_holds_the_address() {
         PathMtu::Mtu1024,
         "as rxe on 1500"
     );
+}
+
+/// A TUN device (root only): reads the IP packets the host routes to it.
+struct Tun {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Tun {
+    fn open(name: &str) -> Option<Tun> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: open(2) of a NUL-terminated path.
+        let fd = unsafe { libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            eprintln!("skipped: /dev/net/tun: {}", std::io::Error::last_os_error());
+            return None;
+        }
+        // SAFETY: fd was just opened and is owned by nobody else.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        // struct ifreq: 16-byte name, then the flags (short) in the union.
+        let mut ifr = [0u8; 40];
+        ifr[..name.len()].copy_from_slice(name.as_bytes());
+        let flags = (libc::IFF_TUN | libc::IFF_NO_PI) as i16;
+        ifr[16..18].copy_from_slice(&flags.to_ne_bytes());
+        // SAFETY: TUNSETIFF reads and writes a struct ifreq (40 bytes) at the pointer given.
+        let rc = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                libc::TUNSETIFF as _,
+                ifr.as_mut_ptr(),
+            )
+        };
+        if rc < 0 {
+            eprintln!("skipped: TUNSETIFF: {}", std::io::Error::last_os_error());
+            return None;
+        }
+        Some(Tun { fd })
+    }
+
+    /// The next IPv4 UDP packet the device carries (others skipped); `None` after 5 s.
+    fn next_udp(&self) -> Option<Vec<u8>> {
+        use std::os::fd::AsRawFd;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut buf = vec![0u8; 65536];
+        while std::time::Instant::now() < deadline {
+            let mut pfd = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd.
+            if unsafe { libc::poll(&mut pfd, 1, 100) } <= 0 {
+                continue;
+            }
+            // SAFETY: buf is a live buffer of buf.len() bytes.
+            let n = unsafe { libc::read(pfd.fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if n >= 28 && buf[0] >> 4 == 4 && buf[9] == 17 {
+                return Some(buf[..n as usize].to_vec());
+            }
+        }
+        None
+    }
+}
+
+/// The device sends a 10-packet RDMA WRITE over IPv4 as one UDP GSO train; the kernel cuts it
+/// into datagrams with IPv4 identifications 0, 1, 2, ... and every one must carry the ICRC of its
+/// own identification (the ICRC covers it: rxe and NICs check it). Runs in a private network
+/// namespace with a TUN device to read the packets as they leave (root only, else skipped).
+#[test]
+fn ipv4_gso_trains_carry_valid_icrcs_on_the_wire() {
+    // SAFETY: geteuid(2) has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/dev/net/tun").exists() {
+        eprintln!("skipped: needs root and /dev/net/tun");
+        return;
+    }
+    std::thread::spawn(|| {
+        // SAFETY: unshare(2) of this thread's network namespace; no pointers.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            eprintln!("skipped: unshare: {}", std::io::Error::last_os_error());
+            return;
+        }
+        let Some(tun) = Tun::open("hcagso0") else {
+            return;
+        };
+        let ok = |args: &[&str]| {
+            std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !(ok(&["addr", "add", "10.78.0.1/24", "dev", "hcagso0"])
+            && ok(&["link", "set", "hcagso0", "up"]))
+        {
+            eprintln!("skipped: cannot configure the TUN device");
+            return;
+        }
+        let mut c = UdpDeviceConfig::new(ip("10.78.0.1"));
+        c.link_mtu = Some(1500);
+        let dev = Arc::new(UdpDevice::open(c).unwrap());
+        if !dev.offloads().gso {
+            eprintln!("skipped: no UDP GSO on this kernel");
+            return;
+        }
+        let a = Side::new(dev, QpType::Rc, 0x10_0000);
+        // A peer that does not exist: 10.78.0.2 (routed to the TUN), QPN 0x99.
+        let peer_gid = hca::Gid::from(ip("10.78.0.2"));
+        let mut attr = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: AccessFlags::REMOTE_WRITE,
+            ..QpAttr::default()
+        };
+        a.dev
+            .modify_qp(
+                a.qpn,
+                &attr,
+                QpAttrMask::STATE
+                    | QpAttrMask::PKEY_INDEX
+                    | QpAttrMask::PORT
+                    | QpAttrMask::ACCESS_FLAGS,
+            )
+            .unwrap();
+        attr.qp_state = QpState::Rtr;
+        attr.path_mtu = PathMtu::Mtu1024;
+        attr.dest_qp_num = 0x99;
+        attr.ah_attr = AhAttr {
+            dgid: peer_gid,
+            sgid_index: GID_INDEX as u8,
+            hop_limit: 64,
+            port_num: 1,
+            ..AhAttr::default()
+        };
+        a.dev
+            .modify_qp(
+                a.qpn,
+                &attr,
+                QpAttrMask::STATE
+                    | QpAttrMask::AV
+                    | QpAttrMask::PATH_MTU
+                    | QpAttrMask::DEST_QPN
+                    | QpAttrMask::RQ_PSN
+                    | QpAttrMask::MAX_DEST_RD_ATOMIC
+                    | QpAttrMask::MIN_RNR_TIMER,
+            )
+            .unwrap();
+        attr.qp_state = QpState::Rts;
+        attr.timeout = 20;
+        attr.retry_cnt = 7;
+        a.dev
+            .modify_qp(
+                a.qpn,
+                &attr,
+                QpAttrMask::STATE
+                    | QpAttrMask::SQ_PSN
+                    | QpAttrMask::TIMEOUT
+                    | QpAttrMask::RETRY_CNT
+                    | QpAttrMask::RNR_RETRY
+                    | QpAttrMask::MAX_QP_RD_ATOMIC,
+            )
+            .unwrap();
+        a.write(0, &pattern(10 * 1024, 3));
+        a.post_send(
+            1,
+            &[a.sge(0, 10 * 1024)],
+            SendOp::RdmaWrite {
+                remote_addr: 0x1000,
+                rkey: 0x1234,
+            },
+        );
+        let mut idents = Vec::new();
+        for _ in 0..10 {
+            let p = tun.next_udp().expect("a packet on the TUN device");
+            let ihl = usize::from(p[0] & 0xf) * 4;
+            let ident = u16::from_be_bytes([p[4], p[5]]);
+            let udp_payload = &p[ihl + 8..];
+            let ip_repr = roce::packet::IpRepr::Ipv4(roce::ipv4::Repr {
+                src_addr: "10.78.0.1".parse().unwrap(),
+                dst_addr: "10.78.0.2".parse().unwrap(),
+                protocol: roce::ipv4::IpProtocol::Udp,
+                payload_len: 0,
+                hop_limit: p[8],
+                dscp: p[1] >> 2,
+                ecn: roce::ipv4::Ecn::from_bits(p[1]),
+                ident,
+                dont_frag: p[6] & 0x40 != 0,
+            });
+            let udp = roce::udp::Repr {
+                src_port: u16::from_be_bytes([p[ihl], p[ihl + 1]]),
+                dst_port: u16::from_be_bytes([p[ihl + 2], p[ihl + 3]]),
+                payload_len: udp_payload.len(),
+            };
+            let want = roce::packet::icrc_of_udp_payload(&ip_repr, &udp, udp_payload).unwrap();
+            let n = udp_payload.len();
+            let got = roce::icrc::from_wire([
+                udp_payload[n - 4],
+                udp_payload[n - 3],
+                udp_payload[n - 2],
+                udp_payload[n - 1],
+            ]);
+            assert_eq!(
+                got, want,
+                "ICRC of the datagram with identification {ident}"
+            );
+            idents.push(ident);
+        }
+        eprintln!(
+            "identifications on the wire: {idents:?}; trains {}",
+            a.dev.link_counters().tx_gso_trains
+        );
+        assert!(a.dev.link_counters().tx_gso_trains >= 1);
+        assert!(
+            idents.iter().any(|&i| i > 0),
+            "{idents:?}: no train was cut"
+        );
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn qps_share_the_window_budget() {
+    let mut c = UdpDeviceConfig::new(ip("127.0.0.21"));
+    c.port = 0;
+    c.progress = Progress::Caller;
+    c.window_budget = Some(256);
+    let dev = UdpDevice::open(c).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(64).unwrap();
+    let init = |qp_type| QpInitAttr {
+        qp_type,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        cap: QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        sq_sig_all: false,
+    };
+    let first = dev.create_qp(pd, &init(QpType::Rc)).unwrap();
+    assert_eq!(dev.qp_window(), 128, "one QP: the configured window");
+    // UD QPs have no window and do not count.
+    dev.create_qp(pd, &init(QpType::Ud)).unwrap();
+    assert_eq!(dev.qp_window(), 128);
+    let mut qps: Vec<u32> = (0..7)
+        .map(|_| dev.create_qp(pd, &init(QpType::Uc)).unwrap())
+        .collect();
+    assert_eq!(dev.qp_window(), 256 / 8);
+    qps.extend((0..56).map(|_| dev.create_qp(pd, &init(QpType::Rc)).unwrap()));
+    assert_eq!(dev.qp_window(), 16, "64 QPs: at least 16 each");
+    for q in qps {
+        dev.destroy_qp(q).unwrap();
+    }
+    assert_eq!(dev.qp_window(), 128);
+    dev.destroy_qp(first).unwrap();
 }

@@ -287,6 +287,13 @@ impl SoftHca {
         &self.config
     }
 
+    /// Sets [`EngineConfig::max_unacked_psns`] from now on, for every QP: a link that knows how
+    /// much its peer can buffer shares that among its QPs. Packets already in flight stay;
+    /// requesters wait until their unacknowledged PSNs fall below the new window. At least 1.
+    pub fn set_max_unacked_psns(&mut self, psns: u32) {
+        self.config.max_unacked_psns = psns.max(1);
+    }
+
     /// The device counters.
     pub fn counters(&self) -> &Counters {
         &self.counters

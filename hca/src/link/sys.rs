@@ -6,8 +6,8 @@
 //! here decides policy (which options, what to do on an error); `udp.rs`, `oob` and `wake.rs` do.
 //!
 //! Sources: socket(2), setsockopt(2) / getsockopt(2), bind(2), getsockname(2), recvmmsg(2),
-//! sendmmsg(2), poll(2), eventfd(2), read(2), write(2); the option semantics in udp(7), ip(7) and
-//! ipv6(7).
+//! sendmmsg(2), poll(2), eventfd(2), read(2), write(2), getifaddrs(3); the option semantics in
+//! udp(7), ip(7) and ipv6(7).
 #![allow(unsafe_code)]
 
 use std::io::{self, IoSlice};
@@ -468,6 +468,40 @@ pub(crate) fn eventfd_take(fd: BorrowedFd<'_>) -> io::Result<u64> {
         }
         return Ok(u64::from_ne_bytes(bytes));
     }
+}
+
+/// getifaddrs(3): the name of the interface that holds the IPv4 address `ip` (`None` when none
+/// does).
+pub(crate) fn ipv4_interface(ip: Ipv4Addr) -> io::Result<Option<String>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: head is a live out-pointer; on success the list it receives is freed below, once.
+    if unsafe { libc::getifaddrs(&mut head) } < 0 {
+        return Err(last_error());
+    }
+    let want = u32::from(ip).to_be();
+    let mut found = None;
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: cur is a node of the list getifaddrs(3) returned, not freed until below.
+        let ifa = unsafe { &*cur };
+        // SAFETY: a non-null ifa_addr points at a socket address that starts with its family.
+        let family = (!ifa.ifa_addr.is_null()).then(|| unsafe { (*ifa.ifa_addr).sa_family });
+        if family == Some(libc::AF_INET as libc::sa_family_t) && !ifa.ifa_name.is_null() {
+            // SAFETY: an AF_INET address of getifaddrs(3) is a whole `struct sockaddr_in`.
+            let sin = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
+            if sin.sin_addr.s_addr == want {
+                // SAFETY: ifa_name is a NUL-terminated string that lives as long as the list; it
+                // is copied out before the list is freed.
+                let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+                found = Some(name.to_string_lossy().into_owned());
+                break;
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: head came from getifaddrs(3), is freed once, and nothing borrowed from it is left.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(found)
 }
 
 #[cfg(test)]

@@ -51,6 +51,15 @@
 //!   or of 64 KiB with GRO); sending allocates nothing per datagram (the message plans are reused
 //!   and the kernel structures live on the stack of the call).
 //!
+//! # Fault injection
+//! [`UdpLinkConfig::drop`] (or, when that is `None`, the environment: `ROCE_LINK_DROP_PPM`
+//! datagrams per million, `ROCE_LINK_DROP_SEED`) makes the link drop a fixed share of the
+//! datagrams it receives and of those it is asked to send, chosen by a seeded generator: a lossy
+//! wire for tests against a peer this project does not control (Linux rxe in a QEMU guest, where
+//! the host has no netem). Dropped datagrams are counted ([`LinkCounters::rx_hook_drops`],
+//! [`LinkCounters::tx_hook_drops`]); a dropped send counts as sent to the caller. GSO and GRO are
+//! off while the hook is on, so that every decision is about one datagram.
+//!
 //! # The UDP source port
 //! A UDP socket sends from its bound port. RoCEv2 lets senders vary the source port per QP for
 //! ECMP entropy, and the ICRC covers the UDP source port, so the engine must build the packets it
@@ -105,6 +114,13 @@ const RECV_CONTROL: usize = 128;
 /// 3 x 24 = 72 on 64-bit Linux.
 const SEND_CONTROL: usize = 3 * cmsg::space(4);
 
+/// The name of the network interface that holds the local IPv4 address `ip` (getifaddrs(3));
+/// `None` when no interface holds it or the call fails. With it, `/sys/class/net/<name>/mtu`
+/// gives the link MTU of a device bound to `ip`.
+pub fn ipv4_interface(ip: std::net::Ipv4Addr) -> Option<String> {
+    sys::ipv4_interface(ip).ok().flatten()
+}
+
 /// How to open a [`UdpLink`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UdpLinkConfig {
@@ -132,6 +148,84 @@ pub struct UdpLinkConfig {
     pub recv_buffer_bytes: Option<usize>,
     /// `SO_SNDBUF` to ask for, bytes (likewise capped at `net.core.wmem_max`). Default `None`.
     pub send_buffer_bytes: Option<usize>,
+    /// Drop a fixed share of the datagrams, seeded (see [`DropHook`]); a hook of rate 0 drops
+    /// nothing. Default `None`: [`UdpLink::bind`] then takes it from the environment
+    /// ([`DropHook::from_env`]), which normally has none.
+    pub drop: Option<DropHook>,
+}
+
+/// A seeded loss generator on a link (see the [module docs](self#fault-injection)): each
+/// datagram received or to be sent is dropped with probability `ppm` / 1 000 000, decided by a
+/// splitmix64 sequence from `seed` (one draw per datagram, receive and send in the order they
+/// happen), so a run with the same traffic drops the same datagrams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DropHook {
+    /// Datagrams dropped per million, 0 ..= 1 000 000.
+    pub ppm: u32,
+    /// Seed of the generator.
+    pub seed: u64,
+}
+
+impl DropHook {
+    /// The environment variable with the drop rate, datagrams per million (0 or unset: no hook).
+    pub const PPM_VAR: &'static str = "ROCE_LINK_DROP_PPM";
+    /// The environment variable with the generator's seed (default 1).
+    pub const SEED_VAR: &'static str = "ROCE_LINK_DROP_SEED";
+
+    /// The hook the environment asks for: `Ok(None)` when [`Self::PPM_VAR`] is unset, empty or 0.
+    ///
+    /// Errors: a message naming the variable when a value is not a number or the rate is above
+    /// 1 000 000.
+    pub fn from_env() -> Result<Option<DropHook>, &'static str> {
+        let ppm = match std::env::var(Self::PPM_VAR) {
+            Ok(v) if !v.trim().is_empty() => v
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|&p| p <= 1_000_000)
+                .ok_or(
+                    "ROCE_LINK_DROP_PPM must be a number of datagrams per million, 0 ..= 1000000",
+                )?,
+            _ => 0,
+        };
+        if ppm == 0 {
+            return Ok(None);
+        }
+        let seed = match std::env::var(Self::SEED_VAR) {
+            Ok(v) if !v.trim().is_empty() => v
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| "ROCE_LINK_DROP_SEED must be an unsigned 64-bit number")?,
+            _ => 1,
+        };
+        Ok(Some(DropHook { ppm, seed }))
+    }
+}
+
+/// The running state of a [`DropHook`].
+#[derive(Debug, Clone)]
+struct Dropper {
+    ppm: u64,
+    state: u64,
+}
+
+impl Dropper {
+    fn new(hook: DropHook) -> Dropper {
+        Dropper {
+            ppm: u64::from(hook.ppm),
+            state: hook.seed,
+        }
+    }
+
+    /// One draw: whether the next datagram is dropped (splitmix64, Steele, Lea and Flood 2014).
+    fn drop_next(&mut self) -> bool {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        z % 1_000_000 < self.ppm
+    }
 }
 
 impl UdpLinkConfig {
@@ -147,6 +241,7 @@ impl UdpLinkConfig {
             zero_checksum_tx: false,
             recv_buffer_bytes: None,
             send_buffer_bytes: None,
+            drop: None,
         }
     }
 }
@@ -184,6 +279,8 @@ pub struct LinkCounters {
     pub rx_control_truncated: u64,
     /// Messages dropped because their source address was not an IP address of the link's family.
     pub rx_bad_source: u64,
+    /// Datagrams received and then dropped by the [`DropHook`].
+    pub rx_hook_drops: u64,
     /// Datagrams the kernel dropped for lack of receive-buffer room since the socket was opened
     /// (`SO_RXQ_OVFL`, socket(7)); the last value reported.
     pub rx_kernel_drops: u64,
@@ -199,6 +296,8 @@ pub struct LinkCounters {
     pub tx_full: u64,
     /// Datagrams refused (returned as [`LinkError::Send`] or [`LinkError::InvalidDatagram`]).
     pub tx_errors: u64,
+    /// Datagrams the [`DropHook`] dropped instead of sending (reported to the caller as sent).
+    pub tx_hook_drops: u64,
     /// Times a failed GSO send switched GSO off.
     pub gso_fallbacks: u64,
 }
@@ -401,6 +500,7 @@ pub struct UdpLink {
     offloads: Offloads,
     counters: LinkCounters,
     plans: Vec<MsgPlan<SEND_CONTROL>>,
+    dropper: Option<Dropper>,
 }
 
 impl UdpLink {
@@ -410,10 +510,22 @@ impl UdpLink {
     /// [`MAX_BATCH`], or a `max_payload` of 0 or above 65535; [`LinkError::Socket`];
     /// [`LinkError::SetOption`] naming a required option the kernel refused (GSO, GRO and
     /// `SO_RXQ_OVFL` are optional and only probed); [`LinkError::Bind`] (address in use, address
-    /// not available on this host, ...).
-    pub fn bind(config: UdpLinkConfig) -> Result<UdpLink, LinkError> {
+    /// not available on this host, ...). [`LinkError::Config`] also for a malformed
+    /// `ROCE_LINK_DROP_PPM` / `ROCE_LINK_DROP_SEED` when [`UdpLinkConfig::drop`] is `None`.
+    pub fn bind(mut config: UdpLinkConfig) -> Result<UdpLink, LinkError> {
         let local = config.local;
         let bad = |reason| Err(LinkError::Config { local, reason });
+        if config.drop.is_none() {
+            config.drop = match DropHook::from_env() {
+                Ok(d) => d,
+                Err(reason) => return bad(reason),
+            };
+        }
+        if config.drop.is_some_and(|d| d.ppm > 1_000_000) {
+            return bad("drop rate above 1000000 per million");
+        }
+        // One drop decision per datagram: no GSO trains, no GRO buffers.
+        let hooked = config.drop.is_some_and(|d| d.ppm > 0);
         if local.ip().is_unspecified() {
             return bad("the local address must be the device's own address, not 0.0.0.0 or ::");
         }
@@ -484,15 +596,20 @@ impl UdpLink {
         // GSO probe: a default segment size of 0 ("no GSO unless a control message asks") is
         // accepted by every kernel that knows the option (udp(7) UDP_SEGMENT).
         let gso_supported = sys::set_int(fd.as_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, 0).is_ok();
-        let gro = config.gro && sys::set_int(fd.as_fd(), libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
+        let gro = config.gro
+            && !hooked
+            && sys::set_int(fd.as_fd(), libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
         sys::bind(fd.as_fd(), &local).map_err(|source| LinkError::Bind { local, source })?;
         let bound = sys::local_addr(fd.as_fd()).map_err(|source| LinkError::SetOption {
             local,
             option: "getsockname",
             source,
         })?;
-        let gso =
-            gso_supported && config.gso && !config.zero_checksum_tx && (ipv6 || config.gso_ipv4);
+        let gso = gso_supported
+            && config.gso
+            && !hooked
+            && !config.zero_checksum_tx
+            && (ipv6 || config.gso_ipv4);
         Ok(UdpLink {
             fd,
             local: bound,
@@ -504,6 +621,7 @@ impl UdpLink {
                 rx_drop_count,
             },
             plans: Vec::with_capacity(config.batch),
+            dropper: config.drop.filter(|d| d.ppm > 0).map(Dropper::new),
             config,
             counters: LinkCounters::default(),
         })
@@ -562,6 +680,17 @@ impl UdpLink {
         RecvBatch::new(self.config.batch, slot, self.local)
     }
 
+    /// As [`UdpLink::new_recv_batch`] with `slots` slots (1 ..= [`MAX_BATCH`]): a small batch
+    /// costs less to prepare, for a caller that polls an idle socket in a loop.
+    pub fn new_recv_batch_of(&self, slots: usize) -> RecvBatch {
+        let slot = if self.offloads.gro {
+            GRO_SLOT_BYTES
+        } else {
+            self.config.max_payload
+        };
+        RecvBatch::new(slots.clamp(1, MAX_BATCH), slot, self.local)
+    }
+
     /// Receives what is waiting, without blocking: one recvmmsg(2) call of up to
     /// `batch.capacity()` messages. Returns the number of datagrams now in `batch` (GRO buffers
     /// split); 0 when nothing was waiting. The previous contents of `batch` are discarded.
@@ -610,6 +739,10 @@ impl UdpLink {
             if let Some(drops) = c.drops {
                 self.counters.rx_kernel_drops = u64::from(drops);
             }
+            if self.dropper.as_mut().is_some_and(Dropper::drop_next) {
+                self.counters.rx_hook_drops += 1;
+                continue;
+            }
             let segment = match c.gro_segment {
                 Some(s) if s > 0 && s < r.len => s,
                 _ => r.len,
@@ -650,12 +783,23 @@ impl UdpLink {
     /// wrong address family, port 0, DSCP above 63, hop limit 0, more than 1024 parts or a payload
     /// above the largest UDP payload; [`LinkError::Send`] for a datagram the kernel refused
     /// (`EMSGSIZE` above the path MTU, `ENETUNREACH`, ...).
+    ///
+    /// With a [`DropHook`], the datagrams it drops count as sent (they are in the returned count)
+    /// but never reach the socket.
     pub fn send(&mut self, dgrams: &[SendDatagram<'_>]) -> Result<usize, LinkError> {
         let mut done = 0;
         // GSO is skipped for one round after a train failed with a per-datagram error, so that
         // the error is reported on the datagram it belongs to.
         let mut gso_this_round = true;
+        // The drop hook's next victim: datagrams before it go to the socket.
+        let mut drop_at = self.next_tx_drop(0, dgrams.len());
         while done < dgrams.len() {
+            if done == drop_at {
+                self.counters.tx_hook_drops += 1;
+                done += 1;
+                drop_at = self.next_tx_drop(done, dgrams.len());
+                continue;
+            }
             if let Err(reason) = self.check(&dgrams[done]) {
                 self.counters.tx_errors += 1;
                 return Err(LinkError::InvalidDatagram {
@@ -665,7 +809,7 @@ impl UdpLink {
                     reason,
                 });
             }
-            self.plan(dgrams, done, gso_this_round);
+            self.plan(&dgrams[..drop_at], done, gso_this_round);
             gso_this_round = true;
             let result = sys::send_batch(self.fd.as_fd(), &self.plans, |d| dgrams[d].parts);
             let sent_msgs = match result {
@@ -711,6 +855,15 @@ impl UdpLink {
         Ok(done)
     }
 
+    /// The first index in `from .. len` that the drop hook drops (one draw per datagram up to
+    /// it), or `len` when none is (or there is no hook).
+    fn next_tx_drop(&mut self, from: usize, len: usize) -> usize {
+        match self.dropper.as_mut() {
+            None => len,
+            Some(d) => (from..len).find(|_| d.drop_next()).unwrap_or(len),
+        }
+    }
+
     /// Checks one datagram before it is planned.
     fn check(&self, d: &SendDatagram<'_>) -> Result<(), &'static str> {
         if d.dst.is_ipv6() != self.local.is_ipv6() {
@@ -742,6 +895,92 @@ impl UdpLink {
         }
     }
 
+    /// How many datagrams from `dgrams[i]` on go in one message, given `iov` parts already in
+    /// this call (updated): 1, or a GSO train when `gso` (same destination, ECN, DSCP and hop
+    /// limit, equal lengths but a shorter last one, at most `gso_max_segments`, within the
+    /// largest UDP payload). `None` when `dgrams[i]` cannot start a message in this call (it
+    /// fails [`check`](Self::check), or its parts would exceed `MAX_IOV`).
+    fn train(
+        &self,
+        dgrams: &[SendDatagram<'_>],
+        i: usize,
+        iov: &mut usize,
+        gso: bool,
+    ) -> Option<usize> {
+        let first = &dgrams[i];
+        if self.check(first).is_err() || *iov + first.parts.len() > sys::MAX_IOV {
+            return None;
+        }
+        let seg = first.len();
+        let mut count = 1;
+        let mut total = seg;
+        *iov += first.parts.len();
+        if gso && seg > 0 {
+            while i + count < dgrams.len() && count < self.offloads.gso_max_segments {
+                let d = &dgrams[i + count];
+                let len = d.len();
+                if d.dst != first.dst
+                    || d.ecn != first.ecn
+                    || d.dscp != first.dscp
+                    || d.hop_limit != first.hop_limit
+                    || len == 0
+                    || len > seg
+                    || total + len > self.max_udp_payload()
+                    || *iov + d.parts.len() > sys::MAX_IOV
+                    || self.check(d).is_err()
+                {
+                    break;
+                }
+                count += 1;
+                total += len;
+                *iov += d.parts.len();
+                if len < seg {
+                    break;
+                }
+            }
+        }
+        Some(count)
+    }
+
+    /// Where each datagram of `dgrams` will sit in its GSO train when [`UdpLink::send`] sends
+    /// them: `positions[i]` is 0 for a datagram that starts a message (alone or a train's first
+    /// segment), 1, 2, ... for the following segments. `positions` must be as long as `dgrams`.
+    ///
+    /// The kernel numbers the IPv4 identification of a train's segments from the first one's,
+    /// which is 0 for this unconnected socket with Don't Fragment set (see the
+    /// [module docs](self)): segment `k` leaves with identification `k`. A sender whose
+    /// checksum covers the identification (RoCEv2's ICRC) computes it for these values. The
+    /// positions hold as long as the sends go as planned: a send that fails on a train makes the
+    /// link resend its datagrams one by one (identification 0 each), and a later call that starts
+    /// with the rest of an accepted batch starts on a message boundary, as planned.
+    pub fn gso_positions(&self, dgrams: &[SendDatagram<'_>], positions: &mut [u16]) {
+        let n = dgrams.len().min(positions.len());
+        let mut i = 0;
+        while i < n {
+            let mut msgs = 0;
+            let mut iov = 0;
+            let round_start = i;
+            while i < n && msgs < self.config.batch {
+                match self.train(&dgrams[..n], i, &mut iov, self.offloads.gso) {
+                    Some(count) => {
+                        for (k, p) in positions[i..i + count].iter_mut().enumerate() {
+                            *p = k as u16;
+                        }
+                        i += count;
+                        msgs += 1;
+                    }
+                    None if i == round_start => {
+                        // A datagram `send` refuses: reported, then skipped.
+                        positions[i] = 0;
+                        i += 1;
+                        break;
+                    }
+                    None => break,
+                }
+            }
+        }
+    }
+
     /// Fills `self.plans` with the messages for `dgrams[start..]`: up to `batch` messages and
     /// `MAX_IOV` parts, stopping before a datagram that fails [`check`](Self::check) (the next
     /// round reports it).
@@ -751,38 +990,11 @@ impl UdpLink {
         let mut i = start;
         let mut iov = 0;
         while i < dgrams.len() && self.plans.len() < self.config.batch {
-            let first = &dgrams[i];
-            if self.check(first).is_err() || iov + first.parts.len() > sys::MAX_IOV {
+            let Some(count) = self.train(dgrams, i, &mut iov, gso) else {
                 break;
-            }
+            };
+            let first = &dgrams[i];
             let seg = first.len();
-            let mut count = 1;
-            let mut total = seg;
-            iov += first.parts.len();
-            if gso && seg > 0 {
-                while i + count < dgrams.len() && count < self.offloads.gso_max_segments {
-                    let d = &dgrams[i + count];
-                    let len = d.len();
-                    if d.dst != first.dst
-                        || d.ecn != first.ecn
-                        || d.dscp != first.dscp
-                        || d.hop_limit != first.hop_limit
-                        || len == 0
-                        || len > seg
-                        || total + len > self.max_udp_payload()
-                        || iov + d.parts.len() > sys::MAX_IOV
-                        || self.check(d).is_err()
-                    {
-                        break;
-                    }
-                    count += 1;
-                    total += len;
-                    iov += d.parts.len();
-                    if len < seg {
-                        break;
-                    }
-                }
-            }
             let mut control = [0u8; SEND_CONTROL];
             let mut w = cmsg::Writer::new(&mut control);
             let tos = i32::from(first.dscp << 2 | first.ecn.bits());

@@ -42,6 +42,14 @@
 //! [`UdpDevice::progress`]) drive one progress round each. Timers (retransmission, RNR waits) then
 //! only fire while the program polls.
 //!
+//! # Windows
+//! Each RC / UC QP may have a window of unacknowledged packets in flight
+//! ([`EngineConfig::max_unacked_psns`], 128), and a socket drops what does not fit the peer's
+//! receive buffer: many QPs with full windows overrun it, and every loss costs a go-back-N
+//! retransmission of the rest of a window. The device therefore shares a budget of packets
+//! ([`UdpDeviceConfig::window_budget`]) among its QPs: each QP's window is the budget over the
+//! number of QPs, at most the configured window and at least 16, recomputed as QPs come and go.
+//!
 //! # Shutdown
 //! [`UdpDevice::close`] (and dropping the device) sends what the engine still has queued, moves
 //! every QP to ERR, which completes every outstanding work request with `IBV_WC_WR_FLUSH_ERR` in
@@ -71,7 +79,7 @@ use crate::link::udp::{self, LinkCounters, Offloads, UdpLink, UdpLinkConfig};
 use crate::link::{LinkError, LinkPoller, Waker};
 use crate::mr::{AccessFlags, MemoryRegion};
 use crate::pd::PdHandle;
-use crate::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState};
+use crate::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType};
 use crate::srq::{SrqAttr, SrqAttrMask, SrqHandle};
 use crate::wc::{WcOpcode, WorkCompletion};
 use crate::wr::{RecvWr, SendWr};
@@ -119,13 +127,24 @@ pub struct UdpDeviceConfig {
     pub engine: EngineConfig,
     /// Datagrams per recvmmsg(2) / sendmmsg(2), 1 ..= 64. Default 64.
     pub batch: usize,
-    /// Use UDP GSO where the link allows it (IPv6 only, see [`crate::link::udp`]). Default true.
+    /// Use UDP GSO (a train of up to 64 datagrams per message; see [`crate::link::udp`]).
+    /// Default true.
     pub gso: bool,
+    /// Also over IPv4. The kernel numbers the IPv4 identification of a train's segments 0, 1,
+    /// 2, ... and the ICRC covers it, so the device recomputes the ICRC of every segment after
+    /// the first for its identification ([`UdpLink::gso_positions`]): peers that check the
+    /// ICRC (rxe, RoCE NICs) accept them. Default true.
+    pub gso_ipv4: bool,
     /// Ask for UDP GRO. Default true.
     pub gro: bool,
     /// `SO_RCVBUF` / `SO_SNDBUF` to ask for, bytes (capped by `net.core.rmem_max` /
     /// `wmem_max`). Default 4 MiB: a window of 128 packets of 4 KiB must fit.
     pub socket_buffer_bytes: Option<usize>,
+    /// Packets the peer can buffer for this device, shared among its RC / UC QPs as the window
+    /// of unacknowledged packets of each (see the [module docs](self#windows)). `None`
+    /// (default): half this device's socket receive buffer as the kernel granted it, over the
+    /// path MTU plus 512 bytes of per-datagram overhead (peers are assumed alike).
+    pub window_budget: Option<u32>,
 }
 
 impl UdpDeviceConfig {
@@ -141,8 +160,10 @@ impl UdpDeviceConfig {
             engine: EngineConfig::default(),
             batch: progress::MAX_TX_BATCH,
             gso: true,
+            gso_ipv4: true,
             gro: true,
             socket_buffer_bytes: Some(4 << 20),
+            window_budget: None,
         }
     }
 
@@ -155,9 +176,9 @@ impl UdpDeviceConfig {
     }
 
     /// The IP MTU in effect: [`UdpDeviceConfig::link_mtu`], else the MTU of the interface that
-    /// holds the address where Linux tells it without a system call (an IPv6 address: its
-    /// interface from `/proc/net/if_inet6`, then `/sys/class/net/<if>/mtu`), else 65536 for
-    /// an IPv4 loopback address (`lo`) and 1500 (Ethernet) for any other.
+    /// holds the address (an IPv4 address: its interface from getifaddrs(3); an IPv6 address:
+    /// from `/proc/net/if_inet6`; then `/sys/class/net/<if>/mtu`), else 65536 for an IPv4
+    /// loopback address (`lo`) and 1500 (Ethernet) for any other.
     pub fn effective_link_mtu(&self) -> u32 {
         if let Some(mtu) = self.link_mtu {
             return mtu;
@@ -173,21 +194,23 @@ impl UdpDeviceConfig {
     }
 }
 
-/// The MTU of the interface holding IPv6 address `ip` (procfs and sysfs; `None` for IPv4 or when
-/// they do not say).
+/// The MTU of the interface holding address `ip` (an IPv4 address's interface from getifaddrs(3),
+/// an IPv6 one's from procfs; the MTU from sysfs; `None` when they do not say).
 fn interface_mtu(ip: IpAddr) -> Option<u32> {
-    let IpAddr::V6(v6) = ip else {
-        return None;
-    };
-    let want: String = v6.octets().iter().map(|b| format!("{b:02x}")).collect();
-    let table = std::fs::read_to_string("/proc/net/if_inet6").ok()?;
-    let name = table.lines().find_map(|line| {
-        let mut f = line.split_whitespace();
-        if f.next()? != want {
-            return None;
+    let name = match ip {
+        IpAddr::V4(v4) => udp::ipv4_interface(v4)?,
+        IpAddr::V6(v6) => {
+            let want: String = v6.octets().iter().map(|b| format!("{b:02x}")).collect();
+            let table = std::fs::read_to_string("/proc/net/if_inet6").ok()?;
+            table.lines().find_map(|line| {
+                let mut f = line.split_whitespace();
+                if f.next()? != want {
+                    return None;
+                }
+                f.nth(4).map(str::to_owned)
+            })?
         }
-        f.nth(4).map(str::to_owned)
-    })?;
+    };
     let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok()?;
     mtu.trim().parse().ok()
 }
@@ -323,13 +346,33 @@ pub(crate) struct Shared {
     epoch: AtomicU64,
     /// Per CQ slot: `cq index << 40 | epoch` at which a poll found that CQ empty.
     empty_hint: [AtomicU64; EMPTY_HINT_SLOTS],
+    /// Packets in flight shared among the RC / UC QPs ([`UdpDeviceConfig::window_budget`]).
+    window_budget: u32,
+    /// The configured window of one QP ([`EngineConfig::max_unacked_psns`]).
+    max_window: u32,
 }
 
 /// Slots of [`Shared::empty_hint`] (CQs share slots by index modulo this; the key names the CQ,
 /// so sharing costs only a lock, never a missed completion).
 const EMPTY_HINT_SLOTS: usize = 64;
 
+/// The least window a QP gets however many share the budget.
+const MIN_WINDOW: u32 = 16;
+
 impl Shared {
+    /// Shares the window budget among the RC / UC QPs now in the engine.
+    fn share_window(&self, e: &mut SoftHca) {
+        let ctx = e.context();
+        let qps = ctx
+            .qpns()
+            .filter(|&q| ctx.qp(q).is_some_and(|qp| qp.qp_type() != QpType::Ud))
+            .count()
+            .max(1) as u32;
+        let window =
+            (self.window_budget / qps).clamp(MIN_WINDOW.min(self.max_window), self.max_window);
+        e.set_max_unacked_psns(window);
+    }
+
     /// Runs `f` on the engine under its lock, then bumps the epoch: `f` may have changed a CQ.
     pub(crate) fn engine_op<R>(&self, f: impl FnOnce(&mut SoftHca) -> R) -> R {
         let r = f(&mut lock(&self.engine));
@@ -393,6 +436,7 @@ impl UdpDevice {
         link_config.batch = config.batch;
         link_config.gso = config.gso;
         link_config.gro = config.gro;
+        link_config.gso_ipv4 = config.gso_ipv4;
         link_config.recv_buffer_bytes = config.socket_buffer_bytes;
         link_config.send_buffer_bytes = config.socket_buffer_bytes;
         let link = UdpLink::bind(link_config)?;
@@ -426,6 +470,10 @@ impl UdpDevice {
         // Setting up the GID table raised IBV_EVENT_GID_CHANGE: nobody asked for it yet.
         while hca.poll_event().is_some() {}
 
+        let window_budget = config.window_budget.unwrap_or_else(|| {
+            let rcvbuf = link.socket_buffers().map_or(212_992, |(r, _)| r);
+            (rcvbuf / 2 / (active_mtu.bytes() + 512)) as u32
+        });
         let io = Io::new(link, config.peer_port, config.scope_id);
         let shared = Arc::new(Shared {
             engine: Mutex::new(hca),
@@ -447,6 +495,8 @@ impl UdpDevice {
             last_error: Mutex::new(None),
             epoch: AtomicU64::new(0),
             empty_hint: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
+            window_budget,
+            max_window: config.engine.max_unacked_psns.max(1),
         });
         // Linux keeps 15 bytes of a thread name: a process-wide serial number tells devices apart.
         static SERIAL: AtomicU64 = AtomicU64::new(0);
@@ -532,6 +582,12 @@ impl UdpDevice {
     /// The GSO / GRO state of the socket.
     pub fn offloads(&self) -> Offloads {
         lock(&self.shared.io).link.offloads()
+    }
+
+    /// The window of unacknowledged packets each RC / UC QP has now (see the
+    /// [module docs](self#windows)).
+    pub fn qp_window(&self) -> u32 {
+        lock(&self.shared.engine).config().max_unacked_psns
     }
 
     /// The progress engine's counters.
@@ -892,7 +948,12 @@ impl UdpDevice {
     /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::create_qp`].
     pub fn create_qp(&self, pd: PdHandle, init: &QpInitAttr) -> Result<u32, DeviceError> {
         self.check_open()?;
-        Ok(self.shared.engine_op(|e| e.create_qp(pd, init))?)
+        let s = &self.shared;
+        Ok(s.engine_op(|e| {
+            let r = e.create_qp(pd, init);
+            s.share_window(e);
+            r
+        })?)
     }
 
     /// ibv_query_qp(3).
@@ -926,7 +987,12 @@ impl UdpDevice {
     /// # Errors
     /// [`DeviceError::Verbs`] as [`SoftHca::destroy_qp`].
     pub fn destroy_qp(&self, qpn: u32) -> Result<(), DeviceError> {
-        Ok(self.shared.engine_op(|e| e.destroy_qp(qpn))?)
+        let s = &self.shared;
+        Ok(s.engine_op(|e| {
+            let r = e.destroy_qp(qpn);
+            s.share_window(e);
+            r
+        })?)
     }
 
     // ---- posting ----

@@ -12,8 +12,10 @@
 //! the thread sleeps.
 //!
 //! # Waking the thread
-//! A verb that created work sends it itself if `io` is free (`try_lock`), else sets `pending`
-//! and wakes the thread if it is `sleeping` (a Dekker pair, both `SeqCst`: either the verb sees
+//! A verb that created work while the thread sleeps sends it itself if `io` is free
+//! (`try_lock`: no thread hand-off on the send path of an idle device); otherwise (the thread is
+//! busy and will send it in full batches with the rest, or `io` is taken) it sets `pending` and
+//! wakes the thread if it is `sleeping` (a Dekker pair, both `SeqCst`: either the verb sees
 //! `sleeping` and wakes it, or the thread sees `pending` before it sleeps). A verb whose round
 //! armed a timer earlier than the one the thread sleeps until (`sleep_until`, written by the
 //! thread under the engine lock) wakes it too, so no timer fires late.
@@ -23,6 +25,10 @@ use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use roce::ipv4::{self, IpProtocol};
+use roce::packet::{icrc_of_udp_payload, IpRepr};
+use roce::{icrc, udp};
+
 use crate::engine::{Datagram, Instant, Transmit, MAX_UDP_PAYLOAD};
 use crate::link::udp::{RecvBatch, RecvDatagram, SendDatagram, UdpLink};
 use crate::link::LinkError;
@@ -31,6 +37,10 @@ use super::{lock, Shared, ROCEV2_PORT};
 
 /// Most packets built and sent per round (one sendmmsg(2) call, or GSO trains of at most 64).
 pub(crate) const MAX_TX_BATCH: usize = 64;
+
+/// Slots of the receive batch a caller polling an idle socket uses (a full batch costs 64
+/// message headers to prepare per call).
+const IDLE_BATCH: usize = 4;
 
 /// Longest sleep of an idle progress thread with no timer armed (it then re-checks `stop`; a
 /// wake ends any sleep at once).
@@ -43,12 +53,18 @@ const SLOT: usize = MAX_UDP_PAYLOAD;
 pub(crate) struct Io {
     pub(crate) link: UdpLink,
     rx: RecvBatch,
+    /// A batch of [`IDLE_BATCH`] slots, cheaper to prepare, for caller rounds after an empty one.
+    rx_idle: RecvBatch,
+    /// The last caller round received nothing.
+    idle: bool,
     /// `slots` transmit buffers of [`SLOT`] bytes, back to back.
     tx: Vec<u8>,
     slots: usize,
     /// Packets built into `tx` (slot `i` holds `meta[i]`); `meta[sent..]` are not sent yet.
     meta: Vec<Transmit>,
     sent: usize,
+    /// Per slot: the IPv4 identification its packet's ICRC was computed for.
+    sealed: [u16; MAX_TX_BATCH],
     peer_port: u16,
     peer_ports: Vec<(IpAddr, u16)>,
     scope_id: u32,
@@ -57,14 +73,18 @@ pub(crate) struct Io {
 impl Io {
     pub(crate) fn new(link: UdpLink, peer_port: u16, scope_id: u32) -> Io {
         let rx = link.new_recv_batch();
+        let rx_idle = link.new_recv_batch_of(IDLE_BATCH);
         let slots = link.config().batch.clamp(1, MAX_TX_BATCH);
         Io {
             link,
             rx,
+            rx_idle,
+            idle: false,
             tx: vec![0; slots * SLOT],
             slots,
             meta: Vec::with_capacity(slots),
             sent: 0,
+            sealed: [0; MAX_TX_BATCH],
             peer_port,
             peer_ports: Vec::new(),
             scope_id,
@@ -138,6 +158,72 @@ impl RoundOutcome {
     }
 }
 
+/// Gather lists of the built packets: slot `i` of `tx` holds `meta[i]`.
+fn parts_of<'a>(tx: &'a [u8], meta: &[Transmit]) -> [IoSlice<'a>; MAX_TX_BATCH] {
+    let mut parts = [IoSlice::new(&[]); MAX_TX_BATCH];
+    for (i, t) in meta.iter().enumerate().take(MAX_TX_BATCH) {
+        let start = i * SLOT;
+        parts[i] = IoSlice::new(tx.get(start..start + t.len.min(SLOT)).unwrap_or(&[]));
+    }
+    parts
+}
+
+/// The datagrams of the built packets, addressed as the peer ports say.
+fn datagrams_of<'a>(
+    meta: &[Transmit],
+    parts: &'a [IoSlice<'a>; MAX_TX_BATCH],
+    peer_ports: &[(IpAddr, u16)],
+    peer_port: u16,
+    scope: u32,
+) -> [SendDatagram<'a>; MAX_TX_BATCH] {
+    let unset = SocketAddr::new(IpAddr::from([0u8; 4]), 0);
+    std::array::from_fn(|i| match meta.get(i) {
+        None => SendDatagram::new(unset, &[]),
+        Some(t) => SendDatagram {
+            dst: destination(peer_ports, peer_port, scope, t.dst_ip),
+            ecn: t.ecn,
+            dscp: t.dscp,
+            hop_limit: Some(t.hop_limit.max(1)),
+            parts: std::slice::from_ref(&parts[i]),
+        },
+    })
+}
+
+/// Recomputes the ICRC of an IPv4 packet built for identification 0 (the engine's
+/// [`IPV4_IDENT`](crate::engine::IPV4_IDENT)) for identification `ident`: the kernel numbers the
+/// segments of a UDP GSO train 0, 1, 2, ... and the ICRC covers the identification (IBTA vol. 1
+/// Annex A17.3.3 masks only TOS, TTL and the header checksum). `slot` holds the UDP payload
+/// (`t.len` bytes, ICRC last).
+fn reseal(slot: &mut [u8], t: &Transmit, ident: u16) {
+    let (IpAddr::V4(src_addr), IpAddr::V4(dst_addr)) = (t.src_ip, t.dst_ip) else {
+        return;
+    };
+    let ip = IpRepr::Ipv4(ipv4::Repr {
+        src_addr,
+        dst_addr,
+        protocol: IpProtocol::Udp,
+        payload_len: 0,
+        hop_limit: t.hop_limit,
+        dscp: t.dscp,
+        ecn: t.ecn,
+        ident,
+        dont_frag: true,
+    });
+    let udp = udp::Repr {
+        src_port: t.src_port,
+        dst_port: t.dst_port,
+        payload_len: t.len,
+    };
+    let Some(packet) = slot.get_mut(..t.len) else {
+        return;
+    };
+    // A packet the engine built always has its headers and ICRC: an error leaves it unchanged.
+    if let Ok(crc) = icrc_of_udp_payload(&ip, &udp, packet) {
+        let at = packet.len() - icrc::ICRC_LEN;
+        packet[at..].copy_from_slice(&icrc::to_wire(crc));
+    }
+}
+
 fn datagram<'a>(d: &RecvDatagram<'a>, ipv6: bool) -> Datagram<'a> {
     Datagram {
         src_ip: d.src.ip(),
@@ -188,16 +274,27 @@ impl Shared {
             self.flush(io);
             out.blocked = io.unsent() > 0;
         }
+        // A caller spinning on an idle socket polls with the small batch; the thread (woken by
+        // data) and a caller that just got some use the full one.
+        let small = rx && defer && io.idle;
         if rx {
-            match io.link.recv(&mut io.rx) {
+            let (link, batch) = if small {
+                (&mut io.link, &mut io.rx_idle)
+            } else {
+                (&mut io.link, &mut io.rx)
+            };
+            match link.recv(batch) {
                 Ok(n) => {
                     out.received = n;
-                    out.rx_full = n >= io.link.config().batch;
+                    out.rx_full = n >= batch.capacity();
                 }
                 Err(e) => {
                     lock(&self.counters).rx_errors += 1;
                     self.record_error(&e);
                 }
+            }
+            if defer {
+                io.idle = out.received == 0;
             }
         }
         let mut fired = false;
@@ -205,7 +302,8 @@ impl Shared {
             let mut e = lock(&self.engine);
             let now = self.now();
             if out.received > 0 {
-                for d in io.rx.iter() {
+                let batch = if small { &io.rx_idle } else { &io.rx };
+                for d in batch.iter() {
                     e.handle_datagram(now, &datagram(&d, self.ipv6));
                 }
             }
@@ -224,6 +322,7 @@ impl Shared {
                     }
                 }
                 out.built = io.meta.len();
+                io.sealed[..out.built].fill(crate::engine::IPV4_IDENT);
                 out.tx_full = out.built == io.slots;
             }
             out.next_timer = e.poll_timeout();
@@ -245,37 +344,39 @@ impl Shared {
 
     /// Sends the built packets not sent yet, as far as the socket buffer takes them. Packets the
     /// socket refuses for good are dropped and counted (the transport recovers as from a loss).
+    /// Over IPv4 with UDP GSO, the packets that will leave as the `k`-th segment of a train get
+    /// their ICRC recomputed for IPv4 identification `k` first (see [`reseal`]).
     fn flush(&self, io: &mut Io) {
-        let Io {
-            link,
-            tx,
-            meta,
-            sent,
-            peer_port,
-            peer_ports,
-            scope_id,
-            ..
-        } = io;
-        let mut parts = [IoSlice::new(&[]); MAX_TX_BATCH];
-        for (i, t) in meta.iter().enumerate() {
-            let start = i * SLOT;
-            parts[i] = IoSlice::new(&tx[start..start + t.len.min(SLOT)]);
-        }
-        let unset = SocketAddr::new(IpAddr::from([0u8; 4]), 0);
-        let dgrams: [SendDatagram<'_>; MAX_TX_BATCH] = std::array::from_fn(|i| {
-            let Some(t) = meta.get(i) else {
-                return SendDatagram::new(unset, &[]);
-            };
-            SendDatagram {
-                dst: destination(peer_ports, *peer_port, *scope_id, t.dst_ip),
-                ecn: t.ecn,
-                dscp: t.dscp,
-                hop_limit: Some(t.hop_limit.max(1)),
-                parts: std::slice::from_ref(&parts[i]),
+        let n = io.meta.len();
+        while io.sent < n {
+            let Io {
+                link,
+                tx,
+                meta,
+                sent,
+                sealed,
+                peer_port,
+                peer_ports,
+                scope_id,
+                ..
+            } = &mut *io;
+            let gso_v4 = link.local_addr().is_ipv4() && link.offloads().gso;
+            if gso_v4 {
+                let mut positions = [0u16; MAX_TX_BATCH];
+                {
+                    let parts = parts_of(tx, meta);
+                    let dgrams = datagrams_of(meta, &parts, peer_ports, *peer_port, *scope_id);
+                    link.gso_positions(&dgrams[*sent..n], &mut positions[*sent..n]);
+                }
+                for j in *sent..n {
+                    if positions[j] != sealed[j] {
+                        reseal(&mut tx[j * SLOT..(j + 1) * SLOT], &meta[j], positions[j]);
+                        sealed[j] = positions[j];
+                    }
+                }
             }
-        });
-        let n = meta.len();
-        while *sent < n {
+            let parts = parts_of(tx, meta);
+            let dgrams = datagrams_of(meta, &parts, peer_ports, *peer_port, *scope_id);
             match link.send(&dgrams[*sent..n]) {
                 Ok(k) => {
                     *sent += k;
@@ -307,6 +408,12 @@ impl Shared {
     /// After a verb created work: send it now if the socket is free, and make sure the progress
     /// thread (if any) runs a round if more is left or a timer moved earlier.
     pub(crate) fn kick(&self) {
+        if self.progress == super::Progress::Thread && !self.sleeping.load(Ordering::SeqCst) {
+            // The thread is busy: it builds the new work with everything else in its next
+            // round, in full batches (sending here would split them into small ones).
+            self.request_round();
+            return;
+        }
         let outcome = match self.io.try_lock() {
             Ok(mut io) => {
                 lock(&self.counters).inline_rounds += 1;

@@ -125,12 +125,12 @@ pub fn route_source(host: &str, port: u16) -> Result<IpAddr, Fail> {
 pub fn open_device(
     spec: LinkSpec,
     progress: Progress,
-    link_mtu: Option<u32>,
+    window_budget: Option<u32>,
 ) -> Result<UdpDevice, Fail> {
     let mut c = UdpDeviceConfig::new(spec.ip);
     c.port = spec.port;
     c.progress = progress;
-    c.link_mtu = link_mtu;
+    c.window_budget = window_budget;
     UdpDevice::open(c).map_err(|e| Fail(format!("cannot open device {spec}: {e}")))
 }
 

@@ -70,10 +70,10 @@ struct Cli {
     /// Listen on / connect to TCP port PORT.
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
-    /// The device: udp:ADDRESS[:PORT] (same as --link).
+    /// The device: udp:ADDRESS or udp:ADDRESS:PORT (same as --link).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     ib_dev: Option<String>,
-    /// The device: udp:ADDRESS[:PORT], the local address (and UDP port, default 4791) to use.
+    /// The device: udp:ADDRESS or udp:ADDRESS:PORT, the local address (and UDP port, default 4791) to use.
     #[arg(long, value_name = "udp:ADDRESS[:PORT]")]
     link: Option<String>,
     /// Use port PORT of the device (it has one: 1).
