@@ -16,3 +16,7 @@ cargo test --workspace
 # The rxe-to-rxe reference matrix, then every RoCEv2 frame of its capture re-verified by the roce crate.
 bash tests/guest/setup.sh
 cargo test -p tests --test guest_reference -- --ignored --test-threads 1 reference_run_passes_and_rxe_icrcs_verify
+# The conformance matrix: this project's rdma-pingpong / rdma-perf on the host against rdma-core's and perftest's
+# tools on rxe in a guest, both roles, MTU 1024/4096, IPv4 + IPv6 link-local GIDs, a lossy fault case; then every
+# RoCEv2 frame of its capture (rxe's and ours) re-verified by the roce crate (tests/guest/matrix.sh).
+cargo test -p tests --test guest_matrix -- --ignored --test-threads 1 matrix_passes_and_every_icrc_verifies

@@ -14,6 +14,7 @@
 #   rg_tap_add NS BR TAP MTU                     a tap on the bridge, for one guest
 #   rg_job_new JOB; rg_job_cell JOB ROLE NAME SECS CMD...; rg_job_cmd JOB LINE   write a job
 #   rg_job_hold JOB PORT SECS / rg_job_release JOB NAME ADDR PORT SECS   keep a guest up for a host job
+#   rg_job_barrier JOB PORT SECS / rg_job_go JOB GUEST PREVCELL ADDR PORT SECS   start a cell on both together
 #   rg_guest_start SIDE NS TAP MAC ADDR/PFX MTU JOB SECS    boot a guest running JOB (in background)
 #   rg_host_start SIDE NS JOB SECS               run JOB on the host inside NS (in background)
 #   rg_side_wait SIDE SECS                       wait (bounded) for a side; fails if it did not finish
@@ -74,6 +75,9 @@ rg_run_init() {
     mkdir -p "$cache/runs"
     # shellcheck disable=SC2012
     for old in $(ls -1d "$cache"/runs/2* 2>/dev/null | sort -r | tail -n +"$RG_KEEP_RUNS"); do
+        # A run whose harness (the pid ending its name) is still going is not pruned: several
+        # harness scripts may share one cache.
+        ! kill -0 "${old##*-}" 2>/dev/null || continue
         rm -rf "$old"
     done
     RG_RUN="$cache/runs/$(date +%Y%m%d-%H%M%S)-$$"
@@ -172,6 +176,22 @@ rg_job_hold() {
 # second for at most SECS, to let a guest that holds there go on.
 rg_job_release() {
     rg_job_cell "$1" client "$2" "$5" bash -c "until (exec 3<>/dev/tcp/$3/$4) 2>/dev/null; do sleep 1; done; echo released $3:$4"
+}
+
+# A per-cell barrier between a guest job and a host job that run the same cell list (tests/guest/matrix.sh):
+# each cell starts on both sides together, so that a side that fails a cell fast never runs ahead into the
+# next cell while its peer still waits out the previous one.
+# rg_job_barrier JOBDIR PORT SECS: (guest job) wait, at most SECS, until the host connects to TCP PORT.
+rg_job_barrier() {
+    echo "timeout $3 nc -l -p $2 </dev/null >/dev/null 2>&1 || echo '@@BARRIER port=$2 rc='\$?" >>"$1/run.sh"
+}
+# rg_job_go JOBDIR GUEST PREVCELL ADDR PORT SECS: (host job) wait until guest side GUEST has reported
+# PREVCELL (its @@CELL line; none for the first cell), then connect to ADDR:PORT (the guest's barrier),
+# retrying each 0.2 s; all bounded by SECS.
+rg_job_go() {
+    local log="$RG_RUN/sides/$2/result.log" wait=""
+    [ -z "$3" ] || wait="until grep -q -F '@@CELL $3 ' '$log' || grep -q '^@@DONE' '$log'; do sleep 0.2; done; "
+    echo "timeout $6 bash -c $(printf '%q' "${wait}until (exec 3<>/dev/tcp/$4/$5) 2>/dev/null; do sleep 0.2; done") || echo '@@BARRIER go port=$5 rc='\$?" >>"$1/run.sh"
 }
 
 # ---------------------------------------------------------------- sides: guests and host

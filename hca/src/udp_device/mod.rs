@@ -36,11 +36,21 @@
 //! and a waker until a datagram arrives, the engine's next timer is due, or a verb wakes it. The
 //! engine lock is held only while the engine runs, never across a system call. Verbs that create
 //! work ([`UdpDevice::post_send`]) build and send its packets at once on the caller's thread when
-//! the socket is free (no thread hand-off on the send path), and otherwise wake the thread.
+//! the progress thread sleeps (no thread hand-off on the send path of an idle device), and leave
+//! them to the thread when it is busy (it sends them with the rest, in full batches).
 //!
 //! [`Progress::Caller`] runs no thread: [`UdpDevice::poll_cq`] (and [`UdpDevice::wait_cq`],
 //! [`UdpDevice::progress`]) drive one progress round each. Timers (retransmission, RNR waits) then
-//! only fire while the program polls.
+//! only fire while the program polls; [`UdpDevice::progress_during`] keeps them running across a
+//! blocking call. A round that received datagrams leaves building their ACKs to the caller's next
+//! call, so that an ACK and the reply the program posts meanwhile leave in one sendmmsg(2).
+//!
+//! # Batching and offloads
+//! The socket link batches system calls (recvmmsg / sendmmsg, up to 64 datagrams) and uses UDP
+//! GSO (a train of equal datagrams to one peer in one message) and GRO where the kernel has
+//! them. Over IPv4 the kernel numbers the identification of a train's datagrams 0, 1, 2, ..., and
+//! the ICRC covers it: the device recomputes the ICRC of each datagram after the first of a
+//! train for its number ([`UdpDeviceConfig::gso_ipv4`]), so peers that check it accept them.
 //!
 //! # Windows
 //! Each RC / UC QP may have a window of unacknowledged packets in flight

@@ -401,8 +401,27 @@ impl Shared {
 
     /// A round on a caller's thread (caller-driven progress, or an explicit `progress()`).
     pub(crate) fn caller_round(&self) -> RoundOutcome {
-        let mut io = lock(&self.io);
-        self.round_as(&mut io, true, false, true)
+        let caller = self.progress == super::Progress::Caller;
+        let outcome = {
+            let mut io = lock(&self.io);
+            // Deferring builds to the caller's next round only makes sense if there is one.
+            self.round_as(&mut io, true, false, caller)
+        };
+        if !caller {
+            self.after_foreign_round(&outcome);
+        }
+        outcome
+    }
+
+    /// After a round the progress thread did not run: make it run one if work is left or a
+    /// timer now expires before the thread wakes by itself.
+    fn after_foreign_round(&self, outcome: &RoundOutcome) {
+        let earlier_timer = outcome
+            .next_timer
+            .is_some_and(|t| t.as_nanos() < self.sleep_until.load(Ordering::SeqCst));
+        if outcome.tx_full || outcome.rx_full || outcome.blocked || earlier_timer {
+            self.request_round();
+        }
     }
 
     /// After a verb created work: send it now if the socket is free, and make sure the progress
@@ -427,12 +446,7 @@ impl Shared {
         if self.progress == super::Progress::Caller {
             return;
         }
-        let earlier_timer = outcome
-            .next_timer
-            .is_some_and(|t| t.as_nanos() < self.sleep_until.load(Ordering::SeqCst));
-        if outcome.tx_full || outcome.blocked || earlier_timer {
-            self.request_round();
-        }
+        self.after_foreign_round(&outcome);
     }
 
     /// Makes the progress thread run a round soon.

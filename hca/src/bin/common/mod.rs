@@ -129,9 +129,31 @@ pub fn open_device(
 ) -> Result<UdpDevice, Fail> {
     let mut c = UdpDeviceConfig::new(spec.ip);
     c.port = spec.port;
+    c.scope_id = link_local_scope(spec.ip);
     c.progress = progress;
     c.window_budget = window_budget;
     UdpDevice::open(c).map_err(|e| Fail(format!("cannot open device {spec}: {e}")))
+}
+
+/// The interface index (IPv6 scope) of the interface that holds the link-local address `ip`
+/// (`fe80::/10`), from `/proc/net/if_inet6`; 0 for any other address or when none holds it. A
+/// socket cannot bind a link-local address, nor reach a link-local peer, without it.
+pub fn link_local_scope(ip: IpAddr) -> u32 {
+    let IpAddr::V6(v6) = ip else {
+        return 0;
+    };
+    if v6.segments()[0] & 0xffc0 != 0xfe80 {
+        return 0;
+    }
+    let want: String = v6.octets().iter().map(|b| format!("{b:02x}")).collect();
+    let table = std::fs::read_to_string("/proc/net/if_inet6").unwrap_or_default();
+    table
+        .lines()
+        .find_map(|line| {
+            let mut f = line.split_whitespace();
+            (f.next()? == want).then(|| u32::from_str_radix(f.next()?, 16).ok())?
+        })
+        .unwrap_or(0)
 }
 
 /// `--stats`: the device's counters, to stderr.
@@ -358,6 +380,28 @@ mod tests {
             "udp:10.0.0.1:99"
         );
         assert!(LinkSpec::parse("udp:rxe0").is_err());
+    }
+
+    #[test]
+    fn link_local_scope_is_the_interface_index() {
+        // Not link-local: no scope.
+        assert_eq!(link_local_scope("::1".parse().unwrap()), 0);
+        assert_eq!(link_local_scope("10.0.0.1".parse().unwrap()), 0);
+        // A link-local address of this host (if it has one) is on the interface listed with it.
+        let table = std::fs::read_to_string("/proc/net/if_inet6").unwrap_or_default();
+        for line in table.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 6 || !f[0].starts_with("fe80") {
+                continue;
+            }
+            let bytes: Vec<u8> = (0..16)
+                .map(|i| u8::from_str_radix(&f[0][2 * i..2 * i + 2], 16).unwrap())
+                .collect();
+            let ip = IpAddr::from(<[u8; 16]>::try_from(bytes).unwrap());
+            assert_eq!(link_local_scope(ip), u32::from_str_radix(f[1], 16).unwrap());
+        }
+        // One that no interface holds.
+        assert_eq!(link_local_scope("fe80::dead:beef:1".parse().unwrap()), 0);
     }
 
     #[test]

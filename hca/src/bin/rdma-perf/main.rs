@@ -857,14 +857,12 @@ fn bw_op(p: &Params, rem: &PerftestDest) -> SendOp {
 /// without any completion.
 struct Poller {
     last: Instant,
-    yield_when_idle: bool,
 }
 
 impl Poller {
-    fn new(p: &Params) -> Poller {
+    fn new() -> Poller {
         Poller {
             last: Instant::now(),
-            yield_when_idle: p.progress == Progress::Thread,
         }
     }
 
@@ -896,9 +894,9 @@ impl Poller {
                     p.timeout.as_secs()
                 );
             }
-            if self.yield_when_idle {
-                std::thread::yield_now();
-            }
+            // Busy polling, but let other threads run (the progress thread, or the peer when
+            // it shares the CPUs): sched_yield(2) returns at once when nothing else waits.
+            std::thread::yield_now();
         }
         Ok(n)
     }
@@ -931,7 +929,7 @@ fn bw_client(p: &Params, res: &Res, rem: &[PerftestDest], size: u64) -> Result<B
     };
     let ops: Vec<SendOp> = rem.iter().map(|r| bw_op(p, r)).collect();
     let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 64];
-    let mut poller = Poller::new(p);
+    let mut poller = Poller::new();
     let start = Instant::now();
     let (margin, end) = match duration {
         Some(d) => (d / 4, d),
@@ -1045,7 +1043,7 @@ fn bw_server_send(p: &Params, res: &Res, size: u64) -> Result<Bw, Fail> {
     let mut got = 0u64;
     let mut first: Option<Instant> = None;
     let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 64];
-    let mut poller = Poller::new(p);
+    let mut poller = Poller::new();
     let posted_per_qp = u64::from(p.rx_depth.min(p.iters as u32));
     let duration = p.duration.map(Duration::from_secs);
     let mut window: Option<(Instant, u64)> = None;
@@ -1234,7 +1232,7 @@ fn lat_write(p: &Params, res: &Res, rem: &PerftestDest, size: u64) -> Result<Str
     };
     let caller = p.progress == Progress::Caller;
     let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 1];
-    let mut poller = Poller::new(p);
+    let mut poller = Poller::new();
     let (mut scnt, mut ccnt, mut rcnt) = (0u64, 0u64, 0u64);
     let mut clock = LatClock::new(p);
     let limited = clock.duration.is_none();
@@ -1251,9 +1249,8 @@ fn lat_write(p: &Params, res: &Res, rem: &PerftestDest, size: u64) -> Result<Str
                 }
                 if caller {
                     res.dev.progress();
-                } else {
-                    std::thread::yield_now();
                 }
+                std::thread::yield_now();
                 if since.elapsed() > p.timeout {
                     return fail!(
                         "no RDMA WRITE from the peer for {} s (iteration {rcnt}): is it still \
@@ -1315,7 +1312,7 @@ fn lat_read(p: &Params, res: &Res, rem: &PerftestDest, size: u64) -> Result<Stri
     };
     let mut tposted = Vec::with_capacity(p.iters as usize);
     let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 1];
-    let mut poller = Poller::new(p);
+    let mut poller = Poller::new();
     let mut clock = LatClock::new(p);
     let limited = clock.duration.is_none();
     let mut scnt = 0u64;
@@ -1364,7 +1361,7 @@ fn lat_send(p: &Params, res: &Res, size: u64) -> Result<String, Fail> {
     let inline = size <= u64::from(p.inline_size);
     let mut tposted = Vec::with_capacity(iters as usize);
     let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 1];
-    let mut poller = Poller::new(p);
+    let mut poller = Poller::new();
     let mut clock = LatClock::new(p);
     let limited = clock.duration.is_none();
     let (mut scnt, mut rcnt) = (0u64, 0u64);

@@ -504,10 +504,9 @@ fn pingpong(
                     timeout.as_secs()
                 );
             }
-            if cli.progress == ProgressArg::Thread {
-                // Let the progress thread run (the host may have fewer cores than threads).
-                std::thread::yield_now();
-            }
+            // Busy polling, but let other threads run (the progress thread, or the peer when
+            // it shares the CPUs): sched_yield(2) returns at once when nothing else waits.
+            std::thread::yield_now();
             continue;
         }
         last_progress = Instant::now();

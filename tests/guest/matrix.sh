@@ -1,0 +1,291 @@
+#!/usr/bin/env bash
+# The conformance matrix: this project's tools (`rdma-pingpong`, `rdma-perf`: the software HCA over the
+# kernel UDP link) on the HOST, against rdma-core's and perftest's tools on Linux soft-RoCE (rxe0) in a
+# QEMU TCG guest, over a bridge in a network namespace that this script creates and deletes.
+#
+#   bash tests/guest/matrix.sh [--cells REGEX] [--list]
+#
+# Every peer tool (ibv_rc/uc/ud_pingpong, ib_send/write/read/atomic_bw, ib_send/write/read_lat) runs
+# against ours with our tool as client AND as server, at path MTU 1024 and 4096 with IPv4 GIDs, and at
+# MTU 1024 with IPv6 link-local GIDs; bulk cells (many 64 KiB messages); a fault case (our link drops a
+# fixed share of the packets in both directions, seeded: ROCE_LINK_DROP_PPM / ROCE_LINK_DROP_SEED) where
+# ibv_rc_pingpong must still complete with its data checked. Cell names: TOOL:mtuMTU:ipv4|ipv6ll:ours-client|ours-server (the first three parts are the name
+# of the same cell rxe-to-rxe in tests/guest/reference.sh; a failing cell says how that one fared in the
+# newest reference run, so that a fault of the harness is told from one of ours).
+#
+# The whole list runs in one guest boot (g1, 198.18.0.1) and one host job (our tools on the bridge's
+# address 198.18.0.254 and its link-local fe80::5054:ff:fe52:fe), cell after cell, each on its own TCP
+# port. Pingpong cells check the data (-c on both sides). A pcap of the bridge is checked with tshark (no
+# frame malformed); `cargo test -p tests --test guest_matrix -- --ignored` also re-verifies every ICRC
+# in it (rxe's frames and ours) with the roce crate.
+#
+# Environment: ROCE_GUEST_CACHE (as setup.sh), ROCE_MATRIX_BIN_DIR (a folder holding rdma-pingpong and
+# rdma-perf; default: build them, `cargo build --release -p hca --bins`, into $CARGO_TARGET_DIR or
+# <repo>/target), ROCE_MATRIX_JOB_SECS (bound on the cell list, 840), ROCE_MATRIX_CELL_SECS (one side of
+# one cell, 60), ROCE_MATRIX_DROP_PPM (the fault case's drop rate, 50000 = 5%).
+# Output: the time of each phase and a table (cell | result | one-line reason); exits 1 on any failure.
+# The table of the last full run: <cache>/matrix-latest.tsv (and as a markdown grid, one line per peer
+# tool: matrix-latest.md), its capture <cache>/matrix-latest.pcap.
+# As root on Debian 12; runs tests/guest/setup.sh first (installs/fetches/builds only what is missing).
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
+
+JOB_SECS="${ROCE_MATRIX_JOB_SECS:-840}"
+CELL_SECS="${ROCE_MATRIX_CELL_SECS:-60}"
+DROP_PPM="${ROCE_MATRIX_DROP_PPM:-50000}"
+GUEST_IP=198.18.0.1 HOST_IP=198.18.0.254 PFX=24 LINK_MTU=4200
+GUEST_MAC=52:54:00:52:00:01 HOST_MAC=52:54:00:52:00:fe
+
+ll6() {  # MAC -> the EUI-64 link-local address Linux gives an interface with that MAC
+    IFS=: read -r a b c d e f <<<"$1"
+    printf 'fe80::%x:%x:%x:%x' $(((0x$a ^ 2) << 8 | 0x$b)) $((0x$c << 8 | 0xff)) $((0xfe << 8 | 0x$d)) $((0x$e << 8 | 0x$f))
+}
+HOST_LL="$(ll6 "$HOST_MAC")"
+
+# ---------------------------------------------------------------- the matrix
+# CELLS[i]="NAME|GUEST ROLE|GUEST TOOL ARGS|OUR TOOL ARGS". The server side gets -p PORT, the client side
+# -p PORT and the server's address (ours: 198.18.0.1; the guest's: 198.18.0.254).
+CELLS=()
+# both NAME GUEST-ARGS OUR-ARGS: the cell with our tool as client (guest serves) and as server.
+both() {
+    CELLS+=("$1:ours-client|server|$2|$3")
+    CELLS+=("$1:ours-server|client|$2|$3")
+}
+# Our device's address for a GID kind: IPv4 (the IPv4-mapped GID) or the bridge's link-local address.
+link_of() { if [ "$1" = ipv4 ]; then echo "udp:$HOST_IP"; else echo "udp:$HOST_LL"; fi; }
+gidx_of() { if [ "$1" = ipv4 ]; then echo 1; else echo 0; fi; }  # rxe: GID 1 = IPv4, 0 = link-local
+ours_tmo="--timeout $CELL_SECS"
+pingpong_cells() {  # MTU GIDKIND
+    local mtu="$1" g="$2" link gi t
+    link="$(link_of "$g")" gi="$(gidx_of "$g")"
+    for t in rc uc; do
+        both "ibv_${t}_pingpong:mtu$mtu:$g" "ibv_${t}_pingpong -d rxe0 -g $gi -m $mtu -s 4096 -n 10 -c" \
+            "rdma-pingpong --$t --link $link -m $mtu -s 4096 -n 10 -c $ours_tmo"
+    done
+    # UD has no path MTU option: a message fills one packet of the MTU (-s MTU; both ports run 4096).
+    both "ibv_ud_pingpong:mtu$mtu:$g" "ibv_ud_pingpong -d rxe0 -g $gi -s $mtu -n 10 -c" \
+        "rdma-pingpong --ud --link $link -s $mtu -n 10 -c $ours_tmo"
+}
+perftest_cells() {  # MTU GIDKIND TOOL...
+    local mtu="$1" g="$2" link gi t sub size
+    shift 2
+    link="$(link_of "$g")" gi="$(gidx_of "$g")"
+    for t in "$@"; do
+        sub="${t#ib_}" sub="${sub//_/-}"
+        size="-s 4096"
+        [ "$t" != ib_atomic_bw ] || size=""
+        both "$t:mtu$mtu:$g" "$t -d rxe0 -x $gi -m $mtu $size -n 5 -F" \
+            "rdma-perf $sub --link $link -m $mtu $size -n 5 $ours_tmo"
+    done
+}
+for mtu in 1024 4096; do
+    pingpong_cells "$mtu" ipv4
+    perftest_cells "$mtu" ipv4 ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw ib_send_lat ib_write_lat ib_read_lat
+done
+# Bulk: many multi-packet messages (first/middle/last segmentation at both MTUs, full send windows,
+# coalesced ACKs, READ responses of many packets); "TOOL:mtuMTU:ipv4" is still the reference cell.
+for mtu in 1024 4096; do
+    both "ibv_rc_pingpong:mtu$mtu:ipv4:bulk" "ibv_rc_pingpong -d rxe0 -g 1 -m $mtu -s 65536 -n 50 -c" \
+        "rdma-pingpong --rc --link $(link_of ipv4) -m $mtu -s 65536 -n 50 -c $ours_tmo"
+    for t in ib_send_bw ib_write_bw ib_read_bw; do
+        sub="${t#ib_}" sub="${sub//_/-}"
+        both "$t:mtu$mtu:ipv4:bulk" "$t -d rxe0 -x 1 -m $mtu -s 65536 -n 100 -F" \
+            "rdma-perf $sub --link $(link_of ipv4) -m $mtu -s 65536 -n 100 $ours_tmo"
+    done
+done
+# IPv6 link-local GIDs (RoCEv2 over IPv6): every tool at MTU 1024, and ibv_rc_pingpong at 4096 (the
+# reference run has ibv_rc_pingpong:mtu4096:ipv6ll and ib_write_bw:mtu1024:ipv6ll).
+pingpong_cells 1024 ipv6ll
+perftest_cells 1024 ipv6ll ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw ib_send_lat ib_write_lat ib_read_lat
+both "ibv_rc_pingpong:mtu4096:ipv6ll" "ibv_rc_pingpong -d rxe0 -g 0 -m 4096 -s 4096 -n 10 -c" \
+    "rdma-pingpong --rc --link $(link_of ipv6ll) -m 4096 -s 4096 -n 10 -c $ours_tmo"
+# The fault case: our link drops DROP_PPM per million datagrams, sent and received, seeded.
+FAULT_ENV="env ROCE_LINK_DROP_PPM=$DROP_PPM ROCE_LINK_DROP_SEED=5"
+for role in client server; do
+    CELLS+=("fault-drop${DROP_PPM}ppm:ibv_rc_pingpong:mtu1024:ipv4:ours-$role|$([ $role = client ] && echo server || echo client)|ibv_rc_pingpong -d rxe0 -g 1 -m 1024 -s 8192 -n 100 -c|$FAULT_ENV rdma-pingpong --rc --link $(link_of ipv4) -m 1024 -s 8192 -n 100 -c --stats $ours_tmo")
+done
+
+FILTER="" LIST=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --cells) FILTER="${2:?--cells needs a regex}"; shift 2 ;;
+        --list) LIST=1; shift ;;
+        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        *) rg_die "unknown argument $1 (see --help)" ;;
+    esac
+done
+if [ -n "$FILTER" ]; then
+    kept=()
+    for c in "${CELLS[@]}"; do [[ "${c%%|*}" =~ $FILTER ]] && kept+=("$c"); done
+    CELLS=("${kept[@]+"${kept[@]}"}")
+fi
+[ ${#CELLS[@]} -gt 0 ] || rg_die "no cell matches '$FILTER'"
+if [ "$LIST" -eq 1 ]; then
+    for c in "${CELLS[@]}"; do
+        IFS='|' read -r n r g o <<<"$c"
+        echo "$n"; echo "    guest ($r): $g"; echo "    ours: $o"
+    done
+    exit 0
+fi
+[ "$(id -u)" -eq 0 ] || rg_die "matrix: must run as root (network namespaces, taps)"
+
+# ---------------------------------------------------------------- setup and build
+T_ALL0="$(rg_now)"
+SETUP_OUT="$(bash "$HERE/setup.sh")" || rg_die "setup.sh failed"
+CACHE="$(rg_cache_dir)"
+rg_run_init
+TIMES="$RG_RUN/times.txt"
+echo "$SETUP_OUT" >"$TIMES"
+
+rg_phase_begin "build our tools"
+if [ -n "${ROCE_MATRIX_BIN_DIR:-}" ]; then
+    BIN_DIR="$ROCE_MATRIX_BIN_DIR"
+else
+    BIN_DIR="${CARGO_TARGET_DIR:-$RG_REPO/target}/release"
+    (cd "$RG_REPO" && rg_step 1800 "cargo build --release -p hca --bins" cargo build --release -p hca --bins) \
+        || rg_die "building rdma-pingpong and rdma-perf failed"
+fi
+for b in rdma-pingpong rdma-perf; do
+    [ -x "$BIN_DIR/$b" ] || rg_die "no $b in $BIN_DIR"
+    # Copies: a build running meanwhile must not change the binaries under a run.
+    cp "$BIN_DIR/$b" "$RG_RUN/bin/$b"
+done
+rg_phase_end "build our tools" >>"$TIMES"
+
+NS="rg-mx-$$-$RANDOM"
+rg_netns_create "$NS"
+rg_bridge_add "$NS" br0 "$LINK_MTU"
+# A fixed MAC gives the bridge a known link-local address; no DAD, so that it is usable at once.
+ip -n "$NS" link set br0 address "$HOST_MAC"
+ip netns exec "$NS" sysctl -q -w net.ipv6.conf.br0.accept_dad=0 >/dev/null 2>&1 || true
+ip -n "$NS" addr add "$HOST_IP/$PFX" dev br0
+ip -n "$NS" addr add "$HOST_LL/64" dev br0 nodad 2>/dev/null || true
+rg_tap_add "$NS" br0 tap1 "$LINK_MTU"
+
+# ---------------------------------------------------------------- jobs
+rg_job_new "$RG_RUN/job-g1"
+rg_job_new "$RG_RUN/job-host"
+port=18700 prev=""
+for c in "${CELLS[@]}"; do
+    IFS='|' read -r name grole gargs oargs <<<"$c"
+    read -r -a g <<<"$gargs"
+    read -r -a o <<<"$oargs"
+    # Both sides start the cell together: the host once the guest is through with the previous cell.
+    rg_job_barrier "$RG_RUN/job-g1" "$((port + 1000))" "$((2 * CELL_SECS + 120))"
+    rg_job_go "$RG_RUN/job-host" g1 "$prev" "$GUEST_IP" "$((port + 1000))" "$((2 * CELL_SECS + 120))"
+    prev="$name"
+    if [ "$grole" = server ]; then
+        rg_job_cell "$RG_RUN/job-g1" server "$name" "$CELL_SECS" "${g[@]}" -p "$port"
+        rg_job_cell "$RG_RUN/job-host" client "$name" "$((CELL_SECS + 30))" "${o[@]}" -p "$port" "$GUEST_IP"
+    else
+        rg_job_cell "$RG_RUN/job-host" server "$name" "$CELL_SECS" "${o[@]}" -p "$port"
+        rg_job_cell "$RG_RUN/job-g1" client "$name" "$((CELL_SECS + 30))" "${g[@]}" -p "$port" "$HOST_IP"
+    fi
+    port=$((port + 1))
+done
+
+# ---------------------------------------------------------------- boot and run
+PCAP="$RG_RUN/matrix.pcap"
+rg_capture_start "$NS" br0 "$PCAP" $((JOB_SECS + 180))
+rg_phase_begin "guest+host (boot+cells)"
+rg_log "matrix: ${#CELLS[@]} cells; g1 ($GUEST_IP) booting, our tools on $HOST_IP / $HOST_LL; run folder $RG_RUN"
+rg_guest_start g1 "$NS" tap1 "$GUEST_MAC" "$GUEST_IP/$PFX" "$LINK_MTU" "$RG_RUN/job-g1" "$JOB_SECS"
+rg_host_start host "$NS" "$RG_RUN/job-host" $((JOB_SECS + 120))
+rg_sides_wait $((JOB_SECS + 150)) g1 host
+rg_phase_end "guest+host (boot+cells)" >>"$TIMES"
+rg_capture_stop
+
+# ---------------------------------------------------------------- verdicts
+for c in "${CELLS[@]}"; do
+    IFS='|' read -r name grole _ <<<"$c"
+    if [ "$grole" = server ]; then v="$(rg_verdict "$name" g1 host)"; else v="$(rg_verdict "$name" host g1)"; fi
+    why="${v#*|}"
+    ref="${name#fault-*:}" ref="${ref%:ours-*}" ref="${ref%:bulk}"
+    if [ "${v%%|*}" != PASS ]; then
+        why="$why [rxe-to-rxe $ref: $(rg_reference_verdict "$ref")]"
+    elif [[ "$name" == fault-* ]]; then
+        # The drops must have happened: our tool's --stats prints the link's counters.
+        d="$(rg_side_output host "$name" | sed -n 's/.*hook_drops: \([0-9]*\).*hook_drops: \([0-9]*\).*/\1+\2/p' | tail -n1)"
+        d="${d:-0}"
+        if [ "$(( d ))" -gt 0 ]; then why="$why; our link dropped $(( ${d%+*} )) received + $(( ${d#*+} )) sent datagrams"
+        else v="FAIL|"; why="no datagram dropped (is the drop hook on?): $why"; fi
+    fi
+    rg_row "$name" "${v%%|*}" "$why"
+    s="$(rg_side_cell g1 "$name")" k="$(rg_side_cell host "$name")"
+    [ -z "$s" ] || [ -z "$k" ] || echo "cell $name: guest $(rg_field secs "$s")s, ours $(rg_field secs "$k")s" >>"$TIMES"
+done
+for side in "${RG_SIDES_FAILED[@]+"${RG_SIDES_FAILED[@]}"}"; do
+    rg_row "side $side" FAIL "$(grep -m1 -E '^@@SETUP-FAILED' "$RG_RUN/sides/$side/result.log" || echo "did not finish: see $RG_RUN/sides/$side/")"
+done
+
+rg_phase_begin "pcap check"
+want6=0 want4k=0 want1k=0
+printf '%s\n' "${CELLS[@]}" | grep -q '^[^|]*:ipv6ll:' && want6=1
+printf '%s\n' "${CELLS[@]}" | grep -q '^[^|]*:mtu4096:' && want4k=1
+printf '%s\n' "${CELLS[@]}" | grep -q '^[^|]*:mtu1024:' && want1k=1
+rg_pcap_checks "$PCAP" "$want6" "$want4k" "$want1k"
+rg_phase_end "pcap check" >>"$TIMES"
+
+# ---------------------------------------------------------------- the grid (README "Conformance")
+# matrix_grid: the rows again as one line per peer tool, a column per (MTU, GID, variant), each
+# "client / server" (our tool's role), in markdown.
+matrix_grid() {
+    local r n v why tool rest role col fault cols=() tools=() c t line
+    declare -A cell=() seen_col=() seen_tool=()
+    for r in "${RG_ROWS[@]}"; do
+        IFS='|' read -r n v why <<<"$r"
+        case "$n" in *:ours-client|*:ours-server) ;; *) continue ;; esac
+        role="${n##*:ours-}" rest="${n%:ours-*}" fault=""
+        case "$rest" in fault-*) fault="${rest%%:*}" rest="${rest#*:}" ;; esac
+        tool="${rest%%:*}" col="${rest#*:}${fault:+:${fault#fault-}}"
+        [ -n "${seen_col[$col]:-}" ] || { seen_col[$col]=1; cols+=("$col"); }
+        [ -n "${seen_tool[$tool]:-}" ] || { seen_tool[$tool]=1; tools+=("$tool"); }
+        cell["$tool|$col|$role"]="${v,,}"
+    done
+    line="| peer tool (rxe0, guest) |"
+    for c in "${cols[@]}"; do
+        c="${c/mtu/MTU }" c="${c/:ipv4/, IPv4}" c="${c/:ipv6ll/, IPv6 link-local}" c="${c/:bulk/, bulk}"
+        c="${c/:drop/, lossy: drop }"
+        line+=" $c |"
+    done
+    echo "$line"
+    line="|---|"
+    for c in "${cols[@]}"; do line+="---|"; done
+    echo "$line"
+    for t in "${tools[@]}"; do
+        line="| $t |"
+        for c in "${cols[@]}"; do
+            line+=" ${cell[$t|$c|client]:--} / ${cell[$t|$c|server]:--} |"
+        done
+        echo "$line"
+    done
+}
+
+# ---------------------------------------------------------------- report
+echo
+echo "== timings =="
+cat "$TIMES"
+echo "guest g1: $(rg_side_times g1)"
+awk -v a="$T_ALL0" -v b="$(rg_now)" 'BEGIN{printf "total %.1f s\n", b-a}'
+echo
+rg_table "conformance matrix: ours (host, $HOST_IP / $HOST_LL, UDP link) <-> rxe0 (guest g1, $GUEST_IP), link MTU $LINK_MTU"
+rg_table_save "$RG_RUN/table.tsv"
+echo
+echo "== the matrix: our tool as client / as server =="
+matrix_grid | tee "$RG_RUN/grid.md"
+if [ -z "$FILTER" ]; then
+    cp -f "$RG_RUN/grid.md" "$CACHE/matrix-latest.md"
+    cp -f "$PCAP" "$CACHE/matrix-latest.pcap" 2>/dev/null || true
+    cp -f "$RG_RUN/table.tsv" "$CACHE/matrix-latest.tsv"
+fi
+echo
+echo "pcap: $PCAP"
+echo "run folder: $RG_RUN (sides/*/result.log, sides/g1/console.log)"
+if [ "$RG_FAILS" -gt 0 ]; then
+    rg_console_tail g1 25
+    echo "matrix: $RG_FAILS of ${#RG_ROWS[@]} rows failed"
+    exit 1
+fi
+echo "matrix: all ${#RG_ROWS[@]} rows passed"
