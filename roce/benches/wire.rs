@@ -2,15 +2,19 @@
 //!
 //! ICRC: `roce::icrc::compute` over an IPv4 RoCEv2 packet (IP + UDP + BTH + payload, the bytes the ICRC
 //! covers) against a plain `copy_from_slice` of the same bytes, the one CPU copy the stack allows per
-//! packet. Goal (issue): ICRC >= 50% of memcpy bandwidth. Both work on cache-resident buffers, so this
-//! is the compute bound, not the memory bound. The `crc32 GB/s` column is `crc32fast::hash` over the same
-//! bytes in one call, unmasked: the most the ICRC can get from the CRC library it is built on (the
-//! ICRC adds the masking and a second `update` call, which dominate small packets).
+//! packet. Goal (issue): ICRC >= 50% of memcpy bandwidth. In the first table both work on
+//! cache-resident buffers, so this is the compute bound, not the memory bound. The `crc32` columns are
+//! `crc32fast::hash` over the same bytes in one call, unmasked: the most the ICRC can get from the CRC
+//! library it is built on (the ICRC adds the masking and a second `update` call, a fixed few
+//! nanoseconds). In cache, a CRC cannot keep up with a copy of a small packet (a fixed latency of tens
+//! of cycles against a few stores), and at 4 KiB the library itself stays under half the speed of an
+//! AVX-512 memcpy on some CPUs; the `crc32/memcpy` column shows that bound beside the ICRC's ratio.
 //!
 //! Also: the same ICRC and memcpy streamed over a 64 MiB arena of packets (larger than the caches, as
 //! packets arriving from a NIC are), and the full-packet rates: `parse_frame` (every check, ICRC
-//! included) and `build_frame` of a 64-byte-payload RC SEND ONLY frame, beside a memcpy of that frame.
-//! Goal (issue): parse + verify >= 10 M packets/s on one core.
+//! included), `build_frame`, and the kernel-UDP-socket receive path (`parse_udp_payload` +
+//! `icrc_of_udp_payload`, what the `hca` UDP link runs per datagram) of a 64-byte-payload RC SEND ONLY
+//! frame, beside a memcpy of that frame. Goal (issue): parse + verify >= 10 M packets/s on one core.
 //!
 //! Run: `cargo bench -p roce --bench wire`.
 
@@ -123,7 +127,7 @@ fn main() {
     println!();
     println!("in cache (one packet, hot):");
     println!(
-        "{:>8}  {:>7}  {:>9}  {:>9}  {:>10}  {:>11}  {:>11}  {:>11}",
+        "{:>8}  {:>7}  {:>9}  {:>9}  {:>10}  {:>11}  {:>11}  {:>11}  {:>12}",
         "payload",
         "bytes",
         "ICRC ns",
@@ -131,9 +135,11 @@ fn main() {
         "crc32 GB/s",
         "memcpy ns",
         "memcpy GB/s",
-        "ICRC/memcpy"
+        "ICRC/memcpy",
+        "crc32/memcpy"
     );
     let mut worst_hot: f64 = f64::INFINITY;
+    let mut best_crc_hot: f64 = 0.0;
     for payload_len in [64usize, 1024, 4096] {
         let body = packet(payload_len);
         let expected = roce::icrc::compute(&body).expect("valid packet");
@@ -153,8 +159,9 @@ fn main() {
         let bytes = body.len() as f64;
         let ratio = copy_ns / icrc_ns;
         worst_hot = worst_hot.min(ratio);
+        best_crc_hot = best_crc_hot.max(copy_ns / crc_ns);
         println!(
-            "{:>8}  {:>7}  {:>9.1}  {:>9.2}  {:>10.2}  {:>11.1}  {:>11.2}  {:>10.0}%",
+            "{:>8}  {:>7}  {:>9.1}  {:>9.2}  {:>10.2}  {:>11.1}  {:>11.2}  {:>10.0}%  {:>11.0}%",
             format!("{payload_len} B"),
             body.len(),
             icrc_ns,
@@ -162,7 +169,8 @@ fn main() {
             bytes / crc_ns,
             copy_ns,
             bytes / copy_ns,
-            ratio * 100.0
+            ratio * 100.0,
+            copy_ns / crc_ns * 100.0
         );
     }
 
@@ -225,27 +233,41 @@ fn main() {
         let n = packet::build_frame(&eth, black_box(&repr), &[black_box(&payload)], &mut out);
         black_box(n).ok();
     });
+    // The kernel UDP socket link: the socket hands over the UDP payload and reports the IP and UDP
+    // header fields; the ICRC is recomputed from them.
+    let parsed = packet::parse_frame(&f).expect("valid frame");
+    let (ip, udp) = (parsed.ip, parsed.udp);
+    let udp_payload = &f[14 + ip.header_len() + roce::udp::HEADER_LEN..];
+    let socket_ns = measure(|| {
+        let t = packet::parse_udp_payload(black_box(udp_payload));
+        let icrc = packet::icrc_of_udp_payload(black_box(&ip), &udp, black_box(udp_payload));
+        debug_assert_eq!(t.map(|t| t.icrc), icrc);
+        black_box((t.ok(), icrc.ok()));
+    });
     let mut dst = vec![0u8; f.len()];
     let copy_ns = measure(|| {
         dst.copy_from_slice(black_box(&f));
         black_box(&mut dst);
     });
-    println!("{:>34}  {:>8}  {:>8}", "", "ns/pkt", "Mpps");
+    println!("{:>41}  {:>8}  {:>8}", "", "ns/pkt", "Mpps");
     for (name, ns) in [
         ("parse_frame + verify (all checks)", parse_ns),
         ("build_frame (ICRC + UDP checksum)", build_ns),
+        ("UDP socket: parse_udp_payload + ICRC", socket_ns),
         ("memcpy of the frame", copy_ns),
     ] {
-        println!("{name:>34}  {ns:>8.1}  {:>8.2}", 1e3 / ns);
+        println!("{name:>41}  {ns:>8.1}  {:>8.2}", 1e3 / ns);
     }
 
     println!();
     println!(
-        "goal: ICRC >= 50% of memcpy bandwidth: in cache worst row {:.0}% -> {}; streaming worst row {:.0}% -> {}",
+        "goal: ICRC >= 50% of memcpy bandwidth: streaming worst row {:.0}% -> {}; in cache worst row \
+         {:.0}% -> {} (crc32fast alone, unmasked, reaches at most {:.0}% in cache)",
+        worst_stream * 100.0,
+        if worst_stream >= 0.5 { "met" } else { "NOT met" },
         worst_hot * 100.0,
         if worst_hot >= 0.5 { "met" } else { "NOT met" },
-        worst_stream * 100.0,
-        if worst_stream >= 0.5 { "met" } else { "NOT met" }
+        best_crc_hot * 100.0
     );
     println!(
         "goal: parse + verify of a 64-byte-payload packet >= 10 M packets/s: {:.1} Mpps -> {}",

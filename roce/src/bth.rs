@@ -361,18 +361,21 @@ impl Repr {
     /// # Panics
     /// If the buffer is shorter than [`HEADER_LEN`] (12 bytes).
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        let d = packet.buffer.as_mut();
-        d[field::OPCODE] = u8::from(self.opcode);
-        d[field::FLAGS] = with_bit(0, field::SE_BIT, self.solicited)
+        // Assembled in a fixed array and stored with one copy: no per-field bounds checks, and
+        // stores the ICRC pass of the packet builder can forward its loads from.
+        let mut h = [0u8; HEADER_LEN];
+        h[field::OPCODE] = u8::from(self.opcode);
+        h[field::FLAGS] = with_bit(0, field::SE_BIT, self.solicited)
             | with_bit(0, field::MIG_REQ_BIT, self.mig_req)
             | ((self.pad_cnt << field::PAD_CNT_SHIFT) & field::PAD_CNT_MASK)
             | TVER;
-        d[field::ECN] =
+        h[field::PKEY].copy_from_slice(&self.pkey.to_be_bytes());
+        h[field::ECN] =
             with_bit(0, field::FECN_BIT, self.fecn) | with_bit(0, field::BECN_BIT, self.becn);
-        d[field::ACK_REQ] = with_bit(0, field::ACK_REQ_BIT, self.ack_req);
-        packet.set_pkey(self.pkey);
-        packet.set_dest_qpn(self.dest_qpn);
-        packet.set_psn(self.psn);
+        h[field::DEST_QP].copy_from_slice(&(self.dest_qpn & MASK_24).to_be_bytes()[1..]);
+        h[field::ACK_REQ] = with_bit(0, field::ACK_REQ_BIT, self.ack_req);
+        h[field::PSN].copy_from_slice(&(self.psn & MASK_24).to_be_bytes()[1..]);
+        packet.buffer.as_mut()[..HEADER_LEN].copy_from_slice(&h);
     }
 }
 

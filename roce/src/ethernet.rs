@@ -361,6 +361,39 @@ impl Repr {
     /// [`Error::Truncated`] as [`Frame::check_len`].
     pub fn parse<T: AsRef<[u8]>>(frame: &Frame<T>) -> Result<Repr> {
         frame.check_len()?;
+        let d = frame.buffer.as_ref();
+        // Read from fixed arrays (no per-field bounds checks), the EtherType field decoded once.
+        let (Some(h), Some(tag)) = (
+            d.first_chunk::<HEADER_LEN>(),
+            d.get(HEADER_LEN..).and_then(<[u8]>::first_chunk::<4>),
+        ) else {
+            return Self::parse_short(frame);
+        };
+        let be16 = |at: usize| u16::from_be_bytes([h[at], h[at + 1]]);
+        let mut dst_addr = [0u8; 6];
+        dst_addr.copy_from_slice(&h[field::DESTINATION]);
+        let mut src_addr = [0u8; 6];
+        src_addr.copy_from_slice(&h[field::SOURCE]);
+        let ethertype = EtherType::from(be16(field::ETHERTYPE.start));
+        let (vlan, ethertype) = if ethertype == EtherType::Vlan {
+            let tci = u16::from_be_bytes([tag[0], tag[1]]);
+            let inner = EtherType::from(u16::from_be_bytes([tag[2], tag[3]]));
+            (Some(VlanTag::from_tci(tci)), inner)
+        } else {
+            (None, ethertype)
+        };
+        Ok(Repr {
+            src_addr: Address(src_addr),
+            dst_addr: Address(dst_addr),
+            vlan,
+            ethertype,
+        })
+    }
+
+    /// [`Repr::parse`] through the [`Frame`] getters, for a frame of fewer than 18 bytes (a header with
+    /// nothing after it), where the fixed-size reads above do not apply.
+    fn parse_short<T: AsRef<[u8]>>(frame: &Frame<T>) -> Result<Repr> {
+        frame.check_len()?;
         Ok(Repr {
             src_addr: frame.src_addr(),
             dst_addr: frame.dst_addr(),

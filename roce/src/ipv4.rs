@@ -437,40 +437,52 @@ impl Repr {
     /// header checksum does not verify; [`Error::Malformed`] for a fragment (MF set or offset != 0),
     /// since RoCEv2 is never fragmented.
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Repr> {
-        let len = packet.buffer.as_ref().len();
-        if len < HEADER_LEN {
+        let buf = packet.buffer.as_ref();
+        // Every field is read from this fixed 20-byte array: no per-field bounds checks.
+        let Some(h) = buf.first_chunk::<HEADER_LEN>() else {
             return Err(Error::Truncated {
                 layer: Layer::Ipv4,
                 need: HEADER_LEN,
-                got: len,
+                got: buf.len(),
             });
-        }
-        if packet.version() != 4 {
+        };
+        let version = h[field::VER_IHL] >> 4;
+        if version != 4 {
             return Err(Error::BadVersion {
                 layer: Layer::Ipv4,
-                version: packet.version(),
+                version,
             });
         }
         packet.check_len()?;
-        if !packet.verify_checksum() {
+        let header_len = usize::from(h[field::VER_IHL] & 0x0f) * 4;
+        let checksum_ok = if header_len == HEADER_LEN {
+            checksum::data(h) == 0xffff
+        } else {
+            packet.verify_checksum()
+        };
+        if !checksum_ok {
             return Err(Error::BadChecksum(Layer::Ipv4));
         }
-        if packet.more_frags() || packet.frag_offset() != 0 {
+        let flg_off = u16::from_be_bytes([h[field::FLG_OFF.start], h[field::FLG_OFF.start + 1]]);
+        if flg_off & (FLAG_MF | FRAG_OFFSET_MASK) != 0 {
             return Err(Error::Malformed {
                 layer: Layer::Ipv4,
                 what: "fragment (RoCEv2 is never fragmented)",
             });
         }
+        let total_len = u16::from_be_bytes([h[field::LENGTH.start], h[field::LENGTH.start + 1]]);
+        let addr = |at: usize| Ipv4Addr::new(h[at], h[at + 1], h[at + 2], h[at + 3]);
         Ok(Repr {
-            src_addr: packet.src_addr(),
-            dst_addr: packet.dst_addr(),
-            protocol: packet.protocol(),
-            payload_len: usize::from(packet.total_len()) - usize::from(packet.header_len()),
-            hop_limit: packet.hop_limit(),
-            dscp: packet.dscp(),
-            ecn: packet.ecn(),
-            ident: packet.ident(),
-            dont_frag: packet.dont_frag(),
+            src_addr: addr(field::SRC_ADDR.start),
+            dst_addr: addr(field::DST_ADDR.start),
+            protocol: IpProtocol::from(h[field::PROTOCOL]),
+            // `check_len` guarantees Total Length >= the header length.
+            payload_len: usize::from(total_len).saturating_sub(header_len),
+            hop_limit: h[field::TTL],
+            dscp: h[field::DSCP_ECN] >> 2,
+            ecn: Ecn::from_bits(h[field::DSCP_ECN]),
+            ident: u16::from_be_bytes([h[field::IDENT.start], h[field::IDENT.start + 1]]),
+            dont_frag: flg_off & FLAG_DF != 0,
         })
     }
 
@@ -490,19 +502,23 @@ impl Repr {
             "IPv4 payload of {} bytes exceeds the 65535-byte Total Length",
             self.payload_len
         );
-        packet.set_version(4);
-        packet.set_header_len(HEADER_LEN as u8);
-        packet.set_dscp(self.dscp);
-        packet.set_ecn(self.ecn);
-        packet.set_total_len((HEADER_LEN + self.payload_len) as u16);
-        packet.set_ident(self.ident);
-        packet.clear_flags();
-        packet.set_dont_frag(self.dont_frag);
-        packet.set_hop_limit(self.hop_limit);
-        packet.set_protocol(self.protocol);
-        packet.set_src_addr(self.src_addr);
-        packet.set_dst_addr(self.dst_addr);
-        packet.fill_checksum();
+        // The header is assembled in a fixed array (no per-field bounds checks, a constant-length
+        // checksum) and stored with one copy, whose 16-byte piece the ICRC pass of the packet builder
+        // then loads back whole.
+        let mut h = [0u8; HEADER_LEN];
+        h[field::VER_IHL] = 0x40 | (HEADER_LEN / 4) as u8;
+        h[field::DSCP_ECN] = (self.dscp << 2) | self.ecn.bits();
+        h[field::LENGTH].copy_from_slice(&((HEADER_LEN + self.payload_len) as u16).to_be_bytes());
+        h[field::IDENT].copy_from_slice(&self.ident.to_be_bytes());
+        let flags = if self.dont_frag { FLAG_DF } else { 0 };
+        h[field::FLG_OFF].copy_from_slice(&flags.to_be_bytes());
+        h[field::TTL] = self.hop_limit;
+        h[field::PROTOCOL] = self.protocol.into();
+        h[field::SRC_ADDR].copy_from_slice(&self.src_addr.octets());
+        h[field::DST_ADDR].copy_from_slice(&self.dst_addr.octets());
+        let sum = checksum::data(&h);
+        h[field::CHECKSUM].copy_from_slice(&(!sum).to_be_bytes());
+        packet.buffer.as_mut()[..HEADER_LEN].copy_from_slice(&h);
     }
 }
 

@@ -40,12 +40,20 @@ macro_rules! enum_with_unknown {
             }
         }
 
-        impl ::core::convert::From<$name> for $ty {
-            fn from(value: $name) -> Self {
-                match value {
+        impl $name {
+            /// The raw value, as `<$ty>::from` gives it, usable in `const` contexts (tables).
+            #[allow(dead_code)]
+            pub(crate) const fn to_raw(self) -> $ty {
+                match self {
                     $( $name::$variant => $value ),*,
                     $name::Unknown(other) => other
                 }
+            }
+        }
+
+        impl ::core::convert::From<$name> for $ty {
+            fn from(value: $name) -> Self {
+                value.to_raw()
             }
         }
     }

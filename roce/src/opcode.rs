@@ -92,7 +92,7 @@ impl ExtHeaders {
     /// Total length in bytes of the flagged headers (IBTA vol. 1 §9.3; DETH 8, RETH 16, AtomicETH 28,
     /// AETH 4, AtomicAckETH 8, ImmDt 4, IETH 4).
     pub const fn byte_len(self) -> usize {
-        self.offsets().payload
+        EXT_LEN_BY_BITS[self.bits() as usize] as usize
     }
 
     /// Byte offsets of the flagged headers, relative to the end of the BTH, in the wire order of
@@ -153,6 +153,37 @@ impl ExtHeaders {
         }
     }
 }
+
+/// Length in bytes of each extended header, indexed by its bit in [`ExtHeaders`] (wire order).
+const EXT_HEADER_LENS: [usize; 7] = [
+    deth::HEADER_LEN,
+    reth::HEADER_LEN,
+    atomic_eth::request::HEADER_LEN,
+    aeth::HEADER_LEN,
+    atomic_eth::ack::HEADER_LEN,
+    immdt::HEADER_LEN,
+    ieth::HEADER_LEN,
+];
+
+/// [`ExtHeaders::byte_len`] of every bit pattern, computed at compile time from [`EXT_HEADER_LENS`]:
+/// one load on the packet path instead of a loop over the bits.
+const EXT_LEN_BY_BITS: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut bits = 0;
+    while bits < 256 {
+        let mut len = 0;
+        let mut i = 0;
+        while i < EXT_HEADER_LENS.len() {
+            if bits & (1 << i) != 0 {
+                len += EXT_HEADER_LENS[i];
+            }
+            i += 1;
+        }
+        table[bits] = len as u8;
+        bits += 1;
+    }
+    table
+};
 
 /// Where each extended transport header of an opcode starts, in bytes **relative to the end of the
 /// BTH** (add [`crate::bth::HEADER_LEN`] for offsets from the start of the BTH). `None`: the opcode does
@@ -370,6 +401,18 @@ const fn send_write_row(transport: Transport, low: u8) -> Option<OpcodeInfo> {
     Some(r)
 }
 
+/// [`Opcode::table_row`] of every named opcode, indexed by its byte; `None` for the other bytes.
+const INFO_BY_BYTE: [Option<OpcodeInfo>; 256] = {
+    let mut table = [None; 256];
+    let mut i = 0;
+    while i < Opcode::ALL.len() {
+        let op = Opcode::ALL[i];
+        table[op.to_raw() as usize] = op.table_row();
+        i += 1;
+    }
+    table
+};
+
 impl Opcode {
     /// Every named opcode, in byte order.
     pub const ALL: [Opcode; 38] = [
@@ -418,6 +461,21 @@ impl Opcode {
     /// presence. `None` for [`Opcode::Unknown`], including a hand-built `Unknown(b)` whose byte `b` has
     /// a name (build opcodes from bytes with `Opcode::from(u8)`, which never does that).
     pub const fn info(self) -> Option<OpcodeInfo> {
+        match self {
+            Opcode::Unknown(_) => None,
+            known => INFO_BY_BYTE[known.to_raw() as usize],
+        }
+    }
+
+    /// [`Opcode::info`] of the opcode whose wire byte is `byte` (`Opcode::from(byte).info()`), with no
+    /// conversion to [`Opcode`] and back: one indexed load.
+    pub(crate) const fn info_of_byte(byte: u8) -> Option<OpcodeInfo> {
+        INFO_BY_BYTE[byte as usize]
+    }
+
+    /// The row of the opcode table for `self`, spelled out; [`INFO_BY_BYTE`] is built from it at
+    /// compile time, so that [`Opcode::info`] (on every packet built or parsed) is one indexed load.
+    const fn table_row(self) -> Option<OpcodeInfo> {
         use Operation::*;
         use Position::*;
         use Transport::{Rc, Uc, Ud};
@@ -776,6 +834,22 @@ mod test {
         assert_eq!(Opcode::Unknown(0xC0).transport(), Transport::Unknown(6));
         assert_eq!(Opcode::Unknown(0x55).transport(), Transport::Rd);
         assert!(!Opcode::Unknown(0x55).starts_message());
+    }
+
+    #[test]
+    fn lookup_tables_match_the_spelled_out_table() {
+        for byte in 0..=255u8 {
+            let op = Opcode::from(byte);
+            assert_eq!(Opcode::info_of_byte(byte), op.table_row(), "byte {byte:#x}");
+            assert_eq!(op.info(), op.table_row(), "byte {byte:#x}");
+            assert_eq!(op.to_raw(), byte);
+            // A hand-built `Unknown` of a named byte has no row.
+            assert_eq!(Opcode::Unknown(byte).info(), None);
+        }
+        for bits in 0..=255u8 {
+            let set = ExtHeaders::from_bits_retain(bits);
+            assert_eq!(set.byte_len(), set.offsets().payload, "bits {bits:#x}");
+        }
     }
 
     #[test]

@@ -34,7 +34,7 @@ use core::net::IpAddr;
 
 use crate::ethernet::{self, EtherType};
 use crate::ipv4::{self, Ecn, IpProtocol};
-use crate::opcode::ExtHeaders;
+use crate::opcode::{ExtHeaders, Opcode, OpcodeInfo};
 use crate::{aeth, atomic_eth, bth, deth, icrc, ieth, immdt, ipv6, mtu, reth, udp};
 use crate::{Error, Layer, Result};
 
@@ -121,6 +121,12 @@ impl TransportRepr {
     /// differ from the opcode's (IBTA vol. 1 §9.3); [`Error::Malformed`] (layer `Aeth`) when the AETH
     /// syndrome does not survive its 8-bit encoding.
     pub fn check(&self) -> Result<()> {
+        self.checked_len().map(|_| ())
+    }
+
+    /// [`TransportRepr::check`], returning [`TransportRepr::header_len`] (from the one opcode-table
+    /// lookup the check makes).
+    fn checked_len(&self) -> Result<usize> {
         let Some(info) = self.bth.opcode.info() else {
             return Err(Error::UnknownOpcode(u8::from(self.bth.opcode)));
         };
@@ -141,7 +147,7 @@ impl TransportRepr {
                 });
             }
         }
-        Ok(())
+        Ok(bth::HEADER_LEN + info.ext_headers.byte_len())
     }
 
     /// Writes the BTH and the extended headers into the front of `buf`; returns the bytes written
@@ -150,48 +156,55 @@ impl TransportRepr {
     /// # Errors
     /// As [`TransportRepr::check`]; [`Error::BufferTooSmall`] when `buf` is shorter than the headers.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
-        self.check()?;
-        let len = self.header_len();
+        let len = self.checked_len()?;
         let got = buf.len();
         let Some(buf) = buf.get_mut(..len) else {
             return Err(Error::BufferTooSmall { need: len, got });
         };
+        self.emit_checked(buf);
+        Ok(len)
+    }
+
+    /// Writes the headers that [`TransportRepr::checked_len`] accepted into `buf`, which holds exactly
+    /// [`TransportRepr::header_len`] bytes.
+    fn emit_checked(&self, buf: &mut [u8]) {
         let (bth_buf, ext_buf) = buf.split_at_mut(bth::HEADER_LEN);
         self.bth.emit(&mut bth::Packet::new_unchecked(bth_buf));
-        // `check` guarantees the opcode is known, so it has offsets; every header below is present
-        // exactly when its offset is.
-        let offsets = self
-            .bth
-            .opcode
-            .ext_offsets()
-            .ok_or(Error::UnknownOpcode(u8::from(self.bth.opcode)))?;
+        // `check` guarantees that exactly the opcode's extended headers are present, so the present
+        // ones, in wire order (the order of `ExtHeaders::offsets`), fill `ext_buf` back to back.
         let ext = &self.ext;
-        if let (Some(at), Some(repr)) = (offsets.deth, ext.deth) {
+        let mut at = 0;
+        if let Some(repr) = ext.deth {
             repr.emit(&mut deth::Packet::new_unchecked(&mut ext_buf[at..]));
+            at += deth::HEADER_LEN;
         }
-        if let (Some(at), Some(repr)) = (offsets.reth, ext.reth) {
+        if let Some(repr) = ext.reth {
             repr.emit(&mut reth::Packet::new_unchecked(&mut ext_buf[at..]));
+            at += reth::HEADER_LEN;
         }
-        if let (Some(at), Some(repr)) = (offsets.atomic_eth, ext.atomic_eth) {
+        if let Some(repr) = ext.atomic_eth {
             repr.emit(&mut atomic_eth::request::Packet::new_unchecked(
                 &mut ext_buf[at..],
             ));
+            at += atomic_eth::request::HEADER_LEN;
         }
-        if let (Some(at), Some(repr)) = (offsets.aeth, ext.aeth) {
+        if let Some(repr) = ext.aeth {
             repr.emit(&mut aeth::Packet::new_unchecked(&mut ext_buf[at..]));
+            at += aeth::HEADER_LEN;
         }
-        if let (Some(at), Some(repr)) = (offsets.atomic_ack_eth, ext.atomic_ack_eth) {
+        if let Some(repr) = ext.atomic_ack_eth {
             repr.emit(&mut atomic_eth::ack::Packet::new_unchecked(
                 &mut ext_buf[at..],
             ));
+            at += atomic_eth::ack::HEADER_LEN;
         }
-        if let (Some(at), Some(repr)) = (offsets.immdt, ext.immdt) {
+        if let Some(repr) = ext.immdt {
             repr.emit(&mut immdt::Packet::new_unchecked(&mut ext_buf[at..]));
+            at += immdt::HEADER_LEN;
         }
-        if let (Some(at), Some(repr)) = (offsets.ieth, ext.ieth) {
+        if let Some(repr) = ext.ieth {
             repr.emit(&mut ieth::Packet::new_unchecked(&mut ext_buf[at..]));
         }
-        Ok(len)
     }
 
     /// Parses the BTH and the extended headers its opcode carries from the front of `buf`; returns them
@@ -201,48 +214,78 @@ impl TransportRepr {
     /// [`Error::Truncated`] (layer `Bth` or the extended header that does not fit);
     /// [`Error::BadVersion`] when TVer != 0; [`Error::UnknownOpcode`].
     pub fn parse(buf: &[u8]) -> Result<(TransportRepr, usize)> {
-        let bth_packet = bth::Packet::new_checked(buf)?;
-        let bth = bth::Repr::parse(&bth_packet)?;
-        let offsets = bth
-            .opcode
-            .ext_offsets()
-            .ok_or(Error::UnknownOpcode(u8::from(bth.opcode)))?;
-        let ext_buf = &buf[bth::HEADER_LEN..];
-        let mut ext = ExtReprs::default();
-        if let Some(at) = offsets.deth {
-            let p = deth::Packet::new_checked(ext_buf.get(at..).unwrap_or_default())?;
-            ext.deth = Some(deth::Repr::parse(&p)?);
-        }
-        if let Some(at) = offsets.reth {
-            let p = reth::Packet::new_checked(ext_buf.get(at..).unwrap_or_default())?;
-            ext.reth = Some(reth::Repr::parse(&p)?);
-        }
-        if let Some(at) = offsets.atomic_eth {
-            let p =
-                atomic_eth::request::Packet::new_checked(ext_buf.get(at..).unwrap_or_default())?;
-            ext.atomic_eth = Some(atomic_eth::request::Repr::parse(&p)?);
-        }
-        if let Some(at) = offsets.aeth {
-            let p = aeth::Packet::new_checked(ext_buf.get(at..).unwrap_or_default())?;
-            ext.aeth = Some(aeth::Repr::parse(&p)?);
-        }
-        if let Some(at) = offsets.atomic_ack_eth {
-            let p = atomic_eth::ack::Packet::new_checked(ext_buf.get(at..).unwrap_or_default())?;
-            ext.atomic_ack_eth = Some(atomic_eth::ack::Repr::parse(&p)?);
-        }
-        if let Some(at) = offsets.immdt {
-            let p = immdt::Packet::new_checked(ext_buf.get(at..).unwrap_or_default())?;
-            ext.immdt = Some(immdt::Repr::parse(&p)?);
-        }
-        if let Some(at) = offsets.ieth {
-            let p = ieth::Packet::new_checked(ext_buf.get(at..).unwrap_or_default())?;
-            ext.ieth = Some(ieth::Repr::parse(&p)?);
-        }
-        Ok((
-            TransportRepr { bth, ext },
-            bth::HEADER_LEN + offsets.payload,
-        ))
+        TransportRepr::parse_inline(buf).map(|(transport, len, _)| (transport, len))
     }
+
+    /// [`TransportRepr::parse`], inlined into the whole-packet parsers so that the headers are written
+    /// straight into the [`ParsedPacket`] they return; also says whether the opcode carries a payload.
+    #[inline(always)]
+    fn parse_inline(buf: &[u8]) -> Result<(TransportRepr, usize, bool)> {
+        let (bth, info) = parse_bth(buf)?;
+        let (ext, at) = parse_ext(buf, info.ext_headers)?;
+        Ok((TransportRepr { bth, ext }, at, info.has_payload))
+    }
+}
+
+/// The BTH at the start of `buf` and its opcode's row of the table.
+#[inline(always)]
+fn parse_bth(buf: &[u8]) -> Result<(bth::Repr, OpcodeInfo)> {
+    let bth = bth::Repr::parse(&bth::Packet::new_unchecked(buf))?;
+    // `bth::Repr::parse` rejected unknown opcodes, so this is the opcode's row of the table, looked up
+    // by the byte it was parsed from.
+    match buf.first().and_then(|&byte| Opcode::info_of_byte(byte)) {
+        Some(info) => Ok((bth, info)),
+        None => Err(Error::UnknownOpcode(u8::from(bth.opcode))),
+    }
+}
+
+/// The extended headers `present` that follow the BTH at the start of `buf`, and the length in bytes
+/// of BTH and extended headers.
+#[inline(always)]
+fn parse_ext(buf: &[u8], present: ExtHeaders) -> Result<(ExtReprs, usize)> {
+    // In wire order (the order of `ExtHeaders::offsets`), each right after the one before; `at`
+    // counts bytes from the start of the BTH.
+    let mut ext = ExtReprs::default();
+    let mut at = bth::HEADER_LEN;
+    if present.is_empty() {
+        return Ok((ext, at));
+    }
+    if present.contains(ExtHeaders::DETH) {
+        let p = deth::Packet::new_checked(buf.get(at..).unwrap_or_default())?;
+        ext.deth = Some(deth::Repr::parse(&p)?);
+        at += deth::HEADER_LEN;
+    }
+    if present.contains(ExtHeaders::RETH) {
+        let p = reth::Packet::new_checked(buf.get(at..).unwrap_or_default())?;
+        ext.reth = Some(reth::Repr::parse(&p)?);
+        at += reth::HEADER_LEN;
+    }
+    if present.contains(ExtHeaders::ATOMIC_ETH) {
+        let p = atomic_eth::request::Packet::new_checked(buf.get(at..).unwrap_or_default())?;
+        ext.atomic_eth = Some(atomic_eth::request::Repr::parse(&p)?);
+        at += atomic_eth::request::HEADER_LEN;
+    }
+    if present.contains(ExtHeaders::AETH) {
+        let p = aeth::Packet::new_checked(buf.get(at..).unwrap_or_default())?;
+        ext.aeth = Some(aeth::Repr::parse(&p)?);
+        at += aeth::HEADER_LEN;
+    }
+    if present.contains(ExtHeaders::ATOMIC_ACK_ETH) {
+        let p = atomic_eth::ack::Packet::new_checked(buf.get(at..).unwrap_or_default())?;
+        ext.atomic_ack_eth = Some(atomic_eth::ack::Repr::parse(&p)?);
+        at += atomic_eth::ack::HEADER_LEN;
+    }
+    if present.contains(ExtHeaders::IMMDT) {
+        let p = immdt::Packet::new_checked(buf.get(at..).unwrap_or_default())?;
+        ext.immdt = Some(immdt::Repr::parse(&p)?);
+        at += immdt::HEADER_LEN;
+    }
+    if present.contains(ExtHeaders::IETH) {
+        let p = ieth::Packet::new_checked(buf.get(at..).unwrap_or_default())?;
+        ext.ieth = Some(ieth::Repr::parse(&p)?);
+        at += ieth::HEADER_LEN;
+    }
+    Ok((ext, at))
 }
 
 /// The network-layer header of a RoCEv2 packet.
@@ -293,6 +336,10 @@ impl IpRepr {
             IpRepr::Ipv4(r) => r.payload_len,
             IpRepr::Ipv6(r) => r.payload_len,
         }
+    }
+
+    const fn is_ipv4(&self) -> bool {
+        matches!(self, IpRepr::Ipv4(_))
     }
 
     const fn ethertype(&self) -> EtherType {
@@ -396,10 +443,21 @@ fn payload_len_of(payload: &[&[u8]]) -> usize {
     payload.iter().map(|s| s.len()).sum()
 }
 
+/// What [`check_build`] found out about a packet to build: lengths in bytes.
+#[derive(Clone, Copy)]
+struct BuildLens {
+    /// PadCnt: pad bytes after the payload.
+    pad: u8,
+    /// The UDP length field: UDP header through ICRC.
+    udp_len: usize,
+    /// BTH and extended headers.
+    transport_len: usize,
+}
+
 /// The checks every builder makes before writing anything: opcode and extended headers, payload only
-/// where the opcode carries one, and the IP length limit. Returns the PadCnt and the UDP length (bytes).
-fn check_build(packet: &PacketRepr, payload: &[&[u8]]) -> Result<(u8, usize)> {
-    packet.transport.check()?;
+/// where the opcode carries one, and the IP length limit.
+fn check_build(packet: &PacketRepr, payload: &[&[u8]]) -> Result<BuildLens> {
+    let transport_len = packet.transport.checked_len()?;
     let payload_len = payload_len_of(payload);
     if payload_len != 0 && !packet.transport.bth.opcode.has_payload() {
         return Err(Error::Malformed {
@@ -408,11 +466,7 @@ fn check_build(packet: &PacketRepr, payload: &[&[u8]]) -> Result<(u8, usize)> {
         });
     }
     let pad = mtu::pad_cnt(payload_len);
-    let udp_len = udp::HEADER_LEN
-        + packet.transport.header_len()
-        + payload_len
-        + usize::from(pad)
-        + icrc::ICRC_LEN;
+    let udp_len = udp::HEADER_LEN + transport_len + payload_len + usize::from(pad) + icrc::ICRC_LEN;
     if udp_len > packet.ip.max_payload_len() {
         let layer = match packet.ip {
             IpRepr::Ipv4(_) => Layer::Ipv4,
@@ -420,14 +474,20 @@ fn check_build(packet: &PacketRepr, payload: &[&[u8]]) -> Result<(u8, usize)> {
         };
         return Err(Error::BadLength(layer));
     }
-    Ok((pad, udp_len))
+    Ok(BuildLens {
+        pad,
+        udp_len,
+        transport_len,
+    })
 }
 
 /// Writes the headers of a packet into `out`: the Ethernet header when `ethernet` is given (its
 /// EtherType is set from the IP version), IP, UDP, BTH (with PadCnt from the payload length) and the
 /// extended headers. Computes the ICRC over headers, `payload` and pad, and the UDP checksum when asked,
 /// so that `out[..written]`, the payload slices and the returned [`Trailer`] are the whole packet.
-/// Returns the header bytes written and the trailer. The payload is read, never copied.
+/// Returns the header bytes written and the trailer. The payload is read, never copied. (The ICRC is
+/// computed over the headers in `out` with the fields it masks set to ones for the time of the
+/// computation; they hold their values again when this returns.)
 ///
 /// # Errors
 /// As [`TransportRepr::check`]; [`Error::Malformed`] (layer `Payload`) for a payload on an opcode that
@@ -439,54 +499,21 @@ pub fn emit_headers(
     payload: &[&[u8]],
     out: &mut [u8],
 ) -> Result<(usize, Trailer)> {
-    let (pad, udp_len) = check_build(packet, payload)?;
+    let lens = check_build(packet, payload)?;
+    let BuildLens { pad, udp_len, .. } = lens;
     let eth_len = ethernet.map_or(0, |e| e.buffer_len());
     let ip_len = packet.ip.header_len();
-    let transport_len = packet.transport.header_len();
-    let need = eth_len + ip_len + udp::HEADER_LEN + transport_len;
-    let got = out.len();
-    let Some(out) = out.get_mut(..need) else {
-        return Err(Error::BufferTooSmall { need, got });
-    };
-
-    let (eth_buf, rest) = out.split_at_mut(eth_len);
-    if let Some(eth) = ethernet {
-        let mut eth = *eth;
-        eth.ethertype = packet.ip.ethertype();
-        eth.emit(&mut ethernet::Frame::new_unchecked(eth_buf));
-    }
-    let (ip_buf, rest) = rest.split_at_mut(ip_len);
-    packet.ip.emit_udp(udp_len, ip_buf);
-    let (udp_buf, transport_buf) = rest.split_at_mut(udp::HEADER_LEN);
-    let mut transport = packet.transport;
-    transport.bth.pad_cnt = pad;
-    transport.emit(transport_buf)?;
-    let udp_repr = udp::Repr {
-        src_port: packet.udp_src_port,
-        dst_port: udp::ROCEV2_PORT,
-        payload_len: udp_len - udp::HEADER_LEN,
-    };
-    // The checksum is filled in below, once the ICRC it covers is known.
-    udp_repr.emit(
-        &mut udp::Packet::new_unchecked(&mut *udp_buf),
-        udp::ChecksumMode::Zero,
-    );
+    let need = write_headers(ethernet, packet, lens, out)?;
+    let out = out.get_mut(..need).unwrap_or_default();
 
     let mut trailer = Trailer {
         bytes: [0; 7],
         len: pad + icrc::ICRC_LEN as u8,
     };
     let pad_bytes = [0u8; 3];
-    let pad_slice = &pad_bytes[..usize::from(pad)];
-    let icrc = {
-        // ICRC input: IP header .. extended headers, payload, pad (Annex A17.3.3).
-        let mut hasher = icrc::Hasher::new(ip_buf, udp_buf, transport_buf)?;
-        for slice in payload {
-            hasher.update(slice);
-        }
-        hasher.update(pad_slice);
-        hasher.finalize()
-    };
+    let pad_slice = pad_bytes.get(..usize::from(pad)).unwrap_or_default();
+    let headers = out.get_mut(eth_len..).unwrap_or_default();
+    let icrc = icrc::compute_in_place(headers, packet.ip.is_ipv4(), payload, pad_slice);
     trailer.bytes[usize::from(pad)..usize::from(trailer.len)].copy_from_slice(&icrc::to_wire(icrc));
 
     if let Some(pseudo) = packet
@@ -494,6 +521,10 @@ pub fn emit_headers(
         .udp_checksum_mode(packet.udp_checksum)
         .pseudo_header_sum(udp_len as u16)
     {
+        let (udp_buf, transport_buf) = out
+            .get_mut(eth_len + ip_len..)
+            .unwrap_or_default()
+            .split_at_mut(udp::HEADER_LEN);
         let mut acc = crate::checksum::Accumulator::new();
         acc.add_sum(pseudo);
         acc.add(&udp_buf[..6]);
@@ -508,17 +539,127 @@ pub fn emit_headers(
     Ok((need, trailer))
 }
 
-/// `Error::BufferTooSmall` unless `out` holds `need` bytes; checked before anything is written.
-fn check_room(need: usize, out: &[u8]) -> Result<()> {
-    if out.len() < need {
-        return Err(Error::BufferTooSmall {
-            need,
-            got: out.len(),
-        });
+/// Writes the Ethernet header (when given), the IP header, the UDP header with a zero checksum and the
+/// transport headers of a packet that passed [`check_build`] (`lens`) into the front of `out`. Returns
+/// the bytes written.
+///
+/// # Errors
+/// [`Error::BufferTooSmall`] when `out` is shorter than the headers.
+fn write_headers(
+    ethernet: Option<&ethernet::Repr>,
+    packet: &PacketRepr,
+    lens: BuildLens,
+    out: &mut [u8],
+) -> Result<usize> {
+    let BuildLens {
+        pad,
+        udp_len,
+        transport_len,
+    } = lens;
+    let eth_len = ethernet.map_or(0, |e| e.buffer_len());
+    let ip_len = packet.ip.header_len();
+    let need = eth_len + ip_len + udp::HEADER_LEN + transport_len;
+    let got = out.len();
+    let Some(out) = out.get_mut(..need) else {
+        return Err(Error::BufferTooSmall { need, got });
+    };
+    let (eth_buf, rest) = out.split_at_mut(eth_len);
+    if let Some(eth) = ethernet {
+        let mut eth = *eth;
+        eth.ethertype = packet.ip.ethertype();
+        eth.emit(&mut ethernet::Frame::new_unchecked(eth_buf));
     }
-    Ok(())
+    let (ip_buf, rest) = rest.split_at_mut(ip_len);
+    packet.ip.emit_udp(udp_len, ip_buf);
+    let (udp_buf, transport_buf) = rest.split_at_mut(udp::HEADER_LEN);
+    let mut transport = packet.transport;
+    transport.bth.pad_cnt = pad;
+    transport.emit_checked(transport_buf);
+    // The checksum is filled in once the ICRC it covers is known.
+    udp::Repr {
+        src_port: packet.udp_src_port,
+        dst_port: udp::ROCEV2_PORT,
+        payload_len: udp_len - udp::HEADER_LEN,
+    }
+    .emit(
+        &mut udp::Packet::new_unchecked(udp_buf),
+        udp::ChecksumMode::Zero,
+    );
+    Ok(need)
 }
 
+/// Builds a whole packet into `out` (a frame when `ethernet` is given, else an IP packet) and returns
+/// its length in bytes: headers, payload copied from the slices, pad, ICRC, then the UDP checksum over
+/// the finished datagram, each in one pass over the contiguous bytes.
+fn build_contiguous(
+    ethernet: Option<&ethernet::Repr>,
+    packet: &PacketRepr,
+    payload: &[&[u8]],
+    out: &mut [u8],
+) -> Result<usize> {
+    let lens = check_build(packet, payload)?;
+    let udp_len = lens.udp_len;
+    let eth_len = ethernet.map_or(0, |e| e.buffer_len());
+    let ip_len = packet.ip.header_len();
+    let total = eth_len + ip_len + udp_len;
+    let got = out.len();
+    let Some(out) = out.get_mut(..total) else {
+        return Err(Error::BufferTooSmall { need: total, got });
+    };
+    let mut at = write_headers(ethernet, packet, lens, out)?;
+    for slice in payload {
+        if let Some(dst) = out.get_mut(at..at + slice.len()) {
+            dst.copy_from_slice(slice);
+        }
+        at += slice.len();
+    }
+    let (covered, icrc_buf) = out.split_at_mut(total - icrc::ICRC_LEN);
+    // Pad bytes are zero (IBTA §9.2 leaves their value to the sender; rxe writes zeros). At most 3:
+    // a loop, not a call to memset (usually for none at all).
+    for byte in covered.get_mut(at..).unwrap_or_default() {
+        *byte = 0;
+    }
+    let ip = covered.get_mut(eth_len..).unwrap_or_default();
+    let icrc = icrc::compute_in_place(ip, packet.ip.is_ipv4(), &[], &[]);
+    icrc_buf.copy_from_slice(&icrc::to_wire(icrc));
+
+    if let Some(pseudo) = packet
+        .ip
+        .udp_checksum_mode(packet.udp_checksum)
+        .pseudo_header_sum(udp_len as u16)
+    {
+        // The datagram is contiguous and its checksum field zero: one pass over it.
+        let datagram = out.get_mut(eth_len + ip_len..).unwrap_or_default();
+        let sum = crate::checksum::combine(&[pseudo, crate::checksum::data(datagram)]);
+        udp::Packet::new_unchecked(datagram).set_checksum(udp::wire_checksum(sum));
+    }
+    Ok(total)
+}
+
+/// Builds a whole Ethernet frame (without FCS) into `out` and returns its length in bytes: Ethernet,
+/// IP, UDP, BTH, extended headers, the payload gathered from `payload`, pad and ICRC.
+///
+/// # Errors
+/// As [`emit_headers`]; [`Error::BufferTooSmall`] when `out` cannot hold the frame.
+pub fn build_frame(
+    ethernet: &ethernet::Repr,
+    packet: &PacketRepr,
+    payload: &[&[u8]],
+    out: &mut [u8],
+) -> Result<usize> {
+    build_contiguous(Some(ethernet), packet, payload, out)
+}
+
+/// Builds an IP packet (IP header through ICRC) into `out` and returns its length in bytes.
+///
+/// # Errors
+/// As [`build_frame`].
+pub fn build_ip_packet(packet: &PacketRepr, payload: &[&[u8]], out: &mut [u8]) -> Result<usize> {
+    build_contiguous(None, packet, payload, out)
+}
+
+/// Copies the payload slices and the trailer after the first `headers_len` bytes of `out`; returns the
+/// bytes of `out` now filled.
 fn copy_out(
     headers_len: usize,
     trailer: &Trailer,
@@ -537,37 +678,6 @@ fn copy_out(
     }
     out[at..].copy_from_slice(trailer.as_bytes());
     Ok(total)
-}
-
-/// Builds a whole Ethernet frame (without FCS) into `out` and returns its length in bytes: Ethernet,
-/// IP, UDP, BTH, extended headers, the payload gathered from `payload`, pad and ICRC.
-///
-/// # Errors
-/// As [`emit_headers`]; [`Error::BufferTooSmall`] when `out` cannot hold the frame.
-pub fn build_frame(
-    ethernet: &ethernet::Repr,
-    packet: &PacketRepr,
-    payload: &[&[u8]],
-    out: &mut [u8],
-) -> Result<usize> {
-    let (_, udp_len) = check_build(packet, payload)?;
-    check_room(
-        ethernet.buffer_len() + packet.ip.header_len() + udp_len,
-        out,
-    )?;
-    let (len, trailer) = emit_headers(Some(ethernet), packet, payload, out)?;
-    copy_out(len, &trailer, payload, out)
-}
-
-/// Builds an IP packet (IP header through ICRC) into `out` and returns its length in bytes.
-///
-/// # Errors
-/// As [`build_frame`].
-pub fn build_ip_packet(packet: &PacketRepr, payload: &[&[u8]], out: &mut [u8]) -> Result<usize> {
-    let (_, udp_len) = check_build(packet, payload)?;
-    check_room(packet.ip.header_len() + udp_len, out)?;
-    let (len, trailer) = emit_headers(None, packet, payload, out)?;
-    copy_out(len, &trailer, payload, out)
 }
 
 /// Builds the UDP payload of a packet (BTH through ICRC) into `out`, for links where the kernel writes
@@ -628,7 +738,30 @@ pub struct ParsedTransport<'a> {
 /// exceeds the payload or leaves it not a multiple of 4 bytes (IBTA §9.2); [`Error::Malformed`]
 /// (layer `Payload`) for payload bytes on an opcode that carries none.
 pub fn parse_udp_payload(bytes: &[u8]) -> Result<ParsedTransport<'_>> {
-    let (transport, header_len) = TransportRepr::parse(bytes)?;
+    parse_transport(bytes)
+}
+
+/// [`parse_udp_payload`], inlined into the whole-packet parsers.
+#[inline(always)]
+fn parse_transport(bytes: &[u8]) -> Result<ParsedTransport<'_>> {
+    let (transport, header_len, has_payload) = TransportRepr::parse_inline(bytes)?;
+    let (payload, icrc) = split_payload(bytes, header_len, transport.bth.pad_cnt, has_payload)?;
+    Ok(ParsedTransport {
+        transport,
+        payload,
+        icrc,
+    })
+}
+
+/// The payload (without pad) and the carried ICRC of a UDP payload `bytes` whose BTH and extended
+/// headers take `header_len` bytes, after the length and PadCnt checks of [`parse_udp_payload`].
+#[inline(always)]
+fn split_payload(
+    bytes: &[u8],
+    header_len: usize,
+    pad_cnt: u8,
+    has_payload: bool,
+) -> Result<(&[u8], u32)> {
     let need = header_len + icrc::ICRC_LEN;
     if bytes.len() < need {
         return Err(Error::Truncated {
@@ -639,14 +772,13 @@ pub fn parse_udp_payload(bytes: &[u8]) -> Result<ParsedTransport<'_>> {
     }
     let (body, icrc_bytes) = bytes.split_at(bytes.len() - icrc::ICRC_LEN);
     let padded = &body[header_len..];
-    let pad_cnt = transport.bth.pad_cnt;
     if usize::from(pad_cnt) > padded.len() || padded.len() % 4 != 0 {
         return Err(Error::BadPad {
             pad_cnt,
             padded_len: padded.len(),
         });
     }
-    if !padded.is_empty() && !transport.bth.opcode.has_payload() {
+    if !padded.is_empty() && !has_payload {
         return Err(Error::Malformed {
             layer: Layer::Payload,
             what: "payload on an opcode that carries none",
@@ -654,11 +786,7 @@ pub fn parse_udp_payload(bytes: &[u8]) -> Result<ParsedTransport<'_>> {
     }
     let payload = &padded[..padded.len() - usize::from(pad_cnt)];
     let icrc = icrc::from_wire([icrc_bytes[0], icrc_bytes[1], icrc_bytes[2], icrc_bytes[3]]);
-    Ok(ParsedTransport {
-        transport,
-        payload,
-        icrc,
-    })
+    Ok((payload, icrc))
 }
 
 /// Computes the ICRC of a UDP payload received on a kernel socket, from the IP and UDP header fields
@@ -681,25 +809,37 @@ pub fn icrc_of_udp_payload(ip: &IpRepr, udp: &udp::Repr, udp_payload: &[u8]) -> 
     if udp_len > ip.max_payload_len() {
         return Err(Error::BadLength(Layer::Udp));
     }
-    let mut headers = [0u8; ipv6::HEADER_LEN + udp::HEADER_LEN];
+    // The IP and UDP headers as they were on the wire (up to the masked fields), followed by the
+    // first bytes of the UDP payload, in one stack buffer: the ICRC then runs over it and the rest of
+    // the payload as over any gathered packet (see `icrc::compute_gather`).
+    let mut head = [0u8; 64];
     let ip_len = ip.header_len();
-    let (ip_buf, rest) = headers.split_at_mut(ip_len);
+    let (ip_buf, rest) = head.split_at_mut(ip_len);
     ip.emit_udp(udp_len, ip_buf);
-    let udp_buf = &mut rest[..udp::HEADER_LEN];
+    let (udp_buf, after_udp) = rest.split_at_mut(udp::HEADER_LEN);
     udp::Repr {
         src_port: udp.src_port,
         dst_port: udp.dst_port,
         payload_len: udp_payload.len(),
     }
     .emit(
-        &mut udp::Packet::new_unchecked(&mut *udp_buf),
+        &mut udp::Packet::new_unchecked(udp_buf),
         udp::ChecksumMode::Zero,
     );
     let body = &udp_payload[..udp_payload.len() - icrc::ICRC_LEN];
-    let (bth_buf, after) = body.split_at(bth::HEADER_LEN);
-    let mut hasher = icrc::Hasher::new(ip_buf, udp_buf, bth_buf)?;
-    hasher.update(after);
-    Ok(hasher.finalize())
+    // The head ends after the BTH when the rest is a whole number of 16-byte blocks (payload and pad
+    // usually are; a 4 KiB payload then runs on the CRC's widest stride), otherwise after 48 (IPv4)
+    // or 64 (IPv6) bytes, a whole number of blocks itself: one partial block in all, not two.
+    let after_bth = body.len() - bth::HEADER_LEN;
+    let prefix = if ip.is_ipv4() { 48 } else { 64 };
+    let take = if after_bth % 16 == 0 {
+        bth::HEADER_LEN
+    } else {
+        (prefix - ip_len - udp::HEADER_LEN).min(body.len())
+    };
+    let (start, later) = body.split_at(take);
+    after_udp[..take].copy_from_slice(start);
+    icrc::compute_gather(&head[..ip_len + udp::HEADER_LEN + take], &[later])
 }
 
 /// Parses and verifies an IP packet (IPv4 or IPv6 header through ICRC; bytes after the IP length, such
@@ -711,16 +851,25 @@ pub fn icrc_of_udp_payload(ip: &IpRepr, udp: &udp::Repr, udp_payload: &[u8]) -> 
 /// [`Error::Truncated`]/[`Error::BadLength`] (layer `Udp`); [`Error::BadChecksum`] (layer `Udp`) for a
 /// non-zero UDP checksum that does not verify; the errors of [`parse_udp_payload`]; [`Error::BadIcrc`].
 pub fn parse_ip_packet(bytes: &[u8]) -> Result<ParsedPacket<'_>> {
+    parse_ip(bytes, None)
+}
+
+/// [`parse_ip_packet`], with the Ethernet header already parsed (`None` for a bare IP packet). Inlined
+/// into both callers so that the [`ParsedPacket`] is built once, in the caller's return slot.
+#[inline(always)]
+fn parse_ip(bytes: &[u8], ethernet: Option<ethernet::Repr>) -> Result<ParsedPacket<'_>> {
     let version = bytes.first().map_or(0, |b| b >> 4);
-    let (ip, ip_header_len) = match version {
+    // `ihl` is the IPv4 header length with options (`Some`), `None` for IPv6: the ICRC's view of the
+    // IP header.
+    let (ip, ihl) = match version {
         4 => {
-            let p = ipv4::Packet::new_checked(bytes)?;
+            let p = ipv4::Packet::new_unchecked(bytes);
             let repr = ipv4::Repr::parse(&p)?;
-            (IpRepr::Ipv4(repr), usize::from(p.header_len()))
+            (IpRepr::Ipv4(repr), Some(usize::from(p.header_len())))
         }
         6 => {
-            let p = ipv6::Packet::new_checked(bytes)?;
-            (IpRepr::Ipv6(ipv6::Repr::parse(&p)?), ipv6::HEADER_LEN)
+            let p = ipv6::Packet::new_unchecked(bytes);
+            (IpRepr::Ipv6(ipv6::Repr::parse(&p)?), None)
         }
         _ if bytes.is_empty() => {
             return Err(Error::Truncated {
@@ -743,14 +892,18 @@ pub fn parse_ip_packet(bytes: &[u8]) -> Result<ParsedPacket<'_>> {
     if protocol != IpProtocol::Udp {
         return Err(Error::NotRoce);
     }
-    let ip_packet = &bytes[..ip_header_len + ip.payload_len()];
-    let udp_bytes = &ip_packet[ip_header_len..];
-    let udp_packet = udp::Packet::new_checked(udp_bytes)?;
+    let ip_header_len = ihl.unwrap_or(ipv6::HEADER_LEN);
+    // The IP `Repr::parse` checked that header and payload lie within `bytes`.
+    let ip_packet = bytes
+        .get(..ip_header_len + ip.payload_len())
+        .unwrap_or_default();
+    let udp_bytes = ip_packet.get(ip_header_len..).unwrap_or_default();
+    let udp_packet = udp::Packet::new_unchecked(udp_bytes);
     let udp = udp::Repr::parse(&udp_packet)?;
     if udp.dst_port != udp::ROCEV2_PORT {
         return Err(Error::NotRoce);
     }
-    if udp_bytes.len() != usize::from(udp_packet.len()) {
+    if udp_bytes.len() != udp::HEADER_LEN + udp.payload_len {
         return Err(Error::BadLength(Layer::Udp));
     }
     let checksum_ok = match ip {
@@ -760,15 +913,81 @@ pub fn parse_ip_packet(bytes: &[u8]) -> Result<ParsedPacket<'_>> {
     if !checksum_ok {
         return Err(Error::BadChecksum(Layer::Udp));
     }
-    let parsed = parse_udp_payload(&udp_bytes[udp::HEADER_LEN..])?;
-    icrc::verify(ip_packet)?;
-    Ok(ParsedPacket {
-        ethernet: None,
+    let udp_payload = udp_bytes.get(udp::HEADER_LEN..).unwrap_or_default();
+    let (bth, info) = parse_bth(udp_payload)?;
+    let headers = Headers {
+        ethernet,
         ip,
         udp,
-        transport: parsed.transport,
-        payload: parsed.payload,
-        icrc: parsed.icrc,
+        ihl,
+    };
+    // Two copies of the rest: with no extended headers (most packets) the parsed packet's
+    // `ExtReprs` is a constant, not seven optional headers carried through every branch.
+    if info.ext_headers.is_empty() {
+        let transport = TransportRepr {
+            bth,
+            ext: ExtReprs::default(),
+        };
+        finish_parse(
+            headers,
+            ip_packet,
+            udp_payload,
+            transport,
+            bth::HEADER_LEN,
+            info,
+        )
+    } else {
+        let (ext, header_len) = parse_ext(udp_payload, info.ext_headers)?;
+        let transport = TransportRepr { bth, ext };
+        finish_parse(headers, ip_packet, udp_payload, transport, header_len, info)
+    }
+}
+
+/// The headers [`parse_ip`] has parsed before the transport headers.
+#[derive(Clone, Copy)]
+struct Headers {
+    ethernet: Option<ethernet::Repr>,
+    ip: IpRepr,
+    udp: udp::Repr,
+    /// IPv4 header length with options (`Some`), `None` for IPv6.
+    ihl: Option<usize>,
+}
+
+/// The end of [`parse_ip`]: PadCnt and payload checks, the ICRC, and the parsed packet.
+#[inline(always)]
+fn finish_parse<'a>(
+    headers: Headers,
+    ip_packet: &'a [u8],
+    udp_payload: &'a [u8],
+    transport: TransportRepr,
+    header_len: usize,
+    info: OpcodeInfo,
+) -> Result<ParsedPacket<'a>> {
+    let (payload, icrc) = split_payload(
+        udp_payload,
+        header_len,
+        transport.bth.pad_cnt,
+        info.has_payload,
+    )?;
+    // Every header the ICRC masks has been validated above: compute it from the known layout
+    // instead of parsing the headers again (what `icrc::verify` would do).
+    let body = ip_packet
+        .get(..ip_packet.len() - icrc::ICRC_LEN)
+        .unwrap_or_default();
+    let computed = icrc::compute_validated(body, headers.ihl);
+    if computed != icrc {
+        return Err(Error::BadIcrc {
+            computed,
+            received: icrc,
+        });
+    }
+    Ok(ParsedPacket {
+        ethernet: headers.ethernet,
+        ip: headers.ip,
+        udp: headers.udp,
+        transport,
+        payload,
+        icrc,
     })
 }
 
@@ -778,14 +997,13 @@ pub fn parse_ip_packet(bytes: &[u8]) -> Result<ParsedPacket<'_>> {
 /// [`Error::Truncated`] (layer `Ethernet`); [`Error::NotRoce`] when the EtherType is neither IPv4 nor
 /// IPv6; then as [`parse_ip_packet`].
 pub fn parse_frame(frame: &[u8]) -> Result<ParsedPacket<'_>> {
-    let eth_frame = ethernet::Frame::new_checked(frame)?;
-    let ethernet = ethernet::Repr::parse(&eth_frame)?;
+    let ethernet = ethernet::Repr::parse(&ethernet::Frame::new_unchecked(frame))?;
     let expected_version = match ethernet.ethertype {
         EtherType::Ipv4 => 4,
         EtherType::Ipv6 => 6,
         _ => return Err(Error::NotRoce),
     };
-    let ip_bytes = &frame[ethernet.buffer_len()..];
+    let ip_bytes = frame.get(ethernet.buffer_len()..).unwrap_or_default();
     let (layer, min_len) = if expected_version == 4 {
         (Layer::Ipv4, ipv4::HEADER_LEN)
     } else {
@@ -802,9 +1020,7 @@ pub fn parse_frame(frame: &[u8]) -> Result<ParsedPacket<'_>> {
     if version != expected_version {
         return Err(Error::BadVersion { layer, version });
     }
-    let mut parsed = parse_ip_packet(ip_bytes)?;
-    parsed.ethernet = Some(ethernet);
-    Ok(parsed)
+    parse_ip(ip_bytes, Some(ethernet))
 }
 
 /// The fuzzing and property-test entry point: feeds `data` to every parser as a frame, an IP packet

@@ -422,10 +422,12 @@ impl Repr {
             "UDP payload of {} bytes exceeds the 16-bit Length",
             self.payload_len
         );
-        packet.set_src_port(self.src_port);
-        packet.set_dst_port(self.dst_port);
-        packet.set_len((HEADER_LEN + self.payload_len) as u16);
-        packet.set_checksum(0);
+        // One 8-byte store (the checksum zero for now): no per-field bounds checks.
+        let mut h = [0u8; HEADER_LEN];
+        h[field::SRC_PORT].copy_from_slice(&self.src_port.to_be_bytes());
+        h[field::DST_PORT].copy_from_slice(&self.dst_port.to_be_bytes());
+        h[field::LENGTH].copy_from_slice(&((HEADER_LEN + self.payload_len) as u16).to_be_bytes());
+        packet.buffer.as_mut()[..HEADER_LEN].copy_from_slice(&h);
         match checksum {
             ChecksumMode::Zero => {}
             ChecksumMode::ComputeV4 { src_addr, dst_addr } => {
