@@ -20,3 +20,5 @@ cargo test -p tests --test guest_reference -- --ignored --test-threads 1 referen
 # tools on rxe in a guest, both roles, MTU 1024/4096, IPv4 + IPv6 link-local GIDs, a lossy fault case; then every
 # RoCEv2 frame of its capture (rxe's and ours) re-verified by the roce crate (tests/guest/matrix.sh).
 cargo test -p tests --test guest_matrix -- --ignored --test-threads 1 matrix_passes_and_every_icrc_verifies
+# Kernel bypass: the VFIO userspace virtio-net driver in a q35 + intel-iommu guest against rxe (tests/guest/vfio.sh).
+cargo test -p hca --test vfio_guest -- --ignored --test-threads 1
