@@ -67,8 +67,13 @@ perf_pair() { # test server-addr client-addr args...
     $SRV "$PERF" "$test" --link "udp:$a" -p $PORT --timeout 60 "$@" >"$WORK/srv.txt" 2>&1 &
     local spid=$!
     sleep 0.3
-    $CLI "$PERF" "$test" --link "udp:$b" -p $PORT --timeout 60 "$@" 127.0.0.1 >"$WORK/cli.txt" 2>&1
-    wait $spid
+    local rc=0
+    $CLI "$PERF" "$test" --link "udp:$b" -p $PORT --timeout 60 "$@" 127.0.0.1 >"$WORK/cli.txt" 2>&1 || rc=$?
+    wait $spid || rc=$?
+    if [ $rc -ne 0 ]; then
+        grep -h "rdma-perf:" "$WORK/srv.txt" "$WORK/cli.txt" | sed 's/^/  failed run: /' >&2
+        return
+    fi
     cat "$WORK/cli.txt"
 }
 
@@ -91,9 +96,21 @@ print(f'{s["bits_per_second"] * (1 - s["lost_percent"] / 100) / 1e9:.3f}')
 PY
 }
 
-gbits() { python3 -c "print(f'{$1 * 1048576 * 8 / 1e9:.3f}')"; }
+gbits() { python3 -c "print(f'{float(\"$1\") * 1048576 * 8 / 1e9:.3f}')"; }
 # The median of the numbers given.
-median() { python3 -c "import statistics, sys; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
+# The median of the numbers given (a failed run's non-number is left out and reported).
+median() {
+    python3 - "$@" <<'PY'
+import statistics, sys
+vals = []
+for x in sys.argv[1:]:
+    try:
+        vals.append(float(x))
+    except ValueError:
+        print(f"(a run failed: {x!r})", file=sys.stderr)
+print(statistics.median(vals) if vals else "nan")
+PY
+}
 # Runs "$@" REPS times and prints the median of what it prints.
 med() {
     local vals=()
@@ -115,7 +132,7 @@ sockperf_median() {
     wait $spid 2>/dev/null || true
     awk '/percentile 50.000/ {print $NF}' "$WORK/sockperf.txt"
 }
-ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
+ratio() { python3 -c "print(f'{float(\"$1\") / float(\"$2\"):.2f}')"; }
 
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $CPUS CPUs, Linux $(uname -r)"
 echo "socket buffers: rmem_max $(cat /proc/sys/net/core/rmem_max), wmem_max $(cat /proc/sys/net/core/wmem_max)"

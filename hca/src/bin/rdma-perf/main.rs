@@ -853,11 +853,16 @@ fn bw_op(p: &Params, rem: &PerftestDest) -> SendOp {
     }
 }
 
-/// Polls `cq` into `wcs`, yielding to the progress thread when empty; fails after `timeout`
-/// without any completion.
+/// Polls `cq` into `wcs`: busy (yielding the CPU between polls) for [`SPIN`] after the last
+/// completion, then sleeping until the next; fails after `--timeout` without any completion.
 struct Poller {
     last: Instant,
 }
+
+/// How long a poller spins on an empty CQ before it sleeps until a completion.
+const SPIN: Duration = Duration::from_micros(50);
+/// Longest single sleep of a poller (it then checks its timeout).
+const BLOCK: Duration = Duration::from_millis(10);
 
 impl Poller {
     fn new() -> Poller {
@@ -874,7 +879,15 @@ impl Poller {
         wcs: &mut [WorkCompletion],
         what: &str,
     ) -> Result<usize, Fail> {
-        let n = res.dev.poll_cq(cq, wcs)?;
+        let mut n = res.dev.poll_cq(cq, wcs)?;
+        if n == 0 && !wcs.is_empty() && self.last.elapsed() > SPIN {
+            // Polled in vain for a while: sleep until a completion comes (the kernel wakes a
+            // sleeper at once, while a spinner waits for its turn on a busy CPU).
+            if let Some(wc) = res.dev.wait_cq(cq, 1, BLOCK)?.first() {
+                wcs[0] = *wc;
+                n = 1;
+            }
+        }
         if n > 0 {
             self.last = Instant::now();
             for wc in &wcs[..n] {
