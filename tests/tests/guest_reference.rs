@@ -29,45 +29,15 @@ fn cache_dir() -> PathBuf {
 
 /// The frames of a classic pcap file (libpcap format, either byte order, Ethernet link type).
 fn read_pcap(path: &Path) -> Vec<Vec<u8>> {
-    let data = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    assert!(
-        data.len() >= 24,
-        "{}: shorter than a pcap header",
-        path.display()
-    );
-    let magic = u32::from_le_bytes(data[0..4].try_into().expect("4 bytes"));
-    let le = match magic {
-        0xa1b2_c3d4 | 0xa1b2_3c4d => true,
-        0xd4c3_b2a1 | 0x4d3c_b2a1 => false,
-        _ => panic!(
-            "{}: not a classic pcap (magic {magic:#010x}; pcapng?)",
-            path.display()
-        ),
-    };
-    let u32_at = |b: &[u8], at: usize| {
-        let v: [u8; 4] = b[at..at + 4].try_into().expect("4 bytes");
-        if le {
-            u32::from_le_bytes(v)
-        } else {
-            u32::from_be_bytes(v)
-        }
-    };
-    assert_eq!(
-        u32_at(&data, 20),
-        1,
-        "{}: link type is not Ethernet",
-        path.display()
-    );
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let mut r = roce::pcap::PcapReader::new(std::io::BufReader::new(file))
+        .unwrap_or_else(|e| panic!("{}: not a classic Ethernet pcap: {e}", path.display()));
     let mut frames = Vec::new();
-    let mut at = 24;
-    while at + 16 <= data.len() {
-        let caplen = u32_at(&data, at + 8) as usize;
-        let start = at + 16;
-        let Some(frame) = data.get(start..start + caplen) else {
-            panic!("{}: record at byte {at} runs past the end", path.display());
-        };
-        frames.push(frame.to_vec());
-        at = start + caplen;
+    while let Some((_, frame)) = r
+        .next_packet()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    {
+        frames.push(frame);
     }
     frames
 }
