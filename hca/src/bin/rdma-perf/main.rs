@@ -141,6 +141,11 @@ struct Args {
     /// Max size of message to be sent inline.
     #[arg(short = 'I', long = "inline_size")]
     inline_size: Option<u32>,
+    /// QP timeout (local ACK timeout) as perftest's `-u`: 4.096 us x 2^timeout, 0 ..= 31
+    /// (0: infinite, IBTA vol. 1 §9.7.6.1.3); retried 7 times before RETRY_EXC_ERR.
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14,
+          value_parser = clap::value_parser!(u8).range(0..=31))]
+    qp_timeout: u8,
     /// Who drives the device (default: thread for bandwidth, caller for latency tests).
     #[arg(long, value_enum)]
     progress: Option<ProgressArg>,
@@ -194,6 +199,7 @@ struct Params {
     outs: Option<u16>,
     fetch_add: bool,
     inline_size: u32,
+    qp_timeout: u8,
     progress: Progress,
     timeout: Duration,
     stats: bool,
@@ -345,6 +351,7 @@ fn resolve(cmd: &TestCmd) -> Result<Params, Fail> {
         outs: a.outs,
         fetch_add,
         inline_size,
+        qp_timeout: a.qp_timeout,
         progress,
         timeout: Duration::from_secs(a.timeout.max(1)),
         stats: a.stats,
@@ -576,7 +583,7 @@ fn setup(p: &Params, dev: UdpDevice, cycle_buffer: u64) -> Result<Res, Fail> {
 }
 
 /// `ctx_connect`: RTR (path MTU, responder resources = our outstanding reads, min RNR timer
-/// 12, hop limit 255) and RTS (timeout 14, retry 7, RNR retry 7, initiator depth = the peer's
+/// 12, hop limit 255) and RTS (timeout `-u`, default 14, retry 7, RNR retry 7, initiator depth = the peer's
 /// outstanding reads).
 fn connect_qp(
     p: &Params,
@@ -593,7 +600,7 @@ fn connect_qp(
         max_dest_rd_atomic: my.out_reads.min(255) as u8,
         max_rd_atomic: rem.out_reads.clamp(1, 255) as u8,
         min_rnr_timer: 12,
-        timeout: 14,
+        timeout: p.qp_timeout,
         retry_cnt: 7,
         rnr_retry: 7,
         hop_limit: 0xff,
