@@ -10,9 +10,11 @@ use crate::codec::{Reader, Writer};
 use crate::datatype::{DataType, Element, RedOp};
 use crate::error::{CollError, InitError};
 use crate::topology::{self, Path};
+use crate::transport::roce::RoceTransport;
 use crate::transport::shm::ShmTransport;
 use crate::transport::{
-    CollKind, OpDesc, SetupContext, Transport, TransportError, TransportKind, WaitPolicy,
+    Abort, AbortReason, CollKind, OpDesc, SetupContext, Transport, TransportError, TransportKind,
+    WaitPolicy,
 };
 
 /// How a communicator is built and how it waits. Every rank must use the same transport,
@@ -172,7 +174,8 @@ fn transport_for(path: Path) -> Option<Box<dyn Transport>> {
     match path {
         Path::Shm => Some(Box::new(ShmTransport::new())),
         Path::InProcess => Some(Box::new(ShmTransport::in_process())),
-        Path::SelfRank | Path::Roce => None,
+        Path::Roce => Some(Box::new(RoceTransport::new())),
+        Path::SelfRank => None,
     }
 }
 
@@ -279,13 +282,6 @@ impl Communicator {
             }
         }
         let paths = topology::plan(rank, &cards, config.transport).map_err(InitError::Topology)?;
-        if let Some(peer) = paths.iter().position(|p| *p == Path::Roce) {
-            return Err(InitError::RoceUnavailable {
-                peer,
-                host: cards[peer].hostname.clone(),
-                forced: config.transport == TransportKind::Roce,
-            });
-        }
         let local_ranks = cards.iter().filter(|c| c.host_id == card.host_id).count();
         let ctx = SetupContext {
             rank,
@@ -298,11 +294,12 @@ impl Communicator {
             wait: config
                 .wait
                 .unwrap_or_else(|| WaitPolicy::for_local_ranks(local_ranks)),
+            bootstrap_addr: rv.local_addr().map(|a| a.ip()),
         };
 
         // Phase 1: every transport in use allocates its receive side and describes it.
         let mut transports: Vec<(Box<dyn Transport>, Vec<usize>)> = Vec::new();
-        for path in [Path::Shm, Path::InProcess] {
+        for path in [Path::Shm, Path::InProcess, Path::Roce] {
             let peers: Vec<usize> = (0..nranks).filter(|&p| paths[p] == path).collect();
             if let (false, Some(t)) = (peers.is_empty(), transport_for(path)) {
                 transports.push((t, peers));
@@ -475,7 +472,30 @@ impl Communicator {
             sends: &mut self.sends,
             recvs: &mut self.recvs,
         };
-        let r = f(&mut op).and_then(|()| op.drain());
+        // A panic inside an operation (a bug) must not leave a transport reading the caller's
+        // buffers after they are gone (zero-copy sends, `SendConnector::post_from`): abort every
+        // connector, which waits for or cancels those reads, before the unwind continues.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            f(&mut op).and_then(|()| op.drain())
+        }));
+        let r = match r {
+            Ok(r) => r,
+            Err(panic) => {
+                let abort = Abort {
+                    origin: self.rank,
+                    reason: AbortReason::Error,
+                };
+                for s in &mut self.sends {
+                    s.abort(abort);
+                }
+                for r in &mut self.recvs {
+                    r.abort(abort);
+                }
+                self.failure
+                    .get_or_insert_with(|| "an operation panicked".to_string());
+                std::panic::resume_unwind(panic)
+            }
+        };
         if let Err(e) = &r {
             self.abort(e);
         }

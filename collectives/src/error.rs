@@ -25,15 +25,6 @@ pub enum InitError {
     },
     /// The requested transport cannot reach a peer.
     Topology(TopologyError),
-    /// A peer pair needs the RoCE transport, which is not built yet.
-    RoceUnavailable {
-        /// The peer rank.
-        peer: usize,
-        /// The peer's host name.
-        host: String,
-        /// Whether `--transport roce` forced it (else the peer is on another host).
-        forced: bool,
-    },
     /// Setting up a transport connection failed.
     Transport(TransportError),
 }
@@ -48,22 +39,6 @@ impl fmt::Display for InitError {
                 write!(f, "peer rank {peer} is configured differently: {what}")
             }
             InitError::Topology(e) => write!(f, "topology: {e}"),
-            InitError::RoceUnavailable { peer, host, forced } => {
-                if *forced {
-                    write!(
-                        f,
-                        "--transport roce: the RoCE transport (RDMA WRITE_WITH_IMM over the hca \
-                         engine) is not available yet; peer rank {peer} on {host} cannot be \
-                         connected over it (use --transport shm or auto on one host)"
-                    )
-                } else {
-                    write!(
-                        f,
-                        "peer rank {peer} runs on another host ({host}) and the RoCE transport \
-                         (RDMA WRITE_WITH_IMM over the hca engine) is not available yet"
-                    )
-                }
-            }
             InitError::Transport(e) => write!(f, "transport setup: {e}"),
         }
     }

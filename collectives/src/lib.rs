@@ -15,27 +15,32 @@
 //! * [`transport`]: the seam between algorithms and wires. Data moves in chunks into a ring of
 //!   slots in the receiver's memory, each with a 32-bit immediate (step, chunk) and credit-based
 //!   flow control: the shape of RDMA WRITE_WITH_IMM. The shared-memory transport
-//!   ([`transport::shm`]) connects ranks on one host.
+//!   ([`transport::shm`]) connects ranks on one host; the RoCE transport ([`transport::roce`])
+//!   connects any two ranks with RC QPs on the `hca` crate's software RoCE device.
 //! * [`bootstrap`] (rendezvous, launcher environments, host identity) and [`topology`] (which
-//!   transport per peer pair).
+//!   transport per peer pair: shared memory on one host, RoCE between hosts, either forced with
+//!   `--transport`).
 //! * [`perf`]: the `coll-perf` benchmark (nccl-tests' interface and output).
 //!
 //! ## Layers
 //! ```text
 //! Communicator  --  algorithms (ring, chain, pairwise)  --  SendConnector / RecvConnector
 //!                                                          |- shm: slot rings in /dev/shm
-//!                                                          |- roce: RDMA WRITE_WITH_IMM (to come)
+//!                                                          |- roce: RDMA WRITE_WITH_IMM into the
+//!                                                             peer's registered slots (hca)
 //! bootstrap: launcher env -> TCP rendezvous (all-gather of business cards and connection
 //!            infos) -> topology -> transport setup -> the rendezvous closes
 //! ```
 //!
-//! ## What the RoCE transport will add
-//! A `Transport` whose `setup` creates one RC QP per channel per peer and registers the
-//! receive slot rings (an MR), returning the QPN, GID, PSN, rkey and ring address as its
-//! connection info; whose `connect` moves the QPs to RTR/RTS with the peer's info; whose
-//! `SendConnector::post` is one RDMA WRITE_WITH_IMM of slot header + payload into the peer's
-//! slot (immediate = [`transport::Imm`]) and whose credits come back as RDMA WRITEs of the
-//! receiver's `head` counter. The algorithms do not change.
+//! ## The RoCE path
+//! [`transport::roce::RoceTransport`]: each rank opens one UDP device (one GID: its address), and
+//! per peer and channel one RC QP. `setup` registers the receive slot rings (an MR) and returns
+//! the QPNs, GID, UDP port, PSNs, rkey and ring addresses as the connection info; `connect` moves
+//! the QPs to RTR/RTS with the peer's info; a post is one RDMA WRITE_WITH_IMM of slot header and
+//! payload into the peer's slot (immediate = [`transport::Imm`]), the receive completion replaces
+//! the tail counter, and credits come back as zero-byte SEND_WITH_IMMs carrying the receiver's
+//! `head`. A peer that dies is found by the QP (`IBV_WC_RETRY_EXC_ERR`). The algorithms do not
+//! change.
 //!
 //! ## Example
 //! ```

@@ -106,6 +106,39 @@ fn bare_all_reduce_on_four_ranks_matches_nccl_tests_output() {
     }
 }
 
+/// The main job over RoCE: `--transport roce` forces RDMA between the four local rank processes
+/// (each binds its own UDP device on 127.0.0.<rank+1>).
+#[test]
+fn bare_run_over_roce_on_four_ranks() {
+    for coll in ["all-reduce", "all-gather", "broadcast", "all-to-all"] {
+        let out = coll_perf(&[
+            coll,
+            "--ranks",
+            "4",
+            "-b",
+            "1K",
+            "-e",
+            "1M",
+            "-f",
+            "8",
+            "--transport",
+            "roce",
+        ]);
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{coll}: stdout:\n{stdout}\nstderr:\n{}",
+            text(&out.stderr)
+        );
+        let rows = rows(&stdout);
+        assert_eq!(rows.len(), 4, "1K, 8K, 64K, 512K:\n{stdout}");
+        for (_, _, a, b) in rows {
+            assert_eq!((a.as_str(), b.as_str()), ("0", "0"), "{coll}\n{stdout}");
+        }
+        assert!(stdout.contains("via roce"), "{stdout}");
+    }
+}
+
 #[test]
 fn other_collectives_types_and_ops_check_clean() {
     for args in [
@@ -184,7 +217,7 @@ fn other_collectives_types_and_ops_check_clean() {
 }
 
 #[test]
-fn bad_options_and_unavailable_transports_fail_clearly() {
+fn bad_options_and_unusable_transports_fail_clearly() {
     let out = coll_perf(&[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("Usage"), "{}", text(&out.stderr));
@@ -197,21 +230,33 @@ fn bad_options_and_unavailable_transports_fail_clearly() {
         text(&out.stderr)
     );
 
-    let out = coll_perf(&[
-        "all-reduce",
-        "--ranks",
-        "2",
-        "-b",
-        "1K",
-        "-e",
-        "1K",
-        "--transport",
-        "roce",
-    ]);
+    // Ranks that would share one RoCE address: refused at init, naming the other rank.
+    let child = Command::new(EXE)
+        .args([
+            "all-reduce",
+            "--ranks",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+            "--transport",
+            "roce",
+        ])
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .env_remove("COLL_COMM_ID")
+        .env("COLL_ROCE_ADDR", "127.0.0.9")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(child);
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(
-        err.contains("--transport roce") && err.contains("not available"),
+        err.contains("127.0.0.9") && err.contains("COLL_ROCE_ADDR"),
         "{err}"
     );
 
@@ -269,33 +314,49 @@ fn torchrun_environment_runs_one_rank_per_process() {
 /// pidfd, fail naming it, and exit.
 #[test]
 fn a_killed_rank_is_named_by_the_others() {
+    killed_rank_is_named(&[]);
+}
+
+/// The same over RoCE with every rank claiming its own host (`COLL_HOSTID`), so that no rank
+/// watches another's process: the survivors find the dead rank through their QPs (WRITEs and
+/// probes to it end with `IBV_WC_RETRY_EXC_ERR`; a 16 ms ACK timeout keeps that quick).
+#[test]
+fn a_killed_rank_on_another_host_is_found_by_the_qps() {
+    killed_rank_is_named(&[("COLL_TRANSPORT", "roce"), ("COLL_ROCE_TIMEOUT", "12")]);
+}
+
+fn killed_rank_is_named(env: &[(&str, &str)]) {
     let id = UniqueId::new().unwrap();
     let mut children: Vec<Child> = (0..3)
         .map(|rank| {
-            Command::new(EXE)
-                .args([
-                    "all-reduce",
-                    "-b",
-                    "256K",
-                    "-e",
-                    "256K",
-                    "-n",
-                    "100000000",
-                    "-w",
-                    "0",
-                    "-c",
-                    "0",
-                    "-T",
-                    "30",
-                ])
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", "3")
-                .env("COLL_COMM_ID", id.to_string())
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
+            let mut cmd = Command::new(EXE);
+            cmd.envs(env.iter().copied());
+            if !env.is_empty() {
+                cmd.env("COLL_HOSTID", format!("host{rank}"));
+            }
+            cmd.args([
+                "all-reduce",
+                "-b",
+                "256K",
+                "-e",
+                "256K",
+                "-n",
+                "100000000",
+                "-w",
+                "0",
+                "-c",
+                "0",
+                "-T",
+                "30",
+            ])
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", "3")
+            .env("COLL_COMM_ID", id.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
         })
         .collect();
     // Rank 0 prints the table header just before the timed loop starts.

@@ -199,21 +199,6 @@ fn init_errors(n: usize, config: impl Fn(usize) -> CommConfig + Sync) -> Vec<Ini
 }
 
 #[test]
-fn forced_roce_is_a_clear_error_on_every_rank() {
-    for e in init_errors(3, |_| common::config(TransportKind::Roce)) {
-        let s = e.to_string();
-        assert!(
-            matches!(e, InitError::RoceUnavailable { forced: true, .. }),
-            "{s}"
-        );
-        assert!(
-            s.contains("--transport roce") && s.contains("not available"),
-            "{s}"
-        );
-    }
-}
-
-#[test]
 fn differently_configured_ranks_fail_at_init() {
     let errs = init_errors(3, |rank| CommConfig {
         slot_bytes: if rank == 1 { 512 } else { 256 },

@@ -25,10 +25,7 @@ pub(crate) fn broadcast(
         if pos == 0 {
             io.copy_input_to_output(p.clone(), p.clone());
             if n > 1 {
-                op.send_with(next, c, p.len(), |slot| {
-                    slot.copy_from_slice(io.input(p.clone()));
-                    Ok(())
-                })?;
+                op.send_input(next, c, io, p.clone())?;
             }
         } else if pos == n - 1 {
             op.recv_with(prev, c, p.len(), |incoming| {
@@ -72,10 +69,7 @@ pub(crate) fn reduce(
     for c in 0..rounds(count, ce) {
         let p = piece(0, count, c, ce, es);
         if pos == 0 {
-            op.send_with(next, c, p.len(), |slot| {
-                slot.copy_from_slice(io.input(p.clone()));
-                Ok(())
-            })?;
+            op.send_input(next, c, io, p.clone())?;
         } else if pos == n - 1 {
             op.recv_with(prev, c, p.len(), |incoming| {
                 io.reduce_to_output(p.clone(), p.clone(), incoming, datatype, redop)

@@ -137,6 +137,13 @@ impl<'a> Io<'a> {
         &mut self.buf[r.start + self.out_base..r.end + self.out_base]
     }
 
+    /// Input range `r` when no write of this operation can change it: the input of an
+    /// out-of-place operation (a separate buffer, borrowed immutably for the whole operation).
+    /// `None` in place, where the output may overwrite the input.
+    fn stable_input(&self, r: Range<usize>) -> Option<&'a [u8]> {
+        self.input.map(|input| &input[r])
+    }
+
     fn output_ref(&self, r: Range<usize>) -> &[u8] {
         &self.buf[r.start + self.out_base..r.end + self.out_base]
     }
@@ -229,6 +236,37 @@ impl Op<'_> {
         }
         fill(&mut slot[..len])?;
         conn.post(len, chunk as u16, &desc).map_err(te)?;
+        side.sent += 1;
+        side.dirty = true;
+        Ok(())
+    }
+
+    /// Sends input range `r` of `io` to `peer` as chunk `chunk`: without a staging copy where
+    /// the transport can read the user buffer in place and the range cannot change during the
+    /// operation (out of place, see [`Io::stable_input`]), else copied into the slot.
+    pub(crate) fn send_input(
+        &mut self,
+        peer: usize,
+        chunk: usize,
+        io: &Io<'_>,
+        r: Range<usize>,
+    ) -> Result<(), CollError> {
+        let Some(src) = io.stable_input(r.clone()) else {
+            return self.send_with(peer, chunk, r.len(), |slot| {
+                slot.copy_from_slice(io.input(r));
+                Ok(())
+            });
+        };
+        let (desc, timeout) = (self.send_desc, self.timeout);
+        let te = move |source| CollError::Transport { op: desc, source };
+        let side = &mut self.sends[peer];
+        let conn = side.conn().map_err(te)?;
+        // SAFETY: `src` is the input of an out-of-place operation: the communicator method that
+        // runs this operation borrows it immutably until it returns, and it returns only after
+        // `Op::drain` (which drains every connector) succeeded or, on an error, after
+        // `Communicator::abort` aborted every connector; either waits for or cancels every read
+        // of `src` (the contract of `post_from`).
+        unsafe { conn.post_from(src, chunk as u16, &desc, timeout) }.map_err(te)?;
         side.sent += 1;
         side.dirty = true;
         Ok(())

@@ -29,10 +29,7 @@ pub(crate) fn all_to_all(op: &mut Op<'_>, io: &mut Io<'_>, count: usize) -> Resu
         }
         for c in 0..rounds(count, ce) {
             let p = piece(block, count, c, ce, es);
-            op.send_with(partner, c, p.len(), |slot| {
-                slot.copy_from_slice(io.input(p.clone()));
-                Ok(())
-            })?;
+            op.send_input(partner, c, io, p.clone())?;
             op.recv_with(partner, c, p.len(), |incoming| {
                 io.output(p.clone()).copy_from_slice(incoming);
                 Ok(())
@@ -58,10 +55,7 @@ pub(crate) fn scatter(
             for j in 1..n {
                 let peer = (root + j) % n;
                 let p = piece(peer * count, count, c, ce, es);
-                op.send_with(peer, c, p.len(), |slot| {
-                    slot.copy_from_slice(io.input(p.clone()));
-                    Ok(())
-                })?;
+                op.send_input(peer, c, io, p.clone())?;
             }
         }
     } else {
@@ -100,10 +94,7 @@ pub(crate) fn gather(
     } else {
         for c in 0..rounds(count, ce) {
             let p = piece(0, count, c, ce, es);
-            op.send_with(root, c, p.len(), |slot| {
-                slot.copy_from_slice(io.input(p.clone()));
-                Ok(())
-            })?;
+            op.send_input(root, c, io, p.clone())?;
         }
     }
     Ok(())
@@ -123,10 +114,7 @@ pub(crate) fn send_recv(
     for c in 0..send_rounds.max(recv_rounds) {
         if let Some((to, count)) = send.filter(|_| c < send_rounds) {
             let p = piece(0, count, c, ce, es);
-            op.send_with(to, c, p.len(), |slot| {
-                slot.copy_from_slice(io.input(p.clone()));
-                Ok(())
-            })?;
+            op.send_input(to, c, io, p.clone())?;
         }
         if let Some((from, count)) = recv.filter(|_| c < recv_rounds) {
             let p = piece(0, count, c, ce, es);

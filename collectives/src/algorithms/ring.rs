@@ -52,10 +52,7 @@ fn reduce_scatter_round(
 
     let s = (r + n - 1) % n;
     let p = part(s);
-    op.send_with(next, id(s), p.len(), |slot| {
-        slot.copy_from_slice(io.input(p.clone()));
-        Ok(())
-    })?;
+    op.send_input(next, id(s), io, p.clone())?;
     for t in 1..n - 1 {
         let s = (r + 2 * n - 1 - t) % n;
         let p = part(s);
@@ -175,10 +172,7 @@ pub(crate) fn all_gather(op: &mut Op<'_>, io: &mut Io<'_>, count: usize) -> Resu
         let id = |s: usize| k * n + s;
         let own = part(r);
         let own_in = own.start - r * block..own.end - r * block;
-        op.send_with(next, id(r), own.len(), |slot| {
-            slot.copy_from_slice(io.input(own_in.clone()));
-            Ok(())
-        })?;
+        op.send_input(next, id(r), io, own_in.clone())?;
         for t in 1..n - 1 {
             let s = (r + n - t) % n;
             let p = part(s);

@@ -52,7 +52,7 @@ pub struct UniqueId {
 /// How long a root created by [`UniqueId::new`] waits for ranks, and for each round.
 pub const DEFAULT_ROOT_TIMEOUT: Duration = Duration::from_secs(120);
 
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(
         std::time::SystemTime::now()
@@ -532,6 +532,13 @@ impl Rendezvous {
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// The local address of the connection to the root: the address of this host on the route
+    /// to the root, which other ranks can usually reach too (NCCL picks its bootstrap interface
+    /// the same way). `None` if the socket cannot tell.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.stream.local_addr().ok()
     }
 
     /// Contributes `record` and returns every rank's record, index = rank.

@@ -37,16 +37,22 @@
 //! # Implementations
 //! * [`shm`]: processes on one host, rings in POSIX shared memory (`shm_open`, `memmap2`), or
 //!   threads of one process, rings in anonymous memory ([`TransportKind::InProcess`]).
-//! * RoCE (RDMA WRITE_WITH_IMM over the `hca` verbs): to come; [`Transport`] is the seam where it
-//!   plugs in (see the crate documentation).
+//! * [`roce`]: ranks anywhere, one RC QP per channel on the `hca` crate's software RoCE device:
+//!   one RDMA WRITE_WITH_IMM per step into the peer's registered slot, credits as zero-byte
+//!   SEND_WITH_IMMs, aborts as SENDs, peer death from the QP (`IBV_WC_RETRY_EXC_ERR`).
 
 use core::fmt;
 use std::io;
+use std::net::IpAddr;
 use std::time::Duration;
+
+use hca::udp_device::DeviceError;
+use hca::WcStatus;
 
 use crate::bootstrap::BusinessCard;
 use crate::datatype::{DataType, RedOp};
 
+pub mod roce;
 pub mod shm;
 pub(crate) mod sys;
 pub mod wait;
@@ -538,6 +544,29 @@ pub enum TransportError {
         /// What was wrong.
         what: String,
     },
+    /// A work request on the QP of a channel completed with an error other than the peer
+    /// being unreachable (which is [`TransportError::PeerDied`]): the QP is in the error state.
+    QpFailed {
+        /// The peer rank.
+        peer: usize,
+        /// The channel.
+        channel: usize,
+        /// The local QPN.
+        qpn: u32,
+        /// What the failed WR was.
+        wr: &'static str,
+        /// The completion status (`IBV_WC_*`).
+        status: WcStatus,
+    },
+    /// A verb of the RDMA device failed (`ibv_reg_mr`, `ibv_modify_qp`, `ibv_post_send`, ...).
+    Verbs {
+        /// The peer rank, when the verb concerns one.
+        peer: Option<usize>,
+        /// The verb.
+        op: &'static str,
+        /// The device's error (boxed: it is large, and errors travel in every `Result`).
+        source: Box<DeviceError>,
+    },
     /// The transport cannot connect this peer pair.
     Unavailable {
         /// The transport.
@@ -559,8 +588,9 @@ impl TransportError {
             | TransportError::Protocol { peer, .. }
             | TransportError::Usage { peer, .. }
             | TransportError::BadInfo { peer, .. }
+            | TransportError::QpFailed { peer, .. }
             | TransportError::Unavailable { peer, .. } => Some(peer),
-            TransportError::Setup { peer, .. } => peer,
+            TransportError::Setup { peer, .. } | TransportError::Verbs { peer, .. } => peer,
         }
     }
 
@@ -638,6 +668,22 @@ impl fmt::Display for TransportError {
             TransportError::BadInfo { peer, what } => {
                 write!(f, "bad connection info from peer rank {peer}: {what}")
             }
+            TransportError::QpFailed {
+                peer,
+                channel,
+                qpn,
+                wr,
+                status,
+            } => write!(
+                f,
+                "QP {qpn:#x} to peer rank {peer} (channel {channel}) failed: {wr} completed with \
+                 {status} (IBV_WC status {})",
+                status.ibv()
+            ),
+            TransportError::Verbs { peer, op, source } => match peer {
+                Some(p) => write!(f, "{op} for peer rank {p} failed: {source}"),
+                None => write!(f, "{op} failed: {source}"),
+            },
             TransportError::Unavailable {
                 transport,
                 peer,
@@ -654,6 +700,7 @@ impl std::error::Error for TransportError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             TransportError::Setup { source, .. } => Some(source),
+            TransportError::Verbs { source, .. } => Some(&**source),
             _ => None,
         }
     }
@@ -697,6 +744,39 @@ pub trait SendConnector: Send {
     /// [`TransportError::Usage`] without a slot or with `len > slot_bytes`.
     fn post(&mut self, len: usize, chunk: u16, desc: &OpDesc) -> Result<(), TransportError>;
 
+    /// Sends `src` (at most `slot_bytes`) as the next step: waits for a slot as
+    /// [`wait_slot`](Self::wait_slot) does, then posts. A transport that can read `src` where it
+    /// is (RoCE: an RDMA WRITE whose payload SGE points into the registered user buffer) does so
+    /// instead of copying it into the slot first; the default copies.
+    ///
+    /// # Safety
+    /// The transport may read `src` after this returns: the caller must keep its bytes alive
+    /// and unwritten until a later [`drain`](Self::drain) of this connector returns `Ok`, or
+    /// [`abort`](Self::abort) returns, or the connector is dropped (each of which waits for, or
+    /// cancels, every read of `src`).
+    ///
+    /// # Errors
+    /// As [`wait_slot`](Self::wait_slot) and [`post`](Self::post); [`TransportError::Usage`]
+    /// while a slot from `wait_slot` is held.
+    unsafe fn post_from(
+        &mut self,
+        src: &[u8],
+        chunk: u16,
+        desc: &OpDesc,
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
+        let peer = self.peer();
+        let slot = self.wait_slot(timeout)?;
+        let Some(dst) = slot.get_mut(..src.len()) else {
+            return Err(TransportError::Usage {
+                peer,
+                what: "post longer than a slot",
+            });
+        };
+        dst.copy_from_slice(src);
+        self.post(src.len(), chunk, desc)
+    }
+
     /// Waits (at most `timeout` without progress) until the peer has consumed every posted
     /// step. Returns at once when nothing is outstanding.
     ///
@@ -705,6 +785,8 @@ pub trait SendConnector: Send {
     fn drain(&mut self, timeout: Duration) -> Result<(), TransportError>;
 
     /// Marks the connection aborted with `abort` and wakes the peer. The first abort stays.
+    /// Returns once the transport no longer reads memory given to
+    /// [`post_from`](Self::post_from).
     fn abort(&mut self, abort: Abort);
 }
 
@@ -775,6 +857,9 @@ pub struct SetupContext<'a> {
     pub cards: &'a [BusinessCard],
     /// How connectors wait.
     pub wait: WaitPolicy,
+    /// This rank's address on its connection to the rendezvous root (the RoCE transport binds
+    /// its device there unless told otherwise).
+    pub bootstrap_addr: Option<IpAddr>,
 }
 
 /// A transport: sets up the connectors of the peers the topology assigned to it.

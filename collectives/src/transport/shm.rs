@@ -826,6 +826,7 @@ mod tests {
             tag,
             cards: &cards,
             wait: WaitPolicy::OVERSUBSCRIBED,
+            bootstrap_addr: None,
         };
         let (mut t0, mut t1) = (transport(), transport());
         let infos = vec![

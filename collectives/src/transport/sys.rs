@@ -110,6 +110,9 @@ pub(crate) enum Liveness {
     Pidfd { fd: OwnedFd, pid: u32 },
     /// Fallback where pidfd_open is unavailable: `kill(pid, 0)`.
     Pid { pid: u32 },
+    /// Not watched: the peer runs on another host, or in another pid namespace (its pid means
+    /// nothing here). Its death shows otherwise (the RoCE QP's retries).
+    Unwatched,
 }
 
 impl Liveness {
@@ -132,7 +135,7 @@ impl Liveness {
     /// The watched pid, if it is another process.
     pub(crate) fn pid(&self) -> Option<u32> {
         match *self {
-            Liveness::SameProcess => None,
+            Liveness::SameProcess | Liveness::Unwatched => None,
             Liveness::Pidfd { pid, .. } | Liveness::Pid { pid } => Some(pid),
         }
     }
@@ -140,7 +143,7 @@ impl Liveness {
     /// Whether the process still runs.
     pub(crate) fn alive(&self) -> bool {
         match self {
-            Liveness::SameProcess => true,
+            Liveness::SameProcess | Liveness::Unwatched => true,
             Liveness::Pidfd { fd, .. } => {
                 let mut pfd = libc::pollfd {
                     fd: fd.as_raw_fd(),

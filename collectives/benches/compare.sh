@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# The all-reduce benchmark of issue 6, run by hand (not a test): 4 local ranks, f32 sum, sizes
+# MIN..MAX (default 1 KiB .. 64 MiB, factor 4), in one run, side by side with ratios:
+#   coll-perf --transport roce   RDMA WRITE_WITH_IMM on the software HCA over loopback UDP
+#   coll-perf --transport shm    the shared-memory path
+#   Open MPI MPI_Allreduce       --mca btl tcp,self (TCP over loopback) and --mca btl vader,self
+#                                (shared memory), benches/mpi_allreduce.c built with mpicc
+#   PyTorch Gloo                 torch.distributed all_reduce on CPU, if torch installs from PyPI
+#                                within GLOO_INSTALL_TIMEOUT seconds (default 600), else skipped
+# Every column is nccl-tests' bus bandwidth (GB/s) of the out-of-place operation: algbw * 2(n-1)/n,
+# the time averaged over ITERS iterations (after WARMUP) and over ranks. The ratios compare each
+# path of this crate with what a user would pick instead: roce/tcp, shm/vader.
+#
+# Usage: collectives/benches/compare.sh            (as root: installs openmpi when missing)
+#   MIN=1K MAX=64M FACTOR=4 ITERS=20 WARMUP=5 NRANKS=4 ROUNDS=1 GLOO=0 (skip Gloo) ...
+# Other load on the machine skews every figure. The columns run one after the other; with
+# ROUNDS=k every column runs k times, interleaved, and the table keeps each one's best run per
+# size, so that a burst of other load does not land on one column only.
+set -euo pipefail
+
+MIN=${MIN:-1K}
+MAX=${MAX:-64M}
+FACTOR=${FACTOR:-4}
+ITERS=${ITERS:-20}
+WARMUP=${WARMUP:-5}
+NRANKS=${NRANKS:-4}
+ROUNDS=${ROUNDS:-1}
+GLOO=${GLOO:-1}
+GLOO_INSTALL_TIMEOUT=${GLOO_INSTALL_TIMEOUT:-600}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+bytes() { # 1K -> 1024, 64M -> 67108864
+    local v=$1
+    case $v in
+        *K) echo $((${v%K} << 10)) ;;
+        *M) echo $((${v%M} << 20)) ;;
+        *G) echo $((${v%G} << 30)) ;;
+        *) echo "$v" ;;
+    esac
+}
+MINB=$(bytes "$MIN")
+MAXB=$(bytes "$MAX")
+
+echo "building coll-perf ..." >&2
+(cd "$ROOT" && cargo build --release -q -p collectives --bin coll-perf)
+PERF=$TARGET/release/coll-perf
+
+if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "Open MPI is missing and this is not root: install openmpi-bin libopenmpi-dev" >&2
+        exit 1
+    fi
+    echo "installing Open MPI ..." >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y openmpi-bin libopenmpi-dev >/dev/null
+fi
+mpicc -O2 -o "$WORK/mpi_allreduce" "$ROOT/collectives/benches/mpi_allreduce.c"
+
+# Each runner prints "size busbw" lines, out of place.
+run_coll_perf() { # transport
+    "$PERF" all-reduce --ranks "$NRANKS" --transport "$1" -d float -o sum \
+        -b "$MINB" -e "$MAXB" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -c 1 >"$WORK/cp-$1.txt"
+    # busbw from the time column (us): coll-perf prints bandwidths with two decimals only.
+    awk -v n="$NRANKS" '!/^#/ && NF == 13 {
+        if ($9 != "0") { print "wrong results: " $0 > "/dev/stderr"; exit 1 }
+        print $1, $1 / $6 / 1e3 * 2 * (n - 1) / n }' "$WORK/cp-$1.txt"
+}
+
+run_mpi() { # btl
+    local root_flags=()
+    [ "$(id -u)" -eq 0 ] && root_flags=(--allow-run-as-root)
+    mpirun "${root_flags[@]}" --oversubscribe -np "$NRANKS" --mca btl "$1" \
+        "$WORK/mpi_allreduce" "$MINB" "$MAXB" "$FACTOR" "$ITERS" "$WARMUP" >"$WORK/mpi-$1.txt"
+    awk '{ if ($5 != "0") { print "wrong results: " $0 > "/dev/stderr"; exit 1 } print $1, $4 }' \
+        "$WORK/mpi-$1.txt"
+}
+
+GLOO_PY=${GLOO_PY:-}
+setup_gloo() {
+    [ "$GLOO" = 1 ] || return 1
+    if [ -n "$GLOO_PY" ] && "$GLOO_PY" -c 'import torch.distributed' 2>/dev/null; then
+        return 0
+    fi
+    for py in python3 /usr/bin/python3; do
+        if command -v "$py" >/dev/null && "$py" -c 'import torch.distributed' 2>/dev/null; then
+            GLOO_PY=$py
+            return 0
+        fi
+    done
+    local venv=${GLOO_VENV:-/tmp/coll-compare-gloo-venv}
+    if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+        echo "installing torch from PyPI into $venv (at most ${GLOO_INSTALL_TIMEOUT}s) ..." >&2
+        python3 -m venv "$venv" >/dev/null 2>&1 || return 1
+        timeout "$GLOO_INSTALL_TIMEOUT" "$venv/bin/pip" install --quiet torch numpy >/dev/null 2>&1 ||
+            return 1
+    fi
+    GLOO_PY=$venv/bin/python
+}
+
+run_gloo() {
+    cat >"$WORK/gloo.py" <<'PY'
+import os, sys, time
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+def rank_main(rank, n, port, minb, maxb, factor, iters, warmup, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    size = minb
+    lines = []
+    while size <= maxb:
+        count = size // 4
+        x = torch.full((count,), float(rank + 1), dtype=torch.float32)
+        y = x.clone()
+        for _ in range(warmup):
+            y.copy_(x); dist.all_reduce(y)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            y.copy_(x); dist.all_reduce(y)
+        t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+        dist.all_reduce(t)
+        t = t.item() / n
+        wrong = int((y != float(n * (n + 1) // 2)).sum())
+        algbw = size / t / 1e9
+        lines.append(f"{size} {algbw * 2 * (n - 1) / n:.5f} {wrong}")
+        size *= factor
+    if rank == 0:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    n, port = int(sys.argv[1]), int(sys.argv[2])
+    args = [int(a) for a in sys.argv[3:8]]
+    mp.spawn(rank_main, args=(n, port, *args, sys.argv[8]), nprocs=n)
+PY
+    local port=$((20000 + RANDOM % 20000))
+    # The copy before each all_reduce keeps the input constant (in place, as Gloo works); it is
+    # timed too, a small extra cost against Gloo.
+    "$GLOO_PY" "$WORK/gloo.py" "$NRANKS" "$port" "$MINB" "$MAXB" "$FACTOR" "$ITERS" "$WARMUP" \
+        "$WORK/gloo.txt" >&2
+    awk '{ if ($3 != "0") { print "wrong results: " $0 > "/dev/stderr"; exit 1 } print $1, $2 }' \
+        "$WORK/gloo.txt"
+}
+
+HAVE_GLOO=0
+if setup_gloo; then
+    HAVE_GLOO=1
+    echo "PyTorch Gloo: torch $("$GLOO_PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)" >&2
+else
+    echo "PyTorch Gloo: torch not installable here: skipped" >&2
+fi
+for col in roce shm tcp vader gloo; do : >"$WORK/$col"; done
+for round in $(seq "$ROUNDS"); do
+    echo "round $round/$ROUNDS: coll-perf --transport roce ..." >&2
+    run_coll_perf roce >>"$WORK/roce"
+    echo "round $round/$ROUNDS: coll-perf --transport shm ..." >&2
+    run_coll_perf shm >>"$WORK/shm"
+    echo "round $round/$ROUNDS: Open MPI, btl tcp,self ..." >&2
+    run_mpi tcp,self >>"$WORK/tcp"
+    echo "round $round/$ROUNDS: Open MPI, btl vader,self ..." >&2
+    run_mpi vader,self >>"$WORK/vader"
+    if [ "$HAVE_GLOO" = 1 ]; then
+        echo "round $round/$ROUNDS: PyTorch Gloo ..." >&2
+        run_gloo >>"$WORK/gloo" || echo "Gloo run failed: skipped" >&2
+    fi
+done
+
+echo
+echo "# all-reduce, $NRANKS ranks on $(nproc) CPUs, float sum, out of place; busbw in GB/s"
+echo "# ($(uname -r); $(mpirun --version 2>/dev/null | head -1); iters $ITERS, warmup $WARMUP;"
+echo "#  best of $ROUNDS interleaved run(s) per column)"
+awk '
+    BEGIN { col_of["roce"] = 1; col_of["shm"] = 2; col_of["tcp"] = 3; col_of["vader"] = 4
+            col_of["gloo"] = 5 }
+    { k = split(FILENAME, path, "/"); f = col_of[path[k]] }
+    { if (!((f, $1) in v) || $2 > v[f, $1]) v[f, $1] = $2 }
+    f == 1 && !($1 in seen) { seen[$1] = 1; sizes[++ns] = $1 }
+    function col(k, s) { return ((k, s) in v) ? sprintf("%9.4f", v[k, s]) : sprintf("%9s", "-") }
+    function ratio(a, b, s) {
+        return ((a, s) in v && (b, s) in v && v[b, s] > 0) ? sprintf("%9.2f", v[a, s] / v[b, s]) \
+                                                           : sprintf("%9s", "-")
+    }
+    END {
+        printf "%12s %9s %9s %9s %9s %9s %9s %9s %9s\n", "size(B)", "roce", "shm", "ompi-tcp",
+               "ompi-vader", "gloo", "roce/tcp", "shm/vader", "roce/gloo"
+        for (i = 1; i <= ns; i++) {
+            s = sizes[i]
+            printf "%12d %s %s %s %s %s %s %s %s\n", s, col(1, s), col(2, s), col(3, s), col(4, s),
+                   col(5, s), ratio(1, 3, s), ratio(2, 4, s), ratio(1, 5, s)
+        }
+    }' "$WORK/roce" "$WORK/shm" "$WORK/tcp" "$WORK/vader" "$WORK/gloo"
