@@ -48,6 +48,9 @@
 //!   The binaries `rdma-perf` (perftest's `ib_*_bw` / `ib_*_lat`) and `rdma-pingpong` (rdma-core's
 //!   `ibv_rc/uc/ud_pingpong`) run on it (feature `tools`, on by default).
 //!
+//! * [`verbs::Verbs`] (feature `std`): the one device API every backend implements, so programs
+//!   and the conformance suite run unchanged on any of them.
+//!
 //! The object model, the engine and the fabric are `no_std` + `alloc` without the default `std`
 //! feature.
 #![cfg_attr(not(feature = "std"), no_std)]
@@ -78,6 +81,8 @@ pub mod srq;
 pub mod table;
 #[cfg(feature = "std")]
 pub mod udp_device;
+#[cfg(feature = "std")]
+pub mod verbs;
 pub mod wc;
 pub mod wr;
 
