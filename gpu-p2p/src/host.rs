@@ -6,7 +6,7 @@ use std::io;
 
 use memmap2::{Advice, MmapOptions, MmapRaw};
 
-use crate::{check_range, Memory, MemoryError, MemoryKind};
+use crate::{check_range, HostPtr, Memory, MemoryError, MemoryKind};
 
 /// Size of an x86-64 / aarch64 huge page (2 MiB), the threshold above which [`HostMemory::new`] asks for
 /// one.
@@ -198,6 +198,13 @@ impl Memory for HostMemory {
         // SeqCst for the same reason as compare_swap.
         Ok(self.word(offset)?.fetch_add(add, Ordering::SeqCst))
     }
+
+    fn host_ptr(&self) -> Option<HostPtr> {
+        let ptr = core::ptr::NonNull::new(self.map.as_mut_ptr())?;
+        // SAFETY: the mapping is `len` (at least one page) bytes of readable and writable anonymous
+        // memory that stays at this address until `self` is dropped (`MmapRaw` unmaps on drop only).
+        Some(unsafe { HostPtr::new(ptr) })
+    }
 }
 
 #[cfg(test)]
@@ -211,6 +218,17 @@ mod test {
         assert_eq!(m.len(), 10_000);
         assert_eq!(m.as_ptr() as usize % 4096, 0);
         assert!(m.to_vec().iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn host_ptr_is_the_mapping() {
+        let m = HostMemory::new(8192).expect("map");
+        let p = m.host_ptr().expect("host memory is CPU-addressable");
+        assert_eq!(p.as_ptr().as_ptr(), m.as_ptr());
+        m.write(100, b"abc").unwrap();
+        let mut back = [0u8; 3];
+        m.read(100, &mut back).unwrap();
+        assert_eq!(&back, b"abc");
     }
 
     #[test]

@@ -19,6 +19,7 @@
 #![deny(missing_docs)]
 
 use core::fmt;
+use core::ptr::NonNull;
 
 #[cfg(feature = "std")]
 mod host;
@@ -82,6 +83,41 @@ pub fn check_range(offset: usize, len: usize, size: usize) -> Result<(), MemoryE
     }
 }
 
+/// The CPU address of a [`Memory`]'s first byte, as [`Memory::host_ptr`] reports it.
+///
+/// Only an `unsafe` constructor makes one: whoever builds it promises what a link needs to hand the
+/// bytes to the kernel (an `iovec` for sendmsg(2)) or to read them in place (the ICRC):
+/// * the pointer addresses `len()` bytes of the [`Memory`] that returned it, readable and writable
+///   by the CPU, for as long as that `Memory` value lives (registered memory never moves);
+/// * the bytes may change at any time (the program writes its buffers, a peer's RDMA WRITE lands):
+///   a reader gets whatever values are there, as a DMA engine does, and must not hold a Rust
+///   reference across other code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostPtr(NonNull<u8>);
+
+impl HostPtr {
+    /// Wraps the address of a memory's first byte.
+    ///
+    /// # Safety
+    /// `ptr` must satisfy the contract in the [type docs](HostPtr) for the `Memory` that returns it
+    /// from [`Memory::host_ptr`].
+    pub unsafe fn new(ptr: NonNull<u8>) -> HostPtr {
+        HostPtr(ptr)
+    }
+
+    /// The address of byte 0.
+    pub fn as_ptr(self) -> NonNull<u8> {
+        self.0
+    }
+}
+
+// SAFETY: a `HostPtr` is an address, not an owner: it carries no access by itself, and the memory
+// it names is `Send + Sync` (every `Memory` is). Dereferencing it needs `unsafe` code that keeps the
+// contract above.
+unsafe impl Send for HostPtr {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for HostPtr {}
+
 /// A fixed-size, byte-addressed buffer that an HCA may read and write at any time.
 ///
 /// Offsets and lengths are in bytes from the start of the buffer. Implementations must keep the bytes
@@ -126,4 +162,15 @@ pub trait Memory: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`MemoryError::OutOfBounds`], [`MemoryError::Misaligned`].
     fn fetch_add(&self, offset: usize, add: u64) -> Result<u64, MemoryError>;
+
+    /// The CPU address of byte 0 when the CPU can reach the bytes directly (host memory), so
+    /// that a link can send them in place: a gather list (`iovec`, sendmsg(2)) pointing into the
+    /// memory instead of a copy. `None` (the default) for memory only reachable through
+    /// [`Memory::read`] / [`Memory::write`] (GPU device memory); links then copy.
+    ///
+    /// See [`HostPtr`] for what the address promises; it is valid only while `self` lives, so a
+    /// user keeps the memory (its `Arc`) alive for as long as it uses the address.
+    fn host_ptr(&self) -> Option<HostPtr> {
+        None
+    }
 }
