@@ -842,6 +842,64 @@ pub fn icrc_of_udp_payload(ip: &IpRepr, udp: &udp::Repr, udp_payload: &[u8]) -> 
     icrc::compute_gather(&head[..ip_len + udp::HEADER_LEN + take], &[later])
 }
 
+/// Computes the ICRC of a UDP payload that is sent from several buffers (zero-copy transmit: the
+/// transport headers in one buffer, the payload straight from the memory regions it is sent from):
+/// the wire carries `headers` (BTH and extended headers), then each slice of `rest` in order (payload
+/// and pad bytes, IBTA §9.2 PadCnt), then the ICRC. `udp.payload_len` is the length of the whole UDP
+/// payload, ICRC included. The result equals [`icrc_of_udp_payload`] over the concatenation.
+///
+/// # Errors
+/// [`Error::Truncated`] (layer BTH) when `headers` is shorter than the BTH; [`Error::BadLength`]
+/// (layer UDP) when `headers` is longer than 28 bytes after the BTH (the largest extended headers),
+/// when `udp.payload_len` differs from the bytes given plus the ICRC, or when it exceeds the IP
+/// length field.
+pub fn icrc_of_udp_payload_gather(
+    ip: &IpRepr,
+    udp: &udp::Repr,
+    headers: &[u8],
+    rest: &[&[u8]],
+) -> Result<u32> {
+    /// BTH (12) + the largest extended headers (28, RETH + ImmDt or AtomicETH).
+    const MAX_TRANSPORT_HEADERS: usize = bth::HEADER_LEN + 28;
+    if headers.len() < bth::HEADER_LEN {
+        return Err(Error::Truncated {
+            layer: Layer::Bth,
+            need: bth::HEADER_LEN,
+            got: headers.len(),
+        });
+    }
+    if headers.len() > MAX_TRANSPORT_HEADERS {
+        return Err(Error::BadLength(Layer::Udp));
+    }
+    let given = rest
+        .iter()
+        .try_fold(headers.len() + icrc::ICRC_LEN, |n, s| n.checked_add(s.len()));
+    if given != Some(udp.payload_len) {
+        return Err(Error::BadLength(Layer::Udp));
+    }
+    let udp_len = udp::HEADER_LEN + udp.payload_len;
+    if udp_len > ip.max_payload_len() {
+        return Err(Error::BadLength(Layer::Udp));
+    }
+    // IP (at most 40) + UDP (8) + transport headers (at most 40) in one stack buffer.
+    let mut head = [0u8; 40 + udp::HEADER_LEN + MAX_TRANSPORT_HEADERS];
+    let ip_len = ip.header_len();
+    let (ip_buf, after_ip) = head.split_at_mut(ip_len);
+    ip.emit_udp(udp_len, ip_buf);
+    let (udp_buf, after_udp) = after_ip.split_at_mut(udp::HEADER_LEN);
+    udp::Repr {
+        src_port: udp.src_port,
+        dst_port: udp.dst_port,
+        payload_len: udp.payload_len,
+    }
+    .emit(
+        &mut udp::Packet::new_unchecked(udp_buf),
+        udp::ChecksumMode::Zero,
+    );
+    after_udp[..headers.len()].copy_from_slice(headers);
+    icrc::compute_gather(&head[..ip_len + udp::HEADER_LEN + headers.len()], rest)
+}
+
 /// Parses and verifies an IP packet (IPv4 or IPv6 header through ICRC; bytes after the IP length, such
 /// as Ethernet padding, are ignored). Never panics.
 ///
@@ -1741,6 +1799,20 @@ mod test {
         prop_assert_eq!(pt.payload, p.payload);
         prop_assert_eq!(pt.icrc, p.icrc);
         prop_assert_eq!(icrc_of_udp_payload(&p.ip, &p.udp, udp_payload), Ok(p.icrc));
+        // The zero-copy transmit view: headers, the payload in two pieces, the pad, apart.
+        let hl = p.transport.header_len();
+        let body = &udp_payload[..udp_n - icrc::ICRC_LEN];
+        let (headers, after) = body.split_at(hl);
+        let (pl, pad) = after.split_at(p.payload.len());
+        let (a, b) = pl.split_at(pl.len() / 3);
+        prop_assert_eq!(
+            icrc_of_udp_payload_gather(&p.ip, &p.udp, headers, &[a, b, pad]),
+            Ok(p.icrc)
+        );
+        prop_assert_eq!(
+            icrc_of_udp_payload_gather(&p.ip, &p.udp, headers, &[a, pad]).is_err(),
+            !b.is_empty()
+        );
         // The builder's input repr (junk protocol and length) and changed masked fields (TTL, DSCP,
         // ECN, flow label) give the same ICRC.
         let mut socket_ip = case.packet.ip;
@@ -2669,6 +2741,34 @@ mod test {
                 );
             }
         }
+    }
+
+    #[test]
+    fn icrc_of_udp_payload_gather_errors() {
+        let udp_repr = |n| udp::Repr {
+            src_port: 1,
+            dst_port: udp::ROCEV2_PORT,
+            payload_len: n,
+        };
+        let ip = ipv4_repr();
+        assert!(matches!(
+            icrc_of_udp_payload_gather(&ip, &udp_repr(15), &[0; 11], &[]),
+            Err(Error::Truncated { .. })
+        ));
+        assert_eq!(
+            icrc_of_udp_payload_gather(&ip, &udp_repr(16 + 29), &[0; 41], &[]),
+            Err(Error::BadLength(Layer::Udp))
+        );
+        assert_eq!(
+            icrc_of_udp_payload_gather(&ip, &udp_repr(20), &[0; 12], &[&[0; 3]]),
+            Err(Error::BadLength(Layer::Udp))
+        );
+        let big = vec![0u8; 70_000];
+        assert_eq!(
+            icrc_of_udp_payload_gather(&ip, &udp_repr(16 + 70_000), &[0; 12], &[&big]),
+            Err(Error::BadLength(Layer::Udp))
+        );
+        assert!(icrc_of_udp_payload_gather(&ip, &udp_repr(20), &[0; 12], &[&[0; 4]]).is_ok());
     }
 
     #[test]
