@@ -405,6 +405,13 @@ fn rc_operations_ipv6_loopback_two_ports() {
     assert_eq!(c.total_drops(), 0, "{c:?}");
     assert_eq!(c.icrc_unchecked, 0, "{c:?}");
     assert_eq!(c.icrc_errors, 0, "{c:?}");
+    // Every payload left from MR memory in place (zero-copy gather): A's SENDs and WRITEs, B's
+    // READ responses; none was copied into a transmit buffer.
+    for side in [&a, &b] {
+        let c = side.dev.counters();
+        assert!(c.tx_gathered_pkts > 0, "{c:?}");
+        assert_eq!(c.tx_copied_pkts, 0, "{c:?}");
+    }
 }
 
 #[test]

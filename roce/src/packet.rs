@@ -873,7 +873,9 @@ pub fn icrc_of_udp_payload_gather(
     }
     let given = rest
         .iter()
-        .try_fold(headers.len() + icrc::ICRC_LEN, |n, s| n.checked_add(s.len()));
+        .try_fold(headers.len() + icrc::ICRC_LEN, |n, s| {
+            n.checked_add(s.len())
+        });
     if given != Some(udp.payload_len) {
         return Err(Error::BadLength(Layer::Udp));
     }

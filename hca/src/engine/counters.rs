@@ -144,6 +144,13 @@ pub struct Counters {
     /// Completions that could not be queued because their CQ had overrun (the CQ is in error and
     /// an `IBV_EVENT_CQ_ERR` was recorded; they are counted, never silently lost).
     pub cq_overrun_lost: u64,
+    /// Packets whose payload a gathering link sends from MR memory in place (zero-copy transmit,
+    /// `SoftHca::poll_transmit_gather`).
+    pub tx_gathered_pkts: u64,
+    /// Packets whose payload was copied from MR memory into the transmit buffer (a copying link,
+    /// or memory the CPU cannot address, or more pieces than a gathered packet may have). Inline
+    /// data and payload-less packets count in neither.
+    pub tx_copied_pkts: u64,
     drops: [u64; DropReason::ALL.len()],
 }
 
@@ -186,6 +193,8 @@ impl Counters {
             ("cnp_rcvd", self.cnp_rcvd),
             ("cnp_suppressed", self.cnp_suppressed),
             ("cq_overrun_lost", self.cq_overrun_lost),
+            ("tx_gathered_pkts", self.tx_gathered_pkts),
+            ("tx_copied_pkts", self.tx_copied_pkts),
         ];
         named.into_iter().chain(
             DropReason::ALL

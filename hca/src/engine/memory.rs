@@ -4,8 +4,9 @@
 //! range; this module attaches the bytes: a [`gpu_p2p::Memory`] (host pages, GPU memory) and the
 //! offset in it where the MR's first byte lives. The engine never holds a Rust reference into
 //! registered memory: a peer may write it at any moment, so every access is a copy through the
-//! trait, checked against the key first (O(1): keys index a table). A payload moves once: from MR
-//! memory into the outgoing packet buffer, or from the received packet into MR memory.
+//! trait, checked against the key first (O(1): keys index a table). A payload moves at most once:
+//! from MR memory into the outgoing packet buffer (or not at all when the link gathers it in place,
+//! module `tx`), or from the received packet into MR memory.
 
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -16,6 +17,8 @@ use crate::error::{KeyError, KeyErrorKind};
 use crate::mr::{AccessFlags, MemoryRegion, MrTable};
 use crate::pd::PdHandle;
 use crate::wr::Sge;
+
+use super::tx::TxOut;
 
 /// The bytes of one registered MR.
 #[derive(Debug, Clone)]
@@ -68,7 +71,7 @@ impl MrMemory {
         key: u32,
         iova: u64,
         len: usize,
-    ) -> Result<(&dyn Memory, usize), KeyError> {
+    ) -> Result<(&Arc<dyn Memory>, usize), KeyError> {
         let out_of_bounds = KeyError {
             key,
             kind: KeyErrorKind::OutOfBounds {
@@ -82,7 +85,7 @@ impl MrMemory {
             .and_then(|o| usize::try_from(o).ok())
             .ok_or(out_of_bounds)?;
         let at = backing.offset.checked_add(in_mr).ok_or(out_of_bounds)?;
-        Ok((&*backing.memory, at))
+        Ok((&backing.memory, at))
     }
 
     /// Copies `dst.len()` bytes of the message formed by `sges` (concatenated), starting at byte
@@ -105,6 +108,41 @@ impl MrMemory {
             AccessFlags::empty(),
             |mem, at, range| mem.read(at, &mut dst[range]).is_ok(),
         )
+    }
+
+    /// Describes the bytes `[offset, offset + len)` of the message formed by `sges` as payload
+    /// segments of `out` (zero-copy transmit), checking every SGE touched as
+    /// [`MrMemory::gather`] does. `Ok(true)`: the segments are in `out`; `Ok(false)`: a piece is
+    /// in memory the CPU cannot address or there are more pieces than a packet may have (`out`
+    /// then has no segments: copy with [`MrMemory::gather`] instead).
+    pub(crate) fn segments<I: IntoIterator<Item = Sge>>(
+        &self,
+        mrs: &MrTable,
+        pd: PdHandle,
+        sges: I,
+        offset: u64,
+        len: usize,
+        out: &mut TxOut<'_>,
+    ) -> Result<bool, CopyError> {
+        let mut all = true;
+        let walked = self.walk(
+            mrs,
+            pd,
+            sges,
+            offset,
+            len,
+            AccessFlags::empty(),
+            |mem, at, range| {
+                if all && !out.push_segment(mem, at, range.len()) {
+                    all = false;
+                }
+                gpu_p2p::check_range(at, range.len(), mem.len()).is_ok()
+            },
+        );
+        if walked.is_err() || !all {
+            out.reset();
+        }
+        walked.map(|()| all)
     }
 
     /// Copies `src` into the buffers of `sges` (concatenated), starting at byte `offset`, checking
@@ -143,7 +181,7 @@ impl MrMemory {
     ) -> Result<(), CopyError>
     where
         I: IntoIterator<Item = Sge>,
-        F: FnMut(&dyn Memory, usize, core::ops::Range<usize>) -> bool,
+        F: FnMut(&Arc<dyn Memory>, usize, core::ops::Range<usize>) -> bool,
     {
         let mut skip = offset;
         let mut done = 0usize;
@@ -191,7 +229,7 @@ impl MrMemory {
         va: u64,
         len: usize,
         needed: AccessFlags,
-    ) -> Result<(&'a dyn Memory, usize), KeyError> {
+    ) -> Result<(&'a Arc<dyn Memory>, usize), KeyError> {
         let mr = mrs.check_rkey(pd, rkey, va, len as u64, needed)?;
         self.locate(mr, rkey, va, len)
     }

@@ -14,7 +14,9 @@
 //! ## Outputs, and the order to poll them
 //! After any input, a driver calls, in this order:
 //! 1. [`SoftHca::poll_transmit`] until it returns `None`: each call builds one packet into the
-//!    caller's buffer (round-robin over the QPs with work; CNPs first);
+//!    caller's buffer (round-robin over the QPs with work; CNPs first); a link that can gather
+//!    calls [`SoftHca::poll_transmit_gather`] instead, which leaves RC payloads in MR memory and
+//!    describes them ([`GatherTransmit`], zero-copy);
 //! 2. [`SoftHca::poll_timeout`]: when to call [`SoftHca::handle_timeout`] next;
 //! 3. [`SoftHca::poll_cq`], [`SoftHca::poll_event`], [`SoftHca::poll_cq_event`],
 //!    [`SoftHca::poll_diag`] as it needs.
@@ -31,8 +33,9 @@
 //! counters ([`Counters`]) and rate-limited diagnostics ([`DiagRecord`]).
 //!
 //! ## Fast path
-//! One packet costs O(1) lookups (QPN and keys index tables), one copy of its payload (MR memory
-//! to the transmit buffer, or received buffer to MR memory) and no allocation once queues have
+//! One packet costs O(1) lookups (QPN and keys index tables), at most one copy of its payload
+//! (MR memory to the transmit buffer, none with [`SoftHca::poll_transmit_gather`]; received
+//! buffer to MR memory) and no allocation once queues have
 //! grown to their bounds. Every queue is bounded: send and receive queues by their QP's
 //! capabilities, responses by `max_dest_rd_atomic`, CNPs, CQ events and diagnostics by constants.
 
@@ -47,7 +50,9 @@ mod recv;
 mod requester;
 mod responder;
 mod send_queue;
+mod sys;
 mod transport;
+mod tx;
 
 use alloc::boxed::Box;
 use alloc::collections::{BinaryHeap, VecDeque};
@@ -66,12 +71,14 @@ pub use counters::{Counters, DropReason};
 pub use diag::{DiagKind, DiagRecord};
 pub use net::IPV4_IDENT;
 pub use time::Instant;
+pub use tx::{GatherTransmit, TxSegment, MAX_TX_SEGMENTS};
 
 use memory::{MrBacking, MrMemory};
 use net::Route;
 use requester::TxResult;
 use send_queue::{NewWqe, UdRoute};
 use transport::{Env, QpTransport};
+use tx::TxOut;
 
 use crate::ah::{AhAttr, AhHandle};
 use crate::context::Context;
@@ -807,9 +814,30 @@ impl SoftHca {
     /// QP the responder (ACKs, READ responses) and the requester alternate.
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        self.transmit(now, &mut TxOut::new(buf, false))
+    }
+
+    /// As [`SoftHca::poll_transmit`], for a link that can send one datagram from several buffers
+    /// (sendmsg(2) `iovec`s, NIC gather descriptors): a payload in CPU-addressable MR memory
+    /// ([`gpu_p2p::Memory::host_ptr`]) is not copied but described as [`TxSegment`]s that keep
+    /// their memory alive; the headers go into `buf`, the pad and ICRC into the returned
+    /// [`GatherTransmit`]'s trailer. Other payloads (inline data, GPU memory, a packet spanning
+    /// more than [`MAX_TX_SEGMENTS`] SGEs) are copied into `buf` as by `poll_transmit`, so `buf`
+    /// should still hold [`MAX_UDP_PAYLOAD`] bytes; a shorter one makes such a packet wait, as
+    /// there (`send_err`). The link must send the packet before the next call that could change
+    /// the memory it references is made, or accept that a changed buffer gives a packet the peer
+    /// drops (IBTA vol. 1 §10.7: a buffer of an outstanding WR must not change). See module `tx`.
+    #[must_use]
+    pub fn poll_transmit_gather(&mut self, now: Instant, buf: &mut [u8]) -> Option<GatherTransmit> {
+        let mut out = TxOut::new(buf, true);
+        let t = self.transmit(now, &mut out)?;
+        Some(out.take(t))
+    }
+
+    fn transmit(&mut self, now: Instant, out: &mut TxOut<'_>) -> Option<Transmit> {
         self.last_now = self.last_now.max(now);
         if let Some(cnp) = self.cnps.front().copied() {
-            if let Some(tx) = self.build_cnp(&cnp, buf) {
+            if let Some(tx) = self.build_cnp(&cnp, out) {
                 self.cnps.pop_front();
                 return Some(tx);
             }
@@ -828,9 +856,9 @@ impl SoftHca {
                     let mut result = TxResult::Nothing;
                     for responder in order {
                         result = if responder {
-                            t.next_response(&mut env, buf)
+                            t.next_response(&mut env, out)
                         } else {
-                            t.next_request(&mut env, buf)
+                            t.next_request(&mut env, out)
                         };
                         match result {
                             TxResult::Packet(_) => {
@@ -1029,7 +1057,9 @@ impl SoftHca {
 
     /// Builds a CNP (IBTA Annex A17.9.3): BTH opcode 0x81 to the QP to throttle, BECN set, 16
     /// reserved zero bytes, ICRC.
-    fn build_cnp(&mut self, cnp: &PendingCnp, buf: &mut [u8]) -> Option<Transmit> {
+    fn build_cnp(&mut self, cnp: &PendingCnp, out: &mut TxOut<'_>) -> Option<Transmit> {
+        out.reset();
+        let buf = &mut *out.buf;
         let transport = TransportRepr {
             bth: roce::cnp::Repr {
                 dest_qpn: cnp.dest_qpn,
@@ -1051,7 +1081,7 @@ impl SoftHca {
             flow_label: 0,
         };
         let payload = roce::cnp::PAYLOAD_LEN;
-        let built = net::write_headers(buf, &transport, payload).and_then(|header_len| {
+        let built = net::write_headers(buf, &transport, payload, payload).and_then(|header_len| {
             if let Some(p) = buf.get_mut(header_len..header_len + payload) {
                 p.fill(0);
             }
@@ -1059,6 +1089,7 @@ impl SoftHca {
         });
         match built {
             Ok(len) => {
+                out.built_in_buffer(len);
                 counters::bump!(self.counters.cnp_sent);
                 counters::bump!(self.counters.sent_pkts);
                 Some(Transmit::new(&route, len))

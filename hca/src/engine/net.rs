@@ -95,14 +95,17 @@ pub(crate) fn packet_len(transport: &TransportRepr, payload_len: usize) -> usize
         + icrc::ICRC_LEN
 }
 
-/// Checks that `buf` holds the whole packet and writes the BTH (PadCnt from `payload_len`) and the
-/// extended headers at its start. Returns the header length: the payload goes right after.
+/// Checks that `buf` holds the packet, less the payload bytes that will not be in it (`payload_len -
+/// in_buffer`: gathered from MR memory, module `tx`), and writes the BTH (PadCnt from `payload_len`)
+/// and the extended headers at its start. Returns the header length: a payload in the buffer goes
+/// right after.
 pub(crate) fn write_headers(
     buf: &mut [u8],
     transport: &TransportRepr,
     payload_len: usize,
+    in_buffer: usize,
 ) -> Result<usize, BuildError> {
-    if buf.len() < packet_len(transport, payload_len) {
+    if buf.len() + payload_len.saturating_sub(in_buffer) < packet_len(transport, payload_len) {
         return Err(BuildError::BufferTooSmall);
     }
     let mut t = *transport;

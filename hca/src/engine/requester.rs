@@ -33,6 +33,7 @@ use super::memory::CopyError;
 use super::net::{seal, write_headers, BuildError, Route};
 use super::send_queue::{SendWqe, WqeState};
 use super::transport::{Env, QpTransport};
+use super::tx::TxOut;
 use super::Transmit;
 use crate::qp::{QpAttr, QpState, QpType};
 use crate::wc::WcStatus;
@@ -143,7 +144,7 @@ const fn pick(rc: bool, a: Opcode, b: Opcode) -> Opcode {
 
 impl QpTransport {
     /// Builds the next request packet into `buf`, if the send queue has one ready.
-    pub(crate) fn next_request(&mut self, env: &mut Env<'_>, buf: &mut [u8]) -> TxResult {
+    pub(crate) fn next_request(&mut self, env: &mut Env<'_>, out: &mut TxOut<'_>) -> TxResult {
         let Some(qp) = env.ctx.qp(self.qpn) else {
             return TxResult::Nothing;
         };
@@ -223,7 +224,7 @@ impl QpTransport {
             if self.qp_type == QpType::Rc && fresh && self.comp.psn.distance(psn) >= window {
                 return TxResult::Nothing;
             }
-            return match self.build_request(env, &attr, &wqe, psn, buf) {
+            return match self.build_request(env, &attr, &wqe, psn, out) {
                 Ok((tx, advance_to)) => {
                     if let Some(w) = self.sq.get_mut(i) {
                         w.next_psn = advance_to;
@@ -297,7 +298,7 @@ impl QpTransport {
         attr: &QpAttr,
         wqe: &SendWqe,
         psn: Psn,
-        buf: &mut [u8],
+        out: &mut TxOut<'_>,
     ) -> Result<(Transmit, Psn), RequestError> {
         let pmtu = u64::from(self.pmtu.max(1));
         let npkts = wqe.first_psn.distance(wqe.last_psn) + 1;
@@ -442,21 +443,55 @@ impl QpTransport {
             },
             ext,
         };
-        let header_len =
-            write_headers(buf, &transport, payload_len).map_err(RequestError::Build)?;
-        if payload_len > 0 {
-            let dst = buf
-                .get_mut(header_len..header_len + payload_len)
-                .ok_or(RequestError::Build(BuildError::BufferTooSmall))?;
-            if !self.sq.copy_inline(wqe, offset as u32, dst) {
-                env.mem
-                    .gather(env.ctx.mrs(), self.pd, self.sq.sges(wqe), offset, dst)
-                    .map_err(|e| match e {
-                        CopyError::Key(_) | CopyError::Overflow => RequestError::LocalProtection,
-                    })?;
+        let key_error = |e| match e {
+            CopyError::Key(_) | CopyError::Overflow => RequestError::LocalProtection,
+        };
+        out.reset();
+        // Zero-copy when the link gathers and the payload is in CPU-addressable MR memory. Only
+        // RC: its WQEs complete when acknowledged, so after the link has sent the bytes; UC and
+        // UD WQEs complete when their last packet is handed to the link, and the program may then
+        // reuse the buffer (IBTA vol. 1 §10.8.5) before the link reads it, so they are copied.
+        // Inline data lives in the send queue and is always copied.
+        let gathered = out.gather
+            && self.qp_type == QpType::Rc
+            && payload_len > 0
+            && !wqe.is_inline()
+            && env
+                .mem
+                .segments(
+                    env.ctx.mrs(),
+                    self.pd,
+                    self.sq.sges(wqe),
+                    offset,
+                    payload_len,
+                    out,
+                )
+                .map_err(key_error)?;
+        let in_buffer = if gathered { 0 } else { payload_len };
+        let header_len = write_headers(out.buf, &transport, payload_len, in_buffer)
+            .map_err(RequestError::Build)?;
+        let len = if gathered {
+            bump!(env.counters.tx_gathered_pkts);
+            out.seal_gathered(header_len, payload_len, &route)
+                .map_err(RequestError::Build)?
+        } else {
+            if payload_len > 0 {
+                let dst = out
+                    .buf
+                    .get_mut(header_len..header_len + payload_len)
+                    .ok_or(RequestError::Build(BuildError::BufferTooSmall))?;
+                if !self.sq.copy_inline(wqe, offset as u32, dst) {
+                    bump!(env.counters.tx_copied_pkts);
+                    env.mem
+                        .gather(env.ctx.mrs(), self.pd, self.sq.sges(wqe), offset, dst)
+                        .map_err(key_error)?;
+                }
             }
-        }
-        let len = seal(buf, header_len, payload_len, &route).map_err(RequestError::Build)?;
+            let len =
+                seal(out.buf, header_len, payload_len, &route).map_err(RequestError::Build)?;
+            out.built_in_buffer(len);
+            len
+        };
         Ok((Transmit::new(&route, len), advance_to))
     }
 }

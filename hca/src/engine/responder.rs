@@ -60,6 +60,7 @@ use super::net::{grh_area, seal, write_headers, BuildError};
 use super::recv::RxPacket;
 use super::requester::{num_packets, TxResult};
 use super::transport::{Env, QpTransport, Resource, ResourceKind, RespOut, WriteCursor};
+use super::tx::TxOut;
 use super::Transmit;
 use crate::event::AsyncEventType;
 use crate::mr::AccessFlags;
@@ -1008,7 +1009,7 @@ impl QpTransport {
     }
 
     /// Builds the next queued response (ACK, NAK, READ response, atomic ACK) into `buf`.
-    pub(crate) fn next_response(&mut self, env: &mut Env<'_>, buf: &mut [u8]) -> TxResult {
+    pub(crate) fn next_response(&mut self, env: &mut Env<'_>, out: &mut TxOut<'_>) -> TxResult {
         let state = env.state(self.qpn);
         if state == QpState::Reset || state == QpState::Init {
             self.resp.out.clear();
@@ -1083,7 +1084,41 @@ impl QpTransport {
                 },
                 ext,
             };
-            let header_len = match write_headers(buf, &transport, payload_len) {
+            out.reset();
+            // A READ response's payload: gathered in place when the link can and the memory is
+            // CPU-addressable, else copied below. rxe rechecks the rkey for every response
+            // packet: the region may have been deregistered or invalidated since the request was
+            // accepted.
+            let mut source = None;
+            if let RespOut::Read { va, rkey, .. } = front {
+                if payload_len > 0 {
+                    match env.mem.remote(
+                        env.ctx.mrs(),
+                        self.pd,
+                        rkey,
+                        va,
+                        payload_len,
+                        AccessFlags::REMOTE_READ,
+                    ) {
+                        Ok((mem, at)) => source = Some((mem, at)),
+                        Err(_) => {
+                            self.resp.out.pop_front();
+                            self.class_c(
+                                env,
+                                psn,
+                                NakCode::RemoteAccessError,
+                                WcStatus::WrFlushErr,
+                                AsyncEventType::QpAccessErr,
+                            );
+                            continue;
+                        }
+                    }
+                }
+            }
+            let gathered = out.gather
+                && source.is_some_and(|(mem, at)| out.push_segment(mem, at, payload_len));
+            let in_buffer = if gathered { 0 } else { payload_len };
+            let header_len = match write_headers(out.buf, &transport, payload_len, in_buffer) {
                 Ok(n) => n,
                 Err(BuildError::BufferTooSmall) => {
                     bump!(env.counters.send_err);
@@ -1095,23 +1130,16 @@ impl QpTransport {
                     return TxResult::Nothing;
                 }
             };
-            if let RespOut::Read { va, rkey, .. } = front {
-                if payload_len > 0 {
-                    // rxe rechecks the rkey for every response packet: the region may have been
-                    // deregistered or invalidated since the request was accepted.
-                    let read = env
-                        .mem
-                        .remote(
-                            env.ctx.mrs(),
-                            self.pd,
-                            rkey,
-                            va,
-                            payload_len,
-                            AccessFlags::REMOTE_READ,
-                        )
-                        .ok()
-                        .zip(buf.get_mut(header_len..header_len + payload_len))
-                        .is_some_and(|((mem, at), dst)| mem.read(at, dst).is_ok());
+            let sealed = if gathered {
+                bump!(env.counters.tx_gathered_pkts);
+                out.seal_gathered(header_len, payload_len, &route)
+            } else {
+                if let Some((mem, at)) = source {
+                    bump!(env.counters.tx_copied_pkts);
+                    let read = out
+                        .buf
+                        .get_mut(header_len..header_len + payload_len)
+                        .is_some_and(|dst| mem.read(at, dst).is_ok());
                     if !read {
                         self.resp.out.pop_front();
                         self.class_c(
@@ -1124,8 +1152,13 @@ impl QpTransport {
                         continue;
                     }
                 }
-            }
-            let len = match seal(buf, header_len, payload_len, &route) {
+                let sealed = seal(out.buf, header_len, payload_len, &route);
+                if let Ok(len) = sealed {
+                    out.built_in_buffer(len);
+                }
+                sealed
+            };
+            let len = match sealed {
                 Ok(len) => len,
                 Err(_) => {
                     bump!(env.counters.send_err);

@@ -70,6 +70,11 @@ impl SendWqe {
         )
     }
 
+    /// Whether the WQE's data was posted INLINE (it is then in the send queue, not in its SGEs).
+    pub(crate) fn is_inline(&self) -> bool {
+        self.inline_start.is_some()
+    }
+
     /// Whether every PSN of the WQE was transmitted at least once since the last retry.
     pub(crate) fn fully_sent(&self) -> bool {
         self.next_psn == self.last_psn.next()

@@ -25,11 +25,7 @@ use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use roce::ipv4::{self, IpProtocol};
-use roce::packet::{icrc_of_udp_payload, IpRepr};
-use roce::{icrc, udp};
-
-use crate::engine::{Datagram, Instant, Transmit, MAX_UDP_PAYLOAD};
+use crate::engine::{Datagram, GatherTransmit, Instant, MAX_TX_SEGMENTS, MAX_UDP_PAYLOAD};
 use crate::link::udp::{RecvBatch, RecvDatagram, SendDatagram, UdpLink};
 use crate::link::LinkError;
 
@@ -60,8 +56,9 @@ pub(crate) struct Io {
     /// `slots` transmit buffers of [`SLOT`] bytes, back to back.
     tx: Vec<u8>,
     slots: usize,
-    /// Packets built into `tx` (slot `i` holds `meta[i]`); `meta[sent..]` are not sent yet.
-    meta: Vec<Transmit>,
+    /// Packets built: slot `i` of `tx` holds the head of `meta[i]`, which references its payload
+    /// in MR memory (zero-copy); `meta[sent..]` are not sent yet.
+    meta: Vec<GatherTransmit>,
     sent: usize,
     /// Per slot: the IPv4 identification its packet's ICRC was computed for.
     sealed: [u16; MAX_TX_BATCH],
@@ -158,20 +155,46 @@ impl RoundOutcome {
     }
 }
 
-/// Gather lists of the built packets: slot `i` of `tx` holds `meta[i]`.
-fn parts_of<'a>(tx: &'a [u8], meta: &[Transmit]) -> [IoSlice<'a>; MAX_TX_BATCH] {
-    let mut parts = [IoSlice::new(&[]); MAX_TX_BATCH];
+/// Most gather parts of one packet: headers, [`MAX_TX_SEGMENTS`] payload segments, trailer.
+const PARTS_PER_PACKET: usize = MAX_TX_SEGMENTS + 2;
+
+/// Gather lists of the built packets: slot `i` of `tx` holds the head of `meta[i]`, its payload
+/// segments point into MR memory (zero-copy; the [`GatherTransmit`] keeps that memory alive), its
+/// trailer (pad, ICRC) is in the descriptor. Packet `i`'s parts are
+/// `parts[i * PARTS_PER_PACKET ..][..counts[i]]`.
+fn parts_of<'a>(
+    tx: &'a [u8],
+    meta: &'a [GatherTransmit],
+) -> (
+    [IoSlice<'a>; MAX_TX_BATCH * PARTS_PER_PACKET],
+    [usize; MAX_TX_BATCH],
+) {
+    let mut parts = [IoSlice::new(&[]); MAX_TX_BATCH * PARTS_PER_PACKET];
+    let mut counts = [0usize; MAX_TX_BATCH];
     for (i, t) in meta.iter().enumerate().take(MAX_TX_BATCH) {
         let start = i * SLOT;
-        parts[i] = IoSlice::new(tx.get(start..start + t.len.min(SLOT)).unwrap_or(&[]));
+        let mine = &mut parts[i * PARTS_PER_PACKET..(i + 1) * PARTS_PER_PACKET];
+        let mut n = 0;
+        mine[n] = IoSlice::new(tx.get(start..start + t.head_len().min(SLOT)).unwrap_or(&[]));
+        n += 1;
+        for seg in t.segments() {
+            mine[n] = IoSlice::new(seg.bytes());
+            n += 1;
+        }
+        if !t.trailer().is_empty() {
+            mine[n] = IoSlice::new(t.trailer());
+            n += 1;
+        }
+        counts[i] = n;
     }
-    parts
+    (parts, counts)
 }
 
 /// The datagrams of the built packets, addressed as the peer ports say.
 fn datagrams_of<'a>(
-    meta: &[Transmit],
-    parts: &'a [IoSlice<'a>; MAX_TX_BATCH],
+    meta: &[GatherTransmit],
+    parts: &'a [IoSlice<'a>; MAX_TX_BATCH * PARTS_PER_PACKET],
+    counts: &[usize; MAX_TX_BATCH],
     peer_ports: &[(IpAddr, u16)],
     peer_port: u16,
     scope: u32,
@@ -179,49 +202,18 @@ fn datagrams_of<'a>(
     let unset = SocketAddr::new(IpAddr::from([0u8; 4]), 0);
     std::array::from_fn(|i| match meta.get(i) {
         None => SendDatagram::new(unset, &[]),
-        Some(t) => SendDatagram {
-            dst: destination(peer_ports, peer_port, scope, t.dst_ip),
-            ecn: t.ecn,
-            dscp: t.dscp,
-            hop_limit: Some(t.hop_limit.max(1)),
-            parts: std::slice::from_ref(&parts[i]),
-        },
+        Some(g) => {
+            let t = &g.transmit;
+            let start = i * PARTS_PER_PACKET;
+            SendDatagram {
+                dst: destination(peer_ports, peer_port, scope, t.dst_ip),
+                ecn: t.ecn,
+                dscp: t.dscp,
+                hop_limit: Some(t.hop_limit.max(1)),
+                parts: &parts[start..start + counts[i]],
+            }
+        }
     })
-}
-
-/// Recomputes the ICRC of an IPv4 packet built for identification 0 (the engine's
-/// [`IPV4_IDENT`](crate::engine::IPV4_IDENT)) for identification `ident`: the kernel numbers the
-/// segments of a UDP GSO train 0, 1, 2, ... and the ICRC covers the identification (IBTA vol. 1
-/// Annex A17.3.3 masks only TOS, TTL and the header checksum). `slot` holds the UDP payload
-/// (`t.len` bytes, ICRC last).
-fn reseal(slot: &mut [u8], t: &Transmit, ident: u16) {
-    let (IpAddr::V4(src_addr), IpAddr::V4(dst_addr)) = (t.src_ip, t.dst_ip) else {
-        return;
-    };
-    let ip = IpRepr::Ipv4(ipv4::Repr {
-        src_addr,
-        dst_addr,
-        protocol: IpProtocol::Udp,
-        payload_len: 0,
-        hop_limit: t.hop_limit,
-        dscp: t.dscp,
-        ecn: t.ecn,
-        ident,
-        dont_frag: true,
-    });
-    let udp = udp::Repr {
-        src_port: t.src_port,
-        dst_port: t.dst_port,
-        payload_len: t.len,
-    };
-    let Some(packet) = slot.get_mut(..t.len) else {
-        return;
-    };
-    // A packet the engine built always has its headers and ICRC: an error leaves it unchanged.
-    if let Ok(crc) = icrc_of_udp_payload(&ip, &udp, packet) {
-        let at = packet.len() - icrc::ICRC_LEN;
-        packet[at..].copy_from_slice(&icrc::to_wire(crc));
-    }
 }
 
 fn datagram<'a>(d: &RecvDatagram<'a>, ipv6: bool) -> Datagram<'a> {
@@ -316,7 +308,7 @@ impl Shared {
                 io.meta.clear();
                 io.sent = 0;
                 for slot in io.tx.chunks_exact_mut(SLOT) {
-                    match e.poll_transmit(now, slot) {
+                    match e.poll_transmit_gather(now, slot) {
                         Some(t) => io.meta.push(t),
                         None => break,
                     }
@@ -364,19 +356,23 @@ impl Shared {
             if gso_v4 {
                 let mut positions = [0u16; MAX_TX_BATCH];
                 {
-                    let parts = parts_of(tx, meta);
-                    let dgrams = datagrams_of(meta, &parts, peer_ports, *peer_port, *scope_id);
+                    let (parts, counts) = parts_of(tx, meta);
+                    let dgrams =
+                        datagrams_of(meta, &parts, &counts, peer_ports, *peer_port, *scope_id);
                     link.gso_positions(&dgrams[*sent..n], &mut positions[*sent..n]);
                 }
                 for j in *sent..n {
                     if positions[j] != sealed[j] {
-                        reseal(&mut tx[j * SLOT..(j + 1) * SLOT], &meta[j], positions[j]);
+                        // The kernel numbers a GSO train's segments' IPv4 identification 0, 1,
+                        // 2, ... and the ICRC covers it (IBTA vol. 1 Annex A17.3.3 masks only
+                        // TOS, TTL and the header checksum).
+                        meta[j].reseal_ipv4(&mut tx[j * SLOT..(j + 1) * SLOT], positions[j]);
                         sealed[j] = positions[j];
                     }
                 }
             }
-            let parts = parts_of(tx, meta);
-            let dgrams = datagrams_of(meta, &parts, peer_ports, *peer_port, *scope_id);
+            let (parts, counts) = parts_of(tx, meta);
+            let dgrams = datagrams_of(meta, &parts, &counts, peer_ports, *peer_port, *scope_id);
             match link.send(&dgrams[*sent..n]) {
                 Ok(k) => {
                     *sent += k;
