@@ -158,26 +158,40 @@ impl RoundOutcome {
 /// Most gather parts of one packet: headers, [`MAX_TX_SEGMENTS`] payload segments, trailer.
 const PARTS_PER_PACKET: usize = MAX_TX_SEGMENTS + 2;
 
-/// Gather lists of the built packets: slot `i` of `tx` holds the head of `meta[i]`, its payload
-/// segments point into MR memory (zero-copy; the [`GatherTransmit`] keeps that memory alive), its
-/// trailer (pad, ICRC) is in the descriptor. Packet `i`'s parts are
-/// `parts[i * PARTS_PER_PACKET ..][..counts[i]]`.
-fn parts_of<'a>(
-    tx: &'a [u8],
-    meta: &'a [GatherTransmit],
-) -> (
-    [IoSlice<'a>; MAX_TX_BATCH * PARTS_PER_PACKET],
-    [usize; MAX_TX_BATCH],
-) {
-    let mut parts = [IoSlice::new(&[]); MAX_TX_BATCH * PARTS_PER_PACKET];
-    let mut counts = [0usize; MAX_TX_BATCH];
-    for (i, t) in meta.iter().enumerate().take(MAX_TX_BATCH) {
+/// Packets up to which a send uses small gather arrays (a latency-bound exchange sends one or
+/// two packets a round; preparing arrays for a full batch would cost more than the send).
+const SMALL_WINDOW: usize = 4;
+
+/// Where packets go: the peer ports by IP, the default peer port and the IPv6 link-local scope.
+struct Addressing<'a> {
+    peer_ports: &'a [(IpAddr, u16)],
+    peer_port: u16,
+    scope: u32,
+}
+
+/// Calls `f` with the datagrams of `meta` (at most `N`; `P` = `N` x [`PARTS_PER_PACKET`]), whose
+/// heads are in `tx`'s slots in the same order: for each packet its head, its payload segments in
+/// MR memory (zero-copy; the [`GatherTransmit`] keeps that memory alive) and its trailer (pad,
+/// ICRC), addressed as `addr` says. The gather arrays live on the stack for the call.
+fn with_datagrams<const N: usize, const P: usize, R>(
+    tx: &[u8],
+    meta: &[GatherTransmit],
+    addr: &Addressing<'_>,
+    f: impl FnOnce(&[SendDatagram<'_>]) -> R,
+) -> R {
+    debug_assert_eq!(P, N * PARTS_PER_PACKET);
+    let count = meta.len().min(N);
+    let mut parts = [IoSlice::new(&[]); P];
+    let mut counts = [0usize; N];
+    for (i, t) in meta.iter().enumerate().take(count) {
         let start = i * SLOT;
-        let mine = &mut parts[i * PARTS_PER_PACKET..(i + 1) * PARTS_PER_PACKET];
+        let Some(mine) = parts.get_mut(i * PARTS_PER_PACKET..(i + 1) * PARTS_PER_PACKET) else {
+            break;
+        };
         let mut n = 0;
         mine[n] = IoSlice::new(tx.get(start..start + t.head_len().min(SLOT)).unwrap_or(&[]));
         n += 1;
-        for seg in t.segments() {
+        for seg in t.segments().take(MAX_TX_SEGMENTS) {
             mine[n] = IoSlice::new(seg.bytes());
             n += 1;
         }
@@ -187,33 +201,34 @@ fn parts_of<'a>(
         }
         counts[i] = n;
     }
-    (parts, counts)
+    let unset = SocketAddr::new(IpAddr::from([0u8; 4]), 0);
+    let mut dgrams = [SendDatagram::new(unset, &[]); N];
+    for (i, g) in meta.iter().enumerate().take(count) {
+        let t = &g.transmit;
+        let start = i * PARTS_PER_PACKET;
+        dgrams[i] = SendDatagram {
+            dst: destination(addr.peer_ports, addr.peer_port, addr.scope, t.dst_ip),
+            ecn: t.ecn,
+            dscp: t.dscp,
+            hop_limit: Some(t.hop_limit.max(1)),
+            parts: &parts[start..start + counts[i]],
+        };
+    }
+    f(&dgrams[..count])
 }
 
-/// The datagrams of the built packets, addressed as the peer ports say.
-fn datagrams_of<'a>(
+/// [`with_datagrams`] with arrays sized for `meta`: small ones for a few packets.
+fn with_datagrams_sized<R>(
+    tx: &[u8],
     meta: &[GatherTransmit],
-    parts: &'a [IoSlice<'a>; MAX_TX_BATCH * PARTS_PER_PACKET],
-    counts: &[usize; MAX_TX_BATCH],
-    peer_ports: &[(IpAddr, u16)],
-    peer_port: u16,
-    scope: u32,
-) -> [SendDatagram<'a>; MAX_TX_BATCH] {
-    let unset = SocketAddr::new(IpAddr::from([0u8; 4]), 0);
-    std::array::from_fn(|i| match meta.get(i) {
-        None => SendDatagram::new(unset, &[]),
-        Some(g) => {
-            let t = &g.transmit;
-            let start = i * PARTS_PER_PACKET;
-            SendDatagram {
-                dst: destination(peer_ports, peer_port, scope, t.dst_ip),
-                ecn: t.ecn,
-                dscp: t.dscp,
-                hop_limit: Some(t.hop_limit.max(1)),
-                parts: &parts[start..start + counts[i]],
-            }
-        }
-    })
+    addr: &Addressing<'_>,
+    f: impl FnOnce(&[SendDatagram<'_>]) -> R,
+) -> R {
+    if meta.len() <= SMALL_WINDOW {
+        with_datagrams::<SMALL_WINDOW, { SMALL_WINDOW * PARTS_PER_PACKET }, R>(tx, meta, addr, f)
+    } else {
+        with_datagrams::<MAX_TX_BATCH, { MAX_TX_BATCH * PARTS_PER_PACKET }, R>(tx, meta, addr, f)
+    }
 }
 
 fn datagram<'a>(d: &RecvDatagram<'a>, ipv6: bool) -> Datagram<'a> {
@@ -337,7 +352,8 @@ impl Shared {
     /// Sends the built packets not sent yet, as far as the socket buffer takes them. Packets the
     /// socket refuses for good are dropped and counted (the transport recovers as from a loss).
     /// Over IPv4 with UDP GSO, the packets that will leave as the `k`-th segment of a train get
-    /// their ICRC recomputed for IPv4 identification `k` first (see [`reseal`]).
+    /// their ICRC recomputed for IPv4 identification `k` first
+    /// ([`GatherTransmit::reseal_ipv4`]).
     fn flush(&self, io: &mut Io) {
         let n = io.meta.len();
         while io.sent < n {
@@ -353,15 +369,18 @@ impl Shared {
                 ..
             } = &mut *io;
             let gso_v4 = link.local_addr().is_ipv4() && link.offloads().gso;
+            let addr = Addressing {
+                peer_ports,
+                peer_port: *peer_port,
+                scope: *scope_id,
+            };
+            let first = *sent;
             if gso_v4 {
                 let mut positions = [0u16; MAX_TX_BATCH];
-                {
-                    let (parts, counts) = parts_of(tx, meta);
-                    let dgrams =
-                        datagrams_of(meta, &parts, &counts, peer_ports, *peer_port, *scope_id);
-                    link.gso_positions(&dgrams[*sent..n], &mut positions[*sent..n]);
-                }
-                for j in *sent..n {
+                with_datagrams_sized(&tx[first * SLOT..], &meta[first..n], &addr, |d| {
+                    link.gso_positions(d, &mut positions[first..n])
+                });
+                for j in first..n {
                     if positions[j] != sealed[j] {
                         // The kernel numbers a GSO train's segments' IPv4 identification 0, 1,
                         // 2, ... and the ICRC covers it (IBTA vol. 1 Annex A17.3.3 masks only
@@ -371,9 +390,10 @@ impl Shared {
                     }
                 }
             }
-            let (parts, counts) = parts_of(tx, meta);
-            let dgrams = datagrams_of(meta, &parts, &counts, peer_ports, *peer_port, *scope_id);
-            match link.send(&dgrams[*sent..n]) {
+            let result = with_datagrams_sized(&tx[first * SLOT..], &meta[first..n], &addr, |d| {
+                link.send(d)
+            });
+            match result {
                 Ok(k) => {
                     *sent += k;
                     if *sent < n {
