@@ -8,6 +8,10 @@
 //! exactly: loss, duplication, reordering (extra delay), jitter, bit corruption (which the
 //! receiver's ICRC check must catch) and ECN CE marking. Nothing depends on the wall clock.
 //!
+//! With `std`, [`device::FabricGroup`] puts a fabric behind a mutex and gives each engine a
+//! [`crate::verbs::Verbs`] device ([`device::FabricDevice`]), so that programs written against
+//! `dyn Verbs` run on the fabric unchanged.
+//!
 //! ```
 //! # use hca::fabric::{Fabric, Faults};
 //! # use core::time::Duration;
@@ -19,6 +23,9 @@
 //! assert!(end.is_ok());
 //! # let _ = (a, b);
 //! ```
+
+#[cfg(feature = "std")]
+pub mod device;
 
 use alloc::boxed::Box;
 use alloc::collections::BinaryHeap;
@@ -329,7 +336,7 @@ impl Fabric {
         p > 0.0 && self.rng.random::<f64>() < p
     }
 
-    fn route(&self, ip: IpAddr) -> Option<NodeId> {
+    pub(crate) fn route(&self, ip: IpAddr) -> Option<NodeId> {
         let gid = Gid::from(ip);
         self.nodes
             .iter()
@@ -431,7 +438,7 @@ impl Fabric {
     }
 
     /// [`Fabric::step`], but the clock never jumps past `limit`.
-    fn step_to(&mut self, limit: Instant) -> bool {
+    pub(crate) fn step_to(&mut self, limit: Instant) -> bool {
         let mut progress = false;
         for i in 0..self.nodes.len() {
             for _ in 0..MAX_TX_PER_STEP {

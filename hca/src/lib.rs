@@ -49,7 +49,8 @@
 //!   `ibv_rc/uc/ud_pingpong`) run on it (feature `tools`, on by default).
 //!
 //! * [`verbs::Verbs`] (feature `std`): the one device API every backend implements, so programs
-//!   and the conformance suite run unchanged on any of them.
+//!   and the conformance suite run unchanged on any of them: [`udp_device::UdpDevice`], and
+//!   [`fabric::device::FabricDevice`] (software HCAs on the in-memory fabric, virtual clock).
 //!
 //! The object model, the engine and the fabric are `no_std` + `alloc` without the default `std`
 //! feature.
