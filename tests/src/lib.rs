@@ -1,7 +1,11 @@
 //! Cross-crate integration and conformance tests. The tests live under `tests/tests/`; this library holds
-//! what they and the `wire-demo` binary share: sample packets of every opcode, and running `tshark` over a
-//! capture to read back what an independent dissector (Wireshark's InfiniBand dissector) sees.
+//! the verbs conformance suite ([`conformance`], run by the `verbs-conformance` binary and
+//! `tests/verbs_conformance.rs`) and what the tests and the `wire-demo` binary share: sample
+//! packets of every opcode, and running `tshark` over a capture to read back what an independent
+//! dissector (Wireshark's InfiniBand dissector) sees.
 #![deny(missing_docs)]
+
+pub mod conformance;
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr};

@@ -1,0 +1,152 @@
+//! `verbs-conformance`: runs the verbs conformance suite (`tests::conformance`) on any device
+//! the stack can open and, optionally, compares its records with a reference run.
+//!
+//! ```text
+//! verbs-conformance --link fabric                                 # software HCAs, virtual clock
+//! verbs-conformance --link udp:127.0.0.1 --link2 udp:127.0.0.2    # software HCA over UDP
+//! verbs-conformance --link verbs:mlx5_0 --compare reference.txt   # your HCA against a reference
+//! verbs-conformance --link fabric --records-out reference.txt     # write a reference
+//! ```
+//!
+//! Exit status: 0 when every case passed its own checks and (with `--compare`) agreed with the
+//! reference; 1 otherwise; 2 for a usage error or a device that does not open.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tests::conformance::{self, compare, open_pair, read_records, run_suite, write_records};
+
+/// `println!` that ignores a closed stdout (`| head`) instead of panicking.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
+/// Runs the verbs conformance suite on a device and reports each case.
+#[derive(Parser, Debug)]
+#[command(name = "verbs-conformance", version)]
+struct Args {
+    /// The device the requester side (a) runs on: fabric, udp:ADDRESS[:PORT], verbs:DEVICE.
+    #[arg(long, default_value = "fabric")]
+    link: String,
+    /// The device of the responder side (b); default: the same device as --link (its QPs talk to
+    /// each other through it).
+    #[arg(long)]
+    link2: Option<String>,
+    /// Run only the cases whose name contains this.
+    #[arg(long, default_value = "")]
+    case: String,
+    /// List the cases with the rule each checks, and exit.
+    #[arg(long)]
+    list: bool,
+    /// Write the records (one line per case) to this file.
+    #[arg(long)]
+    records_out: Option<PathBuf>,
+    /// Compare the records with a reference file written by --records-out.
+    #[arg(long)]
+    compare: Option<PathBuf>,
+    /// Print every record, not only those of failed cases.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let cases = conformance::select(&args.case);
+    if args.list {
+        for c in &cases {
+            out!(
+                "{:<32} {}",
+                c.name,
+                c.rule.split_whitespace().collect::<Vec<_>>().join(" ")
+            );
+        }
+        return ExitCode::SUCCESS;
+    }
+    if cases.is_empty() {
+        eprintln!("verbs-conformance: no case matches \"{}\"", args.case);
+        return ExitCode::from(2);
+    }
+    let reference = match &args.compare {
+        None => None,
+        Some(path) => match File::open(path).and_then(|f| read_records(BufReader::new(f))) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!("verbs-conformance: cannot read {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let pair = match open_pair(&args.link, args.link2.as_deref()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!(
+                "verbs-conformance: {e}\n(devices: {})",
+                conformance::SPEC_HELP
+            );
+            return ExitCode::from(2);
+        }
+    };
+    out!(
+        "# verbs conformance on {} ({} cases)",
+        pair.name,
+        cases.len()
+    );
+    let records = run_suite(&pair.devices, &cases);
+    let mut failed = 0;
+    for r in &records {
+        if r.passed() {
+            out!("PASS {}", r.case);
+        } else {
+            failed += 1;
+            out!("FAIL {}", r.case);
+            for f in &r.failures {
+                out!("     {f}");
+            }
+        }
+        if args.verbose || !r.passed() {
+            for (k, v) in &r.fields {
+                out!("     {k}={v}");
+            }
+        }
+    }
+    if let Some(path) = &args.records_out {
+        let written = File::create(path).and_then(|f| write_records(BufWriter::new(f), &records));
+        if let Err(e) = written {
+            eprintln!("verbs-conformance: cannot write {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    }
+    let mut differences = 0;
+    if let Some(reference) = reference {
+        // Compare only the cases this run selected.
+        let reference: Vec<_> = reference
+            .into_iter()
+            .filter(|r| records.iter().any(|m| m.case == r.case))
+            .collect();
+        for d in compare(&reference, &records, &pair.devices.a.name()) {
+            differences += 1;
+            out!("DIFF {d}   (reference | {})", pair.name);
+        }
+        for k in conformance::KNOWN_DIFFERENCES
+            .iter()
+            .filter(|k| pair.devices.a.name().starts_with(k.backend))
+        {
+            out!("# allowed difference: {} {}: {}", k.case, k.field, k.reason);
+        }
+    }
+    out!(
+        "# {} passed, {failed} failed, {differences} differences",
+        records.len() - failed
+    );
+    if failed == 0 && differences == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
