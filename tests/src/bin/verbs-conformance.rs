@@ -31,7 +31,7 @@ macro_rules! out {
 #[derive(Parser, Debug)]
 #[command(name = "verbs-conformance", version)]
 struct Args {
-    /// The device the requester side (a) runs on: fabric, udp:ADDRESS[:PORT], verbs:DEVICE.
+    /// The device the requester side (a) runs on: `fabric`, `udp:ADDRESS[:PORT]`, `verbs:DEVICE`.
     #[arg(long, default_value = "fabric")]
     link: String,
     /// The device of the responder side (b); default: the same device as --link (its QPs talk to
