@@ -26,6 +26,11 @@ mod host;
 #[cfg(feature = "std")]
 pub use host::{HostMemory, HostMemoryError, PageBacking};
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "cuda")]
+pub use cuda::{Cuda, CudaDevice, CudaError, CudaMemory, IpcMemHandle, PinnedHostMemory};
+
 /// Where the bytes of a [`Memory`] live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MemoryKind {
@@ -53,6 +58,9 @@ pub enum MemoryError {
         /// The offset asked for.
         offset: usize,
     },
+    /// The device that holds the memory failed the access (a CUDA copy or kernel returned an
+    /// error; the provider logs the driver's error, which names the call and the GPU).
+    Device,
 }
 
 impl fmt::Display for MemoryError {
@@ -65,6 +73,7 @@ impl fmt::Display for MemoryError {
             MemoryError::Misaligned { offset } => {
                 write!(f, "64-bit atomic at offset {offset} is not 8-byte aligned")
             }
+            MemoryError::Device => f.write_str("the device holding the memory failed the access"),
         }
     }
 }
