@@ -2,10 +2,134 @@
 //! `cuModuleLoadData` (CUDA Driver API 6.11) the first time a device needs them. No CUDA compiler is
 //! involved at build time.
 
+use core::fmt;
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::Arc;
 
-use super::{call_err, sys, CudaDevice, CudaError, CudaStream, ATOMICS_PTX};
+use super::{call_err, sys, CudaDevice, CudaError, CudaMemory, CudaStream, ATOMICS_PTX};
+use crate::check_range;
+
+/// The PTX of the reduction kernels (`ptx/reduce.ptx`, written by `ptx/gen_reduce.py`): for every
+/// [`ElemType`] and [`ReduceOp`], `reduce_<op>_<type>(dst, x, y, n)` computes
+/// `dst[i] = op(x[i], y[i])`, and `div_<type>(buf, n, nranks)` the `avg` post-division.
+pub const REDUCE_PTX: &str = include_str!("../../ptx/reduce.ptx");
+
+/// Element types of the reduction kernels (the collectives' data types).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ElemType {
+    /// `int8`.
+    I8,
+    /// `uint8`.
+    U8,
+    /// `int32`.
+    I32,
+    /// `uint32`.
+    U32,
+    /// `int64`.
+    I64,
+    /// `uint64`.
+    U64,
+    /// IEEE binary16.
+    F16,
+    /// bfloat16.
+    Bf16,
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary64.
+    F64,
+}
+
+impl ElemType {
+    /// Every type, in the order of the PTX file.
+    pub const ALL: [ElemType; 10] = [
+        ElemType::I8,
+        ElemType::U8,
+        ElemType::I32,
+        ElemType::U32,
+        ElemType::I64,
+        ElemType::U64,
+        ElemType::F32,
+        ElemType::F64,
+        ElemType::F16,
+        ElemType::Bf16,
+    ];
+
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            ElemType::I8 | ElemType::U8 => 1,
+            ElemType::F16 | ElemType::Bf16 => 2,
+            ElemType::I32 | ElemType::U32 | ElemType::F32 => 4,
+            ElemType::I64 | ElemType::U64 | ElemType::F64 => 8,
+        }
+    }
+
+    /// The suffix of the kernel names (`i8`, ..., `bf16`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            ElemType::I8 => "i8",
+            ElemType::U8 => "u8",
+            ElemType::I32 => "i32",
+            ElemType::U32 => "u32",
+            ElemType::I64 => "i64",
+            ElemType::U64 => "u64",
+            ElemType::F16 => "f16",
+            ElemType::Bf16 => "bf16",
+            ElemType::F32 => "f32",
+            ElemType::F64 => "f64",
+        }
+    }
+}
+
+/// Operators of the reduction kernels (`avg` is `Sum` followed by [`Kernels::divide`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Wrapping sum for integers.
+    Sum,
+    /// Wrapping product for integers.
+    Prod,
+    /// Minimum (floats: the non-NaN operand).
+    Min,
+    /// Maximum (floats: the non-NaN operand).
+    Max,
+}
+
+impl ReduceOp {
+    /// Every operator.
+    pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max];
+
+    /// The infix of the kernel names.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+        }
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Name of the reduction kernel for `op` on `ty` in [`REDUCE_PTX`].
+pub fn reduce_kernel_name(op: ReduceOp, ty: ElemType) -> String {
+    format!("reduce_{}_{}", op.name(), ty.name())
+}
+
+/// Name of the `avg` division kernel for `ty` in [`REDUCE_PTX`].
+pub fn divide_kernel_name(ty: ElemType) -> String {
+    format!("div_{}", ty.name())
+}
+
+/// Threads per block of the reduction launches.
+const BLOCK: u32 = 256;
+/// Upper bound on blocks per launch (the kernels loop over the rest).
+const MAX_GRID: u64 = 4096;
 
 /// A loaded module, unloaded on drop.
 pub(super) struct Module {
@@ -46,18 +170,37 @@ impl Module {
 /// Every module of one device, with its functions looked up once.
 pub(super) struct Modules {
     _atomics: Module,
+    _reduce: Module,
     atomic_cas: sys::CUfunction,
     atomic_add: sys::CUfunction,
+    reduce: HashMap<(ReduceOp, ElemType), sys::CUfunction>,
+    divide: HashMap<ElemType, sys::CUfunction>,
 }
 
 impl Modules {
     /// Loads the modules into the current context (the caller bound the device's context).
     pub(super) fn load(ordinal: u32) -> Result<Modules, CudaError> {
         let atomics = Module::load(ATOMICS_PTX, ordinal)?;
+        let reduce_module = Module::load(REDUCE_PTX, ordinal)?;
+        let mut reduce = HashMap::new();
+        let mut divide = HashMap::new();
+        for ty in ElemType::ALL {
+            for op in ReduceOp::ALL {
+                let f = reduce_module.function(&reduce_kernel_name(op, ty), ordinal)?;
+                reduce.insert((op, ty), f);
+            }
+            divide.insert(
+                ty,
+                reduce_module.function(&divide_kernel_name(ty), ordinal)?,
+            );
+        }
         Ok(Modules {
             atomic_cas: atomics.function("atomic_cas_u64", ordinal)?,
             atomic_add: atomics.function("atomic_add_u64", ordinal)?,
             _atomics: atomics,
+            _reduce: reduce_module,
+            reduce,
+            divide,
         })
     }
 }
@@ -100,6 +243,79 @@ impl<'a> Kernels<'a> {
             1,
             None,
             &[word, compare, swap, out],
+        )
+    }
+
+    fn grid(count: usize) -> u32 {
+        (count as u64).div_ceil(u64::from(BLOCK)).clamp(1, MAX_GRID) as u32
+    }
+
+    /// Queues `dst[i] = op(x[i], y[i])` for `count` elements of `ty` on `stream`; each operand is a
+    /// buffer and a byte offset. `dst` may be `x` or `y` at the same offset (in place). `x` and `y`
+    /// may be IPC-opened peer buffers on this GPU.
+    ///
+    /// # Errors
+    /// [`CudaError::Memory`] when a range is outside its buffer; [`CudaError::Call`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce(
+        &self,
+        stream: &CudaStream,
+        op: ReduceOp,
+        ty: ElemType,
+        dst: (&CudaMemory, usize),
+        x: (&CudaMemory, usize),
+        y: (&CudaMemory, usize),
+        count: usize,
+    ) -> Result<(), CudaError> {
+        let bytes = count
+            .checked_mul(ty.size())
+            .ok_or(crate::MemoryError::OutOfBounds {
+                offset: dst.1,
+                len: usize::MAX,
+                size: dst.0.len,
+            })?;
+        let d = dst.0.range(dst.1, bytes)?;
+        let a = x.0.range(x.1, bytes)?;
+        let b = y.0.range(y.1, bytes)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let f = self.modules.reduce[&(op, ty)];
+        self.launch(
+            f,
+            Self::grid(count),
+            BLOCK,
+            Some(stream),
+            &[d, a, b, count as u64],
+        )
+    }
+
+    /// Queues `buf[i] /= nranks` for `count` elements of `ty` at byte `offset` (the `avg`
+    /// post-division; integers truncate toward zero).
+    ///
+    /// # Errors
+    /// [`CudaError::Memory`]; [`CudaError::Call`].
+    pub fn divide(
+        &self,
+        stream: &CudaStream,
+        ty: ElemType,
+        buf: (&CudaMemory, usize),
+        count: usize,
+        nranks: u32,
+    ) -> Result<(), CudaError> {
+        let bytes = count.saturating_mul(ty.size());
+        check_range(buf.1, bytes, buf.0.len)?;
+        let p = buf.0.range(buf.1, bytes)?;
+        if count == 0 || nranks <= 1 {
+            return Ok(());
+        }
+        let f = self.modules.divide[&ty];
+        self.launch(
+            f,
+            Self::grid(count),
+            BLOCK,
+            Some(stream),
+            &[p, count as u64, u64::from(nranks)],
         )
     }
 

@@ -36,7 +36,9 @@ mod pinned;
 mod sys;
 pub mod topology;
 
-pub use kernels::Kernels;
+pub use kernels::{
+    divide_kernel_name, reduce_kernel_name, ElemType, Kernels, ReduceOp, REDUCE_PTX,
+};
 pub use pinned::PinnedHostMemory;
 
 /// The PTX of the 64-bit atomics kernels (`ptx/atomics.ptx`).
