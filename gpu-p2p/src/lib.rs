@@ -26,6 +26,9 @@ mod host;
 #[cfg(feature = "std")]
 pub use host::{HostMemory, HostMemoryError, PageBacking};
 
+#[cfg(feature = "std")]
+pub mod staging;
+
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "cuda")]
