@@ -157,6 +157,8 @@ pub struct Communicator {
     p2p_received: Vec<u64>,
     /// The first error, once aborted.
     failure: Option<String>,
+    /// The GPU peer-to-peer path (IPC-mapped peer buffers), set up by the first device collective.
+    pub(crate) gpu: Option<Box<crate::transport::cuda_ipc::GpuPeerPath>>,
 }
 
 impl core::fmt::Debug for Communicator {
@@ -382,6 +384,7 @@ impl Communicator {
             p2p_sent: vec![0; nranks],
             p2p_received: vec![0; nranks],
             failure: None,
+            gpu: None,
         })
     }
 
@@ -432,7 +435,7 @@ impl Communicator {
         self.failure.as_deref()
     }
 
-    fn abort(&mut self, e: &CollError) {
+    pub(crate) fn abort(&mut self, e: &CollError) {
         let abort = e.abort_for(self.rank);
         for s in &mut self.sends {
             s.abort(abort);
@@ -503,7 +506,7 @@ impl Communicator {
     }
 
     /// Fails (and aborts) the operation with an argument error.
-    fn invalid(&mut self, op: CollKind, what: String) -> CollError {
+    pub(crate) fn invalid(&mut self, op: CollKind, what: String) -> CollError {
         let e = CollError::InvalidArgument { op, what };
         if self.failure.is_none() {
             self.abort(&e);

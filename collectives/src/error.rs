@@ -122,6 +122,16 @@ pub enum CollError {
         /// The kernel's error.
         source: KernelError,
     },
+    /// A device buffer or the GPU peer-to-peer path failed (a CUDA call, an IPC mapping, a
+    /// staged copy); `what` names the call and the GPU.
+    Device {
+        /// The operation.
+        op: CollKind,
+        /// This rank.
+        rank: usize,
+        /// What failed.
+        what: String,
+    },
     /// The communicator failed earlier and was aborted.
     Aborted {
         /// The operation refused.
@@ -179,6 +189,9 @@ impl fmt::Display for CollError {
             }
             CollError::Transport { op, source } => write!(f, "{op} failed: {source}"),
             CollError::Kernel { op, source } => write!(f, "{op}: reduction failed: {source}"),
+            CollError::Device { op, rank, what } => {
+                write!(f, "{} on rank {rank}: device failure: {what}", op.name())
+            }
             CollError::Aborted { op, cause } => write!(
                 f,
                 "{} refused: the communicator was aborted by an earlier error: {cause}",

@@ -69,6 +69,7 @@ pub mod bootstrap;
 mod codec;
 mod comm;
 mod datatype;
+pub mod device;
 mod error;
 pub mod perf;
 pub mod reduce;

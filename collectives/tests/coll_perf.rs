@@ -389,3 +389,48 @@ fn killed_rank_is_named(env: &[(&str, &str)]) {
     }
     drain.join().unwrap();
 }
+
+/// Without a CUDA driver (this machine, CI) `--device cuda` fails at once with one clear line and a
+/// non-zero exit, before starting any rank; with one it must run and check clean.
+#[test]
+fn device_cuda_without_a_gpu_is_one_clear_line() {
+    let out = coll_perf(&[
+        "all-reduce",
+        "-b",
+        "1K",
+        "-e",
+        "1K",
+        "--ranks",
+        "2",
+        "--device",
+        "cuda",
+    ]);
+    let err = text(&out.stderr);
+    let driver = [
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/usr/lib64/libcuda.so.1",
+        "/usr/lib/libcuda.so.1",
+    ]
+    .iter()
+    .any(|p| std::path::Path::new(p).exists());
+    if driver {
+        assert!(out.status.success(), "{err}");
+        assert!(text(&out.stdout).contains("Out of bounds values : 0 OK"));
+        return;
+    }
+    assert!(!out.status.success());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("coll-perf: --device cuda: no CUDA driver"),
+        "{err}"
+    );
+    assert!(err.contains("libcuda.so.1"), "{err}");
+    assert!(text(&out.stdout).is_empty());
+}
+
+#[test]
+fn device_option_is_parsed_and_checked() {
+    let out = coll_perf(&["all-reduce", "--device", "tpu"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("tpu"));
+}

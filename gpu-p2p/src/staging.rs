@@ -631,7 +631,7 @@ mod cuda_staging {
     #[derive(Debug)]
     pub struct CudaSlot {
         index: usize,
-        buf: Arc<PinnedHostMemory>,
+        buf: PinnedHostMemory,
         event: CudaEvent,
         in_flight: bool,
     }
@@ -674,7 +674,7 @@ mod cuda_staging {
             let d = self.memory.device();
             Ok(CudaSlot {
                 index,
-                buf: Arc::new(d.alloc_pinned(capacity).map_err(dev)?),
+                buf: d.alloc_pinned(capacity).map_err(dev)?,
                 event: d.event(false).map_err(dev)?,
                 in_flight: false,
             })

@@ -4,7 +4,17 @@
 //! coll-perf all-reduce|all-gather|reduce-scatter|broadcast|reduce|all-to-all|scatter|gather
 //!           [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP] [-d TYPE] [-o OP]
 //!           [-r ROOT] [-c CHECK] [-T TIMEOUT] [--ranks N] [--transport auto|shm|roce]
+//!           [--device host|cuda]
 //! ```
+//!
+//! `--device cuda` puts every buffer in CUDA device memory (rank `r` on GPU `local rank % GPUs`)
+//! and runs the collectives' device forms ([`crate::device`]): the all-reduce takes the GPU
+//! peer-to-peer path between the rank processes (CUDA IPC, device-to-device copies, GPU reduction
+//! kernels), the other collectives stage through host memory. Rank 0 also prints the
+//! device-to-device copy bandwidth measured in the same run (`cuMemcpyDtoDAsync` of the largest size,
+//! timed with CUDA events), the figure the all-reduce's bus bandwidth is to be read against. Data is
+//! checked exactly as on the host (the test data are small integers, exact in every type). Without a
+//! CUDA driver or GPU, `--device cuda` fails at once with one line naming what is missing.
 //!
 //! Under a launcher (torchrun's environment, `mpirun`, `srun`) each process is one rank. Run
 //! bare, it starts `--ranks N` (default 4) rank processes of itself on this host and waits for
@@ -18,7 +28,12 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use clap::{Parser, ValueEnum};
+use gpu_p2p::cuda::CudaDevice;
+
+use crate::device::DeviceBuffer;
 
 use crate::bootstrap::{launcher, LaunchInfo};
 use crate::datatype::{DataType, RedOp};
@@ -97,6 +112,15 @@ fn transport_arg(s: &str) -> Result<TransportKind, String> {
     }
 }
 
+/// Where `coll-perf` puts its buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
+pub enum BufferDevice {
+    /// Host memory (`Vec<u8>`), the host collectives.
+    Host,
+    /// CUDA device memory, the device collectives.
+    Cuda,
+}
+
 /// The command line (nccl-tests' short options).
 #[derive(Debug, Clone, PartialEq, Eq, Parser)]
 #[command(
@@ -148,6 +172,9 @@ pub struct PerfArgs {
     /// Transport between ranks: auto (shm on one host, roce across hosts), shm, roce.
     #[arg(long, default_value = "auto", value_parser = transport_arg)]
     pub transport: TransportKind,
+    /// Where the buffers live: host memory or CUDA device memory.
+    #[arg(long, value_enum, default_value = "host")]
+    pub device: BufferDevice,
 }
 
 impl PerfArgs {
@@ -223,6 +250,8 @@ pub enum PerfError {
     Output(std::io::Error),
     /// Starting or waiting for the local rank processes.
     Spawn(String),
+    /// CUDA (`--device cuda`): no driver, no GPU, or a failing call.
+    Cuda(gpu_p2p::CudaError),
 }
 
 impl fmt::Display for PerfError {
@@ -234,6 +263,7 @@ impl fmt::Display for PerfError {
             PerfError::Coll(e) => write!(f, "{e}"),
             PerfError::Output(e) => write!(f, "writing the report: {e}"),
             PerfError::Spawn(m) => write!(f, "{m}"),
+            PerfError::Cuda(e) => write!(f, "--device cuda: {e}"),
         }
     }
 }
@@ -257,6 +287,12 @@ pub fn main(args: PerfArgs) -> ExitCode {
     if let Err(m) = args.validate() {
         eprintln!("coll-perf: {m}");
         return ExitCode::from(2);
+    }
+    if args.device == BufferDevice::Cuda {
+        if let Err(e) = cuda_ready() {
+            eprintln!("coll-perf: --device cuda: {e}");
+            return ExitCode::FAILURE;
+        }
     }
     match launcher::detect(&|k| std::env::var(k).ok()) {
         Ok(Some(info)) => {
@@ -283,6 +319,13 @@ pub fn main(args: PerfArgs) -> ExitCode {
     }
 }
 
+/// Loads the CUDA driver and checks that it sees a GPU.
+fn cuda_ready() -> Result<gpu_p2p::Cuda, gpu_p2p::CudaError> {
+    let cuda = gpu_p2p::Cuda::load()?;
+    cuda.device_count()?;
+    Ok(cuda)
+}
+
 /// Runs the benchmark as the rank `info` describes; rank 0 writes the table to `out`.
 /// Returns the total number of wrong elements found.
 ///
@@ -304,9 +347,18 @@ pub fn run_rank(args: &PerfArgs, info: &LaunchInfo, out: &mut dyn Write) -> Resu
             comm.nranks()
         )));
     }
+    let gpu = match args.device {
+        BufferDevice::Host => None,
+        BufferDevice::Cuda => {
+            let cuda = cuda_ready().map_err(PerfError::Cuda)?;
+            let count = cuda.device_count().map_err(PerfError::Cuda)?;
+            let ordinal = (comm.local_rank().0 as u32) % count.max(1);
+            Some(cuda.device(ordinal).map_err(PerfError::Cuda)?)
+        }
+    };
     let mut sink = std::io::sink();
     let out: &mut dyn Write = if comm.rank() == 0 { out } else { &mut sink };
-    bench(args, &mut comm, out)
+    bench(args, &mut comm, gpu.as_ref(), out)
 }
 
 /// One checked run of a collective, as `coll-perf -c` makes it: fill every rank's inputs from a
@@ -346,6 +398,30 @@ impl Case {
         b.run(self, comm)?;
         Ok(b.count_wrong(self, &pattern, comm.rank(), &counts))
     }
+
+    /// [`Case::run_checked`] on device buffers made by `alloc` (the collectives' `*_mem` forms).
+    ///
+    /// # Errors
+    /// [`PerfError::Coll`] from the operation; [`PerfError::Args`] when a buffer cannot be made,
+    /// written or read.
+    pub fn run_checked_mem(
+        &self,
+        comm: &mut Communicator,
+        rep: u64,
+        alloc: Allocator<'_>,
+    ) -> Result<u64, PerfError> {
+        let counts = Counts::for_param(self.collective, self.count, comm.nranks());
+        let mut b = Bufs::with(&counts, self.datatype.size(), alloc)?;
+        let pattern = Pattern {
+            datatype: self.datatype,
+            op: self.op,
+            nranks: comm.nranks(),
+            rep,
+        };
+        b.fill(self, &pattern, comm.rank())?;
+        b.run(self, comm)?;
+        b.count_wrong(self, &pattern, comm.rank(), &counts)
+    }
 }
 
 /// Buffers of one size.
@@ -359,7 +435,12 @@ struct Buffers {
 /// `f16`, or any integer it is no value a check can expect.
 const POISON: u8 = 0x5a;
 
-fn bench(args: &PerfArgs, comm: &mut Communicator, out: &mut dyn Write) -> Result<u64, PerfError> {
+fn bench(
+    args: &PerfArgs,
+    comm: &mut Communicator,
+    gpu: Option<&Arc<CudaDevice>>,
+    out: &mut dyn Write,
+) -> Result<u64, PerfError> {
     let (n, me) = (comm.nranks(), comm.rank());
     let (coll, dt) = (args.collective, args.datatype);
     let es = dt.size();
@@ -377,6 +458,18 @@ fn bench(args: &PerfArgs, comm: &mut Communicator, out: &mut dyn Write) -> Resul
         args.check,
         args.transport
     )?;
+    if let Some(d) = gpu {
+        let info = d.info().map_err(PerfError::Cuda)?;
+        writeln!(
+            out,
+            "# device: cuda (rank 0 on GPU {} {}, {}, compute {}.{})",
+            info.ordinal,
+            info.name,
+            info.pci_bus_id,
+            info.compute_capability.0,
+            info.compute_capability.1
+        )?;
+    }
     writeln!(out, "#\n# Using ranks")?;
     for r in 0..n {
         let path = match comm.path(r) {
@@ -402,7 +495,7 @@ fn bench(args: &PerfArgs, comm: &mut Communicator, out: &mut dyn Write) -> Resul
     // Warm-up: every size, out of place, untimed.
     for &size in &sizes {
         let counts = Counts::new(coll, size, es, n);
-        let mut b = Buffers::new(&counts, es);
+        let mut b = Bufs::new(&counts, es, gpu)?;
         for _ in 0..args.warmup_iters {
             b.run(&case_of(&counts, false), comm)?;
         }
@@ -414,7 +507,7 @@ fn bench(args: &PerfArgs, comm: &mut Communicator, out: &mut dyn Write) -> Resul
     let mut rep = 0u64;
     for &size in &sizes {
         let counts = Counts::new(coll, size, es, n);
-        let mut b = Buffers::new(&counts, es);
+        let mut b = Bufs::new(&counts, es, gpu)?;
         let mut line = row_preamble(
             counts.size_bytes(es),
             counts.param,
@@ -435,7 +528,7 @@ fn bench(args: &PerfArgs, comm: &mut Communicator, out: &mut dyn Write) -> Resul
                 rep: 0,
             };
             // Time on real data (no NaN or denormal slow paths), as nccl-tests does.
-            b.fill(&case, &pattern, me);
+            b.fill(&case, &pattern, me)?;
             comm.barrier()?;
             let t = Instant::now();
             for _ in 0..args.iters {
@@ -450,9 +543,9 @@ fn bench(args: &PerfArgs, comm: &mut Communicator, out: &mut dyn Write) -> Resul
                 for _ in 0..args.check {
                     rep += 1;
                     let pattern = Pattern { rep, ..pattern };
-                    b.fill(&case, &pattern, me);
+                    b.fill(&case, &pattern, me)?;
                     b.run(&case, comm)?;
-                    wrong[0] = b.count_wrong(&case, &pattern, me, &counts);
+                    wrong[0] = b.count_wrong(&case, &pattern, me, &counts)?;
                     comm.all_reduce_typed_in_place(&mut wrong, RedOp::Sum)?;
                     if wrong[0] > 0 {
                         break;
@@ -483,6 +576,18 @@ fn bench(args: &PerfArgs, comm: &mut Communicator, out: &mut dyn Write) -> Resul
         if wrong_total > 0 { "FAILED" } else { "OK" }
     )?;
     writeln!(out, "# {:<20} : {} ", "Avg bus bandwidth", report::c_g(avg))?;
+    if let Some(d) = gpu {
+        let bytes = sizes.last().copied().unwrap_or(0) as usize;
+        let gbs = d2d_bandwidth(d, bytes.max(1)).map_err(PerfError::Cuda)?;
+        writeln!(
+            out,
+            "# {:<20} : {} GB/s (cuMemcpyDtoDAsync of {} bytes on GPU {}, same run)",
+            "D2D copy bandwidth",
+            report::c_g(gbs),
+            bytes.max(1),
+            d.ordinal()
+        )?;
+    }
     writeln!(
         out,
         "#\n# Collective test concluded: coll-perf {}",
@@ -490,6 +595,156 @@ fn bench(args: &PerfArgs, comm: &mut Communicator, out: &mut dyn Write) -> Resul
     )?;
     out.flush()?;
     Ok(wrong_total)
+}
+
+/// Device-to-device copy bandwidth in GB/s (1e9 bytes/s): `bytes` copied between two buffers on
+/// `device`, best of 5 timed copies (CUDA events), after one warm-up copy.
+pub fn d2d_bandwidth(device: &Arc<CudaDevice>, bytes: usize) -> Result<f64, gpu_p2p::CudaError> {
+    let (a, b) = (device.alloc(bytes)?, device.alloc(bytes)?);
+    let stream = device.stream()?;
+    let (start, end) = (device.event(true)?, device.event(true)?);
+    stream.copy_device(&b, 0, &a, 0, bytes)?;
+    stream.synchronize()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        start.record(&stream)?;
+        stream.copy_device(&b, 0, &a, 0, bytes)?;
+        end.record(&stream)?;
+        end.wait(Duration::from_secs(30))?;
+        best = best.min(f64::from(end.elapsed_ms(&start)?) / 1e3);
+    }
+    Ok(bytes as f64 / best.max(1e-9) / 1e9)
+}
+
+/// Makes a device buffer of the given length in bytes.
+pub type Allocator<'a> = &'a dyn Fn(usize) -> Result<Box<dyn DeviceBuffer>, String>;
+
+/// Buffers of one size in host memory, or in device buffers (any [`DeviceBuffer`]) with host
+/// mirrors for filling and checking.
+enum Bufs {
+    Host(Buffers),
+    Mem {
+        mirror: Buffers,
+        send: Box<dyn DeviceBuffer>,
+        recv: Box<dyn DeviceBuffer>,
+        inplace: Box<dyn DeviceBuffer>,
+    },
+}
+
+fn mem_err(what: &str, e: impl fmt::Display) -> PerfError {
+    PerfError::Args(format!("device buffer: {what}: {e}"))
+}
+
+impl Bufs {
+    fn new(c: &Counts, es: usize, gpu: Option<&Arc<CudaDevice>>) -> Result<Bufs, PerfError> {
+        match gpu {
+            None => Ok(Bufs::Host(Buffers::new(c, es))),
+            Some(d) => Bufs::with(c, es, &|n| {
+                d.alloc(n)
+                    .map(|m| Box::new(m) as Box<dyn DeviceBuffer>)
+                    .map_err(|e| e.to_string())
+            }),
+        }
+    }
+
+    fn with(c: &Counts, es: usize, alloc: Allocator<'_>) -> Result<Bufs, PerfError> {
+        let mirror = Buffers::new(c, es);
+        let a = |n: usize| alloc(n).map_err(|e| mem_err("allocation", e));
+        Ok(Bufs::Mem {
+            send: a(mirror.send.len())?,
+            recv: a(mirror.recv.len())?,
+            inplace: a(mirror.inplace.len())?,
+            mirror,
+        })
+    }
+
+    fn fill(&mut self, case: &Case, p: &Pattern, me: usize) -> Result<(), PerfError> {
+        match self {
+            Bufs::Host(b) => {
+                b.fill(case, p, me);
+                Ok(())
+            }
+            Bufs::Mem {
+                mirror,
+                send,
+                recv,
+                inplace,
+            } => {
+                mirror.fill(case, p, me);
+                let up =
+                    |m: &dyn DeviceBuffer, v: &[u8]| m.write(0, v).map_err(|e| mem_err("write", e));
+                if case.in_place {
+                    up(&**inplace, &mirror.inplace)
+                } else {
+                    up(&**send, &mirror.send)?;
+                    up(&**recv, &mirror.recv)
+                }
+            }
+        }
+    }
+
+    fn run(&mut self, case: &Case, comm: &mut Communicator) -> Result<(), CollError> {
+        let (send, recv, buf) = match self {
+            Bufs::Host(b) => return b.run(case, comm),
+            Bufs::Mem {
+                send,
+                recv,
+                inplace,
+                ..
+            } => (&**send, &**recv, &**inplace),
+        };
+        let (dt, op, root, count) = (case.datatype, case.op, case.root, case.count);
+        match (case.collective, case.in_place) {
+            (Collective::AllReduce, false) => comm.all_reduce_mem(send, recv, count, dt, op),
+            (Collective::AllReduce, true) => comm.all_reduce_mem_in_place(buf, count, dt, op),
+            (Collective::AllGather, false) => comm.all_gather_mem(send, recv, count, dt),
+            (Collective::AllGather, true) => comm.all_gather_mem_in_place(buf, count, dt),
+            (Collective::ReduceScatter, false) => {
+                comm.reduce_scatter_mem(send, recv, count, dt, op)
+            }
+            (Collective::ReduceScatter, true) => {
+                comm.reduce_scatter_mem_in_place(buf, count, dt, op)
+            }
+            (Collective::Broadcast, false) => comm.broadcast_mem(send, recv, count, dt, root),
+            (Collective::Broadcast, true) => comm.broadcast_mem_in_place(buf, count, dt, root),
+            (Collective::Reduce, false) => comm.reduce_mem(send, recv, count, dt, op, root),
+            (Collective::Reduce, true) => comm.reduce_mem_in_place(buf, count, dt, op, root),
+            (Collective::AllToAll, false) => comm.all_to_all_mem(send, recv, count, dt),
+            (Collective::AllToAll, true) => comm.all_to_all_mem_in_place(buf, count, dt),
+            (Collective::Scatter, false) => comm.scatter_mem(send, recv, count, dt, root),
+            (Collective::Scatter, true) => comm.scatter_mem_in_place(buf, count, dt, root),
+            (Collective::Gather, false) => comm.gather_mem(send, recv, count, dt, root),
+            (Collective::Gather, true) => comm.gather_mem_in_place(buf, count, dt, root),
+        }
+    }
+
+    fn count_wrong(
+        &mut self,
+        case: &Case,
+        p: &Pattern,
+        me: usize,
+        c: &Counts,
+    ) -> Result<u64, PerfError> {
+        match self {
+            Bufs::Host(b) => Ok(b.count_wrong(case, p, me, c)),
+            Bufs::Mem {
+                mirror,
+                recv,
+                inplace,
+                ..
+            } => {
+                if case.in_place {
+                    inplace
+                        .read(0, &mut mirror.inplace)
+                        .map_err(|e| mem_err("read", e))?;
+                } else {
+                    recv.read(0, &mut mirror.recv)
+                        .map_err(|e| mem_err("read", e))?;
+                }
+                Ok(mirror.count_wrong(case, p, me, c))
+            }
+        }
+    }
 }
 
 impl Buffers {

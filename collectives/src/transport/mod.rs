@@ -52,6 +52,7 @@ use hca::WcStatus;
 use crate::bootstrap::BusinessCard;
 use crate::datatype::{DataType, RedOp};
 
+pub mod cuda_ipc;
 pub mod roce;
 pub mod shm;
 pub(crate) mod sys;

@@ -114,11 +114,18 @@ pub enum CudaError {
 impl fmt::Display for CudaError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CudaError::DriverNotFound { searched } => write!(
-                f,
-                "no CUDA driver: cannot load libcuda (tried {}); this machine has no NVIDIA GPU driver",
-                searched.join(", ")
-            ),
+            CudaError::DriverNotFound { searched } => {
+                let main = searched
+                    .iter()
+                    .find(|s| s.ends_with(".so.1"))
+                    .or(searched.last())
+                    .map_or("libcuda.so.1", String::as_str);
+                write!(
+                    f,
+                    "no CUDA driver: cannot load {main} (nor {} other names of it); this machine has no NVIDIA GPU driver on the loader path",
+                    searched.len().saturating_sub(1)
+                )
+            }
             CudaError::NoDevice => f.write_str("the CUDA driver loaded but reports no GPU"),
             CudaError::NoSuchDevice { ordinal, count } => {
                 write!(f, "no CUDA device {ordinal}: this machine has {count}")
@@ -385,7 +392,6 @@ impl CudaDevice {
         Ok(CudaStream {
             device: self.clone(),
             stream,
-            keep: Mutex::new(Vec::new()),
         })
     }
 
@@ -768,23 +774,17 @@ impl Memory for CudaMemory {
 
 /// A CUDA stream (non-blocking) for asynchronous copies and kernels.
 ///
-/// The asynchronous copy methods take the buffers by `Arc` and keep them alive until
-/// [`CudaStream::synchronize`] (or the stream's drop, which synchronizes first), so no buffer is
-/// freed under a copy in flight.
+/// The copy methods queue work and return; [`CudaStream::synchronize`] or a [`CudaEvent`] says
+/// when it is done. Buffers cannot be freed under a queued copy: dropping a [`CudaMemory`] or a
+/// [`PinnedHostMemory`] first synchronizes its device's context (`cuCtxSynchronize`), which waits
+/// for every stream of that device.
 pub struct CudaStream {
     device: Arc<CudaDevice>,
     stream: sys::CUstream,
-    keep: Mutex<Vec<Keep>>,
-}
-
-#[allow(dead_code)] // held only to keep the buffers alive
-enum Keep {
-    Device(Arc<CudaMemory>),
-    Pinned(Arc<PinnedHostMemory>),
 }
 
 // SAFETY: a stream handle may be used from any thread with its context current (the driver API is
-// thread-safe); the keep-alive list is behind a Mutex.
+// thread-safe, CUDA Programming Guide "Streams").
 unsafe impl Send for CudaStream {}
 // SAFETY: as for Send.
 unsafe impl Sync for CudaStream {}
@@ -806,10 +806,6 @@ impl Drop for CudaStream {
 }
 
 impl CudaStream {
-    fn keep(&self, k: Keep) {
-        self.keep.lock().unwrap_or_else(|p| p.into_inner()).push(k);
-    }
-
     pub(crate) fn raw(&self) -> sys::CUstream {
         self.stream
     }
@@ -825,9 +821,9 @@ impl CudaStream {
     /// [`CudaError::Memory`] (either range), [`CudaError::Call`].
     pub fn copy_to_pinned(
         &self,
-        dst: &Arc<PinnedHostMemory>,
+        dst: &PinnedHostMemory,
         dst_offset: usize,
-        src: &Arc<CudaMemory>,
+        src: &CudaMemory,
         src_offset: usize,
         len: usize,
     ) -> Result<(), CudaError> {
@@ -835,8 +831,6 @@ impl CudaStream {
         let d = dst.range_ptr(dst_offset, len)?;
         self.device.bind()?;
         sys::memcpy_dtoh_async(d, s, len, self.stream).map_err(self.device.err())?;
-        self.keep(Keep::Pinned(dst.clone()));
-        self.keep(Keep::Device(src.clone()));
         Ok(())
     }
 
@@ -846,9 +840,9 @@ impl CudaStream {
     /// [`CudaError::Memory`] (either range), [`CudaError::Call`].
     pub fn copy_from_pinned(
         &self,
-        dst: &Arc<CudaMemory>,
+        dst: &CudaMemory,
         dst_offset: usize,
-        src: &Arc<PinnedHostMemory>,
+        src: &PinnedHostMemory,
         src_offset: usize,
         len: usize,
     ) -> Result<(), CudaError> {
@@ -856,8 +850,6 @@ impl CudaStream {
         let s = src.range_ptr(src_offset, len)?;
         self.device.bind()?;
         sys::memcpy_htod_async(d, s, len, self.stream).map_err(self.device.err())?;
-        self.keep(Keep::Pinned(src.clone()));
-        self.keep(Keep::Device(dst.clone()));
         Ok(())
     }
 
@@ -868,9 +860,9 @@ impl CudaStream {
     /// [`CudaError::Memory`] (either range), [`CudaError::Call`].
     pub fn copy_device(
         &self,
-        dst: &Arc<CudaMemory>,
+        dst: &CudaMemory,
         dst_offset: usize,
-        src: &Arc<CudaMemory>,
+        src: &CudaMemory,
         src_offset: usize,
         len: usize,
     ) -> Result<(), CudaError> {
@@ -881,20 +873,16 @@ impl CudaStream {
         }
         self.device.bind()?;
         sys::memcpy_dtod_async(d, s, len, self.stream).map_err(self.device.err())?;
-        self.keep(Keep::Device(src.clone()));
-        self.keep(Keep::Device(dst.clone()));
         Ok(())
     }
 
-    /// Blocks until everything queued has finished, then releases the buffers kept alive.
+    /// Blocks until everything queued has finished.
     ///
     /// # Errors
     /// [`CudaError::Call`].
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.device.bind()?;
-        sys::stream_synchronize(self.stream).map_err(self.device.err())?;
-        self.keep.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        Ok(())
+        sys::stream_synchronize(self.stream).map_err(self.device.err())
     }
 }
 

@@ -35,6 +35,8 @@ impl fmt::Debug for PinnedHostMemory {
 impl Drop for PinnedHostMemory {
     fn drop(&mut self) {
         let _ = self.device.bind();
+        // A copy queued on one of the device's streams may still read or write the buffer.
+        let _ = sys::ctx_synchronize();
         let _ = sys::mem_free_host(self.ptr);
     }
 }
