@@ -652,7 +652,7 @@ fn the_validator_rejects_broken_ptx() {
     let cases = [
         ("add.u64 %rd9, %rd3, %rd7;", "add.u64 %rd99, %rd3, %rd7;"), // beyond its declaration
         ("add.rn.f32 %f3", "add.s32 %f3"), // float register in an integer add
-        ("bra.uni LOOP;", "bra.uni NOWHERE;"), // undefined label
+        ("bra.uni L_reduce_sum_i8_loop;", "bra.uni NOWHERE;"), // undefined label
         (
             "ld.param.u64 %rd1, [p_dst];",
             "ld.param.u64 %rd1, [p_none];",

@@ -45,6 +45,7 @@ REGS = """\t.reg .pred %p<2>;
 \t.reg .f64 %fd<4>;
 """
 
+# Labels carry the kernel's name so that every label of the module is unique.
 # index setup: %rd5 = global thread index, %rd6 = grid stride (both in elements)
 PROLOGUE = """\tmov.u32 %r1, %ctaid.x;
 \tmov.u32 %r2, %ntid.x;
@@ -106,17 +107,17 @@ def entry(name, params, body, pointers):
     return text + body + "}\n"
 
 
-def loop(size, inner):
+def loop(name, size, inner):
     shift = {1: 0, 2: 1, 4: 2, 8: 3}[size]
     text = PROLOGUE
-    text += "LOOP:\n"
+    text += f"L_{name}_loop:\n"
     text += "\tsetp.ge.u64 %p1, %rd5, %rd4;\n"
-    text += "\t@%p1 bra DONE;\n"
+    text += f"\t@%p1 bra L_{name}_done;\n"
     text += f"\tshl.b64 %rd7, %rd5, {shift};\n"
     text += "".join(f"\t{line}\n" for line in inner)
     text += "\tadd.u64 %rd5, %rd5, %rd6;\n"
-    text += "\tbra.uni LOOP;\n"
-    text += "DONE:\n\tret;\n"
+    text += f"\tbra.uni L_{name}_loop;\n"
+    text += f"L_{name}_done:\n\tret;\n"
     return text
 
 
@@ -128,7 +129,8 @@ def reduce_kernel(op, t):
     inner.append("add.u64 %rd8, %rd1, %rd7;")
     inner += store(t, 3, "%rd8")
     # params: dst, x, y, n  -> %rd1 %rd2 %rd3 %rd4
-    return entry(f"reduce_{op}_{t}", ["p_dst", "p_x", "p_y", "p_n"], loop(size, inner), 3)
+    name = f"reduce_{op}_{t}"
+    return entry(name, ["p_dst", "p_x", "p_y", "p_n"], loop(name, size, inner), 3)
 
 
 def div_kernel(t):
@@ -149,7 +151,8 @@ def div_kernel(t):
         setup += "\tcvt.rn.f32.u64 %f2, %rd3;\n"
         insn = "div.rn.f32 %f3, %f1, %f2;"
     inner = ["add.u64 %rd8, %rd1, %rd7;"] + load(t, 1, "%rd8") + [insn] + store(t, 3, "%rd8")
-    return entry(f"div_{t}", ["p_buf", "p_n", "p_nranks"], setup + loop(size, inner), 1)
+    name = f"div_{t}"
+    return entry(name, ["p_buf", "p_n", "p_nranks"], setup + loop(name, size, inner), 1)
 
 
 def generate():
