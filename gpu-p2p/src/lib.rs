@@ -11,8 +11,31 @@
 //! * [`HostMemory`] (feature `std`): page-aligned anonymous memory, hugepage-backed when the system has
 //!   them (MAP_HUGETLB, else transparent huge pages via `madvise`), locked (`mlock`) so it cannot be
 //!   paged out while an HCA may use it.
-//! * CUDA device memory: not built yet (issue 9); [`MemoryKind::CudaDevice`] names it so the rest of the
-//!   stack can already route it.
+//! * [`CudaMemory`] (feature `cuda`, on by default): CUDA device memory through the driver API,
+//!   which is loaded at run time (`libcuda.so.1`): nothing CUDA is needed to build, test or run the
+//!   stack, and asking for a GPU where there is none is a typed error ([`CudaError::DriverNotFound`],
+//!   [`CudaError::NoDevice`]). Also pinned host memory, streams and events, IPC handles, dma-buf
+//!   export, peer access, a topology report and the GPU kernels (PTX): module [`cuda`].
+//! * [`staging::Staged`]: device memory behind a pipelined staging path (below).
+//!
+//! ## How each backend reaches GPU memory, and why
+//! * **Verbs backend** (libibverbs on a real RDMA NIC; another part of the `hca` crate): device memory
+//!   registers with `ibv_reg_dmabuf_mr(3)` on the file descriptor from
+//!   [`CudaMemory::export_dmabuf`] (`cuMemGetHandleForAddressRange`), after
+//!   [`CudaMemory::set_sync_memops`]. The NIC then DMAs straight to and from GPU memory over PCIe
+//!   (GPUDirect RDMA): no CPU copy at all. This needs a NIC and a kernel that support dma-buf
+//!   (Linux 5.12+, the open GPU kernel module); [`cuda::DeviceInfo::dmabuf`] says whether the GPU
+//!   side does.
+//! * **Software engine** (the `hca` crate's `SoftHca` over UDP) **and the VFIO link**: the engine
+//!   itself builds and parses every packet with the CPU, and the VFIO virtio-net queues DMA only
+//!   from IOMMU-mapped host pages, so the payload must pass through host memory the CPU can read.
+//!   Device memory is registered wrapped in [`staging::Staged`]: the GPU's copy engine moves the
+//!   payload between device memory and pinned staging slots (`cuMemcpyDtoHAsync` /
+//!   `cuMemcpyHtoDAsync`, double-buffered, an event per slot), and the engine copies between the
+//!   slot and the packet: one staging copy, no more, overlapped with the next chunk's DMA.
+//! * **Intra-node collectives** (the `collectives` crate): ranks of one host with CUDA buffers map
+//!   each other's device buffers with CUDA IPC and reduce with device-to-device copies and GPU
+//!   kernels, without the network.
 //!
 //! The core trait is `no_std`; the providers need `std`.
 #![cfg_attr(not(feature = "std"), no_std)]
