@@ -108,4 +108,12 @@ impl Memory for PinnedHostMemory {
         // SeqCst for the same reason as compare_swap.
         Ok(self.word(offset)?.fetch_add(add, Ordering::SeqCst))
     }
+
+    fn host_ptr(&self) -> Option<crate::HostPtr> {
+        let ptr = core::ptr::NonNull::new(self.ptr)?;
+        // SAFETY: cuMemHostAlloc gave `len.max(1)` bytes of CPU-readable and -writable page-locked
+        // memory at this address, freed only by `Drop` (cuMemFreeHost), so it outlives every use
+        // of the `HostPtr` that the type's contract allows.
+        Some(unsafe { crate::HostPtr::new(ptr) })
+    }
 }
