@@ -121,7 +121,7 @@ impl FabricGroup {
         let local = SocketAddr::new(ip, crate::udp_device::ROCEV2_PORT);
         if ip.is_unspecified() {
             return Err(DeviceError::Config {
-                local,
+                device: format!("fabric:{local}"),
                 reason: "a fabric device needs a specific address, not 0.0.0.0 or ::",
             });
         }
@@ -129,7 +129,7 @@ impl FabricGroup {
         let mut fabric = self.shared.lock();
         if fabric.route(ip).is_some() {
             return Err(DeviceError::Config {
-                local,
+                device: format!("fabric:{local}"),
                 reason: "another device of the fabric has this address",
             });
         }
@@ -202,7 +202,10 @@ impl FabricDevice {
     fn check_open(&self) -> Result<(), DeviceError> {
         if self.closed.load(Ordering::Acquire) {
             Err(DeviceError::Closed {
-                local: SocketAddr::new(self.ip, crate::udp_device::ROCEV2_PORT),
+                device: format!(
+                    "fabric:{}",
+                    SocketAddr::new(self.ip, crate::udp_device::ROCEV2_PORT)
+                ),
             })
         } else {
             Ok(())

@@ -3,27 +3,221 @@
 //! The transport engine (`crate::engine`) is sans-I/O: it consumes received UDP payloads with their
 //! IP metadata and produces UDP payloads to send. A **link** moves those payloads:
 //! * [`udp`]: a kernel UDP socket on port 4791 (RoCEv2 over the host's IP stack, interoperable
-//!   with Linux rxe), with batched I/O, GSO/GRO, ECN and zero-copy gather;
+//!   with Linux rxe), with batched I/O, GSO/GRO, ECN and zero-copy gather; [`udp_io::UdpIo`] is
+//!   that socket with the receive batches and transmit slots a device drives;
+//! * [`vfio`]: a virtio-net NIC this process drives itself through VFIO (kernel bypass);
 //! * [`oob`]: not a packet link but the out-of-band TCP exchanges with which RDMA test tools
 //!   (rdma-core's `ibv_*_pingpong`, perftest's `ib_*_bw` / `ib_*_lat`) trade QP numbers, PSNs,
 //!   GIDs and memory keys before any RDMA packet flows;
 //! * [`wake`]: waking a progress thread blocked in [`udp::UdpLink::wait`].
+//!
+//! [`Link`] is what the device's progress engine
+//! ([`SoftDevice`](crate::udp_device::SoftDevice)) needs from a link, so that one engine, one
+//! progress thread and one verbs API run over either; [`LinkSpec`] is the link a tool's `--link`
+//! names (`udp:ADDRESS[:PORT]`, `vfio:PCI_ADDRESS`).
 //!
 //! All system calls are in one private `sys` module, the only place with `unsafe` code.
 
 mod cmsg;
 pub mod error;
 pub mod oob;
+pub mod spec;
 mod sys;
 pub mod udp;
+pub mod udp_io;
 #[cfg(all(feature = "std", target_os = "linux"))]
 pub mod vfio;
 pub mod wake;
 
+use std::fmt;
+use std::time::Duration;
+
+use crate::device::Device;
+use crate::engine::{Datagram, Instant, SoftHca};
+
 pub use error::LinkError;
 pub use oob::OobError;
+pub use spec::{LinkSpec, LinkSpecError};
 pub use udp::{
     LinkCounters, LinkPoller, Offloads, Readiness, RecvBatch, RecvDatagram, SendDatagram, UdpLink,
     UdpLinkConfig,
 };
+pub use udp_io::UdpIo;
 pub use wake::Waker;
+
+/// What [`Link::recv`] found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecvState {
+    /// Datagrams (or frames) waiting for [`Link::deliver`].
+    pub waiting: usize,
+}
+
+/// What [`Link::flush`] did.
+#[derive(Debug)]
+pub struct FlushReport<E> {
+    /// Packets the link refused for good (dropped and counted; the transport recovers as from a
+    /// loss).
+    pub dropped: u64,
+    /// Times the link's send buffer or ring was full (the rest waits for the next flush).
+    pub blocked: u64,
+    /// The last error behind a drop.
+    pub error: Option<E>,
+}
+
+impl<E> Default for FlushReport<E> {
+    fn default() -> Self {
+        FlushReport {
+            dropped: 0,
+            blocked: 0,
+            error: None,
+        }
+    }
+}
+
+/// What the progress engine of a software device needs from a link: receive a batch, hand it
+/// to the engine, let the engine build a batch into the link's buffers, send it, and sleep
+/// until there is more. The device calls every method with the link's lock held (one caller at a
+/// time) and takes the engine lock only inside [`Link::deliver`] and [`Link::build`], never
+/// across [`Link::recv`] or [`Link::flush`], which may make system calls.
+///
+/// The device is generic over its link (monomorphized: no dynamic dispatch per packet), and
+/// implementations keep their buffers preallocated: nothing on this path allocates.
+pub trait Link: Send + 'static {
+    /// The link's error (its `Display` names the link and what failed).
+    type Error: std::error::Error + Send + Sync + 'static + Into<crate::udp_device::DeviceError>;
+    /// How a device over this link is opened ([`SoftDevice::config`](crate::udp_device::SoftDevice::config)).
+    type DeviceConfig: Clone + fmt::Debug + Send + Sync + 'static;
+    /// What a sleeping progress thread waits on without holding the link (see [`LinkWait`]).
+    type Poller: LinkWait<Error = Self::Error> + Send + Sync + 'static;
+    /// The link's own counters.
+    type Counters: Copy + fmt::Debug + Send;
+
+    /// A name for messages: `udp:ADDRESS:PORT`, `vfio:PCI_ADDRESS`.
+    fn name(&self) -> String;
+
+    /// The IP address and UDP port the link's RoCEv2 packets leave from (its GID's address).
+    fn local_addr(&self) -> std::net::SocketAddr;
+
+    /// The verbs device this link is: node GUID, port attributes with the active MTU the link's
+    /// IP MTU allows, and the GID table of its addresses (IBTA vol. 1 Annex A17.4.1: one RoCEv2
+    /// GID per IP address).
+    fn device(&self) -> Device;
+
+    /// The largest IP packet the link sends, bytes (the interface MTU).
+    fn mtu(&self) -> u32;
+
+    /// The link's counters.
+    fn counters(&self) -> Self::Counters;
+
+    /// Receives a batch from the network into the link's own buffers (system calls here; the
+    /// engine lock is not held). `idle`: the caller's last round received nothing, so a small
+    /// batch is enough.
+    ///
+    /// # Errors
+    /// The link's receive error (the device counts it and keeps going).
+    fn recv(&mut self, idle: bool) -> Result<RecvState, Self::Error>;
+
+    /// Hands what [`Link::recv`] found to `f` (the engine's `handle_datagram`, under the engine
+    /// lock) and returns how many datagrams were handed over. Packets for the link itself (ARP,
+    /// Neighbor Discovery) are answered here.
+    ///
+    /// # Errors
+    /// A device failure (the device counts it and keeps going).
+    fn deliver<F: FnMut(&Datagram<'_>)>(&mut self, f: F) -> Result<usize, Self::Error>;
+
+    /// Whether the last [`Link::deliver`] took a whole batch (more is probably waiting).
+    fn rx_full(&self, delivered: usize) -> bool;
+
+    /// Builds up to a batch of packets from `engine` (under the engine lock; `now` its clock)
+    /// into the link's buffers: `SoftHca::poll_transmit_gather` where the link can send payload
+    /// straight from MR memory, `SoftHca::poll_transmit` otherwise. Returns the packets built
+    /// and whether every buffer was used (the engine probably has more). Built packets are sent
+    /// by [`Link::flush`].
+    fn build(&mut self, engine: &mut SoftHca, now: Instant) -> (usize, bool);
+
+    /// Built packets not sent yet (waiting for room in a socket buffer or ring).
+    fn unsent(&self) -> usize;
+
+    /// Sends the built packets, as far as the link takes them.
+    fn flush(&mut self) -> FlushReport<Self::Error>;
+
+    /// A handle a progress thread sleeps on while other threads use the link.
+    ///
+    /// # Errors
+    /// Out of descriptors.
+    fn poller(&self) -> Result<Self::Poller, Self::Error>;
+
+    /// Called with the link's lock held just before the progress thread sleeps: asks the device
+    /// for a wake-up (an interrupt) and returns `false` if input is already waiting (then the
+    /// thread does not sleep). Links whose poller sees input by itself (a socket) keep the
+    /// default.
+    fn arm_wakeup(&mut self) -> bool {
+        true
+    }
+
+    /// Whether the link wants [`Link::arm_wakeup`] called (a socket does not: its poller sees
+    /// input by itself, and the link's lock is then not taken before a sleep).
+    const ARMS_WAKEUP: bool = false;
+
+    /// Idle rounds a progress thread runs (yielding the CPU between them) before it sleeps: a
+    /// busy-polled NIC has nothing to sleep on, a socket does.
+    fn spin_rounds(&self) -> u32 {
+        0
+    }
+
+    /// Until when the link's own timers (neighbour resolution) need a round, from now.
+    fn next_timer(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Called after the engine registered memory region `lkey` over host memory `memory`: a link
+    /// whose device reads memory by DMA maps it into its IOMMU here.
+    ///
+    /// # Errors
+    /// The mapping failed (the device then deregisters the region).
+    fn map_memory(
+        &mut self,
+        lkey: u32,
+        memory: &std::sync::Arc<gpu_p2p::HostMemory>,
+    ) -> Result<(), Self::Error> {
+        let _ = (lkey, memory);
+        Ok(())
+    }
+
+    /// Called after the engine deregistered region `lkey`: waits (bounded) until the device no
+    /// longer reads it and removes its mapping. Returns the device address range `(iova, len)`
+    /// unmapped, `None` when nothing was mapped.
+    ///
+    /// # Errors
+    /// The device kept reading, or the unmap failed.
+    fn unmap_memory(&mut self, lkey: u32) -> Result<Option<(u64, u64)>, Self::Error> {
+        let _ = lkey;
+        Ok(None)
+    }
+
+    /// Whether [`Link::map_memory`] does anything (otherwise memory registration does not take
+    /// the link's lock).
+    const MAPS_MEMORY: bool = false;
+}
+
+/// What a progress thread sleeps on: the link's input (a socket, an interrupt eventfd) and a
+/// [`Waker`].
+pub trait LinkWait {
+    /// The link's error.
+    type Error;
+
+    /// Sleeps until input may be waiting, `waker` was woken (it is reset), or `timeout` passed.
+    /// `writable`: also wake when the link can take more output.
+    ///
+    /// # Errors
+    /// poll(2) failed.
+    fn wait(&self, writable: bool, waker: &Waker, timeout: Duration) -> Result<(), Self::Error>;
+}
+
+impl LinkWait for LinkPoller {
+    type Error = LinkError;
+
+    fn wait(&self, writable: bool, waker: &Waker, timeout: Duration) -> Result<(), LinkError> {
+        LinkPoller::wait(self, writable, Some(waker), timeout).map(|_| ())
+    }
+}

@@ -80,13 +80,13 @@ use gpu_p2p::Memory;
 
 use crate::ah::{AhAttr, AhHandle};
 use crate::cq::CqHandle;
-use crate::device::{Device, DeviceAttr, PathMtu, PortAttr};
+use crate::device::{DeviceAttr, PathMtu, PortAttr};
 use crate::engine::{Counters, EngineConfig, SoftHca};
 use crate::error::VerbsError;
 use crate::event::AsyncEvent;
-use crate::gid::{Gid, GidEntry, GidType};
-use crate::link::udp::{self, LinkCounters, Offloads, UdpLink, UdpLinkConfig};
-use crate::link::{LinkError, LinkPoller, Waker};
+use crate::gid::{Gid, GidEntry};
+use crate::link::udp::{self, Offloads, UdpLink, UdpLinkConfig};
+use crate::link::{Link, LinkError, UdpIo, Waker};
 use crate::mr::{AccessFlags, MemoryRegion};
 use crate::pd::PdHandle;
 use crate::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType};
@@ -95,6 +95,11 @@ use crate::wc::{WcOpcode, WorkCompletion};
 use crate::wr::{RecvWr, SendWr};
 
 use progress::Io;
+
+#[cfg(all(feature = "std", target_os = "linux"))]
+mod vfio;
+#[cfg(all(feature = "std", target_os = "linux"))]
+pub use vfio::{VfioDevice, VfioDeviceConfig};
 
 /// The RoCEv2 UDP port, 4791 (IBTA vol. 1 Annex A17.2.2): the default local and peer port.
 pub const ROCEV2_PORT: u16 = udp::ROCEV2_PORT;
@@ -233,22 +238,26 @@ pub enum DeviceError {
     Link(LinkError),
     /// A verb was refused (bad argument, wrong state ...): the engine's error, with its errno.
     Verbs(VerbsError),
+    /// The VFIO link failed: the NIC could not be opened (not bound to vfio-pci, no IOMMU
+    /// group, not a virtio-net function, ...) or driven.
+    #[cfg(all(feature = "std", target_os = "linux"))]
+    Vfio(crate::link::vfio::VfioError),
     /// The device was closed: no new work is accepted.
     Closed {
-        /// The device's address.
-        local: SocketAddr,
+        /// The device's link ([`SoftDevice::name`]).
+        device: String,
     },
     /// The configuration is unusable (nothing was opened).
     Config {
-        /// The address asked for.
-        local: SocketAddr,
+        /// The link asked for.
+        device: String,
         /// What is wrong.
         reason: &'static str,
     },
     /// The progress thread could not be started.
     Thread {
-        /// The device's address.
-        local: SocketAddr,
+        /// The device's link.
+        device: String,
         /// The OS error.
         source: io::Error,
     },
@@ -268,16 +277,15 @@ impl fmt::Display for DeviceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DeviceError::Link(e) => write!(f, "UDP device: {e}"),
-            DeviceError::Verbs(e) => write!(f, "UDP device: {e}"),
-            DeviceError::Closed { local } => write!(f, "UDP device {local}: device is closed"),
-            DeviceError::Config { local, reason } => {
-                write!(f, "UDP device {local}: bad configuration: {reason}")
+            DeviceError::Verbs(e) => write!(f, "device: {e}"),
+            #[cfg(all(feature = "std", target_os = "linux"))]
+            DeviceError::Vfio(e) => write!(f, "VFIO device: {e}"),
+            DeviceError::Closed { device } => write!(f, "device {device}: device is closed"),
+            DeviceError::Config { device, reason } => {
+                write!(f, "device {device}: bad configuration: {reason}")
             }
-            DeviceError::Thread { local, source } => {
-                write!(
-                    f,
-                    "UDP device {local}: cannot start progress thread: {source}"
-                )
+            DeviceError::Thread { device, source } => {
+                write!(f, "device {device}: cannot start progress thread: {source}")
             }
         }
     }
@@ -288,6 +296,8 @@ impl std::error::Error for DeviceError {
         match self {
             DeviceError::Link(e) => Some(e),
             DeviceError::Verbs(e) => Some(e),
+            #[cfg(all(feature = "std", target_os = "linux"))]
+            DeviceError::Vfio(e) => Some(e),
             DeviceError::Thread { source, .. } => Some(source),
             _ => None,
         }
@@ -307,7 +317,7 @@ impl From<LinkError> for DeviceError {
 }
 
 /// What the device's progress engine has done (the engine's and the link's own counters are
-/// [`UdpDevice::counters`] and [`UdpDevice::link_counters`]).
+/// [`SoftDevice::counters`] and [`SoftDevice::link_counters`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeviceCounters {
     /// Progress rounds run (by the thread or by callers).
@@ -328,16 +338,18 @@ pub struct DeviceCounters {
 }
 
 /// State shared by the device handle, its progress thread and callers.
-pub(crate) struct Shared {
+pub(crate) struct Shared<L: Link> {
     engine: Mutex<SoftHca>,
     /// Signalled after a round changed the engine, for [`UdpDevice::wait_cq`] (thread mode).
     cq_cv: Condvar,
     cq_waiters: AtomicUsize,
-    io: Mutex<Io>,
-    poller: LinkPoller,
+    io: Mutex<Io<L>>,
+    poller: L::Poller,
     waker: Waker,
-    local: SocketAddr,
-    ipv6: bool,
+    /// The link's name, for errors.
+    name: String,
+    /// Idle rounds the progress thread spins before it sleeps ([`Link::spin_rounds`]).
+    spin_rounds: u32,
     progress: Progress,
     origin: std::time::Instant,
     closed: AtomicBool,
@@ -369,7 +381,7 @@ const EMPTY_HINT_SLOTS: usize = 64;
 /// The least window a QP gets however many share the budget.
 const MIN_WINDOW: u32 = 16;
 
-impl Shared {
+impl<L: Link> Shared<L> {
     /// Shares the window budget among the RC / UC QPs now in the engine.
     fn share_window(&self, e: &mut SoftHca) {
         let ctx = e.context();
@@ -395,20 +407,26 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A software RoCEv2 device on a UDP socket; see the [module docs](self). `Send + Sync`: share it
-/// with an `Arc` and call verbs from any thread.
-pub struct UdpDevice {
-    shared: Arc<Shared>,
-    config: UdpDeviceConfig,
+/// A software RoCEv2 device: the [`SoftHca`] engine over link `L` with a progress engine,
+/// behind a thread-safe verbs API; see the [module docs](self). `Send + Sync`: share it with an
+/// `Arc` and call verbs from any thread. [`UdpDevice`] runs on a kernel UDP socket,
+/// [`VfioDevice`] on a virtio-net NIC driven through VFIO.
+pub struct SoftDevice<L: Link> {
+    shared: Arc<Shared<L>>,
+    config: L::DeviceConfig,
     gid: Gid,
+    local: SocketAddr,
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_name: Option<String>,
 }
 
-impl fmt::Debug for UdpDevice {
+/// A software RoCEv2 device on a kernel UDP socket (see the [module docs](self)).
+pub type UdpDevice = SoftDevice<UdpIo>;
+
+impl<L: Link> fmt::Debug for SoftDevice<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("UdpDevice")
-            .field("local", &self.shared.local)
+        f.debug_struct("SoftDevice")
+            .field("link", &self.shared.name)
             .field("progress", &self.shared.progress)
             .field("closed", &self.shared.closed.load(Ordering::Relaxed))
             .finish_non_exhaustive()
@@ -429,7 +447,7 @@ impl UdpDevice {
         let want = config.socket_addr();
         let bad = |reason| {
             Err(DeviceError::Config {
-                local: want,
+                device: format!("udp:{want}"),
                 reason,
             })
         };
@@ -439,7 +457,8 @@ impl UdpDevice {
         if config.batch == 0 || config.batch > progress::MAX_TX_BATCH {
             return bad("batch must be 1 ..= 64 datagrams");
         }
-        let Some(active_mtu) = PathMtu::from_link_mtu(config.effective_link_mtu() as usize) else {
+        let link_mtu = config.effective_link_mtu();
+        let Some(active_mtu) = PathMtu::from_link_mtu(link_mtu as usize) else {
             return bad("link MTU below the smallest RoCE path MTU (256) plus headers");
         };
         let mut link_config = UdpLinkConfig::new(want);
@@ -451,40 +470,65 @@ impl UdpDevice {
         link_config.send_buffer_bytes = config.socket_buffer_bytes;
         let link = UdpLink::bind(link_config)?;
         let local = link.local_addr();
-        let poller = link.poller()?;
-        let waker = Waker::new()?;
-
-        let gid = Gid::from(config.local);
         let mut engine_config = config.engine.clone();
         engine_config.udp_src_port = Some(local.port());
-        let ip_tail = gid.as_bytes();
-        let mac = [2, 0, ip_tail[12], ip_tail[13], ip_tail[14], ip_tail[15]];
-        let guid = u64::from_be_bytes(crate::gid::eui64_from_mac(mac));
-        let attr = DeviceAttr {
-            node_guid: guid,
-            sys_image_guid: guid,
-            ..DeviceAttr::default()
-        };
-        let port = PortAttr {
-            active_mtu,
-            ..PortAttr::default()
-        };
-        let mut hca = SoftHca::new(Device::new(attr, port), engine_config);
-        hca.add_gid(
-            1,
-            GidEntry {
-                gid,
-                gid_type: GidType::RoceV2,
-            },
-        )?;
-        // Setting up the GID table raised IBV_EVENT_GID_CHANGE: nobody asked for it yet.
-        while hca.poll_event().is_some() {}
-
         let window_budget = config.window_budget.unwrap_or_else(|| {
             let rcvbuf = link.socket_buffers().map_or(212_992, |(r, _)| r);
             (rcvbuf / 2 / (active_mtu.bytes() + 512)) as u32
         });
-        let io = Io::new(link, config.peer_port, config.scope_id);
+        let io = UdpIo::new(link, config.peer_port, config.scope_id, link_mtu);
+        let progress = config.progress;
+        SoftDevice::with_link(io, config, engine_config, progress, Some(window_budget))
+    }
+
+    /// Sends packets for peer address `ip` to UDP port `port` instead of
+    /// [`UdpDeviceConfig::peer_port`] (two devices on one address, bound to two ports).
+    pub fn set_peer_port(&self, ip: IpAddr, port: u16) {
+        lock(&self.shared.io).link.set_peer_port(ip, port);
+    }
+
+    /// The GSO / GRO state of the socket.
+    pub fn offloads(&self) -> Offloads {
+        lock(&self.shared.io).link.link().offloads()
+    }
+}
+
+impl<L: Link> SoftDevice<L> {
+    /// Runs the engine over an open `link`: creates the engine on the link's device
+    /// ([`Link::device`]: attributes, active MTU, GID table) with `engine_config`, shares
+    /// `window_budget` packets (default: 128 per QP's window, the configured maximum) among
+    /// the RC / UC QPs, and starts the progress thread ([`Progress::Thread`]). `config` is kept
+    /// for [`SoftDevice::config`].
+    ///
+    /// # Errors
+    /// [`DeviceError::Verbs`] if the link's GID table is refused; the link's error when its
+    /// poller cannot be made; [`DeviceError::Link`] when the waker cannot be;
+    /// [`DeviceError::Thread`].
+    pub fn with_link(
+        link: L,
+        config: L::DeviceConfig,
+        engine_config: EngineConfig,
+        progress: Progress,
+        window_budget: Option<u32>,
+    ) -> Result<SoftDevice<L>, DeviceError> {
+        let name = link.name();
+        let local = link.local_addr();
+        let poller = link.poller().map_err(Into::into)?;
+        let waker = Waker::new()?;
+        let device = link.device();
+        let gid = device
+            .port
+            .gids
+            .iter()
+            .find(|(_, e)| e.gid == Gid::from(local.ip()))
+            .or_else(|| device.port.gids.iter().next())
+            .map_or(Gid::from(local.ip()), |(_, e)| e.gid);
+        let max_window = engine_config.max_unacked_psns.max(1);
+        let mut hca = SoftHca::new(device, engine_config);
+        // Setting up the GID table raised IBV_EVENT_GID_CHANGE: nobody asked for it yet.
+        while hca.poll_event().is_some() {}
+        let spin_rounds = link.spin_rounds();
+        let io = Io::new(link);
         let shared = Arc::new(Shared {
             engine: Mutex::new(hca),
             cq_cv: Condvar::new(),
@@ -492,9 +536,9 @@ impl UdpDevice {
             io: Mutex::new(io),
             poller,
             waker,
-            local,
-            ipv6: local.is_ipv6(),
-            progress: config.progress,
+            name,
+            spin_rounds,
+            progress,
             origin: std::time::Instant::now(),
             closed: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -505,51 +549,62 @@ impl UdpDevice {
             last_error: Mutex::new(None),
             epoch: AtomicU64::new(0),
             empty_hint: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
-            window_budget,
-            max_window: config.engine.max_unacked_psns.max(1),
+            window_budget: window_budget.unwrap_or(u32::MAX),
+            max_window,
         });
         // Linux keeps 15 bytes of a thread name: a process-wide serial number tells devices apart.
         static SERIAL: AtomicU64 = AtomicU64::new(0);
-        let thread_name = format!("udp-hca#{}", SERIAL.fetch_add(1, Ordering::Relaxed));
-        let thread = match config.progress {
+        let thread_name = format!("soft-hca#{}", SERIAL.fetch_add(1, Ordering::Relaxed));
+        let thread = match progress {
             Progress::Thread => {
                 let s = shared.clone();
                 let handle = std::thread::Builder::new()
                     .name(thread_name.clone())
                     .spawn(move || s.run_thread())
-                    .map_err(|source| DeviceError::Thread { local, source })?;
+                    .map_err(|source| DeviceError::Thread {
+                        device: shared.name.clone(),
+                        source,
+                    })?;
                 Some(handle)
             }
             Progress::Caller => None,
         };
-        Ok(UdpDevice {
+        Ok(SoftDevice {
             thread_name: thread.is_some().then_some(thread_name),
             shared,
             config,
             gid,
+            local,
             thread: Mutex::new(thread),
         })
     }
 
     // ---- the device ----
 
-    /// The bound socket address (the port the kernel picked if the config said 0).
+    /// The address the device's packets leave from ([`Link::local_addr`]): for a UDP device the
+    /// bound socket address (the port the kernel picked if the config said 0).
     pub fn local_addr(&self) -> SocketAddr {
-        self.shared.local
+        self.local
     }
 
-    /// The name of the progress thread (`udp-hca#N`, N counting the devices of this process;
+    /// The link's name ([`Link::name`]): `udp:ADDRESS:PORT`, `vfio:PCI_ADDRESS`.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The name of the progress thread (`soft-hca#N`, N counting the devices of this process;
     /// shown by `ps -L` / `top -H`), `None` with [`Progress::Caller`].
     pub fn thread_name(&self) -> Option<String> {
         self.thread_name.clone()
     }
 
     /// The configuration the device was opened with.
-    pub fn config(&self) -> &UdpDeviceConfig {
+    pub fn config(&self) -> &L::DeviceConfig {
         &self.config
     }
 
-    /// The device's GID (at [`GID_INDEX`]).
+    /// The device's GID: the GID of [`SoftDevice::local_addr`]'s address (at [`GID_INDEX`] on a
+    /// UDP device).
     pub fn gid(&self) -> Gid {
         self.gid
     }
@@ -573,25 +628,15 @@ impl UdpDevice {
         Ok(lock(&self.shared.engine).context().query_gid(1, index)?)
     }
 
-    /// Sends packets for peer address `ip` to UDP port `port` instead of
-    /// [`UdpDeviceConfig::peer_port`] (two devices on one address, bound to two ports).
-    pub fn set_peer_port(&self, ip: IpAddr, port: u16) {
-        lock(&self.shared.io).set_peer_port(ip, port);
-    }
-
     /// The engine's counters (packets, drops by reason, retries, ...).
     pub fn counters(&self) -> Counters {
         lock(&self.shared.engine).counters().clone()
     }
 
-    /// The socket link's counters (datagrams, system calls, GSO/GRO, kernel drops).
-    pub fn link_counters(&self) -> LinkCounters {
-        *lock(&self.shared.io).link.counters()
-    }
-
-    /// The GSO / GRO state of the socket.
-    pub fn offloads(&self) -> Offloads {
-        lock(&self.shared.io).link.offloads()
+    /// The link's counters (a socket's datagrams, system calls, GSO/GRO and kernel drops; a
+    /// NIC's frames, notifications and neighbour table).
+    pub fn link_counters(&self) -> L::Counters {
+        lock(&self.shared.io).link.counters()
     }
 
     /// The window of unacknowledged packets each RC / UC QP has now (see the
@@ -621,7 +666,7 @@ impl UdpDevice {
     fn check_open(&self) -> Result<(), DeviceError> {
         if self.shared.closed.load(Ordering::Acquire) {
             Err(DeviceError::Closed {
-                local: self.shared.local,
+                device: self.shared.name.clone(),
             })
         } else {
             Ok(())
@@ -704,7 +749,56 @@ impl UdpDevice {
     /// # Errors
     /// [`DeviceError::Verbs`] as [`SoftHca::dereg_mr`].
     pub fn dereg_mr(&self, lkey: u32) -> Result<(), DeviceError> {
-        Ok(self.shared.engine_op(|e| e.dereg_mr(lkey))?)
+        self.dereg_mr_unmapped(lkey).map(|_| ())
+    }
+
+    /// ibv_reg_mr(3) over host memory that the link's device may read by DMA: as
+    /// [`SoftDevice::reg_mr`], then the link maps the memory into its device's IOMMU context
+    /// ([`Link::map_memory`]; a UDP device maps nothing) until [`SoftDevice::dereg_mr`].
+    ///
+    /// # Errors
+    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::reg_mr`]; the link's error
+    /// when the mapping fails (the region is then deregistered again).
+    pub fn reg_mr_host(
+        &self,
+        pd: PdHandle,
+        memory: Arc<gpu_p2p::HostMemory>,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, DeviceError> {
+        let mr = self.reg_mr(pd, memory.clone(), iova, access)?;
+        if L::MAPS_MEMORY {
+            let mapped = lock(&self.shared.io).link.map_memory(mr.lkey(), &memory);
+            if let Err(e) = mapped {
+                let _ = self.shared.engine_op(|e| e.dereg_mr(mr.lkey()));
+                return Err(e.into());
+            }
+        }
+        Ok(mr)
+    }
+
+    /// ibv_dereg_mr(3), returning the device address range `(iova, len)` the link unmapped from
+    /// its IOMMU ([`Link::unmap_memory`]; `None` when nothing was mapped). The engine forgets the
+    /// keys first (a remote access NAKs from then on), then the link waits (bounded) until its
+    /// device no longer reads the memory and unmaps it.
+    ///
+    /// # Errors
+    /// [`DeviceError::Verbs`] as [`SoftHca::dereg_mr`] (nothing is unmapped); the link's error.
+    pub fn dereg_mr_unmapped(&self, lkey: u32) -> Result<Option<(u64, u64)>, DeviceError> {
+        self.shared.engine_op(|e| e.dereg_mr(lkey))?;
+        if !L::MAPS_MEMORY {
+            return Ok(None);
+        }
+        lock(&self.shared.io)
+            .link
+            .unmap_memory(lkey)
+            .map_err(Into::into)
+    }
+
+    /// Runs `f` on the link under its lock (the progress engine waits meanwhile): link-specific
+    /// diagnostics, such as asking the IOMMU what is left mapped.
+    pub fn with_link_mut<R>(&self, f: impl FnOnce(&mut L) -> R) -> R {
+        f(&mut lock(&self.shared.io).link)
     }
 
     // ---- CQ ----
@@ -825,7 +919,7 @@ impl UdpDevice {
                     sleep = sleep.min(until.saturating_sub(s.origin.elapsed()));
                 }
                 // A socket error here is reported by the next round.
-                let _ = s.poller.wait(outcome.blocked, Some(&s.waker), sleep);
+                let _ = crate::link::LinkWait::wait(&s.poller, outcome.blocked, &s.waker, sleep);
             },
         }
     }
@@ -860,7 +954,8 @@ impl UdpDevice {
                         sleep = sleep.min(until.saturating_sub(s.origin.elapsed()));
                     }
                     // A socket error here is reported by the next round.
-                    let _ = s.poller.wait(outcome.blocked, Some(&s.waker), sleep);
+                    let _ =
+                        crate::link::LinkWait::wait(&s.poller, outcome.blocked, &s.waker, sleep);
                 }
             });
             let r = f();
@@ -1103,8 +1198,8 @@ impl UdpDevice {
     }
 }
 
-impl Drop for UdpDevice {
-    /// As [`UdpDevice::close`].
+impl<L: Link> Drop for SoftDevice<L> {
+    /// As [`SoftDevice::close`].
     fn drop(&mut self) {
         self.close();
     }

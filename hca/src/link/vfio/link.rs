@@ -177,6 +177,10 @@ pub struct VfioLink {
     origin: std::time::Instant,
     counters: VfioLinkCounters,
     rx_burst: usize,
+    /// Receive interrupts were asked for before a sleep ([`Link::arm_wakeup`]).
+    armed: bool,
+    /// Interrupts that woke a progress thread's [`VfioPoller`].
+    poller_interrupts: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl VfioLink {
@@ -217,6 +221,8 @@ impl VfioLink {
             origin: std::time::Instant::now(),
             counters: VfioLinkCounters::default(),
             rx_burst: config.rx_burst,
+            armed: false,
+            poller_interrupts: Arc::default(),
         })
     }
 
@@ -305,8 +311,12 @@ impl VfioLink {
 
     /// The counters.
     pub fn counters(&self) -> VfioLinkCounters {
+        let mut nic = self.nic.counters();
+        nic.interrupts += self
+            .poller_interrupts
+            .load(std::sync::atomic::Ordering::Relaxed);
         VfioLinkCounters {
-            nic: self.nic.counters(),
+            nic,
             neighbours: self.neigh.counters,
             ..self.counters
         }
@@ -638,7 +648,18 @@ impl VfioLink {
     /// Moves the engine's packets into transmit slots until the engine or the slots run out.
     /// Returns the packets posted.
     fn transmit(&mut self, hca: &mut SoftHca, now: Instant) -> usize {
+        self.transmit_with(now, |buf| hca.poll_transmit(now, buf)).0
+    }
+
+    /// Moves packets that `build` makes (a UDP payload into the buffer given, as
+    /// `SoftHca::poll_transmit` does) into transmit slots until `build` returns `None` or the
+    /// slots run out. Returns the packets posted and whether the slots ran out.
+    fn transmit_with<F>(&mut self, now: Instant, mut build: F) -> (usize, bool)
+    where
+        F: FnMut(&mut [u8]) -> Option<crate::engine::Transmit>,
+    {
         let mut posted = 0;
+        let mut full = false;
         let max_ip = usize::from(self.nic.mtu());
         let src_mac = self.me.mac;
         // Slots of sent frames come back first (one load of the used index when there are none).
@@ -646,13 +667,14 @@ impl VfioLink {
         loop {
             let tx = self.nic.tx();
             let Some((slot, buf)) = tx.take_slot() else {
+                full = true;
                 break;
             };
             let Some(payload) = buf.get_mut(TX_HEADROOM..) else {
                 tx.release(slot);
                 break;
             };
-            let Some(t) = hca.poll_transmit(now, payload) else {
+            let Some(t) = build(payload) else {
                 tx.release(slot);
                 break;
             };
@@ -684,7 +706,7 @@ impl VfioLink {
                 self.probe(ip);
             }
         }
-        posted
+        (posted, full)
     }
 
     /// Sends one RoCEv2 datagram outside the engine: `payload` is a whole UDP payload (BTH ..
@@ -959,5 +981,196 @@ fn send_waiting(
         } else {
             counters.tx_no_slot += 1;
         }
+    }
+}
+
+/// Idle rounds a progress thread spins on a VFIO link before it sleeps.
+const SPIN_ROUNDS: u32 = 200;
+
+/// Longest sleep of a progress thread on a busy-polled VFIO link (nothing can wake it but a
+/// verb): the receive latency an idle device adds.
+const POLL_SLEEP: Duration = Duration::from_micros(50);
+
+/// What a progress thread sleeps on over a [`VfioLink`]: the NIC's MSI-X eventfd (with
+/// [`VfioLinkConfig::interrupts`]) and the device's waker; without interrupts a short sleep
+/// (50 µs), the link being busy-polled.
+#[derive(Debug)]
+pub struct VfioPoller {
+    irq: Option<Arc<super::os::Fd>>,
+    device: String,
+    interrupts: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl crate::link::LinkWait for VfioPoller {
+    type Error = VfioError;
+
+    fn wait(
+        &self,
+        _writable: bool,
+        waker: &crate::link::Waker,
+        timeout: Duration,
+    ) -> Result<(), VfioError> {
+        use std::os::fd::AsFd;
+        let woken_err = |e: crate::link::LinkError| VfioError::Config {
+            what: format!("{}: waker: {e}", self.device),
+        };
+        match &self.irq {
+            Some(irq) => {
+                let signalled =
+                    super::os::eventfd_wait_or(irq, waker.as_fd(), timeout).map_err(|source| {
+                        VfioError::Ioctl {
+                            device: self.device.clone(),
+                            op: "poll of the interrupt eventfd",
+                            source,
+                        }
+                    })?;
+                if signalled {
+                    // A statistic only: no ordering with other memory.
+                    self.interrupts
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            None => std::thread::sleep(timeout.min(POLL_SLEEP)),
+        }
+        waker.take().map(|_| ()).map_err(woken_err)
+    }
+}
+
+impl crate::link::Link for VfioLink {
+    type Error = VfioError;
+    type Poller = VfioPoller;
+    type Counters = VfioLinkCounters;
+    type DeviceConfig = crate::udp_device::VfioDeviceConfig;
+
+    fn name(&self) -> String {
+        format!("vfio:{}", self.nic.name())
+    }
+
+    /// The IPv4 address if one is configured, else the IPv6 link-local one; UDP port 4791.
+    fn local_addr(&self) -> std::net::SocketAddr {
+        let ip = self.me.ipv4.map_or(IpAddr::V6(self.me.ipv6_ll), IpAddr::V4);
+        std::net::SocketAddr::new(ip, roce::udp::ROCEV2_PORT)
+    }
+
+    /// [`VfioLink::device`] with the IPv4-mapped GID of the IPv4 address (RoCEv2, index 2)
+    /// when one is configured.
+    fn device(&self) -> Device {
+        let mut dev = VfioLink::device(self);
+        if let Some(v4) = self.me.ipv4 {
+            // A fresh table has room, and an IPv4-mapped GID is never zero.
+            let _ = dev.port.gids.add(GidEntry {
+                gid: Gid::from(v4),
+                gid_type: GidType::RoceV2,
+            });
+        }
+        dev
+    }
+
+    fn mtu(&self) -> u32 {
+        u32::from(self.nic.mtu())
+    }
+
+    fn counters(&self) -> VfioLinkCounters {
+        VfioLink::counters(self)
+    }
+
+    /// Stops interrupts asked for before a sleep, runs due neighbour timers (their ARP / NDP
+    /// requests are published at once), and says whether the receive queue has frames.
+    fn recv(&mut self, _idle: bool) -> Result<crate::link::RecvState, VfioError> {
+        if std::mem::take(&mut self.armed) {
+            self.nic.disarm_rx_interrupt();
+        }
+        let now = self.now();
+        if self.neigh.next_timer().is_some_and(|t| t <= now) {
+            self.neighbour_timers(now);
+            self.nic.flush()?;
+        }
+        Ok(crate::link::RecvState {
+            waiting: usize::from(self.nic.rx_pending()),
+        })
+    }
+
+    /// Receives up to `rx_burst` frames straight from their DMA buffers (RoCEv2 to `f`, ARP
+    /// and Neighbor Discovery answered) and publishes the answers.
+    fn deliver<F: FnMut(&crate::engine::Datagram<'_>)>(
+        &mut self,
+        f: F,
+    ) -> Result<usize, VfioError> {
+        let n = self.receive(f)?;
+        self.nic.flush()?;
+        Ok(n)
+    }
+
+    fn rx_full(&self, delivered: usize) -> bool {
+        delivered >= self.rx_burst
+    }
+
+    /// The engine builds each packet into a transmit slot in DMA memory
+    /// ([`SoftHca::poll_transmit`]: one copy of the payload, MR memory into the slot).
+    fn build(&mut self, engine: &mut SoftHca, now: Instant) -> (usize, bool) {
+        let link_now = self.now();
+        self.nic.tx().reclaim();
+        self.transmit_with(link_now, |buf| engine.poll_transmit(now, buf))
+    }
+
+    /// Frames posted to the transmit ring and not yet published ([`Link::flush`] publishes
+    /// them all).
+    fn unsent(&self) -> usize {
+        usize::from(self.nic.tx_unpublished())
+    }
+
+    /// Publishes the posted frames with at most one notification (an MMIO write).
+    fn flush(&mut self) -> crate::link::FlushReport<VfioError> {
+        crate::link::FlushReport {
+            error: self.nic.flush().err(),
+            ..crate::link::FlushReport::default()
+        }
+    }
+
+    fn poller(&self) -> Result<VfioPoller, VfioError> {
+        Ok(VfioPoller {
+            irq: self.nic.irq_handle(),
+            device: self.nic.name().to_owned(),
+            interrupts: self.poller_interrupts.clone(),
+        })
+    }
+
+    const ARMS_WAKEUP: bool = true;
+
+    fn arm_wakeup(&mut self) -> bool {
+        self.armed = self.nic.interrupts();
+        self.nic.arm_rx_interrupt()
+    }
+
+    fn spin_rounds(&self) -> u32 {
+        SPIN_ROUNDS
+    }
+
+    fn next_timer(&self) -> Option<Duration> {
+        let now = self.now();
+        self.neigh
+            .next_timer()
+            .map(|t| t.saturating_duration_since(now))
+    }
+
+    const MAPS_MEMORY: bool = true;
+
+    fn map_memory(&mut self, lkey: u32, memory: &Arc<HostMemory>) -> Result<(), VfioError> {
+        let mapped = MappedMemory::new(self.nic.container().clone(), memory.clone())?;
+        self.mrs.insert(lkey, mapped);
+        Ok(())
+    }
+
+    fn unmap_memory(&mut self, lkey: u32) -> Result<Option<(u64, u64)>, VfioError> {
+        if !self.mrs.contains_key(&lkey) {
+            return Ok(None);
+        }
+        self.drain_zero_copy(lkey)?;
+        let Some(mapped) = self.mrs.remove(&lkey) else {
+            return Ok(None);
+        };
+        let range = (mapped.iova(), mapped.len());
+        mapped.unmap()?;
+        Ok(Some(range))
     }
 }

@@ -80,7 +80,7 @@ mod pci;
 #[cfg_attr(test, allow(dead_code))]
 mod sys;
 #[cfg(test)]
-mod sys_fake;
+pub(crate) mod sys_fake;
 mod virtio;
 mod virtqueue;
 

@@ -348,7 +348,9 @@ pub(crate) struct VirtioNet {
     rx_bad_len: u64,
     rx_refilled: u64,
     /// The eventfd MSI-X vector 0 (the receive queue) signals, when interrupts are on.
-    irq: Option<os::Fd>,
+    /// The MSI-X eventfd, shared with [`VirtioNet::irq_handle`] holders (a progress thread's
+    /// poller).
+    irq: Option<std::sync::Arc<os::Fd>>,
     interrupts_taken: u64,
 }
 
@@ -433,7 +435,7 @@ impl VirtioNet {
         let rx_buf = round_up((NET_HDR_LEN + MAX_L2_HEADER + usize::from(mtu)) as u64, 64)
             .unwrap_or(0) as usize;
         let irq = if config.interrupts {
-            Some(Self::enable_msix(&dev).map_err(fail)?)
+            Some(std::sync::Arc::new(Self::enable_msix(&dev).map_err(fail)?))
         } else {
             None
         };
@@ -735,6 +737,37 @@ impl VirtioNet {
         self.irq.is_some()
     }
 
+    /// The interrupt eventfd, for a thread that sleeps on it without holding the NIC.
+    pub(crate) fn irq_handle(&self) -> Option<std::sync::Arc<os::Fd>> {
+        self.irq.clone()
+    }
+
+    /// Whether the receive queue has a frame for [`VirtioNet::receive`].
+    pub(crate) fn rx_pending(&self) -> bool {
+        self.rx.q.has_used(&self.rx.mem)
+    }
+
+    /// Asks the device for a receive interrupt before a sleep on [`VirtioNet::irq_handle`]
+    /// (clears VIRTQ_AVAIL_F_NO_INTERRUPT) and returns `false` when a frame is already there
+    /// (then do not sleep). Without interrupts this only checks.
+    pub(crate) fn arm_rx_interrupt(&mut self) -> bool {
+        if self.irq.is_none() {
+            return !self.rx_pending();
+        }
+        self.rx.q.set_no_interrupt(&self.rx.mem, false);
+        // SeqCst fence: orders the flag store before the used-index load (as in `wait_rx`): else
+        // the device could add a frame after our load and read the old flag (lost wake-up).
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        !self.rx_pending()
+    }
+
+    /// Stops receive interrupts again after a sleep (the queue is polled while busy).
+    pub(crate) fn disarm_rx_interrupt(&mut self) {
+        if self.irq.is_some() {
+            self.rx.q.set_no_interrupt(&self.rx.mem, true);
+        }
+    }
+
     /// Sleeps until the receive queue has a frame or `timeout` passes (returns whether a frame
     /// is there). With interrupts off this only checks. The device is asked for an interrupt only
     /// for this wait (VIRTQ_AVAIL_F_NO_INTERRUPT is cleared, then set again), so a busy link
@@ -767,6 +800,11 @@ impl VirtioNet {
         };
         self.rx.q.set_no_interrupt(&self.rx.mem, true);
         r
+    }
+
+    /// Frames posted for transmission and not yet published to the device.
+    pub(crate) fn tx_unpublished(&self) -> u16 {
+        self.tx.q.unpublished()
     }
 
     /// Frames posted for transmission that the device has not returned yet.

@@ -376,6 +376,46 @@ pub(crate) fn eventfd_wait(fd: &Fd, timeout: std::time::Duration) -> io::Result<
     Ok(true)
 }
 
+/// Waits until the eventfd `fd` or the descriptor `other` (a waker) is readable or `timeout`
+/// passes (poll(2), rounded up to milliseconds), then clears `fd`'s counter if it was signalled;
+/// returns whether `fd` was. `other` is left for its owner to read.
+pub(crate) fn eventfd_wait_or(
+    fd: &Fd,
+    other: std::os::fd::BorrowedFd<'_>,
+    timeout: std::time::Duration,
+) -> io::Result<bool> {
+    let mut pfds = [
+        libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: other.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let ms = timeout.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: `pfds` is a live array of two pollfd entries; the kernel writes only `revents`.
+    let r = unsafe { libc::poll(pfds.as_mut_ptr(), 2, ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    if pfds[0].revents & libc::POLLIN == 0 {
+        return Ok(false);
+    }
+    let mut count = [0u8; 8];
+    // A non-blocking read of the 8-byte counter resets it; EAGAIN (already read) is fine.
+    let _ = std::io::Read::read(&mut &*fd, &mut count);
+    Ok(true)
+}
+
 // ---------------------------------------------------------------- IOMMU
 
 /// `VFIO_IOMMU_MAP_DMA`: makes `[vaddr, vaddr + size)` reachable by the device at I/O virtual

@@ -853,6 +853,16 @@ pub(crate) fn eventfd_wait(fd: &Fd, timeout: std::time::Duration) -> io::Result<
     Ok(signalled > 0)
 }
 
+/// As [`eventfd_wait`]; `other` (a real waker eventfd) is not polled: single-threaded, nothing
+/// can wake it meanwhile except the caller itself, which the sleep of at most 1 ms bounds.
+pub(crate) fn eventfd_wait_or(
+    fd: &Fd,
+    _other: std::os::fd::BorrowedFd<'_>,
+    timeout: std::time::Duration,
+) -> io::Result<bool> {
+    eventfd_wait(fd, timeout)
+}
+
 pub(crate) fn region_read(device: &Fd, offset: u64, buf: &mut [u8]) -> io::Result<()> {
     with(|w| {
         let d = w.device_of(device)?;

@@ -294,6 +294,11 @@ impl SplitQueue {
         Some(head)
     }
 
+    /// Chains added and not yet published.
+    pub(crate) fn unpublished(&self) -> u16 {
+        self.avail_idx.wrapping_sub(self.published_idx)
+    }
+
     /// Publishes every chain added since the last call by storing the new available index.
     /// Returns whether anything was published.
     pub(crate) fn publish(&mut self, mem: &DmaRegion) -> bool {
