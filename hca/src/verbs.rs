@@ -32,11 +32,12 @@ use crate::cq::CqHandle;
 use crate::device::{DeviceAttr, PortAttr};
 use crate::event::AsyncEvent;
 use crate::gid::{Gid, GidEntry};
+use crate::link::Link;
 use crate::mr::{AccessFlags, MemoryRegion};
 use crate::pd::PdHandle;
 use crate::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr};
 use crate::srq::{SrqAttr, SrqAttrMask, SrqHandle};
-use crate::udp_device::{DeviceError, UdpDevice};
+use crate::udp_device::{DeviceError, SoftDevice};
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvWr, SendWr};
 
@@ -247,27 +248,27 @@ pub trait Verbs: Send + Sync + fmt::Debug {
     fn is_closed(&self) -> bool;
 }
 
-impl Verbs for UdpDevice {
+impl<L: Link> Verbs for SoftDevice<L> {
     fn name(&self) -> String {
-        format!("udp:{}", self.local_addr().ip())
+        SoftDevice::name(self).to_owned()
     }
     fn query_device(&self) -> DeviceAttr {
-        UdpDevice::query_device(self)
+        SoftDevice::query_device(self)
     }
     fn query_port(&self) -> PortAttr {
-        UdpDevice::query_port(self)
+        SoftDevice::query_port(self)
     }
     fn query_gid(&self, index: u32) -> Result<GidEntry, DeviceError> {
-        UdpDevice::query_gid(self, index)
+        SoftDevice::query_gid(self, index)
     }
     fn default_gid(&self) -> (u32, Gid) {
-        (crate::udp_device::GID_INDEX, self.gid())
+        (self.gid_index(), self.gid())
     }
     fn alloc_pd(&self) -> Result<PdHandle, DeviceError> {
-        UdpDevice::alloc_pd(self)
+        SoftDevice::alloc_pd(self)
     }
     fn dealloc_pd(&self, pd: PdHandle) -> Result<(), DeviceError> {
-        UdpDevice::dealloc_pd(self, pd)
+        SoftDevice::dealloc_pd(self, pd)
     }
     fn reg_mr(
         &self,
@@ -278,19 +279,19 @@ impl Verbs for UdpDevice {
         iova: u64,
         access: AccessFlags,
     ) -> Result<MemoryRegion, DeviceError> {
-        UdpDevice::reg_mr_range(self, pd, memory, offset, length, iova, access)
+        SoftDevice::reg_mr_range(self, pd, memory, offset, length, iova, access)
     }
     fn dereg_mr(&self, lkey: u32) -> Result<(), DeviceError> {
-        UdpDevice::dereg_mr(self, lkey)
+        SoftDevice::dereg_mr(self, lkey)
     }
     fn create_cq(&self, cqe: u32) -> Result<CqHandle, DeviceError> {
-        UdpDevice::create_cq(self, cqe)
+        SoftDevice::create_cq(self, cqe)
     }
     fn destroy_cq(&self, cq: CqHandle) -> Result<(), DeviceError> {
-        UdpDevice::destroy_cq(self, cq)
+        SoftDevice::destroy_cq(self, cq)
     }
     fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize, DeviceError> {
-        UdpDevice::poll_cq(self, cq, out)
+        SoftDevice::poll_cq(self, cq, out)
     }
     fn wait_cq(
         &self,
@@ -298,13 +299,13 @@ impl Verbs for UdpDevice {
         n: usize,
         timeout: Duration,
     ) -> Result<Vec<WorkCompletion>, DeviceError> {
-        UdpDevice::wait_cq(self, cq, n, timeout)
+        SoftDevice::wait_cq(self, cq, n, timeout)
     }
     fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<(), DeviceError> {
-        UdpDevice::req_notify_cq(self, cq, solicited_only)
+        SoftDevice::req_notify_cq(self, cq, solicited_only)
     }
     fn create_srq(&self, pd: PdHandle, attr: &SrqAttr) -> Result<SrqHandle, DeviceError> {
-        UdpDevice::create_srq(self, pd, attr)
+        SoftDevice::create_srq(self, pd, attr)
     }
     fn modify_srq(
         &self,
@@ -312,25 +313,25 @@ impl Verbs for UdpDevice {
         attr: &SrqAttr,
         mask: SrqAttrMask,
     ) -> Result<(), DeviceError> {
-        UdpDevice::modify_srq(self, srq, attr, mask)
+        SoftDevice::modify_srq(self, srq, attr, mask)
     }
     fn destroy_srq(&self, srq: SrqHandle) -> Result<(), DeviceError> {
-        UdpDevice::destroy_srq(self, srq)
+        SoftDevice::destroy_srq(self, srq)
     }
     fn post_srq_recv(&self, srq: SrqHandle, wr: &RecvWr<'_>) -> Result<(), DeviceError> {
-        UdpDevice::post_srq_recv(self, srq, wr)
+        SoftDevice::post_srq_recv(self, srq, wr)
     }
     fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle, DeviceError> {
-        UdpDevice::create_ah(self, pd, attr)
+        SoftDevice::create_ah(self, pd, attr)
     }
     fn destroy_ah(&self, ah: AhHandle) -> Result<(), DeviceError> {
-        UdpDevice::destroy_ah(self, ah)
+        SoftDevice::destroy_ah(self, ah)
     }
     fn create_qp(&self, pd: PdHandle, init: &QpInitAttr) -> Result<u32, DeviceError> {
-        UdpDevice::create_qp(self, pd, init)
+        SoftDevice::create_qp(self, pd, init)
     }
     fn query_qp(&self, qpn: u32) -> Result<(QpAttr, QpInitAttr), DeviceError> {
-        UdpDevice::query_qp(self, qpn)
+        SoftDevice::query_qp(self, qpn)
     }
     fn modify_qp(
         &self,
@@ -338,31 +339,31 @@ impl Verbs for UdpDevice {
         attr: &QpAttr,
         mask: QpAttrMask,
     ) -> Result<ModifyOutcome, DeviceError> {
-        UdpDevice::modify_qp(self, qpn, attr, mask)
+        SoftDevice::modify_qp(self, qpn, attr, mask)
     }
     fn destroy_qp(&self, qpn: u32) -> Result<(), DeviceError> {
-        UdpDevice::destroy_qp(self, qpn)
+        SoftDevice::destroy_qp(self, qpn)
     }
     fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<(), DeviceError> {
-        UdpDevice::post_send(self, qpn, wr)
+        SoftDevice::post_send(self, qpn, wr)
     }
     fn post_send_list(&self, qpn: u32, wrs: &[SendWr<'_>]) -> Result<(), (usize, DeviceError)> {
-        UdpDevice::post_send_list(self, qpn, wrs)
+        SoftDevice::post_send_list(self, qpn, wrs)
     }
     fn post_recv(&self, qpn: u32, wr: &RecvWr<'_>) -> Result<(), DeviceError> {
-        UdpDevice::post_recv(self, qpn, wr)
+        SoftDevice::post_recv(self, qpn, wr)
     }
     fn post_recv_list(&self, qpn: u32, wrs: &[RecvWr<'_>]) -> Result<(), (usize, DeviceError)> {
-        UdpDevice::post_recv_list(self, qpn, wrs)
+        SoftDevice::post_recv_list(self, qpn, wrs)
     }
     fn poll_event(&self) -> Option<AsyncEvent> {
-        UdpDevice::poll_event(self)
+        SoftDevice::poll_event(self)
     }
     fn close(&self) {
-        UdpDevice::close(self)
+        SoftDevice::close(self)
     }
     fn is_closed(&self) -> bool {
-        UdpDevice::is_closed(self)
+        SoftDevice::is_closed(self)
     }
 }
 
@@ -370,7 +371,7 @@ impl Verbs for UdpDevice {
 mod tests {
     use super::*;
     use crate::qp::QpType;
-    use crate::udp_device::UdpDeviceConfig;
+    use crate::udp_device::{UdpDevice, UdpDeviceConfig};
     use core::net::{IpAddr, Ipv4Addr};
 
     /// The trait is object safe and a `dyn Verbs` drives a real device: a refused verb keeps its

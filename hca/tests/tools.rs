@@ -233,6 +233,9 @@ fn bad_flags_exit_non_zero_with_one_clear_line() {
     assert_eq!(out.status.code(), Some(2));
     let (out, _) = run(PINGPONG, &["--rc", "--ud"]);
     assert_eq!(out.status.code(), Some(2));
+    let (out, _) = run(PINGPONG, &["--vfio-neigh", "10.0.0.1=52:54"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("expected IP=MAC"));
     // Values checked like perftest's parser: exit 1, one line naming the problem.
     for (bin, args, needle) in [
         (PERF, &["write-bw", "-q", "0"][..], "QPs"),
@@ -241,9 +244,24 @@ fn bad_flags_exit_non_zero_with_one_clear_line() {
         (PERF, &["read-bw", "-c", "UC"][..], "RC"),
         (PERF, &["write-bw", "-c", "UD"][..], "UD"),
         (PERF, &["write-lat", "-q", "2"][..], "one QP"),
-        (PERF, &["write-bw", "--link", "udp:rxe0"][..], "bad device"),
+        (PERF, &["write-bw", "--link", "udp:rxe0"][..], "bad link"),
         (PINGPONG, &["-m", "1000"][..], "MTU"),
-        (PINGPONG, &["--link", "nonsense"][..], "bad device"),
+        (PINGPONG, &["--link", "nonsense"][..], "bad link"),
+        (
+            PINGPONG,
+            &["--link", "vfio:00:99.0"][..],
+            "vfio:PCI_ADDRESS",
+        ),
+        (
+            PINGPONG,
+            &["--link", "ibverbs:mlx5_0"][..],
+            "unknown link type",
+        ),
+        (
+            PERF,
+            &["write-bw", "--link", "foo:1"][..],
+            "unknown link type",
+        ),
     ] {
         let (out, took) = run(bin, args);
         let err = text(&out.stderr);
@@ -294,6 +312,63 @@ fn unknown_device_address_is_a_clear_error() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("cannot open device udp:192.0.2.1"), "{err}");
+}
+
+/// `--link vfio:` names the PCI device and what is wrong with it, with no guest or IOMMU needed:
+/// an address no device has, and (where this host has PCI devices) one bound to another driver.
+#[test]
+fn vfio_link_errors_name_the_pci_device() {
+    let port = free_port().to_string();
+    let args = ["--link", "vfio:0000:ff:1f.7", "-p", &port, "--timeout", "2"];
+    let (out, took) = run(PINGPONG, &args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot open device vfio:0000:ff:1f.7")
+            && err.contains("PCI device 0000:ff:1f.7: not found"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(took < DEADLINE);
+    // rdma-perf opens its device after connecting: a listening (fake) server lets it get there.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let perf_port = l.local_addr().unwrap().port().to_string();
+    let perf_args = [
+        "write-bw",
+        "--link",
+        "vfio:ff:1f.7",
+        "-p",
+        &perf_port,
+        "--timeout",
+        "2",
+    ];
+    let (out, _) = run(PERF, &[&perf_args[..], &["127.0.0.1"]].concat());
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("PCI device 0000:ff:1f.7: not found"), "{err}");
+
+    // A device of this host bound to another driver (or none), if it has one.
+    let bound_elsewhere = std::fs::read_dir("/sys/bus/pci/devices")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .find(|e| {
+            let driver = std::fs::read_link(e.path().join("driver")).ok();
+            driver.is_none_or(|d| !d.ends_with("vfio-pci"))
+        });
+    let Some(dev) = bound_elsewhere else {
+        eprintln!("no PCI device on this host: the not-bound case is covered by the unit tests");
+        return;
+    };
+    let name = dev.file_name().to_string_lossy().into_owned();
+    let link = format!("vfio:{name}");
+    let (out, _) = run(PINGPONG, &["--link", &link, "-p", &port, "--timeout", "2"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("PCI device {name} is bound to")) && err.contains("not vfio-pci"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -18,6 +18,8 @@
 //!
 //! All system calls are in one private `sys` module, the only place with `unsafe` code.
 
+#[cfg(all(feature = "std", target_os = "linux"))]
+pub mod any;
 mod cmsg;
 pub mod error;
 pub mod oob;
@@ -35,6 +37,8 @@ use std::time::Duration;
 use crate::device::Device;
 use crate::engine::{Datagram, Instant, SoftHca};
 
+#[cfg(all(feature = "std", target_os = "linux"))]
+pub use any::AnyLink;
 pub use error::LinkError;
 pub use oob::OobError;
 pub use spec::{LinkSpec, LinkSpecError};

@@ -84,7 +84,7 @@ use crate::device::{DeviceAttr, PathMtu, PortAttr};
 use crate::engine::{Counters, EngineConfig, SoftHca};
 use crate::error::VerbsError;
 use crate::event::AsyncEvent;
-use crate::gid::{Gid, GidEntry};
+use crate::gid::{Gid, GidEntry, GidType};
 use crate::link::udp::{self, Offloads, UdpLink, UdpLinkConfig};
 use crate::link::{Link, LinkError, UdpIo, Waker};
 use crate::mr::{AccessFlags, MemoryRegion};
@@ -228,6 +228,94 @@ fn interface_mtu(ip: IpAddr) -> Option<u32> {
     };
     let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok()?;
     mtu.trim().parse().ok()
+}
+
+/// Binds the socket of a UDP device and returns its link, the engine configuration (source port
+/// set to the bound port) and the window budget; see [`UdpDevice::open`].
+fn open_udp_link(config: &UdpDeviceConfig) -> Result<(UdpIo, EngineConfig, u32), DeviceError> {
+    let want = config.socket_addr();
+    let bad = |reason| {
+        Err(DeviceError::Config {
+            device: format!("udp:{want}"),
+            reason,
+        })
+    };
+    if config.local.is_unspecified() {
+        return bad("the local address must be an address of this host, not 0.0.0.0 or ::");
+    }
+    if config.batch == 0 || config.batch > progress::MAX_TX_BATCH {
+        return bad("batch must be 1 ..= 64 datagrams");
+    }
+    let link_mtu = config.effective_link_mtu();
+    let Some(active_mtu) = PathMtu::from_link_mtu(link_mtu as usize) else {
+        return bad("link MTU below the smallest RoCE path MTU (256) plus headers");
+    };
+    let mut link_config = UdpLinkConfig::new(want);
+    link_config.batch = config.batch;
+    link_config.gso = config.gso;
+    link_config.gro = config.gro;
+    link_config.gso_ipv4 = config.gso_ipv4;
+    link_config.recv_buffer_bytes = config.socket_buffer_bytes;
+    link_config.send_buffer_bytes = config.socket_buffer_bytes;
+    let link = UdpLink::bind(link_config)?;
+    let local = link.local_addr();
+    let mut engine_config = config.engine.clone();
+    engine_config.udp_src_port = Some(local.port());
+    let window_budget = config.window_budget.unwrap_or_else(|| {
+        let rcvbuf = link.socket_buffers().map_or(212_992, |(r, _)| r);
+        (rcvbuf / 2 / (active_mtu.bytes() + 512)) as u32
+    });
+    let io = UdpIo::new(link, config.peer_port, config.scope_id, link_mtu);
+    Ok((io, engine_config, window_budget))
+}
+
+/// A software RoCEv2 device on a link chosen at run time ([`AnyLink`]: the tools' `--link`).
+#[cfg(all(feature = "std", target_os = "linux"))]
+pub type AnyDevice = SoftDevice<crate::link::AnyLink>;
+
+#[cfg(all(feature = "std", target_os = "linux"))]
+impl AnyDevice {
+    /// Opens a UDP device ([`UdpDevice::open`]) or a VFIO device ([`VfioDevice::open`]).
+    ///
+    /// # Errors
+    /// As those.
+    pub fn open(config: crate::link::any::AnyConfig) -> Result<AnyDevice, DeviceError> {
+        use crate::link::any::AnyConfig;
+        use crate::link::AnyLink;
+        match config {
+            AnyConfig::Udp(c) => {
+                let (io, engine_config, window_budget) = open_udp_link(&c)?;
+                let progress = c.progress;
+                SoftDevice::with_link(
+                    AnyLink::Udp(io),
+                    AnyConfig::Udp(c),
+                    engine_config,
+                    progress,
+                    Some(window_budget),
+                )
+            }
+            AnyConfig::Vfio(c) => {
+                let link = crate::link::vfio::VfioLink::open(&c.link)?;
+                let engine = c.engine.clone();
+                let progress = c.progress;
+                SoftDevice::with_link(
+                    AnyLink::Vfio(link),
+                    AnyConfig::Vfio(c),
+                    engine,
+                    progress,
+                    None,
+                )
+            }
+        }
+    }
+
+    /// The UDP link's GSO / GRO state (`None` on a VFIO link).
+    pub fn offloads(&self) -> Option<Offloads> {
+        match &lock(&self.shared.io).link {
+            crate::link::AnyLink::Udp(l) => Some(l.link().offloads()),
+            crate::link::AnyLink::Vfio(_) => None,
+        }
+    }
 }
 
 /// A failed device operation. `Display` gives one line naming the device (its bound address).
@@ -415,6 +503,7 @@ pub struct SoftDevice<L: Link> {
     shared: Arc<Shared<L>>,
     config: L::DeviceConfig,
     gid: Gid,
+    gid_index: u32,
     local: SocketAddr,
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_name: Option<String>,
@@ -444,39 +533,7 @@ impl UdpDevice {
     /// for the smallest RoCE MTU); [`DeviceError::Link`] from binding (`AddrInUse`,
     /// `AddrNotAvailable`: the address is not on this host); [`DeviceError::Thread`].
     pub fn open(config: UdpDeviceConfig) -> Result<UdpDevice, DeviceError> {
-        let want = config.socket_addr();
-        let bad = |reason| {
-            Err(DeviceError::Config {
-                device: format!("udp:{want}"),
-                reason,
-            })
-        };
-        if config.local.is_unspecified() {
-            return bad("the local address must be an address of this host, not 0.0.0.0 or ::");
-        }
-        if config.batch == 0 || config.batch > progress::MAX_TX_BATCH {
-            return bad("batch must be 1 ..= 64 datagrams");
-        }
-        let link_mtu = config.effective_link_mtu();
-        let Some(active_mtu) = PathMtu::from_link_mtu(link_mtu as usize) else {
-            return bad("link MTU below the smallest RoCE path MTU (256) plus headers");
-        };
-        let mut link_config = UdpLinkConfig::new(want);
-        link_config.batch = config.batch;
-        link_config.gso = config.gso;
-        link_config.gro = config.gro;
-        link_config.gso_ipv4 = config.gso_ipv4;
-        link_config.recv_buffer_bytes = config.socket_buffer_bytes;
-        link_config.send_buffer_bytes = config.socket_buffer_bytes;
-        let link = UdpLink::bind(link_config)?;
-        let local = link.local_addr();
-        let mut engine_config = config.engine.clone();
-        engine_config.udp_src_port = Some(local.port());
-        let window_budget = config.window_budget.unwrap_or_else(|| {
-            let rcvbuf = link.socket_buffers().map_or(212_992, |(r, _)| r);
-            (rcvbuf / 2 / (active_mtu.bytes() + 512)) as u32
-        });
-        let io = UdpIo::new(link, config.peer_port, config.scope_id, link_mtu);
+        let (io, engine_config, window_budget) = open_udp_link(&config)?;
         let progress = config.progress;
         SoftDevice::with_link(io, config, engine_config, progress, Some(window_budget))
     }
@@ -516,13 +573,14 @@ impl<L: Link> SoftDevice<L> {
         let poller = link.poller().map_err(Into::into)?;
         let waker = Waker::new()?;
         let device = link.device();
-        let gid = device
+        // The device's GID: the RoCEv2 GID of the address its packets leave from.
+        let (gid_index, gid) = device
             .port
             .gids
             .iter()
-            .find(|(_, e)| e.gid == Gid::from(local.ip()))
+            .find(|(_, e)| e.gid == Gid::from(local.ip()) && e.gid_type == GidType::RoceV2)
             .or_else(|| device.port.gids.iter().next())
-            .map_or(Gid::from(local.ip()), |(_, e)| e.gid);
+            .map_or((0, Gid::from(local.ip())), |(i, e)| (i, e.gid));
         let max_window = engine_config.max_unacked_psns.max(1);
         let mut hca = SoftHca::new(device, engine_config);
         // Setting up the GID table raised IBV_EVENT_GID_CHANGE: nobody asked for it yet.
@@ -574,6 +632,7 @@ impl<L: Link> SoftDevice<L> {
             shared,
             config,
             gid,
+            gid_index,
             local,
             thread: Mutex::new(thread),
         })
@@ -607,6 +666,12 @@ impl<L: Link> SoftDevice<L> {
     /// UDP device).
     pub fn gid(&self) -> Gid {
         self.gid
+    }
+
+    /// The GID table index of [`SoftDevice::gid`] ([`GID_INDEX`] on a UDP device, 2 on a VFIO
+    /// device with an IPv4 address, 1 on one without).
+    pub fn gid_index(&self) -> u32 {
+        self.gid_index
     }
 
     /// ibv_query_device(3).

@@ -1,13 +1,17 @@
-//! Shared by `rdma-perf` and `rdma-pingpong`: choosing and opening the UDP device, bringing QPs
-//! up the way the C tools do, and C `printf` formats the tools' output needs.
+//! Shared by `rdma-perf` and `rdma-pingpong`: choosing and opening the device (`--link
+//! udp:ADDRESS[:PORT]`, the default, or `--link vfio:PCI_ADDRESS` with the `--vfio-*` options),
+//! bringing QPs up the way the C tools do, and C `printf` formats the tools' output needs.
 #![allow(dead_code)] // each tool uses a subset
 
 use std::fmt;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::Duration;
 
+use hca::link::any::AnyConfig;
 use hca::link::oob::OobTimeouts;
-use hca::udp_device::{Progress, UdpDevice, UdpDeviceConfig, GID_INDEX, ROCEV2_PORT};
+use hca::link::vfio::VfioLinkConfig;
+pub use hca::link::LinkSpec;
+use hca::udp_device::{AnyDevice, Progress, UdpDeviceConfig, VfioDeviceConfig};
 use hca::{AccessFlags, AhAttr, Gid, PathMtu, QpAttr, QpAttrMask, QpState, QpType};
 
 /// A one-line error for the user; `main` prints it after the tool's name and exits with 1.
@@ -50,47 +54,49 @@ impl From<ProgressArg> for Progress {
     }
 }
 
-/// A device address as `--link` / `-d` give it: `udp:ADDR`, `udp:ADDR:PORT`, `udp:[V6]:PORT`,
-/// or the same without `udp:`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LinkSpec {
-    /// The local address: the device's GID.
-    pub ip: IpAddr,
-    /// The local UDP port (default 4791).
-    pub port: u16,
+/// The device of the tools: a UDP or a VFIO device, as `--link` says.
+pub type Dev = AnyDevice;
+
+/// Parses a `--link` / `-d` value (see [`LinkSpec`]).
+pub fn parse_link(text: &str) -> Result<LinkSpec, Fail> {
+    text.parse()
+        .map_err(|e: hca::link::LinkSpecError| Fail(e.to_string()))
 }
 
-impl LinkSpec {
-    /// Parses a `--link` value.
-    pub fn parse(text: &str) -> Result<LinkSpec, Fail> {
-        let rest = text.strip_prefix("udp:").unwrap_or(text);
-        if let Ok(ip) = rest.parse::<IpAddr>() {
-            return Ok(LinkSpec {
-                ip,
-                port: ROCEV2_PORT,
-            });
-        }
-        if let Ok(sa) = rest.parse::<SocketAddr>() {
-            return Ok(LinkSpec {
-                ip: sa.ip(),
-                port: sa.port(),
-            });
-        }
-        fail!(
-            "bad device \"{text}\": expected udp:ADDRESS or udp:ADDRESS:PORT (e.g. udp:192.168.1.2, \
-             udp:[fe80::1]:4791)"
-        )
-    }
+/// The options of a `--link vfio:` device.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct VfioArgs {
+    /// VFIO link: the NIC's IPv4 address (its GID at index 2; the IPv6 link-local GID is at 0
+    /// and 1).
+    #[arg(long = "vfio-ip", value_name = "IPV4")]
+    pub ip: Option<Ipv4Addr>,
+    /// VFIO link: a static neighbour (no ARP / Neighbor Discovery for IP); repeatable.
+    #[arg(long = "vfio-neigh", value_name = "IP=MAC", value_parser = parse_neighbour)]
+    pub neigh: Vec<(IpAddr, [u8; 6])>,
+    /// VFIO link: sleep on the NIC's MSI-X receive interrupt when idle instead of busy-polling.
+    #[arg(long = "vfio-interrupts")]
+    pub interrupts: bool,
 }
 
-impl fmt::Display for LinkSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.port == ROCEV2_PORT {
-            write!(f, "udp:{}", self.ip)
-        } else {
-            write!(f, "udp:{}", SocketAddr::new(self.ip, self.port))
-        }
-    }
+/// Parses `IP=MAC` (`198.18.0.1=52:54:00:12:34:56`).
+pub fn parse_neighbour(text: &str) -> Result<(IpAddr, [u8; 6]), String> {
+    let bad =
+        || format!("bad neighbour \"{text}\": expected IP=MAC (e.g. 10.0.0.1=52:54:00:12:34:56)");
+    let (ip, mac) = text.split_once('=').ok_or_else(bad)?;
+    let ip: IpAddr = ip.parse().map_err(|_| bad())?;
+    let bytes: Vec<u8> = mac
+        .split(':')
+        .map(|h| {
+            if h.len() == 2 {
+                u8::from_str_radix(h, 16).ok()
+            } else {
+                None
+            }
+        })
+        .collect::<Option<_>>()
+        .ok_or_else(bad)?;
+    let mac: [u8; 6] = bytes.try_into().map_err(|_| bad())?;
+    Ok((ip, mac))
 }
 
 /// The source address the kernel's route to `host:port` uses (a UDP `connect`, which sends
@@ -121,18 +127,35 @@ pub fn route_source(host: &str, port: u16) -> Result<IpAddr, Fail> {
     }
 }
 
-/// Opens the device on `spec`.
+/// Opens the device on `spec` (`vfio` gives the options of a VFIO link; a UDP link ignores
+/// them).
 pub fn open_device(
     spec: LinkSpec,
     progress: Progress,
     window_budget: Option<u32>,
-) -> Result<UdpDevice, Fail> {
-    let mut c = UdpDeviceConfig::new(spec.ip);
-    c.port = spec.port;
-    c.scope_id = link_local_scope(spec.ip);
-    c.progress = progress;
-    c.window_budget = window_budget;
-    UdpDevice::open(c).map_err(|e| Fail(format!("cannot open device {spec}: {e}")))
+    vfio: &VfioArgs,
+) -> Result<Dev, Fail> {
+    let config = match spec {
+        LinkSpec::Udp { ip, port } => {
+            let mut c = UdpDeviceConfig::new(ip);
+            c.port = port;
+            c.scope_id = link_local_scope(ip);
+            c.progress = progress;
+            c.window_budget = window_budget;
+            AnyConfig::Udp(c)
+        }
+        LinkSpec::Vfio(pci) => {
+            let mut link = VfioLinkConfig::new(pci);
+            link.ipv4 = vfio.ip;
+            link.static_neighbours = vfio.neigh.clone();
+            link.interrupts = vfio.interrupts;
+            let mut c = VfioDeviceConfig::new(link);
+            c.progress = progress;
+            AnyConfig::Vfio(c)
+        }
+        _ => return fail!("cannot open device {spec}: this tool does not drive that link"),
+    };
+    Dev::open(config).map_err(|e| Fail(format!("cannot open device {spec}: {e}")))
 }
 
 /// The interface index (IPv6 scope) of the interface that holds the link-local address `ip`
@@ -157,20 +180,21 @@ pub fn link_local_scope(ip: IpAddr) -> u32 {
 }
 
 /// `--stats`: the device's counters, to stderr.
-pub fn print_stats(dev: &UdpDevice) {
+pub fn print_stats(dev: &Dev) {
     eprintln!("engine: {:?}", dev.counters());
     eprintln!("link: {:?}", dev.link_counters());
     eprintln!("progress: {:?}", dev.device_counters());
 }
 
-/// Checks a GID index option against the device's table (one GID, at [`GID_INDEX`]).
-pub fn check_gid_index(dev: &UdpDevice, index: i64) -> Result<Gid, Fail> {
+/// Checks a GID index option against the device's table (a UDP device has one GID, at 0).
+pub fn check_gid_index(dev: &Dev, index: i64) -> Result<Gid, Fail> {
     match u32::try_from(index).ok().map(|i| dev.query_gid(i)) {
         Some(Ok(e)) => Ok(e.gid),
         _ => fail!(
-            "no GID at index {index} of {} (its only GID, {}, is at index {GID_INDEX})",
-            dev.local_addr(),
-            dev.gid()
+            "no GID at index {index} of {} (its GID {} is at index {})",
+            dev.name(),
+            dev.gid(),
+            dev.gid_index()
         ),
     }
 }
@@ -245,6 +269,8 @@ pub struct ConnectAttrs {
     pub rnr_retry: u8,
     /// IP hop limit.
     pub hop_limit: u8,
+    /// The local GID index (the tools' `-g` / `-x`).
+    pub sgid_index: u8,
     /// IP traffic class.
     pub traffic_class: u8,
 }
@@ -262,7 +288,7 @@ pub struct Remote {
 
 /// RESET -> INIT with the tool's access flags (and Q_Key for UD).
 pub fn qp_to_init(
-    dev: &UdpDevice,
+    dev: &Dev,
     qpn: u32,
     qp_type: QpType,
     access: AccessFlags,
@@ -286,11 +312,11 @@ pub fn qp_to_init(
     Ok(())
 }
 
-/// The address vector to `gid` from the device's GID.
-pub fn av_to(gid: Gid, hop_limit: u8, traffic_class: u8) -> AhAttr {
+/// The address vector to `gid` from the device's GID at `sgid_index`.
+pub fn av_to(gid: Gid, sgid_index: u8, hop_limit: u8, traffic_class: u8) -> AhAttr {
     AhAttr {
         dgid: gid,
-        sgid_index: GID_INDEX as u8,
+        sgid_index,
         hop_limit,
         traffic_class,
         port_num: 1,
@@ -299,7 +325,7 @@ pub fn av_to(gid: Gid, hop_limit: u8, traffic_class: u8) -> AhAttr {
 }
 
 /// INIT -> RTR -> RTS as `pp_connect_ctx` / perftest's `ctx_connect` do.
-pub fn qp_to_rts(dev: &UdpDevice, qpn: u32, a: &ConnectAttrs, remote: &Remote) -> Result<(), Fail> {
+pub fn qp_to_rts(dev: &Dev, qpn: u32, a: &ConnectAttrs, remote: &Remote) -> Result<(), Fail> {
     let mut attr = QpAttr {
         qp_state: QpState::Rtr,
         path_mtu: a.mtu,
@@ -307,7 +333,7 @@ pub fn qp_to_rts(dev: &UdpDevice, qpn: u32, a: &ConnectAttrs, remote: &Remote) -
         rq_psn: remote.psn,
         max_dest_rd_atomic: a.max_dest_rd_atomic,
         min_rnr_timer: a.min_rnr_timer,
-        ah_attr: av_to(remote.gid, a.hop_limit, a.traffic_class),
+        ah_attr: av_to(remote.gid, a.sgid_index, a.hop_limit, a.traffic_class),
         ..QpAttr::default()
     };
     let rtr = match a.qp_type {
@@ -369,17 +395,38 @@ mod tests {
 
     #[test]
     fn link_specs() {
-        let s = LinkSpec::parse("udp:127.0.0.2").unwrap();
-        assert_eq!((s.ip.to_string(), s.port), ("127.0.0.2".into(), 4791));
-        let s = LinkSpec::parse("udp:[::1]:5000").unwrap();
-        assert_eq!((s.ip.to_string(), s.port), ("::1".into(), 5000));
-        let s = LinkSpec::parse("::1").unwrap();
-        assert_eq!(s.port, 4791);
         assert_eq!(
-            LinkSpec::parse("10.0.0.1:99").unwrap().to_string(),
-            "udp:10.0.0.1:99"
+            parse_link("udp:127.0.0.2").unwrap(),
+            LinkSpec::udp("127.0.0.2".parse().unwrap())
         );
-        assert!(LinkSpec::parse("udp:rxe0").is_err());
+        assert_eq!(parse_link("::1").unwrap().to_string(), "udp:::1");
+        assert_eq!(
+            parse_link("vfio:00:04.0").unwrap().to_string(),
+            "vfio:0000:00:04.0"
+        );
+        let e = parse_link("udp:rxe0").unwrap_err();
+        assert!(e.0.contains("bad link \"udp:rxe0\""), "{e}");
+        let e = parse_link("rdma:mlx5_0").unwrap_err();
+        assert!(e.0.contains("unknown link type \"rdma\""), "{e}");
+    }
+
+    #[test]
+    fn neighbours() {
+        let (ip, mac) = parse_neighbour("198.18.0.1=52:54:00:12:34:56").unwrap();
+        assert_eq!(ip.to_string(), "198.18.0.1");
+        assert_eq!(mac, [0x52, 0x54, 0, 0x12, 0x34, 0x56]);
+        assert!(parse_neighbour("fe80::1=52:54:00:12:34:56").is_ok());
+        for bad in [
+            "198.18.0.1",
+            "x=52:54:00:12:34:56",
+            "10.0.0.1=52:54:00",
+            "10.0.0.1=5:54:00:12:34:56",
+        ] {
+            assert!(
+                parse_neighbour(bad).unwrap_err().contains("IP=MAC"),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -36,7 +36,7 @@ use hca::link::oob::perftest::{
     BwReport, KeyFormat, PerftestConn, PerftestDest, PerftestListener, PerftestTest,
     DEFAULT_CACHE_LINE_SIZE, DEFAULT_CYCLE_BUFFER,
 };
-use hca::udp_device::{Progress, UdpDevice, ROCEV2_PORT};
+use hca::udp_device::Progress;
 use hca::{
     AccessFlags, CqHandle, MemoryRegion, PathMtu, PdHandle, QpCap, QpInitAttr, QpType, RecvWr,
     SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
@@ -111,15 +111,20 @@ struct Args {
     /// Report bandwidth in Gb/s instead of MB/s.
     #[arg(long = "report_gbits")]
     report_gbits: bool,
-    /// GID index of the device (it has one GID, at 0).
+    /// GID index of the device (a UDP device has one GID, at 0; a VFIO device its IPv6
+    /// link-local GID at 0 and 1 and its IPv4 one at 2). Default: the device's GID.
     #[arg(short = 'x', long = "gid-index")]
     gid_index: Option<i64>,
-    /// The device: udp:ADDRESS or udp:ADDRESS:PORT (same as --link).
+    /// The device: udp:ADDRESS[:PORT] or vfio:PCI_ADDRESS (same as --link).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     ib_dev: Option<String>,
-    /// The device: udp:ADDRESS or udp:ADDRESS:PORT, the local address (and UDP port, default 4791) to use.
-    #[arg(long, value_name = "udp:ADDRESS[:PORT]")]
+    /// The device: udp:ADDRESS[:PORT], the local address (and UDP port, default 4791) of a UDP
+    /// socket (the default, from the out-of-band connection), or vfio:PCI_ADDRESS, a virtio-net
+    /// NIC bound to vfio-pci that this process drives (see the --vfio-* options).
+    #[arg(long, value_name = "udp:ADDRESS[:PORT]|vfio:PCI_ADDRESS")]
     link: Option<String>,
+    #[command(flatten)]
+    vfio: common::VfioArgs,
     /// Connection type: RC or UC.
     #[arg(short = 'c', long = "connection", default_value = "RC")]
     connection: String,
@@ -190,8 +195,10 @@ struct Params {
     port: u16,
     duration: Option<u64>,
     gbits: bool,
-    gid_index: i64,
+    /// `-x`; `None`: the device's GID.
+    gid_index: Option<i64>,
     link: Option<LinkSpec>,
+    vfio: common::VfioArgs,
     qp_type: QpType,
     tx_depth: u32,
     rx_depth: u32,
@@ -277,7 +284,7 @@ fn resolve(cmd: &TestCmd) -> Result<Params, Fail> {
         },
     };
     let link = match (&a.link, &a.ib_dev) {
-        (Some(l), _) | (None, Some(l)) => Some(LinkSpec::parse(l)?),
+        (Some(l), _) | (None, Some(l)) => Some(common::parse_link(l)?),
         (None, None) => None,
     };
     let tx_depth = a.tx_depth.unwrap_or(match kind {
@@ -342,8 +349,9 @@ fn resolve(cmd: &TestCmd) -> Result<Params, Fail> {
         port: a.port,
         duration: a.duration,
         gbits: a.report_gbits,
-        gid_index: a.gid_index.unwrap_or(0),
+        gid_index: a.gid_index,
         link,
+        vfio: a.vfio.clone(),
         qp_type,
         tx_depth,
         rx_depth: a.rx_depth + a.rx_depth % 2,
@@ -361,7 +369,7 @@ fn resolve(cmd: &TestCmd) -> Result<Params, Fail> {
 
 /// One side's verbs objects.
 struct Res {
-    dev: UdpDevice,
+    dev: common::Dev,
     /// Kept for the objects' lifetime (perftest frees them in `destroy_ctx`).
     _pd: PdHandle,
     send_cq: CqHandle,
@@ -375,6 +383,8 @@ struct Res {
     /// misses of the copies, independent of the number of QPs.)
     region: u64,
     out_reads: u16,
+    /// The local GID index.
+    gid_index: i64,
 }
 
 impl Res {
@@ -420,17 +430,15 @@ fn run(p: &Params) -> Result<(), Fail> {
     };
     let spec = match (p.link, local_ip) {
         (Some(s), _) => s,
-        (None, Some(ip)) => LinkSpec {
-            ip: match ip {
-                IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-                v4 => v4,
-            },
-            port: ROCEV2_PORT,
-        },
+        (None, Some(ip)) => LinkSpec::udp(match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        }),
         (None, None) => return fail!("cannot tell which local address to use: give --link"),
     };
-    let dev = common::open_device(spec, p.progress, p.window_budget)?;
-    let gid = common::check_gid_index(&dev, p.gid_index)?;
+    let dev = common::open_device(spec, p.progress, p.window_budget, &p.vfio)?;
+    let gid_index = p.gid_index.unwrap_or(i64::from(dev.gid_index()));
+    let gid = common::check_gid_index(&dev, gid_index)?;
     let port_mtu = dev.query_port().active_mtu;
     let local_mtu = p.mtu.unwrap_or(port_mtu);
     if local_mtu > port_mtu {
@@ -438,7 +446,7 @@ fn run(p: &Params) -> Result<(), Fail> {
             "MTU {} is above the port's active MTU {} (the link MTU of {})",
             local_mtu.bytes(),
             port_mtu.bytes(),
-            spec.ip
+            dev.name()
         );
     }
     let pre = conn
@@ -448,7 +456,8 @@ fn run(p: &Params) -> Result<(), Fail> {
                 "Failed to exchange data between server and clients: {e}"
             ))
         })?;
-    let res = setup(p, dev, pre.cycle_buffer.max(1) as u64)?;
+    let mut res = setup(p, dev, pre.cycle_buffer.max(1) as u64)?;
+    res.gid_index = gid_index;
     let my: Vec<PerftestDest> = res
         .qpns
         .iter()
@@ -464,7 +473,7 @@ fn run(p: &Params) -> Result<(), Fail> {
             srqn: 0,
         })
         .collect();
-    print_test_info(p, &spec, pre.mtu, res.out_reads);
+    print_test_info(p, &spec, pre.mtu, &res);
     let oob = |e: hca::link::OobError| {
         Fail(format!(
             "Failed to exchange data between server and clients: {e}"
@@ -504,7 +513,7 @@ fn run(p: &Params) -> Result<(), Fail> {
 }
 
 /// `ctx_init`: the buffer (two regions shared by all QPs), PD, MR, CQs and QPs in INIT.
-fn setup(p: &Params, dev: UdpDevice, cycle_buffer: u64) -> Result<Res, Fail> {
+fn setup(p: &Params, dev: common::Dev, cycle_buffer: u64) -> Result<Res, Fail> {
     let biggest = if p.all { MAX_SIZE } else { p.size };
     let region = biggest.max(cycle_buffer).next_multiple_of(64);
     let q = p.qps as usize;
@@ -518,7 +527,7 @@ fn setup(p: &Params, dev: UdpDevice, cycle_buffer: u64) -> Result<Res, Fail> {
         | AccessFlags::REMOTE_READ
         | AccessFlags::REMOTE_ATOMIC;
     let mr = dev
-        .reg_mr(pd, mem.clone(), IOVA, access)
+        .reg_mr_host(pd, mem.clone(), IOVA, access)
         .map_err(|e| Fail(format!("Couldn't allocate MR: {e}")))?;
     let max_cqe = dev.query_device().max_cqe;
     let send_depth = p.tx_depth.clamp(128, 4096);
@@ -579,6 +588,7 @@ fn setup(p: &Params, dev: UdpDevice, cycle_buffer: u64) -> Result<Res, Fail> {
         mr,
         region,
         out_reads,
+        gid_index: 0,
     })
 }
 
@@ -604,6 +614,7 @@ fn connect_qp(
         retry_cnt: 7,
         rnr_retry: 7,
         hop_limit: 0xff,
+        sgid_index: res.gid_index as u8,
         traffic_class: 0,
     };
     let r = common::Remote {
@@ -625,7 +636,8 @@ fn verb_name(v: Verb) -> &'static str {
 }
 
 /// `ctx_print_test_info`.
-fn print_test_info(p: &Params, spec: &LinkSpec, mtu: PathMtu, out_reads: u16) {
+fn print_test_info(p: &Params, spec: &LinkSpec, mtu: PathMtu, res: &Res) {
+    let out_reads = res.out_reads;
     let is_client = p.server.is_some();
     println!("{RESULT_LINE}");
     let mut title = format!("                    {} ", verb_name(p.verb));
@@ -659,7 +671,7 @@ fn print_test_info(p: &Params, spec: &LinkSpec, mtu: PathMtu, out_reads: u16) {
     }
     println!(" Mtu             : {}[B]", mtu.bytes());
     println!(" Link type       : Ethernet");
-    println!(" GID index       : {}", p.gid_index);
+    println!(" GID index       : {}", res.gid_index);
     if matches!(p.verb, Verb::Read | Verb::Atomic) {
         println!(" Outstand reads  : {out_reads}");
     } else {

@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use gpu_p2p::{HostMemory, Memory};
 use hca::link::oob::pingpong::{client_exchange, PingpongDest, PingpongServer};
-use hca::udp_device::UdpDevice;
 use hca::{
     AccessFlags, AhHandle, CqHandle, MemoryRegion, PathMtu, PdHandle, QpCap, QpInitAttr, QpType,
     RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
@@ -74,12 +73,16 @@ struct Cli {
     /// Listen on / connect to TCP port PORT.
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
-    /// The device: udp:ADDRESS or udp:ADDRESS:PORT (same as --link).
+    /// The device: udp:ADDRESS[:PORT] or vfio:PCI_ADDRESS (same as --link).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     ib_dev: Option<String>,
-    /// The device: udp:ADDRESS or udp:ADDRESS:PORT, the local address (and UDP port, default 4791) to use.
-    #[arg(long, value_name = "udp:ADDRESS[:PORT]")]
+    /// The device: udp:ADDRESS[:PORT], the local address (and UDP port, default 4791) of a UDP
+    /// socket (the default, from the route to SERVER), or vfio:PCI_ADDRESS, a virtio-net NIC
+    /// bound to vfio-pci that this process drives (see the --vfio-* options).
+    #[arg(long, value_name = "udp:ADDRESS[:PORT]|vfio:PCI_ADDRESS")]
     link: Option<String>,
+    #[command(flatten)]
+    vfio: common::VfioArgs,
     /// Use port PORT of the device (it has one: 1).
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     ib_port: u8,
@@ -101,9 +104,10 @@ struct Cli {
     /// Sleep on CQ events (accepted; this device is always polled).
     #[arg(short = 'e', long)]
     events: bool,
-    /// Local port GID index (the device has one GID, at 0).
-    #[arg(short = 'g', long = "gid-idx", default_value_t = 0)]
-    gid_idx: i64,
+    /// Local port GID index (a UDP device has one GID, at 0; a VFIO device its IPv6
+    /// link-local GID at 0 and 1 and its IPv4 one at 2). Default: the device's GID.
+    #[arg(short = 'g', long = "gid-idx")]
+    gid_idx: Option<i64>,
     /// Validate the received buffer.
     #[arg(short = 'c', long = "chk")]
     chk: bool,
@@ -131,7 +135,9 @@ fn main() -> ExitCode {
 
 /// What one side set up.
 struct Ctx {
-    dev: UdpDevice,
+    dev: common::Dev,
+    /// The local GID index (`-g`, or the device's).
+    gid_idx: i64,
     pd: PdHandle,
     cq: CqHandle,
     qpn: u32,
@@ -165,7 +171,7 @@ fn run(cli: &Cli) -> Result<(), Fail> {
         return fail!("rx-depth must be at least 2 and iters at least 1");
     }
     let spec = match (&cli.link, &cli.ib_dev) {
-        (Some(l), _) | (None, Some(l)) => Some(LinkSpec::parse(l)?),
+        (Some(l), _) | (None, Some(l)) => Some(common::parse_link(l)?),
         (None, None) => None,
     };
     let timeouts = common::oob_timeouts(cli.timeout);
@@ -176,13 +182,10 @@ fn run(cli: &Cli) -> Result<(), Fail> {
         Some(host) => {
             let spec = match spec {
                 Some(s) => s,
-                None => LinkSpec {
-                    ip: common::route_source(host, cli.port)?,
-                    port: hca::udp_device::ROCEV2_PORT,
-                },
+                None => LinkSpec::udp(common::route_source(host, cli.port)?),
             };
             let ctx = setup(cli, spec, qp_type, size)?;
-            let me = local_dest(cli, &ctx, my_psn)?;
+            let me = local_dest(&ctx, my_psn)?;
             print_dest("local address: ", &me);
             let remote = client_exchange(host, cli.port, &me, &timeouts)
                 .map_err(|e| Fail(format!("Couldn't exchange addresses with {host}: {e}")))?;
@@ -200,7 +203,7 @@ fn run(cli: &Cli) -> Result<(), Fail> {
             let early = match spec {
                 Some(s) => {
                     let ctx = setup(cli, s, qp_type, size)?;
-                    let me = local_dest(cli, &ctx, my_psn)?;
+                    let me = local_dest(&ctx, my_psn)?;
                     print_dest("local address: ", &me);
                     Some((ctx, me))
                 }
@@ -219,12 +222,9 @@ fn run(cli: &Cli) -> Result<(), Fail> {
                         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(local, IpAddr::V4),
                         v4 => v4,
                     };
-                    let spec = LinkSpec {
-                        ip,
-                        port: hca::udp_device::ROCEV2_PORT,
-                    };
+                    let spec = LinkSpec::udp(ip);
                     let ctx = setup(cli, spec, qp_type, size)?;
-                    let me = local_dest(cli, &ctx, my_psn)?;
+                    let me = local_dest(&ctx, my_psn)?;
                     print_dest("local address: ", &me);
                     (ctx, me)
                 }
@@ -245,8 +245,9 @@ fn run(cli: &Cli) -> Result<(), Fail> {
 /// `pp_init_ctx` and the initial receives: buffer (filled with 0x7b), PD, MR, CQ of rx_depth + 1,
 /// QP (1 send WR, rx_depth receive WRs) in INIT, rx_depth receives posted.
 fn setup(cli: &Cli, spec: LinkSpec, qp_type: QpType, size: usize) -> Result<Ctx, Fail> {
-    let dev = common::open_device(spec, cli.progress.into(), None)?;
-    common::check_gid_index(&dev, cli.gid_idx)?;
+    let dev = common::open_device(spec, cli.progress.into(), None, &cli.vfio)?;
+    let gid_idx = cli.gid_idx.unwrap_or(i64::from(dev.gid_index()));
+    common::check_gid_index(&dev, gid_idx)?;
     if qp_type == QpType::Ud {
         let mtu = dev.query_port().active_mtu.bytes();
         if size > mtu {
@@ -265,15 +266,9 @@ fn setup(cli: &Cli, spec: LinkSpec, qp_type: QpType, size: usize) -> Result<Ctx,
     mem.write(0, &vec![FILLER; buf_len])
         .map_err(|e| Fail(format!("work buf: {e}")))?;
     let pd = dev.alloc_pd()?;
+    // Over the whole (page-rounded) buffer, which a VFIO link maps into its IOMMU.
     let mr = dev
-        .reg_mr_range(
-            pd,
-            mem.clone(),
-            0,
-            buf_len.max(1),
-            IOVA,
-            AccessFlags::LOCAL_WRITE,
-        )
+        .reg_mr_host(pd, mem.clone(), IOVA, AccessFlags::LOCAL_WRITE)
         .map_err(|e| Fail(format!("Couldn't register MR: {e}")))?;
     let cq = dev
         .create_cq(cli.rx_depth + 1)
@@ -300,6 +295,7 @@ fn setup(cli: &Cli, spec: LinkSpec, qp_type: QpType, size: usize) -> Result<Ctx,
     common::qp_to_init(&dev, qpn, qp_type, AccessFlags::empty(), QKEY)?;
     let ctx = Ctx {
         dev,
+        gid_idx,
         pd,
         cq,
         qpn,
@@ -314,12 +310,12 @@ fn setup(cli: &Cli, spec: LinkSpec, qp_type: QpType, size: usize) -> Result<Ctx,
     Ok(ctx)
 }
 
-fn local_dest(cli: &Cli, ctx: &Ctx, psn: u32) -> Result<PingpongDest, Fail> {
+fn local_dest(ctx: &Ctx, psn: u32) -> Result<PingpongDest, Fail> {
     Ok(PingpongDest {
         lid: ctx.dev.query_port().lid,
         qpn: ctx.qpn,
         psn,
-        gid: common::check_gid_index(&ctx.dev, cli.gid_idx)?,
+        gid: common::check_gid_index(&ctx.dev, ctx.gid_idx)?,
     })
 }
 
@@ -362,6 +358,7 @@ fn connect(
         retry_cnt: 7,
         rnr_retry: 7,
         hop_limit: 1,
+        sgid_index: ctx.gid_idx as u8,
         traffic_class: 0,
     };
     let r = common::Remote {
@@ -474,7 +471,7 @@ fn pingpong(
         // ud_pingpong's pp_connect_ctx: an AH with hop limit 1 to the peer's GID.
         let ah = ctx
             .dev
-            .create_ah(ctx.pd, &common::av_to(remote.gid, 1, 0))
+            .create_ah(ctx.pd, &common::av_to(remote.gid, ctx.gid_idx as u8, 1, 0))
             .map_err(|e| Fail(format!("Failed to create AH: {e}")))?;
         ctx.ah = Some(ah);
     }

@@ -92,7 +92,9 @@ use sys_fake as os;
 
 pub use device::PciAddress;
 pub use error::VfioError;
-pub use link::{IdlePolicy, MrSlice, Progress, VfioLink, VfioLinkConfig, VfioLinkCounters};
+pub use link::{
+    IdlePolicy, MrSlice, Progress, VfioLink, VfioLinkConfig, VfioLinkCounters, VfioPoller,
+};
 pub use neigh::{NeighbourCounters, NeighbourState};
 pub use net::NicCounters;
 

@@ -1,0 +1,208 @@
+//! [`AnyLink`]: a link chosen at run time ([`LinkSpec`](super::LinkSpec)), for programs such as
+//! the tools whose `--link` picks the UDP socket or a VFIO NIC. Each method dispatches once per
+//! call (a batch), by a `match`; the per-packet work inside runs in the chosen link's own
+//! monomorphized code. Programs that know their link use `SoftDevice<UdpIo>` or
+//! `SoftDevice<VfioLink>` directly.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_p2p::HostMemory;
+
+use crate::device::Device;
+use crate::engine::{Datagram, Instant, SoftHca};
+use crate::udp_device::{DeviceError, UdpDeviceConfig, VfioDeviceConfig};
+
+use super::udp::{LinkCounters, LinkPoller};
+use super::vfio::{VfioLink, VfioLinkCounters, VfioPoller};
+use super::{FlushReport, Link, LinkWait, RecvState, UdpIo, Waker};
+
+/// One of the links (see the [module docs](self)).
+// One per device, inside its lock: the size of the larger variant costs nothing, a box would
+// cost a pointer chase per call.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum AnyLink {
+    /// A kernel UDP socket.
+    Udp(UdpIo),
+    /// A virtio-net NIC driven through VFIO.
+    Vfio(VfioLink),
+}
+
+/// The poller of an [`AnyLink`].
+#[derive(Debug)]
+pub enum AnyPoller {
+    /// Of a UDP socket.
+    Udp(LinkPoller),
+    /// Of a VFIO NIC.
+    Vfio(VfioPoller),
+}
+
+/// The counters of an [`AnyLink`].
+#[derive(Debug, Clone, Copy)]
+pub enum AnyCounters {
+    /// Of a UDP socket.
+    Udp(LinkCounters),
+    /// Of a VFIO NIC.
+    Vfio(VfioLinkCounters),
+}
+
+/// How a device over an [`AnyLink`] was opened.
+#[derive(Debug, Clone)]
+pub enum AnyConfig {
+    /// A UDP device.
+    Udp(UdpDeviceConfig),
+    /// A VFIO device.
+    Vfio(VfioDeviceConfig),
+}
+
+impl LinkWait for AnyPoller {
+    type Error = DeviceError;
+
+    fn wait(&self, writable: bool, waker: &Waker, timeout: Duration) -> Result<(), DeviceError> {
+        match self {
+            AnyPoller::Udp(p) => LinkWait::wait(p, writable, waker, timeout).map_err(Into::into),
+            AnyPoller::Vfio(p) => LinkWait::wait(p, writable, waker, timeout).map_err(Into::into),
+        }
+    }
+}
+
+/// Converts a [`FlushReport`]'s error.
+fn report<E: Into<DeviceError>>(r: FlushReport<E>) -> FlushReport<DeviceError> {
+    FlushReport {
+        dropped: r.dropped,
+        blocked: r.blocked,
+        error: r.error.map(Into::into),
+    }
+}
+
+impl Link for AnyLink {
+    type Error = DeviceError;
+    type Poller = AnyPoller;
+    type Counters = AnyCounters;
+    type DeviceConfig = AnyConfig;
+
+    fn name(&self) -> String {
+        match self {
+            AnyLink::Udp(l) => l.name(),
+            AnyLink::Vfio(l) => Link::name(l),
+        }
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        match self {
+            AnyLink::Udp(l) => l.local_addr(),
+            AnyLink::Vfio(l) => Link::local_addr(l),
+        }
+    }
+
+    fn device(&self) -> Device {
+        match self {
+            AnyLink::Udp(l) => l.device(),
+            AnyLink::Vfio(l) => Link::device(l),
+        }
+    }
+
+    fn mtu(&self) -> u32 {
+        match self {
+            AnyLink::Udp(l) => l.mtu(),
+            AnyLink::Vfio(l) => Link::mtu(l),
+        }
+    }
+
+    fn counters(&self) -> AnyCounters {
+        match self {
+            AnyLink::Udp(l) => AnyCounters::Udp(l.counters()),
+            AnyLink::Vfio(l) => AnyCounters::Vfio(Link::counters(l)),
+        }
+    }
+
+    fn recv(&mut self, idle: bool) -> Result<RecvState, DeviceError> {
+        match self {
+            AnyLink::Udp(l) => l.recv(idle).map_err(Into::into),
+            AnyLink::Vfio(l) => l.recv(idle).map_err(Into::into),
+        }
+    }
+
+    fn deliver<F: FnMut(&Datagram<'_>)>(&mut self, f: F) -> Result<usize, DeviceError> {
+        match self {
+            AnyLink::Udp(l) => l.deliver(f).map_err(Into::into),
+            AnyLink::Vfio(l) => l.deliver(f).map_err(Into::into),
+        }
+    }
+
+    fn rx_full(&self, delivered: usize) -> bool {
+        match self {
+            AnyLink::Udp(l) => l.rx_full(delivered),
+            AnyLink::Vfio(l) => l.rx_full(delivered),
+        }
+    }
+
+    fn build(&mut self, engine: &mut SoftHca, now: Instant) -> (usize, bool) {
+        match self {
+            AnyLink::Udp(l) => l.build(engine, now),
+            AnyLink::Vfio(l) => l.build(engine, now),
+        }
+    }
+
+    fn unsent(&self) -> usize {
+        match self {
+            AnyLink::Udp(l) => l.unsent(),
+            AnyLink::Vfio(l) => l.unsent(),
+        }
+    }
+
+    fn flush(&mut self) -> FlushReport<DeviceError> {
+        match self {
+            AnyLink::Udp(l) => report(l.flush()),
+            AnyLink::Vfio(l) => report(Link::flush(l)),
+        }
+    }
+
+    fn poller(&self) -> Result<AnyPoller, DeviceError> {
+        match self {
+            AnyLink::Udp(l) => l.poller().map(AnyPoller::Udp).map_err(Into::into),
+            AnyLink::Vfio(l) => l.poller().map(AnyPoller::Vfio).map_err(Into::into),
+        }
+    }
+
+    const ARMS_WAKEUP: bool = true;
+
+    fn arm_wakeup(&mut self) -> bool {
+        match self {
+            AnyLink::Udp(l) => l.arm_wakeup(),
+            AnyLink::Vfio(l) => l.arm_wakeup(),
+        }
+    }
+
+    fn spin_rounds(&self) -> u32 {
+        match self {
+            AnyLink::Udp(l) => l.spin_rounds(),
+            AnyLink::Vfio(l) => l.spin_rounds(),
+        }
+    }
+
+    fn next_timer(&self) -> Option<Duration> {
+        match self {
+            AnyLink::Udp(l) => l.next_timer(),
+            AnyLink::Vfio(l) => l.next_timer(),
+        }
+    }
+
+    const MAPS_MEMORY: bool = true;
+
+    fn map_memory(&mut self, lkey: u32, memory: &Arc<HostMemory>) -> Result<(), DeviceError> {
+        match self {
+            AnyLink::Udp(l) => l.map_memory(lkey, memory).map_err(Into::into),
+            AnyLink::Vfio(l) => l.map_memory(lkey, memory).map_err(Into::into),
+        }
+    }
+
+    fn unmap_memory(&mut self, lkey: u32) -> Result<Option<(u64, u64)>, DeviceError> {
+        match self {
+            AnyLink::Udp(l) => l.unmap_memory(lkey).map_err(Into::into),
+            AnyLink::Vfio(l) => l.unmap_memory(lkey).map_err(Into::into),
+        }
+    }
+}
