@@ -1,10 +1,13 @@
 //! The VFIO driver on a real (emulated) device: runs `tests/guest/vfio.sh`, which boots a QEMU TCG
 //! guest (q35, intel-iommu) whose NICs share a hub: two driven by this project's driver through
-//! vfio-pci, one by the kernel with Linux soft-RoCE (rxe0). Cells: `ibv_rc_pingpong` against
-//! `vfio_pingpong` in both roles (IPv4 and link-local IPv6 GIDs, MTU 1024 and 4096, data checked;
+//! vfio-pci, one by the kernel with Linux soft-RoCE (rxe0). Cells: `rdma-pingpong --rc --link
+//! vfio:` against `ibv_rc_pingpong` in both roles (data checked; once with MSI-X and a progress
+//! thread) and `rdma-perf write-bw / read-bw / send-bw --link vfio:` against `ib_write_bw /
+//! ib_read_bw / ib_send_bw` in both roles (the tools over `SoftDevice<VfioLink>`); `ibv_rc_pingpong`
+//! against `vfio_pingpong` in both roles (IPv4 and link-local IPv6 GIDs, MTU 1024 and 4096, data checked;
 //! once with MSI-X interrupts), RDMA WRITE and READ between two instances with the data checked, a WRITE
 //! to a deregistered region NAKed with its IOMMU mapping gone, the refusal of a NIC not bound to
-//! vfio-pci, no IOMMU fault, and tshark over a capture of the hub. About a minute.
+//! vfio-pci, no IOMMU fault, and tshark over a capture of the hub. About two minutes.
 //!
 //! Ignored by default: it needs root, qemu-system-x86 and the guest harness's cache
 //! (`tests/guest/setup.sh` installs and builds what is missing).
@@ -16,7 +19,7 @@
 use std::process::Command;
 
 #[test]
-#[ignore = "boots a QEMU guest: root, qemu-system-x86_64, about a minute"]
+#[ignore = "boots a QEMU guest: root, qemu-system-x86_64, about two minutes"]
 fn vfio_driver_against_linux_rxe_in_a_qemu_guest() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/guest/vfio.sh");
     // The script bounds every step; this bounds the whole run once more.

@@ -12,14 +12,16 @@
 #
 #   bash tests/guest/vfio.sh [--cells REGEX] [--list]
 #
-# Cells: ibv_rc_pingpong on rxe0 against vfio_pingpong in both roles (IPv4 GID and link-local IPv6 GID,
+# Cells: rdma-pingpong --rc --link vfio: against ibv_rc_pingpong and rdma-perf write-bw / read-bw / send-bw
+# --link vfio: against ib_write_bw / ib_read_bw / ib_send_bw, each in both roles (the tools run the engine
+# through SoftDevice<VfioLink>: its progress thread and verbs API); ibv_rc_pingpong on rxe0 against vfio_pingpong in both roles (IPv4 GID and link-local IPv6 GID,
 # MTU 1024 and 4096, -c data check on both sides; once with MSI-X interrupts instead of polling); RDMA WRITE between two vfio_pingpong instances with the
 # data checked (and read back with RDMA READ); the negative case (the server deregisters its region, which unmaps it from the IOMMU and
 # asks the kernel that nothing is left there; the client's WRITE must complete with REM_ACCESS_ERR and the
 # server must see IBV_EVENT_QP_ACCESS_ERR); and the driver's refusal of a NIC not bound to vfio-pci.
 # A pcap of NIC B's hub port (QEMU filter-dump) is checked with tshark.
 #
-# Environment: ROCE_GUEST_CACHE (as setup.sh), ROCE_VFIO_JOB_SECS (bound on the guest's job, 480),
+# Environment: ROCE_GUEST_CACHE (as setup.sh), ROCE_VFIO_JOB_SECS (bound on the guest's job, 900),
 # CARGO_TARGET_DIR (where the binary is built). As root on Debian 12; runs setup.sh first (cached).
 # Prints the time of each phase and a table (cell | result | reason); exits 1 on any failure.
 set -euo pipefail
@@ -27,11 +29,12 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=lib.sh
 . "$HERE/lib.sh"
 
-JOB_SECS="${ROCE_VFIO_JOB_SECS:-480}"
+JOB_SECS="${ROCE_VFIO_JOB_SECS:-900}"
 CELL_SECS=120
 GUEST_IP=198.18.0.1 A1_IP=198.18.0.10 A2_IP=198.18.0.11 PFX=24 LINK_MTU=4200
 A1=0000:00:04.0 A2=0000:00:05.0 B=0000:00:03.0
 VP=/opt/vfio/vfio_pingpong
+RP=/opt/vfio/rdma-pingpong RPERF=/opt/vfio/rdma-perf
 
 # ---------------------------------------------------------------- the cells
 # CELLS[i]="NAME|SERVER CMD|CLIENT CMD" (the client gets -p PORT and 127.0.0.1 appended; so does the server's -p).
@@ -61,6 +64,26 @@ cell "rdma_write_read:vfio-vfio:ipv4:mtu4096" \
 cell "negative:write-after-dereg" \
     "$VP --link vfio:$A1 --ip $A1_IP -m 1024 -s 65536 --mode dereg --timeout 60" \
     "$VP --link vfio:$A2 --ip $A2_IP -m 1024 -s 65536 --mode dereg --timeout 40"
+# The tools on the VFIO link (hca's SoftDevice over VfioLink, its progress engine and verbs API),
+# against rdma-core's and perftest's tools on rxe0, in both roles. rdma-pingpong -c checks the data.
+for role in client server; do
+    tool="$RP --rc --link vfio:$A1 --vfio-ip $A1_IP -g 2 -m 1024 -s 4096 -n 20 -c"
+    peer="ibv_rc_pingpong -d rxe0 -g 1 -m 1024 -s 4096 -n 20 -c"
+    if [ $role = client ]; then
+        cell "rdma-pingpong:vfio-client:ipv4" "$peer" "$tool --timeout 40"
+    else
+        cell "rdma-pingpong:vfio-server:ipv4" "$tool --timeout 60" "$peer"
+    fi
+done
+cell "rdma-pingpong:vfio-client:ipv4:msix" \
+    "ibv_rc_pingpong -d rxe0 -g 1 -m 4096 -s 8192 -n 20 -c" \
+    "$RP --rc --link vfio:$A1 --vfio-ip $A1_IP --vfio-interrupts --progress thread -g 2 -m 4096 -s 8192 -n 20 -c --timeout 40"
+for t in write read send; do
+    perf="$RPERF $t-bw --link vfio:$A1 --vfio-ip $A1_IP -x 2 -s 65536 -n 100"
+    ref="ib_${t}_bw -d rxe0 -x 1 -s 65536 -n 100"
+    cell "rdma-perf:$t-bw:vfio-client:ipv4" "$ref" "$perf --timeout 60"
+    cell "rdma-perf:$t-bw:vfio-server:ipv4" "$perf --timeout 90" "$ref"
+done
 # One-sided cell: the driver refuses NIC B (bound to virtio-pci) with a clear error.
 SOLO_CELL="negative:not-bound-to-vfio"
 SOLO_CMD="out=\$($VP --link vfio:$B --ip 198.18.0.99 2>&1); echo \"\$out\"; case \"\$out\" in *'bound to virtio-pci, not vfio-pci'*) exit 0 ;; *) exit 1 ;; esac"
@@ -99,13 +122,14 @@ rg_run_init
 TIMES="$RG_RUN/times.txt"
 echo "$SETUP_OUT" >"$TIMES"
 
-rg_phase_begin "build vfio_pingpong"
+rg_phase_begin "build vfio_pingpong, rdma-pingpong, rdma-perf"
 TARGET="${CARGO_TARGET_DIR:-$RG_REPO/target}"
-(cd "$RG_REPO" && rg_step 1800 "cargo build --release -p hca --example vfio_pingpong" \
-    cargo build --release -p hca --example vfio_pingpong) || rg_die "building vfio_pingpong failed"
+(cd "$RG_REPO" && rg_step 1800 "cargo build --release -p hca --example vfio_pingpong --bins" \
+    cargo build --release -p hca --example vfio_pingpong --bins) || rg_die "building the binaries failed"
 BIN="$TARGET/release/examples/vfio_pingpong"
-[ -x "$BIN" ] || rg_die "no binary at $BIN"
-rg_phase_end "build vfio_pingpong" >>"$TIMES"
+TOOLS=("$TARGET/release/rdma-pingpong" "$TARGET/release/rdma-perf")
+for b in "$BIN" "${TOOLS[@]}"; do [ -x "$b" ] || rg_die "no binary at $b"; done
+rg_phase_end "build vfio_pingpong, rdma-pingpong, rdma-perf" >>"$TIMES"
 
 # ---------------------------------------------------------------- the extra archive
 rg_phase_begin "extra initramfs"
@@ -114,10 +138,11 @@ MROOT="$CACHE/kernel/root"
 EXTRA="$RG_RUN/extra"
 mkdir -p "$EXTRA/opt/vfio/modules"
 cp "$BIN" "$EXTRA/opt/vfio/vfio_pingpong"
+cp "${TOOLS[@]}" "$EXTRA/opt/vfio/"
 install -m 0755 "$HERE/vfio-bind.sh" "$EXTRA/opt/vfio/vfio-bind.sh"
 # The base archive has /lib -> usr/lib and /lib64 -> usr/lib64: a "lib" directory in a later archive would
 # replace those links (the kernel's unpacker removes an entry of another type), so libraries go under usr/.
-for lib in $(ldd "$BIN" | awk '/=> \//{print $3} /^\s*\/[^ ]*ld-linux/{print $1}'); do
+for lib in $(ldd "$BIN" "${TOOLS[@]}" | awk '/=> \//{print $3} /^\s*\/[^ ]*ld-linux/{print $1}'); do
     case "$lib" in /lib/*|/lib64/*) dst="/usr$lib" ;; *) dst="$lib" ;; esac
     mkdir -p "$EXTRA$(dirname "$dst")"
     cp -L "$lib" "$EXTRA$dst"

@@ -115,10 +115,10 @@ struct Args {
     /// link-local GID at 0 and 1 and its IPv4 one at 2). Default: the device's GID.
     #[arg(short = 'x', long = "gid-index")]
     gid_index: Option<i64>,
-    /// The device: udp:ADDRESS[:PORT] or vfio:PCI_ADDRESS (same as --link).
+    /// The device: `udp:ADDRESS[:PORT]` or `vfio:PCI_ADDRESS` (same as --link).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     ib_dev: Option<String>,
-    /// The device: udp:ADDRESS[:PORT], the local address (and UDP port, default 4791) of a UDP
+    /// The device: `udp:ADDRESS[:PORT]`, the local address (and UDP port, default 4791) of a UDP
     /// socket (the default, from the out-of-band connection), or vfio:PCI_ADDRESS, a virtio-net
     /// NIC bound to vfio-pci that this process drives (see the --vfio-* options).
     #[arg(long, value_name = "udp:ADDRESS[:PORT]|vfio:PCI_ADDRESS")]
@@ -479,7 +479,12 @@ fn run(p: &Params) -> Result<(), Fail> {
             "Failed to exchange data between server and clients: {e}"
         ))
     };
-    let rem = conn.exchange_dests(p.test, &my).map_err(oob)?;
+    // Progress meanwhile: the peer may resolve our address (ARP / Neighbor Discovery, answered
+    // by a VFIO link's own progress) while it connects.
+    let rem = res
+        .dev
+        .progress_during(|| conn.exchange_dests(p.test, &my))
+        .map_err(oob)?;
     if rem[0].gid.is_ipv4_mapped() != my[0].gid.is_ipv4_mapped() {
         return fail!(
             "Found Incompatibility issue with GID types: local {} remote {} (use the same IP \

@@ -73,10 +73,10 @@ struct Cli {
     /// Listen on / connect to TCP port PORT.
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
-    /// The device: udp:ADDRESS[:PORT] or vfio:PCI_ADDRESS (same as --link).
+    /// The device: `udp:ADDRESS[:PORT]` or `vfio:PCI_ADDRESS` (same as --link).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     ib_dev: Option<String>,
-    /// The device: udp:ADDRESS[:PORT], the local address (and UDP port, default 4791) of a UDP
+    /// The device: `udp:ADDRESS[:PORT]`, the local address (and UDP port, default 4791) of a UDP
     /// socket (the default, from the route to SERVER), or vfio:PCI_ADDRESS, a virtio-net NIC
     /// bound to vfio-pci that this process drives (see the --vfio-* options).
     #[arg(long, value_name = "udp:ADDRESS[:PORT]|vfio:PCI_ADDRESS")]
@@ -187,7 +187,11 @@ fn run(cli: &Cli) -> Result<(), Fail> {
             let ctx = setup(cli, spec, qp_type, size)?;
             let me = local_dest(&ctx, my_psn)?;
             print_dest("local address: ", &me);
-            let remote = client_exchange(host, cli.port, &me, &timeouts)
+            // Progress meanwhile: the peer may resolve our address (ARP / Neighbor Discovery,
+            // answered by a VFIO link's own progress) before it answers.
+            let remote = ctx
+                .dev
+                .progress_during(|| client_exchange(host, cli.port, &me, &timeouts))
                 .map_err(|e| Fail(format!("Couldn't exchange addresses with {host}: {e}")))?;
             print_dest("remote address:", &remote);
             connect(cli, &ctx, qp_type, mtu, my_psn, &remote)?;
