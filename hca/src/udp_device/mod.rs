@@ -1,6 +1,10 @@
-//! A software RDMA device on a kernel UDP socket: the [`SoftHca`] engine, a [`UdpLink`] and a
-//! progress engine, behind a thread-safe verbs API (what `ibv_open_device` gives a program over
-//! Linux's soft-RoCE driver, rxe, but in user space).
+//! A software RDMA device: the [`SoftHca`] engine, a link and a progress engine, behind a
+//! thread-safe verbs API (what `ibv_open_device` gives a program over Linux's soft-RoCE driver,
+//! rxe, but in user space). [`SoftDevice`] is generic over its [`Link`]: [`UdpDevice`] runs on a
+//! kernel UDP socket ([`UdpIo`] over a [`UdpLink`]), [`VfioDevice`] on a virtio-net NIC that the
+//! process drives through VFIO ([`VfioLink`](crate::link::vfio::VfioLink)), and [`AnyDevice`] on
+//! either, chosen at run time (the tools' `--link`). The progress engine below is the same for
+//! all; the sections on addresses, GSO and windows describe the UDP device.
 //!
 //! # What it is
 //! RoCEv2 (IBTA vol. 1 Annex A17) carries InfiniBand transport packets in UDP datagrams to port
@@ -269,7 +273,7 @@ fn open_udp_link(config: &UdpDeviceConfig) -> Result<(UdpIo, EngineConfig, u32),
     Ok((io, engine_config, window_budget))
 }
 
-/// A software RoCEv2 device on a link chosen at run time ([`AnyLink`]: the tools' `--link`).
+/// A software RoCEv2 device on a link chosen at run time ([`AnyLink`](crate::link::AnyLink): the tools' `--link`).
 #[cfg(all(feature = "std", target_os = "linux"))]
 pub type AnyDevice = SoftDevice<crate::link::AnyLink>;
 

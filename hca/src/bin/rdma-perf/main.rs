@@ -119,7 +119,7 @@ struct Args {
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     ib_dev: Option<String>,
     /// The device: `udp:ADDRESS[:PORT]`, the local address (and UDP port, default 4791) of a UDP
-    /// socket (the default, from the out-of-band connection), or vfio:PCI_ADDRESS, a virtio-net
+    /// socket (the default, from the out-of-band connection), or `vfio:PCI_ADDRESS`, a virtio-net
     /// NIC bound to vfio-pci that this process drives (see the --vfio-* options).
     #[arg(long, value_name = "udp:ADDRESS[:PORT]|vfio:PCI_ADDRESS")]
     link: Option<String>,

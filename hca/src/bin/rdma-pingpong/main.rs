@@ -77,7 +77,7 @@ struct Cli {
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     ib_dev: Option<String>,
     /// The device: `udp:ADDRESS[:PORT]`, the local address (and UDP port, default 4791) of a UDP
-    /// socket (the default, from the route to SERVER), or vfio:PCI_ADDRESS, a virtio-net NIC
+    /// socket (the default, from the route to SERVER), or `vfio:PCI_ADDRESS`, a virtio-net NIC
     /// bound to vfio-pci that this process drives (see the --vfio-* options).
     #[arg(long, value_name = "udp:ADDRESS[:PORT]|vfio:PCI_ADDRESS")]
     link: Option<String>,

@@ -177,7 +177,7 @@ pub struct VfioLink {
     origin: std::time::Instant,
     counters: VfioLinkCounters,
     rx_burst: usize,
-    /// Receive interrupts were asked for before a sleep ([`Link::arm_wakeup`]).
+    /// Receive interrupts were asked for before a sleep ([`crate::link::Link::arm_wakeup`]).
     armed: bool,
     /// Interrupts that woke a progress thread's [`VfioPoller`].
     poller_interrupts: Arc<std::sync::atomic::AtomicU64>,
@@ -1113,7 +1113,7 @@ impl crate::link::Link for VfioLink {
         self.transmit_with(link_now, |buf| engine.poll_transmit(now, buf))
     }
 
-    /// Frames posted to the transmit ring and not yet published ([`Link::flush`] publishes
+    /// Frames posted to the transmit ring and not yet published ([`crate::link::Link::flush`] publishes
     /// them all).
     fn unsent(&self) -> usize {
         usize::from(self.nic.tx_unpublished())

@@ -23,6 +23,27 @@
 //! | `frame`, `neigh` | layer 2/3: sorting received frames, ARP and IPv6 Neighbor Discovery, Ethernet/IP/UDP headers around RoCEv2 payloads. |
 //! | `link` | [`VfioLink`]: the engine's progress over all of it, and memory registration that maps regions into the IOMMU. |
 //!
+//! [`VfioLink`] implements [`crate::link::Link`], so the same progress engine and verbs API that
+//! run over the UDP socket run over this NIC: [`crate::udp_device::VfioDevice`] (and the tools'
+//! `--link vfio:PCI_ADDRESS`). [`VfioLink::poll`] remains for programs that drive the engine
+//! themselves (the `vfio_pingpong` example).
+//!
+//! Size, in lines of code (non-blank, non-comment, unit tests excluded), beside ixy.rs
+//! (`ixy-languages/ixy.rs` at d3fc461, December 2023), whose virtio driver this one learned from:
+//!
+//! | part | here | ixy.rs |
+//! |---|---|---|
+//! | virtio transport, virtqueues, virtio-net | 1253 (`virtio`, `virtqueue`, `net`) | 739 (`virtio.rs`, `virtio_constants.rs`) |
+//! | VFIO, PCI, DMA memory, system calls | 1098 (`device`, `dma`, `pci`, `sys`) | 746 (`vfio.rs`, `pci.rs`, `memory.rs`, shared with its ixgbe driver) |
+//! | typed errors | 285 (`error`) | none (panics and boxed errors) |
+//! | Ethernet/IP/UDP, ARP, Neighbor Discovery, the engine's link | 1544 (`frame`, `neigh`, `link`) | none (raw frames) |
+//!
+//! The difference in the driver proper (2351 against 1485 lines) is the modern virtio interface
+//! (capability parsing, feature negotiation with ACCESS_PLATFORM) instead of the legacy I/O BAR,
+//! the IOMMU (Type1 container and group, IOVA allocation, mapping of registered memory) instead
+//! of physical addresses, validation of every value the device writes, MSI-X, and the fake
+//! kernel's seams; the test fake (`sys_fake`, 864) and tests (795) come on top.
+//!
 //! # Bringing a device up ([`VfioLink::open`])
 //!
 //! 1. sysfs: `/sys/bus/pci/devices/<addr>` exists, its `driver` is `vfio-pci`
