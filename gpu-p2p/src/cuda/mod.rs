@@ -661,7 +661,15 @@ impl CudaMemory {
         sys::ctx_synchronize().map_err(self.device.err())
     }
 
-    /// Synchronous copy from host bytes (`cuMemcpyHtoD`).
+    /// Synchronous copy from host bytes (`cuMemcpyHtoD`); the bytes are in device memory when it
+    /// returns.
+    ///
+    /// `cuMemcpyHtoD` from pageable memory returns once the source has been copied to the driver's
+    /// staging buffer, "but the DMA to final destination may not have completed" (CUDA Driver API,
+    /// "API synchronization behavior"), and it is ordered after the legacy default stream only. A
+    /// kernel or copy queued next on one of our non-blocking streams (the GPU peer-to-peer
+    /// all-reduce, [`crate::staging::Staged`]) could read the old bytes, so the context is
+    /// synchronized after the copy.
     ///
     /// # Errors
     /// [`CudaError::Memory`], [`CudaError::Call`].
@@ -671,7 +679,8 @@ impl CudaMemory {
             return Ok(());
         }
         self.device.bind()?;
-        sys::memcpy_htod(addr, src).map_err(self.device.err())
+        sys::memcpy_htod(addr, src).map_err(self.device.err())?;
+        sys::ctx_synchronize().map_err(self.device.err())
     }
 
     /// Synchronous copy into host bytes (`cuMemcpyDtoH`).
