@@ -41,7 +41,7 @@ pub enum StagingError {
     },
     /// A copy did not complete within the bound (milliseconds).
     Timeout {
-        /// Slot index.
+        /// Slot index (`usize::MAX`: the device's queue as a whole, [`StagingDevice::finish`]).
         slot: usize,
         /// The bound, in milliseconds.
         waited_ms: u64,
@@ -60,6 +60,13 @@ impl fmt::Display for StagingError {
                     "staging slot {slot} accessed while its copy is in flight"
                 )
             }
+            StagingError::Timeout {
+                slot: usize::MAX,
+                waited_ms,
+            } => write!(
+                f,
+                "staging copies queued on the device did not complete within {waited_ms} ms"
+            ),
             StagingError::Timeout { slot, waited_ms } => write!(
                 f,
                 "staging copy through slot {slot} did not complete within {waited_ms} ms"
@@ -132,11 +139,15 @@ pub trait StagingDevice: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`StagingError::Timeout`], [`StagingError::Device`].
     fn wait(&self, slot: &mut Self::Slot, timeout: Duration) -> Result<(), StagingError>;
-    /// Called once after every transfer, all slots idle (CUDA: releases the stream's keep-alive list).
+    /// Called once after every transfer, after every slot was waited for: waits (at most
+    /// `timeout`) until nothing of the transfer is left queued on the device (CUDA: an event
+    /// recorded at the end of the stream), so that a failed transfer leaves no copy running.
     ///
     /// # Errors
+    /// [`StagingError::Timeout`] (slot index `usize::MAX`: the device as a whole),
     /// [`StagingError::Device`].
-    fn finish(&self) -> Result<(), StagingError> {
+    fn finish(&self, timeout: Duration) -> Result<(), StagingError> {
+        let _ = timeout;
         Ok(())
     }
     /// Device-side 64-bit compare-and-swap (IBTA vol. 1 §9.4.5).
@@ -223,7 +234,7 @@ impl<D: StagingDevice> Staged<D> {
                 first = r;
             }
         }
-        let r = self.device.finish();
+        let r = self.device.finish(self.timeout);
         first.and(r)
     }
 
@@ -625,6 +636,9 @@ mod cuda_staging {
     pub struct CudaStaging {
         memory: Arc<CudaMemory>,
         stream: CudaStream,
+        /// Recorded at the end of the stream by `finish`, so that its wait is bounded (a
+        /// `cuStreamSynchronize` is not).
+        end: CudaEvent,
     }
 
     /// A pinned staging slot and its event.
@@ -643,7 +657,12 @@ mod cuda_staging {
         /// [`StagingError::Device`].
         pub fn new(memory: Arc<CudaMemory>) -> Result<CudaStaging, StagingError> {
             let stream = memory.device().stream().map_err(dev)?;
-            Ok(CudaStaging { memory, stream })
+            let end = memory.device().event(false).map_err(dev)?;
+            Ok(CudaStaging {
+                memory,
+                stream,
+                end,
+            })
         }
 
         /// The device memory.
@@ -751,8 +770,18 @@ mod cuda_staging {
             }
         }
 
-        fn finish(&self) -> Result<(), StagingError> {
-            self.stream.synchronize().map_err(dev)
+        fn finish(&self, timeout: Duration) -> Result<(), StagingError> {
+            self.end.record(&self.stream).map_err(dev)?;
+            match self.end.wait(timeout) {
+                Ok(()) => Ok(()),
+                Err(crate::cuda::CudaError::Timeout { waited_ms, .. }) => {
+                    Err(StagingError::Timeout {
+                        slot: usize::MAX,
+                        waited_ms,
+                    })
+                }
+                Err(e) => Err(dev(e)),
+            }
         }
 
         fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> Result<u64, MemoryError> {
