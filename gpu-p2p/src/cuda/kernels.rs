@@ -131,6 +131,50 @@ const BLOCK: u32 = 256;
 /// Upper bound on blocks per launch (the kernels loop over the rest).
 const MAX_GRID: u64 = 4096;
 
+/// The device address of `count` elements of `ty` at byte `offset` of `mem`, checked before a launch:
+/// in range, and naturally aligned (PTX `ld`/`st` of an element must be aligned to its size, PTX ISA
+/// 5.4.4 "Alignment"; a fault would end the context, not just the call).
+fn operand(
+    mem: &CudaMemory,
+    offset: usize,
+    count: usize,
+    ty: ElemType,
+) -> Result<u64, crate::MemoryError> {
+    operand_addr(mem.ptr, mem.len, offset, count, ty)
+}
+
+/// [`operand`] on a raw base address and length (bytes), the part that needs no GPU.
+fn operand_addr(
+    base: u64,
+    len: usize,
+    offset: usize,
+    count: usize,
+    ty: ElemType,
+) -> Result<u64, crate::MemoryError> {
+    let bytes = count
+        .checked_mul(ty.size())
+        .ok_or(crate::MemoryError::OutOfBounds {
+            offset,
+            len: usize::MAX,
+            size: len,
+        })?;
+    check_range(offset, bytes, len)?;
+    let addr = base + offset as u64;
+    if addr % ty.size() as u64 != 0 {
+        return Err(crate::MemoryError::Misaligned { offset });
+    }
+    Ok(addr)
+}
+
+/// The JIT log on one line (its lines joined with " | "), for an error's `Display`.
+fn one_line(log: &str) -> String {
+    log.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
 /// A loaded module, unloaded on drop.
 pub(super) struct Module {
     raw: sys::CUmodule,
@@ -143,7 +187,7 @@ impl Drop for Module {
 }
 
 impl Module {
-    fn load(ptx: &str, ordinal: u32) -> Result<Module, CudaError> {
+    fn load(ptx: &str, name: &'static str, ordinal: u32) -> Result<Module, CudaError> {
         // PTX text with an interior NUL cannot come from the files in ptx/ (a unit test checks).
         let text = CString::new(ptx).map_err(|_| CudaError::Call {
             call: "cuModuleLoadData (PTX contains NUL)",
@@ -151,9 +195,16 @@ impl Module {
             name: "invalid PTX text".into(),
             device: Some(ordinal),
         })?;
-        Ok(Module {
-            raw: sys::module_load_ptx(&text).map_err(call_err(Some(ordinal)))?,
-        })
+        match sys::module_load_ptx(&text) {
+            Ok(raw) => Ok(Module { raw }),
+            Err(sys::JitFail { fail, log }) => Err(CudaError::ModuleLoad {
+                module: name,
+                code: fail.code,
+                name: sys::error_name(fail.code),
+                device: ordinal,
+                log: one_line(&log),
+            }),
+        }
     }
 
     fn function(&self, name: &str, ordinal: u32) -> Result<sys::CUfunction, CudaError> {
@@ -180,8 +231,8 @@ pub(super) struct Modules {
 impl Modules {
     /// Loads the modules into the current context (the caller bound the device's context).
     pub(super) fn load(ordinal: u32) -> Result<Modules, CudaError> {
-        let atomics = Module::load(ATOMICS_PTX, ordinal)?;
-        let reduce_module = Module::load(REDUCE_PTX, ordinal)?;
+        let atomics = Module::load(ATOMICS_PTX, "ptx/atomics.ptx", ordinal)?;
+        let reduce_module = Module::load(REDUCE_PTX, "ptx/reduce.ptx", ordinal)?;
         let mut reduce = HashMap::new();
         let mut divide = HashMap::new();
         for ty in ElemType::ALL {
@@ -255,7 +306,10 @@ impl<'a> Kernels<'a> {
     /// may be IPC-opened peer buffers on this GPU.
     ///
     /// # Errors
-    /// [`CudaError::Memory`] when a range is outside its buffer; [`CudaError::Call`].
+    /// [`CudaError::Memory`] when a range is outside its buffer or an operand's address is not a
+    /// multiple of the element size ([`crate::MemoryError::Misaligned`]: a misaligned global access
+    /// would be `CUDA_ERROR_MISALIGNED_ADDRESS`, which is sticky and ends the process's context);
+    /// [`CudaError::Call`].
     #[allow(clippy::too_many_arguments)]
     pub fn reduce(
         &self,
@@ -267,16 +321,9 @@ impl<'a> Kernels<'a> {
         y: (&CudaMemory, usize),
         count: usize,
     ) -> Result<(), CudaError> {
-        let bytes = count
-            .checked_mul(ty.size())
-            .ok_or(crate::MemoryError::OutOfBounds {
-                offset: dst.1,
-                len: usize::MAX,
-                size: dst.0.len,
-            })?;
-        let d = dst.0.range(dst.1, bytes)?;
-        let a = x.0.range(x.1, bytes)?;
-        let b = y.0.range(y.1, bytes)?;
+        let d = operand(dst.0, dst.1, count, ty)?;
+        let a = operand(x.0, x.1, count, ty)?;
+        let b = operand(y.0, y.1, count, ty)?;
         if count == 0 {
             return Ok(());
         }
@@ -294,7 +341,8 @@ impl<'a> Kernels<'a> {
     /// post-division; integers truncate toward zero).
     ///
     /// # Errors
-    /// [`CudaError::Memory`]; [`CudaError::Call`].
+    /// [`CudaError::Memory`] (out of range or misaligned, as [`Kernels::reduce`]);
+    /// [`CudaError::Call`].
     pub fn divide(
         &self,
         stream: &CudaStream,
@@ -303,9 +351,7 @@ impl<'a> Kernels<'a> {
         count: usize,
         nranks: u32,
     ) -> Result<(), CudaError> {
-        let bytes = count.saturating_mul(ty.size());
-        check_range(buf.1, bytes, buf.0.len)?;
-        let p = buf.0.range(buf.1, bytes)?;
+        let p = operand(buf.0, buf.1, count, ty)?;
         if count == 0 || nranks <= 1 {
             return Ok(());
         }
@@ -322,5 +368,65 @@ impl<'a> Kernels<'a> {
     /// `out = atomicAdd(word, add)` on the default stream (addresses checked by the caller).
     pub(super) fn atomic_add(&self, word: u64, add: u64, out: u64) -> Result<(), CudaError> {
         self.launch(self.modules.atomic_add, 1, 1, None, &[word, add, out])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryError;
+
+    #[test]
+    fn operands_are_checked_for_range_and_alignment_before_a_launch() {
+        let base = 0x7f00_0000_0000u64; // cuMemAlloc: 256-byte aligned
+        assert_eq!(
+            operand_addr(base, 64, 8, 14, ElemType::F32),
+            Ok(base + 8),
+            "8 + 14 * 4 = 64 bytes fits exactly"
+        );
+        assert_eq!(
+            operand_addr(base, 64, 8, 15, ElemType::F32),
+            Err(MemoryError::OutOfBounds {
+                offset: 8,
+                len: 60,
+                size: 64
+            })
+        );
+        assert_eq!(
+            operand_addr(base, 64, 2, 1, ElemType::F32),
+            Err(MemoryError::Misaligned { offset: 2 })
+        );
+        assert_eq!(operand_addr(base, 64, 2, 1, ElemType::Bf16), Ok(base + 2));
+        assert_eq!(
+            operand_addr(base, 64, 1, 1, ElemType::F16),
+            Err(MemoryError::Misaligned { offset: 1 })
+        );
+        assert_eq!(
+            operand_addr(base, 64, 12, 1, ElemType::U64),
+            Err(MemoryError::Misaligned { offset: 12 })
+        );
+        assert_eq!(operand_addr(base, 64, 3, 1, ElemType::I8), Ok(base + 3));
+        assert!(matches!(
+            operand_addr(base, 64, 0, usize::MAX, ElemType::F64),
+            Err(MemoryError::OutOfBounds { .. })
+        ));
+        // An empty operand at the end is in range (nothing is launched for count 0).
+        assert_eq!(operand_addr(base, 64, 64, 0, ElemType::F32), Ok(base + 64));
+    }
+
+    #[test]
+    fn a_jit_log_prints_on_one_line() {
+        let log = "ptxas application ptx input, line 9; error   : Unknown symbol 'x'\n\nptxas fatal   : Ptx assembly aborted due to errors\n";
+        let e = CudaError::ModuleLoad {
+            module: "ptx/reduce.ptx",
+            code: 218,
+            name: "CUDA_ERROR_INVALID_PTX".into(),
+            device: 0,
+            log: one_line(log),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cuModuleLoadDataEx of ptx/reduce.ptx on GPU 0 failed: CUDA_ERROR_INVALID_PTX (218); JIT log: ptxas application ptx input, line 9; error   : Unknown symbol 'x' | ptxas fatal   : Ptx assembly aborted due to errors"
+        );
     }
 }

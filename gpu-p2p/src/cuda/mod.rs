@@ -74,6 +74,20 @@ pub enum CudaError {
         /// The GPU it acted on, where one was.
         device: Option<u32>,
     },
+    /// The driver could not load (JIT-compile) one of the crate's PTX modules
+    /// (`cuModuleLoadDataEx`, CUDA Driver API 6.11).
+    ModuleLoad {
+        /// The module (`ptx/reduce.ptx`, `ptx/atomics.ptx`).
+        module: &'static str,
+        /// The `CUresult` value.
+        code: u32,
+        /// Its name (`CUDA_ERROR_INVALID_PTX`, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`, ...).
+        name: String,
+        /// The GPU.
+        device: u32,
+        /// The JIT compiler's error log, its lines joined with " | " (empty when it gave none).
+        log: String,
+    },
     /// A range that a driver call needs aligned is not (dma-buf export wants host-page alignment of
     /// address and length: CUDA Driver API 6.13, `cuMemGetHandleForAddressRange`).
     Unaligned {
@@ -139,6 +153,23 @@ impl fmt::Display for CudaError {
                 Some(d) => write!(f, "{call} on GPU {d} failed: {name} ({code})"),
                 None => write!(f, "{call} failed: {name} ({code})"),
             },
+            CudaError::ModuleLoad {
+                module,
+                code,
+                name,
+                device,
+                log,
+            } => {
+                write!(
+                    f,
+                    "cuModuleLoadDataEx of {module} on GPU {device} failed: {name} ({code})"
+                )?;
+                if log.is_empty() {
+                    Ok(())
+                } else {
+                    write!(f, "; JIT log: {log}")
+                }
+            }
             CudaError::Unaligned {
                 what,
                 address,
@@ -498,7 +529,8 @@ impl CudaDevice {
     /// The kernels of this device (loaded from PTX on first use).
     ///
     /// # Errors
-    /// [`CudaError::Call`] when the PTX does not load (`CUDA_ERROR_INVALID_PTX`, ...).
+    /// [`CudaError::ModuleLoad`] when the PTX does not load (`CUDA_ERROR_INVALID_PTX`, ..., with
+    /// the JIT log); [`CudaError::Call`].
     pub fn kernels(self: &Arc<Self>) -> Result<Kernels<'_>, CudaError> {
         Ok(Kernels::new(self, self.modules()?))
     }

@@ -114,6 +114,23 @@ fn known_result(code: u32) -> Option<sys::CUresult> {
         R::CUDA_ERROR_NOT_PERMITTED,
         R::CUDA_ERROR_ALREADY_MAPPED,
         R::CUDA_ERROR_MAP_FAILED,
+        R::CUDA_ERROR_MISALIGNED_ADDRESS,
+        R::CUDA_ERROR_ILLEGAL_INSTRUCTION,
+        R::CUDA_ERROR_INVALID_ADDRESS_SPACE,
+        R::CUDA_ERROR_INVALID_PC,
+        R::CUDA_ERROR_HARDWARE_STACK_ERROR,
+        R::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+        R::CUDA_ERROR_LAUNCH_TIMEOUT,
+        R::CUDA_ERROR_NO_BINARY_FOR_GPU,
+        R::CUDA_ERROR_JIT_COMPILER_NOT_FOUND,
+        R::CUDA_ERROR_JIT_COMPILATION_DISABLED,
+        R::CUDA_ERROR_TOO_MANY_PEERS,
+        R::CUDA_ERROR_CONTEXT_IS_DESTROYED,
+        R::CUDA_ERROR_ECC_UNCORRECTABLE,
+        R::CUDA_ERROR_SYSTEM_NOT_READY,
+        R::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,
+        R::CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE,
+        R::CUDA_ERROR_OPERATING_SYSTEM,
         R::CUDA_ERROR_UNKNOWN,
     ];
     KNOWN.iter().copied().find(|&r| r as u32 == code)
@@ -530,14 +547,51 @@ pub(crate) fn event_elapsed_ms(start: CUevent, end: CUevent) -> Result<f32, CuFa
 
 // ---- modules and launches (6.11 Module Management, 6.22 Execution Control)
 
-/// `cuModuleLoadData` with NUL-terminated PTX text (the driver JIT-compiles it for the device).
-pub(crate) fn module_load_ptx(ptx: &CStr) -> Result<CUmodule, CuFail> {
+/// A failed module load: the call's result and the JIT compiler's error log (empty when none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct JitFail {
+    pub fail: CuFail,
+    pub log: String,
+}
+
+/// Bytes of the JIT error log kept.
+const JIT_LOG_LEN: usize = 8192;
+
+/// `cuModuleLoadDataEx` with NUL-terminated PTX text (the driver JIT-compiles it for the device),
+/// asking for the JIT error log (`CU_JIT_ERROR_LOG_BUFFER`, CUDA Driver API 6.10 / 6.11) so that a
+/// PTX the driver rejects says why, not only `CUDA_ERROR_INVALID_PTX`.
+pub(crate) fn module_load_ptx(ptx: &CStr) -> Result<CUmodule, JitFail> {
     let mut m: CUmodule = core::ptr::null_mut();
-    // SAFETY: `ptx` is a NUL-terminated image, as cuModuleLoadData requires of PTX text.
-    check("cuModuleLoadData", unsafe {
-        sys::cuModuleLoadData(&mut m, ptx.as_ptr().cast())
-    })?;
-    Ok(m)
+    let mut log = vec![0u8; JIT_LOG_LEN];
+    let mut options = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    // Option values are passed in pointer-sized slots: the buffer's address, and the size (an
+    // unsigned int) as an integer in its slot (cuda.h, CUjit_option).
+    let mut values: [*mut c_void; 2] = [log.as_mut_ptr().cast(), JIT_LOG_LEN as *mut c_void];
+    // SAFETY: `ptx` is a NUL-terminated image, as cuModuleLoadDataEx requires of PTX text; the
+    // option arrays have the 2 entries announced; the log buffer is JIT_LOG_LEN bytes, live until
+    // the call returns, and the driver writes at most that many (NUL-terminated).
+    let r = unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut m,
+            ptx.as_ptr().cast(),
+            options.len() as c_uint,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
+    };
+    match check("cuModuleLoadDataEx", r) {
+        Ok(()) => Ok(m),
+        Err(fail) => {
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            Err(JitFail {
+                fail,
+                log: String::from_utf8_lossy(&log[..end]).trim().to_string(),
+            })
+        }
+    }
 }
 
 pub(crate) fn module_unload(m: CUmodule) -> Result<(), CuFail> {
