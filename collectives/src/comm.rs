@@ -159,6 +159,8 @@ pub struct Communicator {
     failure: Option<String>,
     /// The GPU peer-to-peer path (IPC-mapped peer buffers), set up by the first device collective.
     pub(crate) gpu: Option<Box<crate::transport::cuda_ipc::GpuPeerPath>>,
+    /// Which path the device all-reduces took.
+    pub(crate) device_stats: crate::device::DevicePathStats,
 }
 
 impl core::fmt::Debug for Communicator {
@@ -385,6 +387,7 @@ impl Communicator {
             p2p_received: vec![0; nranks],
             failure: None,
             gpu: None,
+            device_stats: Default::default(),
         })
     }
 

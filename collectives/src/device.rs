@@ -49,6 +49,19 @@ impl DeviceBuffer for CudaMemory {
     }
 }
 
+/// Which path this communicator's device all-reduces (`all_reduce_mem`, `all_reduce_mem_in_place`)
+/// took: counts of calls, and why the last staged one did not take the GPU peer-to-peer path.
+/// `coll-perf --device` prints it, so a run shows which path it measured.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DevicePathStats {
+    /// Calls that took the GPU peer-to-peer path (CUDA IPC between the rank processes).
+    pub gpu_p2p: u64,
+    /// Calls staged through host memory.
+    pub staged: u64,
+    /// Why the last staged call was staged (one line), if one was.
+    pub last_fallback: Option<String>,
+}
+
 /// Bytes each buffer of an operation must hold.
 struct Sizes {
     send: usize,
@@ -147,21 +160,62 @@ impl Communicator {
         self.store(op, "", buf, &b)
     }
 
-    /// Whether the GPU peer-to-peer path may be tried at all: several ranks, all on this host, each
-    /// its own process (CUDA IPC maps another process's memory only).
-    fn gpu_candidate(&self) -> bool {
+    /// Why the GPU peer-to-peer path cannot be tried at all (`None`: it can): it needs several
+    /// ranks, all on this host, each its own process (CUDA IPC maps another process's memory only).
+    fn gpu_candidate(&self) -> Option<String> {
         let n = self.nranks();
-        if n < 2 || self.local_rank().1 != n {
-            return false;
+        if n < 2 {
+            return Some("one rank".into());
+        }
+        if self.local_rank().1 != n {
+            return Some("ranks on more than one host".into());
         }
         let mut pids: Vec<u32> = (0..n).filter_map(|r| self.pid(r)).collect();
         pids.sort_unstable();
         pids.dedup();
-        pids.len() == n
+        if pids.len() != n {
+            return Some(
+                "ranks are not separate processes (CUDA IPC maps another process's memory only)"
+                    .into(),
+            );
+        }
+        None
     }
 
-    /// The GPU peer-to-peer all-reduce; `Ok(false)` when the ranks agreed not to take it (then
-    /// nothing was written and the caller stages).
+    /// This rank's step-1 record (see [`crate::transport::cuda_ipc`]), or why it says no.
+    fn gpu_stage(
+        &mut self,
+        send: Option<&CudaMemory>,
+        recv: Option<&CudaMemory>,
+        bytes: usize,
+    ) -> Result<Record, String> {
+        let (Some(s), Some(r)) = (send, recv) else {
+            return Err("a buffer is not CUDA device memory".into());
+        };
+        if s.len() < bytes || r.len() < bytes {
+            return Err(format!("a buffer is shorter than the {bytes} bytes needed"));
+        }
+        if s.device().ordinal() != r.device().ordinal() {
+            return Err("send and receive buffers are on different GPUs".into());
+        }
+        if self
+            .gpu
+            .as_ref()
+            .is_some_and(|g| g.device().ordinal() != r.device().ordinal())
+        {
+            // NOTE: dropping the old path frees its stage; peers that mapped it close their
+            // mapping when they see this rank's new record.
+            self.gpu = None;
+        }
+        if self.gpu.is_none() {
+            self.gpu = Some(Box::new(GpuPeerPath::new(r.device().clone())?));
+        }
+        let g = self.gpu.as_mut().ok_or("no GPU path")?;
+        g.stage_input(s, bytes)
+    }
+
+    /// The GPU peer-to-peer all-reduce; `Ok(Err(reason))` when the ranks agreed not to take it
+    /// (then nothing was written and the caller stages).
     fn gpu_all_reduce(
         &mut self,
         send: Option<&CudaMemory>,
@@ -169,36 +223,14 @@ impl Communicator {
         count: usize,
         dt: DataType,
         op: RedOp,
-    ) -> Result<bool, CollError> {
+    ) -> Result<Result<(), String>, CollError> {
         let coll = CollKind::AllReduce;
         let bytes = self.bytes(coll, count, 1, dt)?;
         let (me, n) = (self.rank(), self.nranks());
         // Step 1 (local): may this rank take the path, and its record.
-        let mine = match (send, recv) {
-            (Some(s), Some(r)) if s.len() >= bytes && r.len() >= bytes => {
-                let same_device = s.device().ordinal() == r.device().ordinal();
-                if self
-                    .gpu
-                    .as_ref()
-                    .is_some_and(|g| g.device().ordinal() != r.device().ordinal())
-                {
-                    self.gpu = None;
-                }
-                if self.gpu.is_none() && same_device {
-                    match GpuPeerPath::new(r.device().clone()) {
-                        Ok(g) => self.gpu = Some(Box::new(g)),
-                        Err(e) => return Err(self.device_err(coll, e)),
-                    }
-                }
-                match self.gpu.as_mut() {
-                    Some(g) if same_device => match g.stage_input(s, bytes) {
-                        Ok(rec) => rec,
-                        Err(e) => return Err(self.device_err(coll, e)),
-                    },
-                    _ => no_record(),
-                }
-            }
-            _ => no_record(),
+        let (mine, why_not) = match self.gpu_stage(send, recv, bytes) {
+            Ok(rec) => (rec, None),
+            Err(e) => (no_record(), Some(e)),
         };
         // Step 2: agreement (and the barrier after step 1).
         let mut all = vec![0u8; RECORD_LEN * n];
@@ -207,26 +239,82 @@ impl Communicator {
             .chunks_exact(RECORD_LEN)
             .map(|c| Record::decode(c.try_into().unwrap_or(&[0; RECORD_LEN])))
             .collect();
-        if !records.iter().all(|r| r.ok) {
-            return Ok(false);
+        if let Some(p) = records.iter().position(|r| !r.ok) {
+            return Ok(Err(
+                why_not.unwrap_or_else(|| format!("rank {p} cannot take it"))
+            ));
         }
         let (Some(g), Some(recv)) = (self.gpu.as_mut(), recv) else {
-            return Ok(false);
+            return Ok(Err("no GPU path state".into()));
         };
+        // Step 2b: map changed stages, and agree that every rank could.
+        if g.needs_agreement(&records) {
+            let mapped = g.map_peers(me, &records);
+            let mut oks = vec![0u8; n];
+            self.all_gather(&[u8::from(mapped.is_ok())], &mut oks, 1, DataType::U8)?;
+            let Some(g) = self.gpu.as_mut() else {
+                return Err(self.invalid(coll, "no GPU path state".into()));
+            };
+            if let Some(p) = oks.iter().position(|&b| b != 1) {
+                g.disagreed();
+                return Ok(Err(match mapped {
+                    Err(e) => e,
+                    Ok(()) => format!("rank {p} could not map a peer's stage"),
+                }));
+            }
+            g.agreed_on(&records);
+        }
         // Steps 3 and 4, with host barriers between.
-        let r = g
-            .map_peers(me, &records)
-            .and_then(|()| g.reduce_own_block(me, n, recv, count, dt, op));
-        if let Err(e) = r {
+        let Some(g) = self.gpu.as_mut() else {
+            return Err(self.invalid(coll, "no GPU path state".into()));
+        };
+        if let Err(e) = g.reduce_own_block(me, n, recv, count, dt, op) {
             return Err(self.device_err(coll, e));
         }
         self.barrier()?;
-        let g = self.gpu.as_mut().expect("set above");
+        // Every rank has mapped this rank's current stage (step 2b) and passed the barrier: no
+        // peer has a retired stage of this rank open any more.
+        let Some(g) = self.gpu.as_mut() else {
+            return Err(self.invalid(coll, "no GPU path state".into()));
+        };
+        g.release_retired();
         if let Err(e) = g.gather_blocks(me, n, recv, count, dt) {
             return Err(self.device_err(coll, e));
         }
         self.barrier()?;
-        Ok(true)
+        Ok(Ok(()))
+    }
+
+    /// The GPU path if it can be tried and the ranks agree, counting which path was taken.
+    /// `Ok(true)`: done on the GPU path.
+    fn try_gpu_all_reduce(
+        &mut self,
+        send: Option<&CudaMemory>,
+        recv: Option<&CudaMemory>,
+        count: usize,
+        dt: DataType,
+        op: RedOp,
+    ) -> Result<bool, CollError> {
+        let outcome = match self.gpu_candidate() {
+            Some(why) => Err(why),
+            None => self.gpu_all_reduce(send, recv, count, dt, op)?,
+        };
+        match outcome {
+            Ok(()) => {
+                self.device_stats.gpu_p2p += 1;
+                Ok(true)
+            }
+            Err(why) => {
+                self.device_stats.staged += 1;
+                self.device_stats.last_fallback = Some(why);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Which paths this communicator's device all-reduces took so far.
+    pub fn device_path_stats(&self) -> &DevicePathStats {
+        &self.device_stats
     }
 
     /// All-reduce on device buffers: the GPU peer-to-peer path when every rank has CUDA buffers
@@ -242,9 +330,7 @@ impl Communicator {
         datatype: DataType,
         op: RedOp,
     ) -> Result<(), CollError> {
-        if self.gpu_candidate()
-            && self.gpu_all_reduce(send.cuda(), recv.cuda(), count, datatype, op)?
-        {
+        if self.try_gpu_all_reduce(send.cuda(), recv.cuda(), count, datatype, op)? {
             return Ok(());
         }
         let b = self.bytes(CollKind::AllReduce, count, 1, datatype)?;
@@ -268,9 +354,7 @@ impl Communicator {
         datatype: DataType,
         op: RedOp,
     ) -> Result<(), CollError> {
-        if self.gpu_candidate()
-            && self.gpu_all_reduce(buf.cuda(), buf.cuda(), count, datatype, op)?
-        {
+        if self.try_gpu_all_reduce(buf.cuda(), buf.cuda(), count, datatype, op)? {
             return Ok(());
         }
         let b = self.bytes(CollKind::AllReduce, count, 1, datatype)?;

@@ -10,8 +10,12 @@
 //! 1. copy `send` into the own stage (device-to-device), wait for the stream;
 //! 2. host all-gather of a small record (ok flag, stage generation, IPC handle): doubles as the
 //!    barrier after step 1 and as the agreement that every rank takes this path (a rank whose
-//!    buffers are not CUDA, or whose stage cannot be mapped, says no, and every rank falls back to
+//!    buffers are not CUDA, or whose stage cannot be made, says no, and every rank falls back to
 //!    the staged host path together);
+//! 2b. when any record differs from the last call that took this path (a stage was made or
+//!    regrown), every rank maps the peers' new stages (closing the old mappings) and a second
+//!    all-gather of one byte says whether every mapping succeeded; if one failed, every rank falls
+//!    back together. Steady state (same stages) skips this round;
 //! 3. reduce the own block: copy rank 0's block into `recv`, then for each rank p >= 1 copy p's block
 //!    into a scratch buffer (device-to-device from the peer's IPC-mapped stage) and apply the
 //!    reduction kernel (`recv = op(recv, scratch)`, PTX from `gpu_p2p`); `avg` divides at the end;
@@ -19,12 +23,22 @@
 //! 4. copy every other rank's reduced block from its stage into `recv`; wait; host barrier (so no
 //!    rank overwrites its stage in the next operation while a peer still reads it).
 //!
+//! **Stage lifetime.** Freeing an exported allocation while another process still has it open is
+//! undefined behaviour (CUDA Driver API, `cuIpcOpenMemHandle`: "Calling cuMemFree on an exported
+//! memory region before calling cuIpcCloseMemHandle in the importing context will result in
+//! undefined behavior"). So a stage that is regrown is *retired*, not freed: it stays allocated until
+//! the barrier after step 3 of a call in which every rank mapped the new stage, which closes every
+//! peer's mapping of the old one first. Generations are unique in the process (a new path after a
+//! device change never reuses one), and a mapping is reused only when generation and handle both
+//! match (a new allocation at an old address gets a new handle: `cuIpcGetMemHandle`).
+//!
 //! The reduction order (rank 0, 1, ..., n-1) is the same on every element and every run, so results
 //! are reproducible; against the ring algorithm of the host path, `f32`/`f64` sums may differ in the
 //! last bits and `f16`/`bf16` sums within the bound documented in [`crate::reduce`] (at most `n - 1`
 //! roundings). The host barriers travel on the communicator's own transport (shared memory).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use gpu_p2p::cuda::{CudaDevice, CudaMemory, CudaStream, ElemType, IpcMemHandle, ReduceOp};
@@ -93,15 +107,40 @@ impl Record {
     }
 }
 
+/// Stage generations, unique in this process (0 is never used: a record that is not ok has it).
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// A new stage generation, never handed out before in this process.
+pub(crate) fn next_generation() -> u64 {
+    // Relaxed: only uniqueness matters, which the atomic increment gives in any ordering.
+    NEXT_GENERATION.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Whether a peer's stage must be (re)mapped: no mapping yet, or the peer's record names another
+/// allocation (generation or handle differ).
+pub(crate) fn needs_map(mapped: Option<(u64, &IpcMemHandle)>, record: &Record) -> bool {
+    mapped.is_none_or(|(generation, handle)| {
+        generation != record.generation || *handle != record.handle
+    })
+}
+
 /// Per-communicator state of the GPU path: this rank's stage and scratch, the peers' mapped stages.
+///
+/// Field order is drop order: the stream is drained first, then the peers' mappings are closed,
+/// and only then this rank's own allocations are freed.
 pub struct GpuPeerPath {
     device: Arc<CudaDevice>,
     stream: CudaStream,
+    /// Peer rank -> (its stage generation and handle, the mapping).
+    peers: HashMap<usize, (u64, IpcMemHandle, Arc<CudaMemory>)>,
     stage: Option<Arc<CudaMemory>>,
     scratch: Option<Arc<CudaMemory>>,
+    /// Stages replaced by a larger one, kept until every peer has closed its mapping of them.
+    retired: Vec<Arc<CudaMemory>>,
     generation: u64,
-    /// Peer rank -> (its stage generation, the mapping).
-    peers: HashMap<usize, (u64, Arc<CudaMemory>)>,
+    /// The records of the last call that took this path (identical on every rank: they are the
+    /// all-gather's output), to skip the mapping agreement when nothing changed.
+    agreed: Option<Vec<Record>>,
 }
 
 impl core::fmt::Debug for GpuPeerPath {
@@ -128,10 +167,12 @@ impl GpuPeerPath {
         Ok(GpuPeerPath {
             device,
             stream,
+            peers: HashMap::new(),
             stage: None,
             scratch: None,
+            retired: Vec::new(),
             generation: 0,
-            peers: HashMap::new(),
+            agreed: None,
         })
     }
 
@@ -144,9 +185,12 @@ impl GpuPeerPath {
     /// waits. Returns this rank's record.
     pub(crate) fn stage_input(&mut self, send: &CudaMemory, bytes: usize) -> GpuResult<Record> {
         if self.stage.as_ref().is_none_or(|st| st.len() < bytes) {
-            self.stage = None;
-            self.stage = Some(Arc::new(self.device.alloc(bytes.max(1)).map_err(s)?));
-            self.generation += 1;
+            let new = Arc::new(self.device.alloc(bytes.max(1)).map_err(s)?);
+            // Peers may still have the old stage mapped: retire it (see the module doc).
+            if let Some(old) = self.stage.replace(new) {
+                self.retired.push(old);
+            }
+            self.generation = next_generation();
         }
         let stage = self.stage.clone().ok_or("no stage")?;
         let handle = stage.ipc_handle().map_err(s)?;
@@ -162,24 +206,46 @@ impl GpuPeerPath {
         })
     }
 
-    /// Maps every peer's stage whose generation changed since it was last mapped.
+    /// Whether the records differ from those of the last call that took this path, so the
+    /// mapping agreement (step 2b) must run. Every rank computes the same answer: the records are
+    /// the all-gather's output and `agreed` is only set from them.
+    pub(crate) fn needs_agreement(&self, records: &[Record]) -> bool {
+        self.agreed.as_deref() != Some(records)
+    }
+
+    /// Notes that every rank mapped every stage of `records` (step 2b said yes).
+    pub(crate) fn agreed_on(&mut self, records: &[Record]) {
+        self.agreed = Some(records.to_vec());
+    }
+
+    /// Forgets the last agreement (a rank could not map a stage: the next call agrees again).
+    pub(crate) fn disagreed(&mut self) {
+        self.agreed = None;
+    }
+
+    /// Frees the retired stages. Call only after a barrier that every rank reached after mapping
+    /// this rank's current stage (each peer then closed its mapping of the retired ones).
+    pub(crate) fn release_retired(&mut self) {
+        self.retired.clear();
+    }
+
+    /// Maps every peer's stage that changed since it was last mapped ([`needs_map`]), closing the
+    /// old mapping first.
     pub(crate) fn map_peers(&mut self, me: usize, records: &[Record]) -> GpuResult<()> {
         for (p, r) in records.iter().enumerate() {
             if p == me {
                 continue;
             }
-            let fresh = self
-                .peers
-                .get(&p)
-                .is_some_and(|(generation, _)| *generation == r.generation);
-            if !fresh {
+            let mapped = self.peers.get(&p).map(|(g, h, _)| (*g, h));
+            if needs_map(mapped, r) {
+                // Close the old mapping before the peer may free that allocation.
                 self.peers.remove(&p);
                 let len = usize::try_from(r.len).map_err(s)?;
                 let m = self
                     .device
                     .open_ipc(&r.handle, len)
                     .map_err(|e| format!("mapping rank {p}'s stage: {e}"))?;
-                self.peers.insert(p, (r.generation, Arc::new(m)));
+                self.peers.insert(p, (r.generation, r.handle, Arc::new(m)));
             }
         }
         Ok(())
@@ -191,7 +257,7 @@ impl GpuPeerPath {
         }
         self.peers
             .get(&p)
-            .map(|(_, m)| m.clone())
+            .map(|(_, _, m)| m.clone())
             .ok_or_else(|| format!("rank {p}'s stage is not mapped"))
     }
 
@@ -310,6 +376,35 @@ mod tests {
         assert_eq!(Record::decode(&r.encode()), r);
         let junk = Record::decode(&[0xff; RECORD_LEN]);
         assert!(!junk.ok);
+    }
+
+    #[test]
+    fn generations_are_unique_in_the_process_and_never_zero() {
+        let a: Vec<u64> = (0..100).map(|_| next_generation()).collect();
+        let t = std::thread::spawn(|| (0..100).map(|_| next_generation()).collect::<Vec<_>>());
+        let b = t.join().unwrap();
+        let mut all: Vec<u64> = a.into_iter().chain(b).collect();
+        assert!(all.iter().all(|&g| g != 0));
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 200);
+    }
+
+    #[test]
+    fn a_mapping_is_reused_only_for_the_same_generation_and_handle() {
+        let r = Record {
+            ok: true,
+            generation: 7,
+            len: 4096,
+            handle: IpcMemHandle([1; 64]),
+        };
+        assert!(needs_map(None, &r), "nothing mapped yet");
+        assert!(!needs_map(Some((7, &IpcMemHandle([1; 64]))), &r));
+        assert!(needs_map(Some((6, &IpcMemHandle([1; 64]))), &r), "regrown");
+        assert!(
+            needs_map(Some((7, &IpcMemHandle([2; 64]))), &r),
+            "same generation from a restarted path, another allocation"
+        );
     }
 
     #[test]
