@@ -7,6 +7,14 @@
 //! gpu-probe bandwidth [MiB]      host<->device: staged pipeline (pageable bytes, 2 pinned slots)
 //!                                against a plain pinned cuMemcpyAsync, plain pageable cuMemcpy,
 //!                                and device-to-device; best of 5, GB/s = 1e9 bytes/s
+//! gpu-probe ipc [MiB]            CUDA IPC between processes, as the peer-to-peer all-reduce uses
+//!                                it: a child process maps this one's buffer (cuIpcOpenMemHandle),
+//!                                checks its bytes, writes new ones, which the parent checks; also
+//!                                reports what the driver says to opening the handle in-process
+//! gpu-probe kernels              every reduction kernel of ptx/reduce.ptx (10 types x sum, prod,
+//!                                min, max, and the avg division) JIT-compiled and run on
+//!                                1,100,003 elements (more than one grid-stride pass), checked
+//!                                against a host reference; prints the JIT time
 //! ```
 //! Exit status 0 only when every step succeeded and every data check matched; errors print one line.
 
@@ -14,9 +22,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_p2p::cuda::{topology, CudaDevice};
+use gpu_p2p::cuda::{topology, CudaDevice, ElemType, ReduceOp};
 use gpu_p2p::staging::Staged;
-use gpu_p2p::{Cuda, CudaError, Memory};
+use gpu_p2p::{Cuda, CudaError, IpcMemHandle, Memory};
 
 const REPS: usize = 5;
 const WAIT: Duration = Duration::from_secs(60);
@@ -189,6 +197,259 @@ fn bandwidth(dev: &Arc<CudaDevice>, bytes: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Bound on the child process of `ipc` (it loads the driver and maps one buffer).
+const CHILD_WAIT: Duration = Duration::from_secs(60);
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Result<[u8; IpcMemHandle::LEN], String> {
+    let bytes = text.as_bytes();
+    if bytes.len() != 2 * IpcMemHandle::LEN {
+        return Err(format!(
+            "an IPC handle is {} hex digits",
+            2 * IpcMemHandle::LEN
+        ));
+    }
+    let mut out = [0u8; IpcMemHandle::LEN];
+    for (i, pair) in bytes.chunks_exact(2).enumerate() {
+        let t = std::str::from_utf8(pair).map_err(s)?;
+        out[i] = u8::from_str_radix(t, 16).map_err(s)?;
+    }
+    Ok(out)
+}
+
+fn ipc(dev: &Arc<CudaDevice>, bytes: usize) -> Result<(), String> {
+    let mem = dev.alloc(bytes).map_err(s)?;
+    mem.copy_from_host(0, &pattern(bytes, 5)).map_err(s)?;
+    let h = mem.ipc_handle().map_err(s)?;
+    // In-process open: CUDA maps another process's memory only; report what this driver says.
+    match dev.open_ipc(&h, bytes) {
+        Ok(_) => {
+            println!("in-process cuIpcOpenMemHandle of an own handle: succeeded on this driver")
+        }
+        Err(e) => {
+            println!("in-process cuIpcOpenMemHandle of an own handle: refused as expected ({e})")
+        }
+    }
+    let exe = std::env::current_exe().map_err(s)?;
+    let t = Instant::now();
+    let mut child = std::process::Command::new(exe)
+        .args(["ipc-child", &hex(&h.0), &bytes.to_string()])
+        .spawn()
+        .map_err(|e| format!("starting the child process: {e}"))?;
+    let status = loop {
+        if let Some(st) = child.try_wait().map_err(s)? {
+            break st;
+        }
+        if t.elapsed() > CHILD_WAIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "the IPC child did not finish within {} s",
+                CHILD_WAIT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if !status.success() {
+        return Err(format!("the IPC child failed ({status})"));
+    }
+    let mut back = vec![0u8; bytes];
+    mem.copy_to_host(0, &mut back).map_err(s)?;
+    if back != pattern(bytes, 6) {
+        return Err("the child's writes through its IPC mapping are not in the buffer".into());
+    }
+    println!(
+        "CUDA IPC of {bytes} bytes between processes: child mapped, read and wrote them, data OK ({:.2} s with the child's driver start)",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn ipc_child(dev: &Arc<CudaDevice>, handle: &str, bytes: &str) -> Result<(), String> {
+    let h = IpcMemHandle(unhex(handle)?);
+    let bytes: usize = bytes.parse().map_err(s)?;
+    let m = dev.open_ipc(&h, bytes).map_err(s)?;
+    let mut got = vec![0u8; bytes];
+    m.copy_to_host(0, &mut got).map_err(s)?;
+    if got != pattern(bytes, 5) {
+        return Err("ipc-child: the mapped bytes differ from the parent's".into());
+    }
+    m.copy_from_host(0, &pattern(bytes, 6)).map_err(s)?;
+    Ok(())
+}
+
+/// Kernel test data: integers anywhere in their range; floats small integers in -8..=8, so every
+/// sum, product, min, max and quarter is exact in every float type and the check is bitwise.
+fn kernel_data(ty: ElemType, n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = Vec::with_capacity(n * ty.size());
+    for _ in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let small = (x % 17) as i32 - 8;
+        match ty {
+            ElemType::F32 | ElemType::F64 | ElemType::F16 | ElemType::Bf16 => {
+                out.extend_from_slice(&encode_float(ty, f64::from(small)))
+            }
+            _ => out.extend_from_slice(&x.to_ne_bytes()[..ty.size()]),
+        }
+    }
+    out
+}
+
+/// `v` (exactly representable in `ty`) as the bytes of one `ty` element.
+fn encode_float(ty: ElemType, v: f64) -> Vec<u8> {
+    let b = (v as f32).to_bits();
+    match ty {
+        ElemType::F64 => v.to_ne_bytes().to_vec(),
+        ElemType::F32 => (v as f32).to_ne_bytes().to_vec(),
+        ElemType::Bf16 => ((b >> 16) as u16).to_ne_bytes().to_vec(),
+        _ => {
+            // f16 of a normal f32 with at most 10 mantissa bits: rebias the exponent.
+            let sign = ((b >> 16) & 0x8000) as u16;
+            let h = if v == 0.0 {
+                sign
+            } else {
+                let exp = (((b >> 23) & 0xff) as i32 - 127 + 15) as u16;
+                sign | (exp << 10) | ((b >> 13) & 0x3ff) as u16
+            };
+            h.to_ne_bytes().to_vec()
+        }
+    }
+}
+
+fn decode_float(ty: ElemType, b: &[u8]) -> f64 {
+    match ty {
+        ElemType::F64 => f64::from_ne_bytes(b.try_into().unwrap_or_default()),
+        ElemType::F32 => f64::from(f32::from_ne_bytes(b.try_into().unwrap_or_default())),
+        ElemType::Bf16 => {
+            let h = u16::from_ne_bytes(b.try_into().unwrap_or_default());
+            f64::from(f32::from_bits(u32::from(h) << 16))
+        }
+        _ => {
+            let h = u16::from_ne_bytes(b.try_into().unwrap_or_default());
+            let (sign, exp, mant) = ((h >> 15) & 1, (h >> 10) & 0x1f, h & 0x3ff);
+            if exp == 0 && mant == 0 {
+                return if sign == 1 { -0.0 } else { 0.0 };
+            }
+            let f = f32::from_bits(
+                (u32::from(sign) << 31)
+                    | ((u32::from(exp) + 127 - 15) << 23)
+                    | (u32::from(mant) << 13),
+            );
+            f64::from(f)
+        }
+    }
+}
+
+/// The host reference of `reduce_<op>_<ty>` (integers wrap) and, with `div`, of `div_<ty>`.
+fn reference(ty: ElemType, op: Option<ReduceOp>, x: &[u8], y: &[u8], div: u32) -> Vec<u8> {
+    macro_rules! ints {
+        ($($e:ident => $t:ty),*) => {
+            match ty {
+                $(ElemType::$e => {
+                    const W: usize = core::mem::size_of::<$t>();
+                    let get = |c: &[u8]| <$t>::from_ne_bytes(c.try_into().unwrap_or_default());
+                    return x.chunks_exact(W).zip(y.chunks_exact(W)).flat_map(|(a, b)| {
+                        let (a, b) = (get(a), get(b));
+                        let r = match op {
+                            Some(ReduceOp::Sum) => a.wrapping_add(b),
+                            Some(ReduceOp::Prod) => a.wrapping_mul(b),
+                            Some(ReduceOp::Min) => a.min(b),
+                            Some(ReduceOp::Max) => a.max(b),
+                            // Truncates toward zero, as PTX div.s/div.u.
+                            None => a / (div as $t),
+                        };
+                        r.to_ne_bytes()
+                    }).collect();
+                })*
+                _ => {}
+            }
+        };
+    }
+    ints!(I8 => i8, U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64);
+    let w = ty.size();
+    x.chunks_exact(w)
+        .zip(y.chunks_exact(w))
+        .flat_map(|(a, b)| {
+            let (a, b) = (decode_float(ty, a), decode_float(ty, b));
+            let r = match op {
+                Some(ReduceOp::Sum) => a + b,
+                Some(ReduceOp::Prod) => a * b,
+                Some(ReduceOp::Min) => a.min(b),
+                Some(ReduceOp::Max) => a.max(b),
+                None => a / f64::from(div),
+            };
+            encode_float(ty, r)
+        })
+        .collect()
+}
+
+fn kernels(dev: &Arc<CudaDevice>) -> Result<(), String> {
+    const N: usize = 1_100_003; // more than 4096 blocks x 256 threads: the grid-stride loop runs twice
+    let t = Instant::now();
+    let k = dev.kernels().map_err(s)?;
+    println!(
+        "PTX modules JIT-compiled and loaded in {:.3} s",
+        t.elapsed().as_secs_f64()
+    );
+    let stream = dev.stream().map_err(s)?;
+    let mut wrong = Vec::new();
+    let mut checked = 0;
+    for ty in ElemType::ALL {
+        let bytes = N * ty.size();
+        let (xs, ys) = (kernel_data(ty, N, 1), kernel_data(ty, N, 2));
+        let (x, y, d) = (
+            dev.alloc(bytes).map_err(s)?,
+            dev.alloc(bytes).map_err(s)?,
+            dev.alloc(bytes).map_err(s)?,
+        );
+        x.copy_from_host(0, &xs).map_err(s)?;
+        y.copy_from_host(0, &ys).map_err(s)?;
+        let mut got = vec![0u8; bytes];
+        for op in ReduceOp::ALL {
+            d.fill(0, bytes, 0x5a).map_err(s)?;
+            k.reduce(&stream, op, ty, (&d, 0), (&x, 0), (&y, 0), N)
+                .map_err(s)?;
+            stream.synchronize().map_err(s)?;
+            d.copy_to_host(0, &mut got).map_err(s)?;
+            checked += 1;
+            if got != reference(ty, Some(op), &xs, &ys, 0) {
+                wrong.push(format!("reduce_{}_{}", op.name(), ty.name()));
+            }
+        }
+        let div = if matches!(
+            ty,
+            ElemType::F16 | ElemType::Bf16 | ElemType::F32 | ElemType::F64
+        ) {
+            4
+        } else {
+            3
+        };
+        k.divide(&stream, ty, (&x, 0), N, div).map_err(s)?;
+        stream.synchronize().map_err(s)?;
+        x.copy_to_host(0, &mut got).map_err(s)?;
+        checked += 1;
+        if got != reference(ty, None, &xs, &xs, div) {
+            wrong.push(format!("div_{}", ty.name()));
+        }
+    }
+    if wrong.is_empty() {
+        println!("{checked} reduction kernels on {N} elements each: data OK");
+        Ok(())
+    } else {
+        Err(format!(
+            "{} of {checked} kernels computed wrong bytes: {}",
+            wrong.len(),
+            wrong.join(", ")
+        ))
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mib = |i: usize, default: usize| -> Result<usize, String> {
@@ -209,7 +470,16 @@ fn main() -> ExitCode {
             Some("devices") => devices(&cuda),
             Some("register") => register(&dev()?, mib(1, 64)?),
             Some("bandwidth") => bandwidth(&dev()?, mib(1, 256)?),
-            _ => Err("usage: gpu-probe devices | register [MiB] | bandwidth [MiB]".into()),
+            Some("ipc") => ipc(&dev()?, mib(1, 16)?),
+            Some("ipc-child") => match (args.get(1), args.get(2)) {
+                (Some(h), Some(n)) => ipc_child(&dev()?, h, n),
+                _ => Err("usage: gpu-probe ipc-child HANDLE_HEX BYTES".into()),
+            },
+            Some("kernels") => kernels(&dev()?),
+            _ => Err(
+                "usage: gpu-probe devices | register [MiB] | bandwidth [MiB] | ipc [MiB] | kernels"
+                    .into(),
+            ),
         }
     })();
     match r {
@@ -218,5 +488,52 @@ fn main() -> ExitCode {
             eprintln!("gpu-probe: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_encodings_are_ieee_and_round_trip_the_test_values() {
+        let h = |v: f64| u16::from_ne_bytes(encode_float(ElemType::F16, v).try_into().unwrap());
+        let b = |v: f64| u16::from_ne_bytes(encode_float(ElemType::Bf16, v).try_into().unwrap());
+        assert_eq!(
+            (h(1.0), h(-2.0), h(0.25), h(64.0), h(-0.0)),
+            (0x3c00, 0xc000, 0x3400, 0x5400, 0x8000)
+        );
+        assert_eq!((b(1.0), b(-2.0), b(0.0)), (0x3f80, 0xc000, 0x0000));
+        for ty in [ElemType::F16, ElemType::Bf16, ElemType::F32, ElemType::F64] {
+            for k in -64..=64 {
+                for v in [f64::from(k), f64::from(k) / 4.0] {
+                    assert_eq!(decode_float(ty, &encode_float(ty, v)), v, "{ty:?} {v}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_reference_wraps_truncates_and_matches_the_data_contract() {
+        let x = [100i8 as u8, (-7i8) as u8];
+        let y = [100i8 as u8, 3];
+        assert_eq!(
+            reference(ElemType::I8, Some(ReduceOp::Sum), &x, &y, 0),
+            vec![200u8, (-4i8) as u8]
+        );
+        assert_eq!(
+            reference(ElemType::I8, None, &x, &x, 3),
+            vec![33u8, (-2i8) as u8]
+        );
+        let f = kernel_data(ElemType::F16, 1000, 1);
+        for c in f.chunks_exact(2) {
+            let v = decode_float(ElemType::F16, c);
+            assert!(v.fract() == 0.0 && (-8.0..=8.0).contains(&v));
+        }
+        assert_eq!(
+            unhex(&hex(&[0xab; IpcMemHandle::LEN])).unwrap(),
+            [0xab; IpcMemHandle::LEN]
+        );
+        assert!(unhex("zz").is_err());
     }
 }
