@@ -10,7 +10,9 @@
 //! `--device cuda` puts every buffer in CUDA device memory (rank `r` on GPU `local rank % GPUs`)
 //! and runs the collectives' device forms ([`crate::device`]): the all-reduce takes the GPU
 //! peer-to-peer path between the rank processes (CUDA IPC, device-to-device copies, GPU reduction
-//! kernels), the other collectives stage through host memory. Rank 0 also prints the
+//! kernels), the other collectives stage through host memory; for the all-reduce rank 0 prints how
+//! many calls took each path (`All-reduce path : gpu-p2p N calls, staged M calls`, with the reason
+//! of the last staged one). Rank 0 also prints the
 //! device-to-device copy bandwidth measured in the same run (`cuMemcpyDtoDAsync` of the largest size,
 //! timed with CUDA events), the figure the all-reduce's bus bandwidth is to be read against. Data is
 //! checked exactly as on the host (the test data are small integers, exact in every type). Without a
@@ -576,6 +578,20 @@ fn bench(
         if wrong_total > 0 { "FAILED" } else { "OK" }
     )?;
     writeln!(out, "# {:<20} : {} ", "Avg bus bandwidth", report::c_g(avg))?;
+    if gpu.is_some() && coll == Collective::AllReduce {
+        // Which path the device all-reduces took on this rank (every rank takes the same one).
+        let st = comm.device_path_stats();
+        writeln!(
+            out,
+            "# {:<20} : gpu-p2p {} calls, staged {} calls{}",
+            "All-reduce path",
+            st.gpu_p2p,
+            st.staged,
+            st.last_fallback
+                .as_ref()
+                .map_or(String::new(), |w| format!(" (staged because: {w})"))
+        )?;
+    }
     if let Some(d) = gpu {
         let bytes = sizes.last().copied().unwrap_or(0) as usize;
         let gbs = d2d_bandwidth(d, bytes.max(1)).map_err(PerfError::Cuda)?;
