@@ -1,71 +1,126 @@
 #!/usr/bin/env bash
 # GPU check of issue 9, for a machine with an NVIDIA GPU and a CUDA 12 driver. It builds nothing:
-# it runs release binaries built beforehand (x86-64) on a machine without a GPU:
+# it runs release binaries built beforehand (x86-64) on a machine without a GPU.
+#
+# Build (repository root, any x86-64 Linux machine, no CUDA needed):
 #
 #   cargo build --release -p gpu-p2p --bin gpu-probe -p collectives --bin coll-perf
-#   mkdir -p gpu-bin && strip -o gpu-bin/gpu-probe target/release/gpu-probe \
-#                    && strip -o gpu-bin/coll-perf target/release/coll-perf
+#   mkdir -p gpu-bin && strip -o gpu-bin/gpu-probe "${CARGO_TARGET_DIR:-target}/release/gpu-probe" \
+#                    && strip -o gpu-bin/coll-perf "${CARGO_TARGET_DIR:-target}/release/coll-perf"
 #
-# Carry gpu-bin/ (two stripped binaries: 2.7 MiB together as last built, far under the 64 MiB
-# limit; both link only libc, libm, libgcc_s; libcuda and libnvidia-ml are opened at run time)
-# and this script; run from the
-# repository root:   BIN=gpu-bin bash tests/gpu/check.sh
+# Carry list (device `run` tool): ["gpu-bin"]   (gpu-bin/ is ignored by git; this script is tracked
+# and travels with the tree). The two stripped binaries are about 3 MiB together, far under the
+# 64 MiB limit; both link only libc, libm, libgcc_s; libcuda and libnvidia-ml are opened at run time.
+# Run from the repository root:
 #
-# Steps (each bounded by `timeout`; the whole run is under 5 minutes on one GPU):
-#   1. devices, attributes, topology (NVML or sysfs), peer access;
-#   2. a device buffer registered as RDMA needs it (SYNC_MEMOPS, IPC handle, dma-buf export), staged
-#      round trip and GPU atomics checked;
-#   3. host<->device bandwidth: staged pipeline against a plain pinned cuMemcpy, and device-to-device;
-#   4. coll-perf --device cuda all-reduce, 2 and 4 ranks (processes) on GPU 0 (or spread over the
-#      GPUs there are): the GPU peer-to-peer path via CUDA IPC, every size checked (#wrong 0),
-#      busbw beside the D2D copy bandwidth of the same run; also f16/bf16 and avg/max once.
-# Every failing step prints FAILED with its name; the script then exits 1 after running the rest.
+#   BIN=gpu-bin bash tests/gpu/check.sh        (whole run: about 1-2 minutes on one H200)
+#
+# Steps, each bounded by `timeout` (worst case, every step hitting its bound: 4.9 minutes), each
+# printing what it measured; a failing step prints FAILED and the script goes on to the next:
+#   devices       driver version, devices, attributes, topology (NVML or sysfs), peer access;
+#   kernels       every PTX reduction kernel JIT-compiled, run and checked bitwise (JIT time);
+#   register      a device buffer as RDMA registration needs it (SYNC_MEMOPS, IPC handle, dma-buf
+#                 export), staged round trip and GPU atomics checked;
+#   ipc           CUDA IPC between two processes (map, read, write back, checked);
+#   bandwidth     host<->device: staged pipeline against a plain pinned cuMemcpyAsync, pageable
+#                 cuMemcpy, and device-to-device;
+#   all-reduce-*  coll-perf --device cuda, 2 and 4 rank processes on the GPU(s): the GPU
+#                 peer-to-peer path via CUDA IPC (required: "All-reduce path : gpu-p2p N calls,
+#                 staged 0 calls"), every size checked (#wrong 0), busbw beside the D2D copy
+#                 bandwidth of the same run; also bf16 avg and f16 max once;
+#   broadcast-2   a staged collective on device buffers (host path through cuMemcpy).
+# At the end: a summary table (step, result, seconds) and the key figures; exit 0 only if all
+# steps passed (1 if any failed, 2 if the binaries are missing). Without a GPU every step fails
+# at once with the driver's one-line error (dry run: BIN=... bash tests/gpu/check.sh).
 set -uo pipefail
 
 BIN=${BIN:-target/release}
+LOG=${LOG:-$(mktemp -d /tmp/gpu-check.XXXXXX)}
 for b in gpu-probe coll-perf; do
     if [[ ! -x "$BIN/$b" ]]; then
         echo "FAILED: $BIN/$b missing (build it beforehand, see the header of $0)" >&2
         exit 2
     fi
 done
+echo "# GPU check: binaries from $BIN, step logs in $LOG, started $(date -u +%FT%TZ)"
+command -v nvidia-smi >/dev/null &&
+    timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 |
+    sed 's/^/# nvidia-smi: /'
 
-failures=()
+names=()
+results=()
+times=()
+# step NAME BOUND_SECONDS CHECK COMMAND...: runs COMMAND (a program, not a shell function) under
+# `timeout` (SIGTERM to its whole process group, rank processes included, then SIGKILL 3 s later),
+# its output shown and kept in $LOG/NAME.log; CHECK is a function run on that log that must also
+# succeed ("-" for none).
 step() {
-    local name=$1
-    shift
+    local name=$1 bound=$2 check=$3
+    shift 3
     echo
-    echo "=== $name: $*"
-    local t0=$SECONDS
-    if "$@"; then
-        echo "=== $name: ok ($((SECONDS - t0)) s)"
-    else
-        echo "=== $name: FAILED (exit $?, $((SECONDS - t0)) s)" >&2
-        failures+=("$name")
+    echo "=== $name (bound ${bound} s): $*"
+    local t0=$SECONDS rc
+    timeout -k 3 "$bound" "$@" 2>&1 | tee "$LOG/$name.log"
+    rc=${PIPESTATUS[0]}
+    local verdict=ok
+    if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+        verdict="FAILED (timed out after ${bound} s)"
+    elif [[ $rc -ne 0 ]]; then
+        verdict="FAILED (exit $rc)"
+    elif [[ $check != - ]] && ! "$check" "$LOG/$name.log"; then
+        verdict="FAILED (output check)"
     fi
+    names+=("$name")
+    results+=("$verdict")
+    times+=($((SECONDS - t0)))
+    echo "=== $name: $verdict ($((SECONDS - t0)) s)"
 }
 
-# coll-perf must also report zero wrong elements in its summary line.
-coll() {
-    local out
-    out=$(timeout 120 "$BIN/coll-perf" "$@" --device cuda -T 30 2>&1)
-    local rc=$?
-    echo "$out"
-    [[ $rc -eq 0 ]] && grep -q "Out of bounds values : 0 OK" <<<"$out" && grep -q "D2D copy bandwidth" <<<"$out"
+# coll-perf's all-reduce must report zero wrong elements, the peer-to-peer path for every call,
+# and the D2D copy bandwidth.
+allreduce_ok() {
+    grep -q "Out of bounds values : 0 OK" "$1" &&
+        grep -Eq "All-reduce path +: gpu-p2p [1-9][0-9]* calls, staged 0 calls" "$1" &&
+        grep -q "D2D copy bandwidth" "$1"
+}
+staged_ok() {
+    grep -q "Out of bounds values : 0 OK" "$1"
 }
 
-step devices timeout 60 "$BIN/gpu-probe" devices
-step register timeout 60 "$BIN/gpu-probe" register 64
-step bandwidth timeout 90 "$BIN/gpu-probe" bandwidth 256
-step all-reduce-2 coll all-reduce --ranks 2 -b 1M -e 256M -f 4 -n 20 -w 2
-step all-reduce-4 coll all-reduce --ranks 4 -b 1M -e 256M -f 4 -n 20 -w 2
-step all-reduce-4-bf16-avg coll all-reduce --ranks 4 -b 4M -e 4M -d bfloat16 -o avg -n 5
-step all-reduce-2-f16-max coll all-reduce --ranks 2 -b 4M -e 4M -d half -o max -n 5
-step broadcast-2-staged coll broadcast --ranks 2 -b 1M -e 1M -n 3
+# -T: coll-perf's own bound on one collective (seconds), well below the step's bound.
+CUDA=(--device cuda -T 20)
+
+step devices 15 - "$BIN/gpu-probe" devices
+step kernels 30 - "$BIN/gpu-probe" kernels
+step register 15 - "$BIN/gpu-probe" register 64
+step ipc 20 - "$BIN/gpu-probe" ipc 16
+step bandwidth 25 - "$BIN/gpu-probe" bandwidth 256
+step all-reduce-2 45 allreduce_ok "$BIN/coll-perf" all-reduce --ranks 2 -b 1M -e 256M -f 4 -n 20 -w 2 "${CUDA[@]}"
+step all-reduce-4 55 allreduce_ok "$BIN/coll-perf" all-reduce --ranks 4 -b 1M -e 256M -f 4 -n 20 -w 2 "${CUDA[@]}"
+step all-reduce-4-bf16-avg 20 allreduce_ok "$BIN/coll-perf" all-reduce --ranks 4 -b 4M -e 4M -d bfloat16 -o avg -n 5 "${CUDA[@]}"
+step all-reduce-2-f16-max 20 allreduce_ok "$BIN/coll-perf" all-reduce --ranks 2 -b 4M -e 4M -d half -o max -n 5 "${CUDA[@]}"
+step broadcast-2-staged 15 staged_ok "$BIN/coll-perf" broadcast --ranks 2 -b 1M -e 1M -n 3 "${CUDA[@]}"
 
 echo
-if [[ ${#failures[@]} -gt 0 ]]; then
-    echo "GPU CHECK FAILED: ${failures[*]}" >&2
+echo "# ---- summary ----"
+printf '# %-24s %-34s %5s\n' step result s
+failed=0
+for i in "${!names[@]}"; do
+    printf '# %-24s %-34s %5s\n' "${names[$i]}" "${results[$i]}" "${times[$i]}"
+    [[ ${results[$i]} == ok ]] || failed=1
+done
+echo "# key figures:"
+grep -H -E "^GPU [0-9]+:|driver CUDA version|JIT-compiled|kernels on|GB/s|IPC of|Avg bus bandwidth|All-reduce path|D2D copy bandwidth|^# device:" \
+    "$LOG"/*.log 2>/dev/null | sed "s|^$LOG/||; s|\.log:|: |; s/^/#   /"
+for n in all-reduce-2 all-reduce-4; do
+    row=$(grep -E "^ +[0-9]+ +[0-9]+ " "$LOG/$n.log" 2>/dev/null | tail -1)
+    [[ -n $row ]] || continue
+    echo "#   $n, largest size (size count type redop root | out: time algbw busbw #wrong | in: ...):"
+    echo "#     $row"
+done
+echo
+if [[ $failed -ne 0 ]]; then
+    echo "GPU CHECK FAILED (total $SECONDS s)" >&2
     exit 1
 fi
-echo "GPU CHECK PASSED"
+echo "GPU CHECK PASSED (total $SECONDS s)"
