@@ -11,11 +11,11 @@
 //! 2. host all-gather of a small record (ok flag, stage generation, IPC handle): doubles as the
 //!    barrier after step 1 and as the agreement that every rank takes this path (a rank whose
 //!    buffers are not CUDA, or whose stage cannot be made, says no, and every rank falls back to
-//!    the staged host path together);
-//! 2b. when any record differs from the last call that took this path (a stage was made or
-//!    regrown), every rank maps the peers' new stages (closing the old mappings) and a second
-//!    all-gather of one byte says whether every mapping succeeded; if one failed, every rank falls
-//!    back together. Steady state (same stages) skips this round;
+//!    the staged host path together). Then (step "2b" in the code), when any record differs from
+//!    the last call that took this path (a stage was made or regrown), every rank maps the peers'
+//!    new stages (closing the old mappings) and a second all-gather of one byte says whether every
+//!    mapping succeeded; if one failed, every rank falls back together. Steady state (same
+//!    stages) skips this round;
 //! 3. reduce the own block: copy rank 0's block into `recv`, then for each rank p >= 1 copy p's block
 //!    into a scratch buffer (device-to-device from the peer's IPC-mapped stage) and apply the
 //!    reduction kernel (`recv = op(recv, scratch)`, PTX from `gpu_p2p`); `avg` divides at the end;
