@@ -205,6 +205,10 @@ impl Memory for HostMemory {
         // memory that stays at this address until `self` is dropped (`MmapRaw` unmaps on drop only).
         Some(unsafe { HostPtr::new(ptr) })
     }
+
+    fn is_locked(&self) -> bool {
+        self.locked
+    }
 }
 
 #[cfg(test)]

@@ -208,4 +208,12 @@ pub trait Memory: Send + Sync + fmt::Debug {
     fn host_ptr(&self) -> Option<HostPtr> {
         None
     }
+
+    /// Whether the provider itself keeps the bytes locked in RAM for the memory's whole life
+    /// (`mlock(2)`, or CUDA's page-locked `cuMemHostAlloc` memory), so that a link that maps
+    /// them for DMA need not lock them again, and must not unlock them when it unmaps
+    /// (`munlock(2)` does not count). `false` (the default) when nothing is promised.
+    fn is_locked(&self) -> bool {
+        false
+    }
 }

@@ -604,7 +604,8 @@ fn write_test(ctx: &mut Ctx, a: &Args) -> Result<(), String> {
             let (iova, len) = ctx
                 .link
                 .dereg_mr(&mut ctx.hca, dmr.lkey())
-                .map_err(|e| format!("dereg_mr: {e}"))?;
+                .map_err(|e| format!("dereg_mr: {e}"))?
+                .ok_or("dereg_mr unmapped nothing")?;
             let left = ctx
                 .link
                 .iommu_probe_unmapped(iova, len)

@@ -116,4 +116,9 @@ impl Memory for PinnedHostMemory {
         // of the `HostPtr` that the type's contract allows.
         Some(unsafe { crate::HostPtr::new(ptr) })
     }
+
+    /// Always: cuMemHostAlloc memory is page-locked until it is freed.
+    fn is_locked(&self) -> bool {
+        true
+    }
 }

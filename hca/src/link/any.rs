@@ -8,8 +8,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_p2p::HostMemory;
-
 use crate::device::Device;
 use crate::engine::{Datagram, Instant, SoftHca};
 use crate::udp_device::{DeviceError, UdpDeviceConfig, VfioDeviceConfig};
@@ -192,10 +190,16 @@ impl Link for AnyLink {
 
     const MAPS_MEMORY: bool = true;
 
-    fn map_memory(&mut self, lkey: u32, memory: &Arc<HostMemory>) -> Result<(), DeviceError> {
+    fn map_memory(
+        &mut self,
+        lkey: u32,
+        memory: &Arc<dyn gpu_p2p::Memory>,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), DeviceError> {
         match self {
-            AnyLink::Udp(l) => l.map_memory(lkey, memory).map_err(Into::into),
-            AnyLink::Vfio(l) => l.map_memory(lkey, memory).map_err(Into::into),
+            AnyLink::Udp(l) => l.map_memory(lkey, memory, offset, len).map_err(Into::into),
+            AnyLink::Vfio(l) => l.map_memory(lkey, memory, offset, len).map_err(Into::into),
         }
     }
 

@@ -174,17 +174,22 @@ pub trait Link: Send + 'static {
         None
     }
 
-    /// Called after the engine registered memory region `lkey` over host memory `memory`: a link
-    /// whose device reads memory by DMA maps it into its IOMMU here.
+    /// Called after the engine registered memory region `lkey` over bytes
+    /// `[offset, offset + len)` of `memory`: a link whose device reads registered memory by DMA
+    /// maps the pages of those bytes into its IOMMU here (when the memory has a host address,
+    /// [`gpu_p2p::Memory::host_ptr`]; other memory is sent by copy), until
+    /// [`Link::unmap_memory`].
     ///
     /// # Errors
     /// The mapping failed (the device then deregisters the region).
     fn map_memory(
         &mut self,
         lkey: u32,
-        memory: &std::sync::Arc<gpu_p2p::HostMemory>,
+        memory: &std::sync::Arc<dyn gpu_p2p::Memory>,
+        offset: usize,
+        len: usize,
     ) -> Result<(), Self::Error> {
-        let _ = (lkey, memory);
+        let _ = (lkey, memory, offset, len);
         Ok(())
     }
 

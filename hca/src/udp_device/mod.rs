@@ -777,10 +777,15 @@ impl<L: Link> SoftDevice<L> {
         Ok(self.shared.engine_op(|e| e.dealloc_pd(pd))?)
     }
 
-    /// ibv_reg_mr(3) over all of `memory`: its bytes become the MR `iova .. iova + len`.
+    /// ibv_reg_mr(3) over all of `memory`: its bytes become the MR `iova .. iova + len`. On a
+    /// link whose device reads registered memory by DMA (VFIO), the pages are mapped into the
+    /// device's IOMMU ([`Link::map_memory`]) until [`SoftDevice::dereg_mr`], so that packets
+    /// leave straight from them; memory without a host address ([`Memory::host_ptr`]: GPU
+    /// device memory) is registered without a mapping, and its payload is copied.
     ///
     /// # Errors
-    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::reg_mr`].
+    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::reg_mr`]; the link's error
+    /// when the mapping fails (the region is then deregistered again).
     pub fn reg_mr(
         &self,
         pd: PdHandle,
@@ -788,16 +793,16 @@ impl<L: Link> SoftDevice<L> {
         iova: u64,
         access: AccessFlags,
     ) -> Result<MemoryRegion, DeviceError> {
-        self.check_open()?;
-        Ok(self
-            .shared
-            .engine_op(|e| e.reg_mr(pd, memory, iova, access))?)
+        let len = memory.len();
+        self.reg_mr_range(pd, memory, 0, len, iova, access)
     }
 
-    /// ibv_reg_mr_iova(3) over `length` bytes of `memory` from byte `offset`.
+    /// ibv_reg_mr_iova(3) over `length` bytes of `memory` from byte `offset`; mapped as by
+    /// [`SoftDevice::reg_mr`] (the pages of those bytes only).
     ///
     /// # Errors
-    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::reg_mr_range`].
+    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::reg_mr_range`]; the link's
+    /// error when the mapping fails (the region is then deregistered again).
     pub fn reg_mr_range(
         &self,
         pd: PdHandle,
@@ -808,26 +813,35 @@ impl<L: Link> SoftDevice<L> {
         access: AccessFlags,
     ) -> Result<MemoryRegion, DeviceError> {
         self.check_open()?;
-        Ok(self
+        let mr = self
             .shared
-            .engine_op(|e| e.reg_mr_range(pd, memory, offset, length, iova, access))?)
+            .engine_op(|e| e.reg_mr_range(pd, memory.clone(), offset, length, iova, access))?;
+        if L::MAPS_MEMORY {
+            let mapped = lock(&self.shared.io)
+                .link
+                .map_memory(mr.lkey(), &memory, offset, length);
+            if let Err(e) = mapped {
+                let _ = self.shared.engine_op(|e| e.dereg_mr(mr.lkey()));
+                return Err(e.into());
+            }
+        }
+        Ok(mr)
     }
 
     /// ibv_dereg_mr(3).
     ///
     /// # Errors
-    /// [`DeviceError::Verbs`] as [`SoftHca::dereg_mr`].
+    /// [`DeviceError::Verbs`] as [`SoftHca::dereg_mr`]; the link's error when unmapping fails
+    /// (as [`SoftDevice::dereg_mr_unmapped`]).
     pub fn dereg_mr(&self, lkey: u32) -> Result<(), DeviceError> {
         self.dereg_mr_unmapped(lkey).map(|_| ())
     }
 
-    /// ibv_reg_mr(3) over host memory that the link's device may read by DMA: as
-    /// [`SoftDevice::reg_mr`], then the link maps the memory into its device's IOMMU context
-    /// ([`Link::map_memory`]; a UDP device maps nothing) until [`SoftDevice::dereg_mr`].
+    /// [`SoftDevice::reg_mr`] over host memory (kept for callers that hold a
+    /// [`gpu_p2p::HostMemory`]; every registration is mapped now).
     ///
     /// # Errors
-    /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::reg_mr`]; the link's error
-    /// when the mapping fails (the region is then deregistered again).
+    /// As [`SoftDevice::reg_mr`].
     pub fn reg_mr_host(
         &self,
         pd: PdHandle,
@@ -835,15 +849,7 @@ impl<L: Link> SoftDevice<L> {
         iova: u64,
         access: AccessFlags,
     ) -> Result<MemoryRegion, DeviceError> {
-        let mr = self.reg_mr(pd, memory.clone(), iova, access)?;
-        if L::MAPS_MEMORY {
-            let mapped = lock(&self.shared.io).link.map_memory(mr.lkey(), &memory);
-            if let Err(e) = mapped {
-                let _ = self.shared.engine_op(|e| e.dereg_mr(mr.lkey()));
-                return Err(e.into());
-            }
-        }
-        Ok(mr)
+        self.reg_mr(pd, memory, iova, access)
     }
 
     /// ibv_dereg_mr(3), returning the device address range `(iova, len)` the link unmapped from

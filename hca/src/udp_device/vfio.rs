@@ -4,8 +4,11 @@
 //! The device's GID table is the link's: the IPv6 link-local GID (`fe80::` + the MAC's EUI-64)
 //! at indexes 0 (RoCEv1) and 1 (RoCEv2), and the IPv4-mapped GID of
 //! [`VfioLinkConfig::ipv4`] at index 2 when one is configured, as Linux rxe numbers them.
-//! Memory registered with [`SoftDevice::reg_mr_host`] is mapped into the NIC's IOMMU context
-//! until it is deregistered.
+//! Every memory region registered over host memory ([`SoftDevice::reg_mr`],
+//! [`SoftDevice::reg_mr_range`], also through `dyn Verbs`) has its pages mapped into the NIC's
+//! IOMMU context, device-read-only and `mlock`ed, until it is deregistered; the link's transmit
+//! descriptors point straight at them (see `link::vfio`). Memory without a host address is
+//! registered unmapped and its payload copied.
 
 use crate::engine::EngineConfig;
 use crate::link::vfio::{VfioError, VfioLink, VfioLinkConfig};
@@ -361,6 +364,34 @@ mod tests {
         assert_eq!(got, vec![0; 512], "the deregistered memory is untouched");
         // A second deregistration is refused by the engine; nothing is unmapped.
         assert!(b.dev.dereg_mr_unmapped(lkey).is_err());
+    }
+
+    #[test]
+    fn every_registration_through_dyn_verbs_is_mapped_and_unmapped() {
+        use crate::verbs::Verbs;
+        let (a, _b) = pair();
+        let verbs: &dyn Verbs = &a.dev;
+        let pd = verbs.alloc_pd().unwrap();
+        let mem: Arc<dyn Memory> = Arc::new(HostMemory::new(4 * 4096).unwrap());
+        let va = mem.host_ptr().unwrap().as_ptr().as_ptr() as usize;
+        // Bytes 5000 .. 9000: pages 1 and 2.
+        let mr = verbs
+            .reg_mr(
+                pd,
+                mem.clone(),
+                5000,
+                4000,
+                0x40_0000,
+                AccessFlags::LOCAL_WRITE,
+            )
+            .unwrap();
+        let range = a.dev.with_link_mut(|l| l.mr_dma_range(mr.lkey())).unwrap();
+        assert_eq!(range.1, 2 * 4096);
+        assert_eq!(fake::mapped_bytes(0, va, 4 * 4096), (2 * 4096, 0));
+        assert_eq!(fake::mapped_bytes(0, va + 4096, 2 * 4096).0, 2 * 4096);
+        verbs.dereg_mr(mr.lkey()).unwrap();
+        assert_eq!(fake::mapped_bytes(0, va, 4 * 4096), (0, 0));
+        assert_eq!(a.dev.iommu_probe_unmapped(range.0, range.1).unwrap(), 0);
     }
 
     #[test]

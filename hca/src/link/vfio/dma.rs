@@ -9,15 +9,15 @@
 //!
 //! [`DmaRegion`] owns page-aligned host memory ([`gpu_p2p::HostMemory`]: hugepage-backed when the
 //! pool has pages, `mlock`ed) and its IOMMU mappings; every access to it goes through the
-//! bounds-checked methods here, the only `unsafe` of the driver outside `sys`. [`MappedMemory`]
-//! maps memory the driver does not own (a registered memory region) for as long as it lives.
+//! bounds-checked methods here, the only `unsafe` of the driver outside `sys`. [`MrExtent`]
+//! maps pages the driver does not own (a registered memory region's) for as long as it lives.
 #![allow(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 
-use gpu_p2p::{HostMemory, PageBacking};
+use gpu_p2p::{HostMemory, Memory, PageBacking};
 
 use super::error::VfioError;
 use super::os;
@@ -172,7 +172,7 @@ impl Container {
     /// Asks the IOMMU whether anything is mapped in `[iova, iova + len)`, by unmapping the range
     /// and reading how many bytes the kernel removed (`VFIO_IOMMU_UNMAP_DMA` reports it). Returns 0
     /// when nothing was mapped. Destructive: use it only on ranges that should be unmapped already
-    /// (after [`MappedMemory`] or [`DmaRegion`] dropped), never on live ones.
+    /// (after an [`MrExtent`] or [`DmaRegion`] dropped), never on live ones.
     pub(crate) fn probe_unmapped(&self, iova: u64, len: u64) -> Result<u64, VfioError> {
         os::dma_unmap(&self.fd, iova, round_up(len.max(1), PAGE).unwrap_or(len)).map_err(|source| {
             VfioError::Dma {
@@ -183,6 +183,20 @@ impl Container {
                 source,
             }
         })
+    }
+
+    /// Takes every free IOVA range out of the allocator except `keep` bytes (tests of
+    /// exhaustion).
+    #[cfg(test)]
+    pub(crate) fn reserve_all_but(&self, keep: u64) {
+        let mut a = self.allocator();
+        let first = a.free.iter().next().map(|(&s, &l)| (s, l));
+        a.free.clear();
+        if let Some((s, l)) = first {
+            if l >= keep && keep > 0 {
+                a.free.insert(s, keep);
+            }
+        }
     }
 
     fn exhausted(&self, len: u64) -> VfioError {
@@ -351,65 +365,127 @@ impl Drop for DmaRegion {
     }
 }
 
-/// Memory the driver does not own, mapped into the IOMMU for as long as this value lives: a
-/// registered memory region, so that descriptors can point straight at it. Holds an `Arc` of the
-/// memory so the pages cannot be freed while mapped; `Drop` unmaps.
+/// Pages of memory the driver does not own (a registered memory region's), mapped into the IOMMU
+/// for the device to read for as long as this value lives, so that transmit descriptors can point
+/// straight at them. One `VFIO_IOMMU_MAP_DMA` each (Type1 v2 cannot unmap part of a mapping).
+///
+/// Holds an `Arc` of the memory, so the pages cannot be freed while mapped, and locks them in RAM
+/// (mlock(2)) unless the memory's provider already does ([`Memory::is_locked`]); `Drop` unmaps,
+/// then unlocks what it locked. The mapping is read-only for the device: it only ever reads
+/// registered memory (transmit); received payload reaches a region by a CPU copy in the engine,
+/// after the engine checked the key (IBTA C9-88 ...), so a device cannot write a region at all.
 #[derive(Debug)]
-pub(crate) struct MappedMemory {
-    memory: Arc<HostMemory>,
+pub(crate) struct MrExtent {
+    memory: Arc<dyn Memory>,
+    /// Host address of the first byte (page-aligned).
+    va: usize,
     iova: u64,
+    /// Bytes (a multiple of the page size); 0 once unmapped.
     len: u64,
+    /// This extent locked the pages (and unlocks them when it goes).
+    locked: bool,
     container: Arc<Container>,
 }
 
-impl MappedMemory {
-    /// Maps all of `memory`, readable and writable by the device.
+impl MrExtent {
+    /// Maps the pages `[va, va + len)` (page-aligned) of `memory` at a newly allocated IOVA,
+    /// device-read-only, and locks them unless `memory` is locked already.
+    ///
+    /// # Errors
+    /// [`VfioError::Config`] when the pages are not `memory`'s (or it has no host address);
+    /// [`VfioError::IovaExhausted`]; [`VfioError::Dma`]; [`VfioError::Pin`] when mlock(2) fails
+    /// (nothing stays mapped).
     pub(crate) fn new(
         container: Arc<Container>,
-        memory: Arc<HostMemory>,
-    ) -> Result<MappedMemory, VfioError> {
-        use gpu_p2p::Memory;
-        let len = (memory.len() as u64).max(1);
-        // SAFETY: the mapping covers `memory`'s pages (page-aligned start; the kernel mapped at
-        // least `len` rounded up to a page), which the `Arc` held here keeps alive until `Drop`
-        // unmaps them.
-        let iova = unsafe { container.map(memory.as_ptr(), len, true, true) }?;
-        Ok(MappedMemory {
+        memory: Arc<dyn Memory>,
+        va: usize,
+        len: u64,
+    ) -> Result<MrExtent, VfioError> {
+        let base = memory.host_ptr().map(|p| p.as_ptr().as_ptr() as usize);
+        let first = base.map(|b| b & !(PAGE as usize - 1));
+        let last = base
+            .and_then(|b| b.checked_add(memory.len()))
+            .and_then(|e| round_up(e as u64, PAGE));
+        let inside = match (first, last) {
+            (Some(f), Some(l)) => va >= f && (va as u64).checked_add(len).is_some_and(|e| e <= l),
+            _ => false,
+        };
+        if !inside || va as u64 % PAGE != 0 || len % PAGE != 0 || len == 0 {
+            return Err(VfioError::Config {
+                what: format!(
+                    "IOMMU mapping of {len} bytes at {va:#x}: not whole pages of the memory region"
+                ),
+            });
+        }
+        // SAFETY: the pages lie within the pages of `memory`'s bytes (checked above: a memory's
+        // host address range stays mapped in this process while the memory lives, and every
+        // byte of a page holding one of its bytes is then mapped too), which the `Arc` held here
+        // keeps alive until `Drop` unmaps them.
+        let iova = unsafe { container.map(va as *mut u8, len, true, false) }?;
+        let locked = !memory.is_locked();
+        if locked {
+            if let Err(source) = os::mlock(va, len as usize) {
+                let _ = container.unmap(iova, len);
+                return Err(VfioError::Pin {
+                    device: container.device().to_owned(),
+                    len,
+                    source,
+                });
+            }
+        }
+        Ok(MrExtent {
             memory,
+            va,
             iova,
             len,
+            locked,
             container,
         })
     }
 
-    /// The IOVA of the memory's first byte.
+    /// Host address of the first byte (page-aligned).
+    pub(crate) fn va(&self) -> usize {
+        self.va
+    }
+
+    /// The IOVA of the first byte.
     pub(crate) fn iova(&self) -> u64 {
         self.iova
     }
 
-    /// Bytes mapped (the memory's length).
+    /// Bytes mapped (whole pages).
     pub(crate) fn len(&self) -> u64 {
         self.len
     }
 
-    /// The memory.
-    pub(crate) fn memory(&self) -> &Arc<HostMemory> {
-        &self.memory
+    /// Unmaps now, reporting a failure (`Drop` cannot). Returns the range unmapped.
+    pub(crate) fn unmap(mut self) -> Result<(u64, u64), VfioError> {
+        let (iova, len) = (self.iova, self.len);
+        let r = self.release();
+        r.map(|()| (iova, len))
     }
 
-    /// Unmaps now, reporting a failure (`Drop` cannot).
-    pub(crate) fn unmap(mut self) -> Result<(), VfioError> {
-        let r = self.container.unmap(self.iova, self.len);
-        self.len = 0;
+    fn release(&mut self) -> Result<(), VfioError> {
+        if self.len == 0 {
+            return Ok(());
+        }
+        let len = std::mem::take(&mut self.len);
+        let r = self.container.unmap(self.iova, len);
+        if self.locked {
+            // Only after the unmap: the device may not reach unlocked pages. A failed unlock
+            // leaves the pages locked until the memory is freed (munmap unlocks).
+            let _ = os::munlock(self.va, len as usize);
+        }
+        let _ = &self.memory;
         r
     }
 }
 
-impl Drop for MappedMemory {
+impl Drop for MrExtent {
     fn drop(&mut self) {
-        if self.len > 0 {
-            let _ = self.container.unmap(self.iova, self.len);
-        }
+        // A failed unmap leaves the IOVA range reserved; the kernel keeps the pages pinned until
+        // the container closes, so the device still cannot reach freed memory.
+        let _ = self.release();
     }
 }
 

@@ -139,6 +139,16 @@ pub enum VfioError {
         /// The failed allocation.
         source: gpu_p2p::HostMemoryError,
     },
+    /// mlock(2) of registered memory's pages failed (`RLIMIT_MEMLOCK`): the memory is not
+    /// mapped, since the issue's rule is that mapped memory stays locked in RAM.
+    Pin {
+        /// The PCI address.
+        device: String,
+        /// Bytes to lock.
+        len: u64,
+        /// The failed mlock(2).
+        source: std::io::Error,
+    },
     /// The IOVA window has no free range of this size.
     IovaExhausted {
         /// The PCI address.
@@ -203,8 +213,9 @@ pub enum VfioError {
         /// The address being resolved.
         ip: std::net::IpAddr,
     },
-    /// The device may still be reading a registered region (a zero-copy frame has not been sent
-    /// within the bound), so it cannot be unmapped yet.
+    /// The device may still be reading a deregistered region (a zero-copy frame has not been
+    /// sent within the bound): the region's keys are gone, and its IOMMU mapping is removed as
+    /// soon as the device returns the frames' descriptors (or the link closes), never before.
     RegionBusy {
         /// The PCI address.
         device: String,
@@ -321,6 +332,15 @@ impl fmt::Display for VfioError {
                 f,
                 "PCI device {device}: cannot allocate {len} bytes of DMA memory: {source}"
             ),
+            Pin {
+                device,
+                len,
+                source,
+            } => write!(
+                f,
+                "PCI device {device}: cannot lock {len} bytes of registered memory in RAM \
+                 (mlock, RLIMIT_MEMLOCK): {source}"
+            ),
             IovaExhausted { device, len } => write!(
                 f,
                 "PCI device {device}: no free I/O virtual address range of {len} bytes"
@@ -365,7 +385,7 @@ impl fmt::Display for VfioError {
             RegionBusy { device, lkey } => write!(
                 f,
                 "PCI device {device}: memory region {lkey:#x} is still being read by the device \
-                 (zero-copy frames not sent within the bound)"
+                 (zero-copy frames not sent within the bound); it is unmapped once they are"
             ),
             Config { what } => write!(f, "VFIO link configuration: {what}"),
         }
@@ -377,7 +397,8 @@ impl std::error::Error for VfioError {
         match self {
             VfioError::VfioUnavailable { source, .. }
             | VfioError::Ioctl { source, .. }
-            | VfioError::Dma { source, .. } => Some(source),
+            | VfioError::Dma { source, .. }
+            | VfioError::Pin { source, .. } => Some(source),
             VfioError::DmaAlloc { source, .. } => Some(source),
             VfioError::Verbs { source, .. } => Some(source),
             _ => None,

@@ -11,27 +11,29 @@
 //! context for as long as they are registered, and unmapped on [`VfioLink::dereg_mr`]: the
 //! device can reach registered memory and nothing else besides the link's own rings and buffers.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_p2p::{HostMemory, Memory, PageBacking};
+use gpu_p2p::{Memory, PageBacking};
 use roce::packet::TransportRepr;
 use roce::{icrc, Gid};
 
 use crate::device::Device;
-use crate::engine::{EngineConfig, Instant, SoftHca};
+use crate::engine::{EngineConfig, GatherTransmit, Instant, SoftHca};
 use crate::gid::{GidEntry, GidType};
 use crate::mr::{AccessFlags, MemoryRegion};
 use crate::pd::PdHandle;
 
 use super::device::PciAddress;
-use super::dma::MappedMemory;
+use super::dma::MrExtent;
 use super::error::VfioError;
 use super::frame::{self, LocalAddrs, Received};
+use super::mr_map::MrMappings;
 use super::neigh::{Action, NeighbourCounters, NeighbourState, Neighbours};
-use super::net::{DmaPiece, NetConfig, NicCounters, TxQueue, VirtioNet, TX_HEADROOM};
+use super::net::{
+    DmaPiece, NetConfig, NicCounters, TxQueue, VirtioNet, TX_HEADROOM, TX_TRAILER_ROOM,
+};
 use super::virtqueue::MAX_CHAIN;
 
 /// Configuration of a [`VfioLink`].
@@ -96,6 +98,15 @@ pub struct VfioLinkCounters {
     pub rx_unsupported: u64,
     /// RoCEv2 packets sent.
     pub tx_roce: u64,
+    /// RoCEv2 packets sent as a descriptor chain whose payload descriptors point straight into
+    /// registered memory (headers and trailer in a slot): no CPU copy of the payload.
+    pub tx_gathered: u64,
+    /// Packets whose payload the engine left in registered memory but the link copied into a
+    /// slot: memory not mapped into the IOMMU, more pieces than one chain or the free
+    /// descriptors allow, or a destination MAC not resolved yet (the frame waits as bytes).
+    /// Payloads the engine copied itself (UC, UD, inline, GPU memory) are counted by the
+    /// engine (`Counters::tx_copied_pkts`).
+    pub tx_gather_copied: u64,
     /// Engine packets dropped because the frame exceeds the link MTU.
     pub tx_oversize: u64,
     /// Engine packets dropped because their addresses cannot be sent (mixed families).
@@ -169,8 +180,11 @@ const STATUS_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// The software HCA's link over a virtio-net NIC driven through VFIO. See the module docs.
 #[derive(Debug)]
 pub struct VfioLink {
-    // Registered memory is unmapped before the NIC (and its container) goes.
-    mrs: HashMap<u32, MappedMemory>,
+    // Registered memory is unmapped before the NIC (and its container) goes; extents that
+    // transmit slots still hold go with the NIC's queues, after the device reset.
+    mrs: MrMappings,
+    /// Extents a chain being built points into (moved into the slot when posted).
+    pin_scratch: Vec<Arc<MrExtent>>,
     nic: VirtioNet,
     me: LocalAddrs,
     neigh: Neighbours,
@@ -214,7 +228,8 @@ impl VfioLink {
             neigh.add_static(ip, mac);
         }
         Ok(VfioLink {
-            mrs: HashMap::new(),
+            mrs: MrMappings::default(),
+            pin_scratch: Vec::with_capacity(MAX_CHAIN),
             nic,
             me,
             neigh,
@@ -324,93 +339,142 @@ impl VfioLink {
 
     // ---------------------------------------------------------------- memory registration
 
-    /// ibv_reg_mr(3) over all of `memory` through this link: maps the memory into the NIC's IOMMU
-    /// context (readable and writable by the device; the kernel pins the pages, and
-    /// [`HostMemory`] is `mlock`ed) and registers it with the engine as `iova .. iova + len`.
-    /// The mapping lasts until [`VfioLink::dereg_mr`] (or the link is dropped).
+    /// ibv_reg_mr(3) over all of `memory` through this link: registers it with the engine as
+    /// `iova .. iova + len` and maps its pages into the NIC's IOMMU context (device-read-only:
+    /// transmit descriptors point at them; the kernel pins the pages and they are `mlock`ed),
+    /// as [`crate::link::Link::map_memory`] does for a device's registrations. Memory without a
+    /// host address is registered without a mapping (its payload is copied into transmit
+    /// slots). The mapping lasts until [`VfioLink::dereg_mr`] (or the link is dropped).
     ///
     /// # Errors
-    /// [`VfioError::Dma`] / [`VfioError::IovaExhausted`] when the mapping fails (nothing is
-    /// registered), [`VfioError::Verbs`] when the engine refuses (nothing stays mapped).
+    /// [`VfioError::Verbs`] when the engine refuses (nothing is mapped); the mapping's errors
+    /// ([`VfioError::Dma`], [`VfioError::IovaExhausted`], [`VfioError::Pin`]): the region is then
+    /// deregistered again.
     pub fn reg_mr(
         &mut self,
         hca: &mut SoftHca,
         pd: PdHandle,
-        memory: Arc<HostMemory>,
+        memory: Arc<dyn Memory>,
         iova: u64,
         access: AccessFlags,
     ) -> Result<MemoryRegion, VfioError> {
-        let mapped = MappedMemory::new(self.nic.container().clone(), memory.clone())?;
+        let len = memory.len();
         let mr = hca
-            .reg_mr(pd, memory, iova, access)
+            .reg_mr(pd, memory.clone(), iova, access)
             .map_err(|source| VfioError::Verbs {
                 device: self.name().to_owned(),
                 source,
             })?;
-        self.mrs.insert(mr.lkey(), mapped);
+        if let Err(e) = self.map_region(mr.lkey(), &memory, 0, len) {
+            let _ = hca.dereg_mr(mr.lkey());
+            return Err(e);
+        }
         Ok(mr)
     }
 
     /// ibv_dereg_mr(3): deregisters the region from the engine (its keys stop working at once:
-    /// a remote access NAKs) and then removes its IOMMU mapping. Returns the device address range
-    /// `(iova, len)` that was unmapped, for checks such as [`VfioLink::iommu_probe_unmapped`].
+    /// a remote access NAKs) and then removes the IOMMU mappings of its pages that no other
+    /// registration uses, once the device has returned every descriptor pointing into them
+    /// (waiting at most 1 s). Returns the device address range `(iova, len)` unmapped (`None`
+    /// when nothing was: no host address, or pages shared with another registration), for
+    /// checks such as [`VfioLink::iommu_probe_unmapped`].
     ///
     /// # Errors
-    /// [`VfioError::UnknownMr`] when the lkey was not registered through this link;
-    /// [`VfioError::Verbs`] when the engine refuses (the mapping stays); [`VfioError::Dma`] when
+    /// [`VfioError::UnknownMr`] when the engine does not know the lkey and nothing is mapped
+    /// for it; [`VfioError::Verbs`] when the engine refuses otherwise (nothing is unmapped);
+    /// [`VfioError::RegionBusy`] when the device kept reading (the region is deregistered and
+    /// its mapping goes as soon as the device returns the descriptors); [`VfioError::Dma`] when
     /// the unmap fails.
-    pub fn dereg_mr(&mut self, hca: &mut SoftHca, lkey: u32) -> Result<(u64, u64), VfioError> {
-        if !self.mrs.contains_key(&lkey) {
-            return Err(VfioError::UnknownMr {
-                device: self.name().to_owned(),
-                lkey,
-            });
-        }
-        // Frames whose descriptors point into registered memory must be sent before any region
-        // is unmapped: the device would read unmapped memory (an IOMMU fault) otherwise.
-        self.drain_zero_copy(lkey)?;
-        let Some(mapped) = self.mrs.remove(&lkey) else {
-            return Err(VfioError::UnknownMr {
-                device: self.name().to_owned(),
-                lkey,
-            });
-        };
+    pub fn dereg_mr(
+        &mut self,
+        hca: &mut SoftHca,
+        lkey: u32,
+    ) -> Result<Option<(u64, u64)>, VfioError> {
         if let Err(source) = hca.dereg_mr(lkey) {
-            self.mrs.insert(lkey, mapped);
-            return Err(VfioError::Verbs {
-                device: self.name().to_owned(),
-                source,
+            return Err(if self.mrs.contains(lkey) {
+                VfioError::Verbs {
+                    device: self.name().to_owned(),
+                    source,
+                }
+            } else {
+                VfioError::UnknownMr {
+                    device: self.name().to_owned(),
+                    lkey,
+                }
             });
         }
-        let range = (mapped.iova(), mapped.len());
-        mapped.unmap()?;
-        Ok(range)
+        self.unmap_region(lkey)
     }
 
-    /// Waits (bounded) until the device has returned every chain that points into registered
-    /// memory.
-    fn drain_zero_copy(&mut self, lkey: u32) -> Result<(), VfioError> {
+    /// Maps the pages of bytes `[offset, offset + len)` of `memory` (region `lkey`).
+    fn map_region(
+        &mut self,
+        lkey: u32,
+        memory: &Arc<dyn Memory>,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), VfioError> {
+        let container = self.nic.container().clone();
+        self.mrs.map(&container, lkey, memory, offset, len)?;
+        Ok(())
+    }
+
+    /// Forgets region `lkey`'s mapping and unmaps the extents no other registration holds once
+    /// the device returned every chain pointing into them (bounded wait).
+    fn unmap_region(&mut self, lkey: u32) -> Result<Option<(u64, u64)>, VfioError> {
+        let Some(released) = self.mrs.unmap(lkey) else {
+            return Ok(None);
+        };
+        if released.is_empty() {
+            return Ok(None);
+        }
+        // Descriptors pointing into these pages must be returned first: the device would read
+        // unmapped memory (an IOMMU fault) otherwise. Each posted chain holds an `Arc` of the
+        // extents it uses, so an extent only we hold is one no descriptor points into.
         let start = std::time::Instant::now();
         loop {
             self.nic.tx().reclaim();
-            if self.nic.tx().zero_copy_outstanding() == 0 {
-                return Ok(());
+            if released.iter().all(|e| Arc::strong_count(e) == 1) {
+                break;
             }
-            if start.elapsed() >= DEREG_DRAIN_TIMEOUT {
+            let flushed = self.nic.flush();
+            if flushed.is_err() || start.elapsed() >= DEREG_DRAIN_TIMEOUT {
+                for e in released {
+                    self.mrs.retire(e);
+                }
+                flushed?;
                 return Err(VfioError::RegionBusy {
                     device: self.name().to_owned(),
                     lkey,
                 });
             }
-            self.nic.flush()?;
             std::thread::sleep(Duration::from_micros(50));
+        }
+        let (mut lo, mut hi) = (u64::MAX, 0u64);
+        let mut failed = None;
+        for e in released {
+            match Arc::try_unwrap(e) {
+                Ok(extent) => match extent.unmap() {
+                    Ok((iova, len)) => {
+                        lo = lo.min(iova);
+                        hi = hi.max(iova + len);
+                    }
+                    Err(err) => failed = Some(err),
+                },
+                Err(still_used) => self.mrs.retire(still_used),
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok((lo < hi).then(|| (lo, hi - lo))),
         }
     }
 
     /// The device address (IOVA) of the first byte of the memory behind registered region `lkey`,
     /// and its length: where descriptors point to reach it.
+    /// With pages shared between registrations the range spans every extent the region uses.
     pub fn mr_dma_range(&self, lkey: u32) -> Option<(u64, u64)> {
-        self.mrs.get(&lkey).map(|m| (m.iova(), m.len()))
+        self.mrs.dma_range(lkey)
     }
 
     /// Asks the IOMMU (kernel) how many bytes of `[iova, iova + len)` are mapped, by unmapping the
@@ -420,11 +484,7 @@ impl VfioLink {
     /// # Errors
     /// [`VfioError::Dma`].
     pub fn iommu_probe_unmapped(&self, iova: u64, len: u64) -> Result<u64, VfioError> {
-        if self
-            .mrs
-            .values()
-            .any(|m| iova < m.iova() + m.len() && m.iova() < iova.saturating_add(len))
-        {
+        if self.mrs.overlaps(iova, len) {
             return Err(VfioError::Config {
                 what: format!("{len} bytes at iova {iova:#x} overlap a registered region"),
             });
@@ -648,59 +708,155 @@ impl VfioLink {
     /// Moves the engine's packets into transmit slots until the engine or the slots run out.
     /// Returns the packets posted.
     fn transmit(&mut self, hca: &mut SoftHca, now: Instant) -> usize {
-        self.transmit_with(now, |buf| hca.poll_transmit(now, buf)).0
+        self.transmit_gather(now, |buf| hca.poll_transmit_gather(now, buf))
+            .0
     }
 
-    /// Moves packets that `build` makes (a UDP payload into the buffer given, as
-    /// `SoftHca::poll_transmit` does) into transmit slots until `build` returns `None` or the
-    /// slots run out. Returns the packets posted and whether the slots ran out.
-    fn transmit_with<F>(&mut self, now: Instant, mut build: F) -> (usize, bool)
+    /// Moves packets that `build` makes (`SoftHca::poll_transmit_gather` into the buffer given)
+    /// into transmit slots until `build` returns `None` or the slots or descriptors run out
+    /// (back-pressure: the engine keeps what it has not built). Returns the packets posted and
+    /// whether the ring ran out.
+    ///
+    /// A packet whose payload the engine left in registered memory goes out as one descriptor
+    /// chain: [virtio-net header + Ethernet/IP/UDP + transport headers in the slot] -> one
+    /// descriptor per IOMMU extent of each payload segment (the IOVAs [`VfioLink::reg_mr`] /
+    /// [`crate::link::Link::map_memory`] mapped) -> [pad + ICRC at the end of the slot]. The
+    /// slot keeps the segments (their memory) and the extents (their mappings) until the device
+    /// returns the chain in the used ring. Indirect descriptors (VIRTIO_F_INDIRECT_DESC) are not
+    /// negotiated: a chain longer than 16 descriptors, or than the free descriptors allow, is
+    /// sent as a copy instead (counted in [`VfioLinkCounters::tx_gather_copied`]), as is a
+    /// payload in memory not mapped, or one whose destination MAC is not known yet.
+    fn transmit_gather<F>(&mut self, now: Instant, mut build: F) -> (usize, bool)
     where
-        F: FnMut(&mut [u8]) -> Option<crate::engine::Transmit>,
+        F: FnMut(&mut [u8]) -> Option<GatherTransmit>,
     {
         let mut posted = 0;
         let mut full = false;
         let max_ip = usize::from(self.nic.mtu());
         let src_mac = self.me.mac;
-        // Slots of sent frames come back first (one load of the used index when there are none).
+        // Slots of sent frames come back first (one load of the used index when there are none),
+        // and with them the mappings of deregistered regions they kept.
         self.nic.tx().reclaim();
+        self.mrs.sweep();
         loop {
-            let tx = self.nic.tx();
+            let VfioLink {
+                nic,
+                mrs,
+                neigh,
+                counters,
+                pin_scratch,
+                ..
+            } = self;
+            let tx = nic.tx();
+            let free_desc = tx.free_descriptors();
+            let slot_size = tx.slot_size();
+            let trailer_at = slot_size - TX_TRAILER_ROOM;
             let Some((slot, buf)) = tx.take_slot() else {
                 full = true;
                 break;
             };
-            let Some(payload) = buf.get_mut(TX_HEADROOM..) else {
+            let Some(payload) = buf.get_mut(TX_HEADROOM..trailer_at) else {
                 tx.release(slot);
                 break;
             };
-            let Some(t) = build(payload) else {
+            let Some(g) = build(payload) else {
                 tx.release(slot);
                 break;
             };
+            let t = g.transmit;
             let ip_len = frame::roce_headers_len(&t.dst_ip) - 14 + t.len;
             if ip_len > max_ip {
-                self.counters.tx_oversize += 1;
+                counters.tx_oversize += 1;
                 tx.release(slot);
                 continue;
             }
-            let dst_mac = self.neigh.lookup(&t.dst_ip);
+            let dst_mac = neigh.lookup(&t.dst_ip);
+            let head_end = TX_HEADROOM + g.head_len();
+            let mut pieces = [DmaPiece { iova: 0, len: 0 }; MAX_CHAIN];
+            let mut n = 0;
+            let gathered = g.segment_count() > 0 && dst_mac.is_some() && {
+                // Header and trailer descriptors besides the payload's.
+                let limit = (MAX_CHAIN.min(free_desc)).saturating_sub(2);
+                let ok = g.segments().all(|seg| {
+                    let Some(base) = seg.memory().host_ptr() else {
+                        return false;
+                    };
+                    let va = base.as_ptr().as_ptr() as usize + seg.offset();
+                    mrs.translate(va, seg.len(), &mut pieces[..limit], &mut n, |e| {
+                        pin_scratch.push(e.clone())
+                    })
+                    .is_some()
+                });
+                if !ok {
+                    pin_scratch.clear();
+                }
+                ok
+            };
+            if g.segment_count() > 0 && !gathered {
+                // Linearize: the payload and trailer after the headers, as a copied packet.
+                let copied = (|| {
+                    let mut at = head_end;
+                    for seg in g.segments() {
+                        buf.get_mut(at..at + seg.len())?
+                            .copy_from_slice(seg.bytes());
+                        at += seg.len();
+                    }
+                    buf.get_mut(at..at + g.trailer().len())?
+                        .copy_from_slice(g.trailer());
+                    (at + g.trailer().len() == TX_HEADROOM + t.len).then_some(())
+                })();
+                if copied.is_none() {
+                    counters.tx_oversize += 1;
+                    tx.release(slot);
+                    continue;
+                }
+                counters.tx_gather_copied += 1;
+            }
             let Some(start) =
                 frame::write_roce_headers(buf, TX_HEADROOM, &t, src_mac, dst_mac.unwrap_or([0; 6]))
             else {
-                self.counters.tx_unroutable += 1;
+                counters.tx_unroutable += 1;
+                pin_scratch.clear();
                 tx.release(slot);
                 continue;
             };
+            if gathered {
+                let trailer = g.trailer();
+                let Some(dst) = buf.get_mut(trailer_at..trailer_at + trailer.len()) else {
+                    pin_scratch.clear();
+                    tx.release(slot);
+                    continue;
+                };
+                dst.copy_from_slice(trailer);
+                let tl = trailer.len();
+                if tx.post_chain(
+                    slot,
+                    start,
+                    head_end - start,
+                    &pieces[..n],
+                    Some((trailer_at, tl)),
+                ) {
+                    tx.pin(slot, g.segments(), pin_scratch);
+                    posted += 1;
+                    counters.tx_roce += 1;
+                    counters.tx_gathered += 1;
+                } else {
+                    pin_scratch.clear();
+                    counters.tx_no_slot += 1;
+                }
+                continue;
+            }
             let end = TX_HEADROOM + t.len;
             if dst_mac.is_some() {
                 if tx.post(slot, start, end - start) {
                     posted += 1;
-                    self.counters.tx_roce += 1;
+                    counters.tx_roce += 1;
+                } else {
+                    counters.tx_no_slot += 1;
                 }
                 continue;
             }
-            let action = self.neigh.queue(t.dst_ip, &buf[start..end], now);
+            let action = neigh.queue(t.dst_ip, &buf[start..end], now);
             tx.release(slot);
             if let Action::Probe(ip) = action {
                 self.probe(ip);
@@ -803,25 +959,55 @@ impl VfioLink {
             )));
         }
         let mut pieces = [DmaPiece { iova: 0, len: 0 }; MAX_CHAIN];
+        let mut n = 0;
         let mut total = 0usize;
-        for (p, s) in pieces.iter_mut().zip(payload) {
-            let m = self.mrs.get(&s.lkey).ok_or_else(|| VfioError::UnknownMr {
-                device: name.clone(),
-                lkey: s.lkey,
-            })?;
-            if gpu_p2p::check_range(s.offset, s.len as usize, m.memory().len()).is_err() {
+        for s in payload {
+            let Some((_, va)) = self.mrs.region_bytes(s.lkey, s.offset, s.len as usize) else {
+                if !self.mrs.contains(s.lkey) {
+                    return Err(VfioError::UnknownMr {
+                        device: name.clone(),
+                        lkey: s.lkey,
+                    });
+                }
                 return Err(config(format!(
                     "{} bytes at offset {} lie outside region {:#x}",
                     s.len, s.offset, s.lkey
                 )));
-            }
-            *p = DmaPiece {
-                iova: m.iova() + s.offset as u64,
-                len: s.len,
             };
+            let pin_scratch = &mut self.pin_scratch;
+            let limit = MAX_CHAIN - 2;
+            if self
+                .mrs
+                .translate(va, s.len as usize, &mut pieces[..limit], &mut n, |e| {
+                    pin_scratch.push(e.clone())
+                })
+                .is_none()
+            {
+                self.pin_scratch.clear();
+                return Err(config(format!(
+                    "the payload's pages need more than {limit} descriptors"
+                )));
+            }
             total += s.len as usize;
         }
-        let pieces = &pieces[..payload.len()];
+        let pieces = &pieces[..n];
+        let r = self.post_gather(route, transport, payload, pieces, total);
+        // The extents go into the slot when posted; on an error nothing may keep them.
+        self.pin_scratch.clear();
+        r
+    }
+
+    /// The rest of [`VfioLink::send_gather`], once the payload's pieces are known.
+    fn post_gather(
+        &mut self,
+        route: &crate::engine::Transmit,
+        transport: &TransportRepr,
+        payload: &[MrSlice],
+        pieces: &[DmaPiece],
+        total: usize,
+    ) -> Result<(), VfioError> {
+        let name = self.name().to_owned();
+        let config = |what: String| VfioError::Config { what };
         let pad = usize::from(roce::mtu::pad_cnt(total));
         let mut t = *transport;
         t.bth.pad_cnt = pad as u8;
@@ -850,8 +1036,14 @@ impl VfioLink {
         };
         let src_mac = self.me.mac;
         let queue_size = self.nic.queue_sizes().1;
-        let mrs = &self.mrs;
-        let q = self.nic.tx();
+        let VfioLink {
+            nic,
+            mrs,
+            pin_scratch,
+            counters,
+            ..
+        } = self;
+        let q = nic.tx();
         let slot_size = q.slot_size();
         let Some((slot, buf)) = q.take_slot() else {
             return Err(VfioError::TxRingFull {
@@ -874,7 +1066,7 @@ impl VfioLink {
             // The ICRC covers the payload: read it (in cache-sized pieces), never copy it out.
             let mut chunk = [0u8; 2048];
             for s in payload {
-                let mem = mrs.get(&s.lkey)?.memory();
+                let mem = mrs.region_bytes(s.lkey, s.offset, s.len as usize)?.0;
                 let mut done = 0usize;
                 while done < s.len as usize {
                     let n = (s.len as usize - done).min(chunk.len());
@@ -885,7 +1077,7 @@ impl VfioLink {
             }
             let zeros = [0u8; 3];
             h.update(&zeros[..pad]);
-            let trailer_at = slot_size - 8;
+            let trailer_at = slot_size - TX_TRAILER_ROOM;
             let trailer = buf.get_mut(trailer_at..trailer_at + pad + icrc::ICRC_LEN)?;
             trailer[..pad].fill(0);
             trailer[pad..].copy_from_slice(&icrc::to_wire(h.finalize()));
@@ -910,7 +1102,9 @@ impl VfioLink {
                 queue_size,
             });
         }
-        self.counters.tx_roce += 1;
+        q.pin(slot, std::iter::empty(), pin_scratch);
+        counters.tx_roce += 1;
+        counters.tx_gathered += 1;
         Ok(())
     }
 
@@ -1105,12 +1299,12 @@ impl crate::link::Link for VfioLink {
         delivered >= self.rx_burst
     }
 
-    /// The engine builds each packet into a transmit slot in DMA memory
-    /// ([`SoftHca::poll_transmit`]: one copy of the payload, MR memory into the slot).
+    /// The engine builds each packet's headers into a transmit slot in DMA memory
+    /// ([`SoftHca::poll_transmit_gather`]); a payload in registered memory is not copied: the
+    /// chain's payload descriptors point at its IOVAs (see `VfioLink::transmit_gather`).
     fn build(&mut self, engine: &mut SoftHca, now: Instant) -> (usize, bool) {
         let link_now = self.now();
-        self.nic.tx().reclaim();
-        self.transmit_with(link_now, |buf| engine.poll_transmit(now, buf))
+        self.transmit_gather(link_now, |buf| engine.poll_transmit_gather(now, buf))
     }
 
     /// Frames posted to the transmit ring and not yet published ([`crate::link::Link::flush`] publishes
@@ -1155,22 +1349,20 @@ impl crate::link::Link for VfioLink {
 
     const MAPS_MEMORY: bool = true;
 
-    fn map_memory(&mut self, lkey: u32, memory: &Arc<HostMemory>) -> Result<(), VfioError> {
-        let mapped = MappedMemory::new(self.nic.container().clone(), memory.clone())?;
-        self.mrs.insert(lkey, mapped);
-        Ok(())
+    /// Maps the pages of the region's bytes into the IOMMU, device-read-only, `mlock`ed unless
+    /// the memory is locked already; pages shared with other registrations are mapped once and
+    /// counted (module `mr_map`). Memory without a host address is not mapped.
+    fn map_memory(
+        &mut self,
+        lkey: u32,
+        memory: &Arc<dyn Memory>,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), VfioError> {
+        self.map_region(lkey, memory, offset, len)
     }
 
     fn unmap_memory(&mut self, lkey: u32) -> Result<Option<(u64, u64)>, VfioError> {
-        if !self.mrs.contains_key(&lkey) {
-            return Ok(None);
-        }
-        self.drain_zero_copy(lkey)?;
-        let Some(mapped) = self.mrs.remove(&lkey) else {
-            return Ok(None);
-        };
-        let range = (mapped.iova(), mapped.len());
-        mapped.unmap()?;
-        Ok(Some(range))
+        self.unmap_region(lkey)
     }
 }

@@ -95,6 +95,7 @@ mod dma;
 mod error;
 mod frame;
 mod link;
+mod mr_map;
 mod neigh;
 mod net;
 mod pci;

@@ -61,6 +61,10 @@ const MAX_L2_HEADER: usize = 18;
 /// header, an IPv6 header and a UDP header. The engine builds the UDP payload right after them.
 pub(crate) const TX_HEADROOM: usize = NET_HDR_LEN + 14 + 40 + 8;
 
+/// Bytes at the end of every transmit slot for the trailer of a gathered frame (pad and ICRC,
+/// at most 3 + 4), after [`NetConfig::tx_payload_room`].
+pub(crate) const TX_TRAILER_ROOM: usize = 8;
+
 /// Queue and buffer sizes of a [`VirtioNet`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NetConfig {
@@ -147,14 +151,31 @@ pub(crate) struct TxQueue {
     slot_size: usize,
     slot_iova: u64,
     free_slots: Vec<u16>,
-    /// Slots whose posted chain points into registered memory (not only the slot).
-    zero_copy_slot: Vec<bool>,
-    /// Chains pointing into registered memory that the device has not returned.
-    zero_copy_outstanding: u16,
+    /// Per slot: what its posted chain points into, kept alive (and mapped) until the device
+    /// returns the chain in the used ring.
+    pins: Vec<SlotPins>,
     frames_posted: u64,
     bytes_posted: u64,
     zero_copy: u64,
     ring_full: u64,
+}
+
+/// What a posted gather chain points into: the engine's payload segments (each holds an `Arc` of
+/// its memory) and the IOMMU extents of their pages. Preallocated per slot; cleared (not freed)
+/// when the device returns the chain.
+#[derive(Debug, Default)]
+pub(crate) struct SlotPins {
+    segments: Vec<crate::engine::TxSegment>,
+    extents: Vec<std::sync::Arc<super::dma::MrExtent>>,
+}
+
+impl SlotPins {
+    fn with_capacity() -> SlotPins {
+        SlotPins {
+            segments: Vec::with_capacity(crate::engine::MAX_TX_SEGMENTS),
+            extents: Vec::with_capacity(MAX_CHAIN),
+        }
+    }
 }
 
 /// A piece of a frame that lies in other IOMMU-mapped memory.
@@ -170,23 +191,40 @@ impl TxQueue {
     /// Takes back the slots of frames the device has sent.
     pub(crate) fn reclaim(&mut self) {
         while let Some(u) = self.q.pop_used(&self.mem) {
-            if let Some(zc) = self.zero_copy_slot.get_mut(usize::from(u.token)) {
-                if std::mem::take(zc) {
-                    self.zero_copy_outstanding -= 1;
-                }
+            // The device is done with the chain: its memory and mappings may go now.
+            if let Some(p) = self.pins.get_mut(usize::from(u.token)) {
+                p.segments.clear();
+                p.extents.clear();
             }
             self.free_slots.push(u.token);
         }
     }
 
-    /// Chains pointing into registered memory that the device may still read.
-    pub(crate) fn zero_copy_outstanding(&self) -> u16 {
-        self.zero_copy_outstanding
-    }
-
     /// Bytes of a slot.
     pub(crate) fn slot_size(&self) -> usize {
         self.slot_size
+    }
+
+    /// Descriptors free (a chain of `n` pieces needs `n`).
+    pub(crate) fn free_descriptors(&self) -> usize {
+        self.q.free_descriptors()
+    }
+
+    /// Keeps `segments` and the extents in `extents` (drained) alive until the device returns
+    /// the chain posted from `slot`. Call right after a successful [`TxQueue::post_chain`] and
+    /// before the next publication. Does not allocate (the slot's vectors hold a whole chain).
+    pub(crate) fn pin<'a>(
+        &mut self,
+        slot: u16,
+        segments: impl Iterator<Item = &'a crate::engine::TxSegment>,
+        extents: &mut Vec<std::sync::Arc<super::dma::MrExtent>>,
+    ) {
+        if let Some(p) = self.pins.get_mut(usize::from(slot)) {
+            p.segments.extend(segments.cloned());
+            p.extents.append(extents);
+        } else {
+            extents.clear();
+        }
     }
 
     /// Takes a free slot (reclaiming sent ones first if none is free) and returns it with its
@@ -290,10 +328,6 @@ impl TxQueue {
         self.bytes_posted += total as u64;
         if !pieces.is_empty() {
             self.zero_copy += 1;
-            if let Some(zc) = self.zero_copy_slot.get_mut(usize::from(slot)) {
-                *zc = true;
-                self.zero_copy_outstanding += 1;
-            }
         }
         true
     }
@@ -565,8 +599,11 @@ impl VirtioNet {
         let size = Self::queue_size(transport, dev.name(), TX_QUEUE, config.tx_queue_size)?;
         let layout = Layout::new(size, 0);
         let slot_base = layout.len();
-        let slot_size =
-            round_up((TX_HEADROOM + config.tx_payload_room) as u64, 64).unwrap_or(0) as usize;
+        let slot_size = round_up(
+            (TX_HEADROOM + config.tx_payload_room + TX_TRAILER_ROOM) as u64,
+            64,
+        )
+        .unwrap_or(0) as usize;
         let total = slot_base + usize::from(size) * slot_size;
         let mut mem = DmaRegion::new(dev.container().clone(), total)?;
         let ring_ro = mem.map(0, layout.read_only_len, true, false)?;
@@ -591,8 +628,7 @@ impl VirtioNet {
             slot_size,
             slot_iova,
             free_slots: (0..size).rev().collect(),
-            zero_copy_slot: vec![false; usize::from(size)],
-            zero_copy_outstanding: 0,
+            pins: (0..size).map(|_| SlotPins::with_capacity()).collect(),
             frames_posted: 0,
             bytes_posted: 0,
             zero_copy: 0,

@@ -458,6 +458,32 @@ pub(crate) unsafe fn dma_map(
     .map(|_| ())
 }
 
+/// mlock(2) of the pages of `[addr, addr + len)` (page-aligned): they stay in RAM (no swap-out)
+/// until [`munlock`].
+///
+/// # Errors
+/// ENOMEM / EPERM past `RLIMIT_MEMLOCK`, ENOMEM for a range not mapped in this process.
+pub(crate) fn mlock(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: mlock(2) reads no memory through the pointer; it fails with ENOMEM for a range
+    // this process has not mapped.
+    if unsafe { libc::mlock(addr as *const libc::c_void, len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// munlock(2) of the pages of `[addr, addr + len)`.
+///
+/// # Errors
+/// ENOMEM for a range not mapped in this process.
+pub(crate) fn munlock(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: as for `mlock`.
+    if unsafe { libc::munlock(addr as *const libc::c_void, len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `VFIO_IOMMU_UNMAP_DMA` of `[iova, iova + size)`; returns the bytes the kernel unmapped (0
 /// when nothing was mapped there).
 pub(crate) fn dma_unmap(container: &Fd, iova: u64, size: u64) -> io::Result<u64> {

@@ -135,6 +135,9 @@ pub(crate) struct World {
     pub(crate) devices: Vec<FakeNet>,
     /// Frames transmitted: (device index, frame without the virtio-net header).
     pub(crate) wire: Vec<(usize, Vec<u8>)>,
+    /// The descriptor chain of each frame in `wire`, as the device read it: (device index,
+    /// (IOVA, length) per descriptor).
+    pub(crate) tx_chains: Vec<(usize, Vec<(u64, u32)>)>,
     /// Forward transmitted frames to every other device.
     pub(crate) hub: bool,
     /// Device accesses outside the IOMMU mappings (or against their permission).
@@ -148,6 +151,9 @@ pub(crate) struct World {
     iommu_set: BTreeMap<u32, u32>,
     /// Eventfd counters.
     eventfds: BTreeMap<u32, u64>,
+    /// Pages locked with `mlock`: page address -> times locked without an unlock (the real
+    /// kernel does not count; the fake does, so that tests see unbalanced calls).
+    pub(crate) locked_pages: BTreeMap<usize, u32>,
 }
 
 impl Default for World {
@@ -159,6 +165,7 @@ impl Default for World {
             groups: BTreeMap::new(),
             devices: Vec::new(),
             wire: Vec::new(),
+            tx_chains: Vec::new(),
             hub: false,
             iommu_faults: 0,
             leaked_mappings: 0,
@@ -167,6 +174,7 @@ impl Default for World {
             iommu: BTreeMap::new(),
             iommu_set: BTreeMap::new(),
             eventfds: BTreeMap::new(),
+            locked_pages: BTreeMap::new(),
         }
     }
 }
@@ -423,6 +431,7 @@ impl World {
                 return;
             };
             let mut bytes = Vec::new();
+            let descriptors: Vec<(u64, u32)> = chain.iter().map(|&(a, l, _)| (a, l)).collect();
             for (iova, len, writes) in chain {
                 if writes {
                     self.devices[dev].status |= 0x40;
@@ -440,6 +449,7 @@ impl World {
             }
             let frame = bytes.split_off(12);
             self.wire.push((dev, frame.clone()));
+            self.tx_chains.push((dev, descriptors));
             if self.hub {
                 for other in 0..self.devices.len() {
                     if other != dev {
@@ -956,6 +966,56 @@ pub(crate) fn dma_unmap(container: &Fd, iova: u64, size: u64) -> io::Result<u64>
             total += maps.remove(&s).map_or(0, |m| m.size);
         }
         Ok(total)
+    })
+}
+
+/// Records the lock of every page of `[addr, addr + len)` (page-aligned).
+pub(crate) fn mlock(addr: usize, len: usize) -> io::Result<()> {
+    if addr % 4096 != 0 || len % 4096 != 0 {
+        return Err(err(libc::EINVAL));
+    }
+    with(|w| {
+        for page in (addr..addr + len).step_by(4096) {
+            *w.locked_pages.entry(page).or_default() += 1;
+        }
+        Ok(())
+    })
+}
+
+/// Removes the lock of every page of `[addr, addr + len)`.
+pub(crate) fn munlock(addr: usize, len: usize) -> io::Result<()> {
+    with(|w| {
+        for page in (addr..addr + len).step_by(4096) {
+            if let Some(n) = w.locked_pages.get_mut(&page) {
+                *n -= 1;
+                if *n == 0 {
+                    w.locked_pages.remove(&page);
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Bytes of `[addr, addr + len)` the fake's IOMMU maps for device `dev`, and whether each
+/// mapped byte is device-writable (`(mapped, writable)`).
+pub(crate) fn mapped_bytes(dev: usize, addr: usize, len: usize) -> (usize, usize) {
+    with(|w| {
+        let Some(c) = w.container_of(dev) else {
+            return (0, 0);
+        };
+        let (mut mapped, mut writable) = (0, 0);
+        for m in w.iommu.get(&c).into_iter().flat_map(|m| m.values()) {
+            let s = m.vaddr.max(addr);
+            let e = (m.vaddr + m.size as usize).min(addr + len);
+            if s < e {
+                mapped += e - s;
+                if m.write {
+                    writable += e - s;
+                }
+            }
+        }
+        (mapped, writable)
     })
 }
 

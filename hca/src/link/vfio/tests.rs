@@ -631,6 +631,200 @@ fn rc_send_write_read(ipv6: bool) {
     } else {
         assert!(c.rx_arp >= 1 && c.neighbours.probes_sent >= 1, "{c:?}");
     }
+    // A built its SEND and WRITE before B's MAC was known: they waited as bytes (copied). The
+    // READ response left B straight from its registered memory: the device read it through
+    // descriptors pointing at the region's IOVAs.
+    let cb = b.link.counters();
+    assert_eq!(c.tx_gathered, 0, "{c:?}");
+    assert_eq!(
+        c.tx_gather_copied,
+        a.hca.counters().tx_gathered_pkts,
+        "{c:?}"
+    );
+    assert_eq!(cb.tx_gathered, 5, "{cb:?}");
+    assert_eq!(cb.nic.tx_zero_copy, cb.tx_gathered);
+    assert_eq!(chains_into(1, &b), 5);
+}
+
+/// Frames device `dev` sent as [slot] -> [one descriptor into `s`'s region] -> [slot].
+fn chains_into(dev: usize, s: &Side) -> usize {
+    let (iova, len) = s.link.mr_dma_range(s.mr.lkey()).unwrap();
+    let inside = |a: u64, l: u32| a >= iova && a + u64::from(l) <= iova + len;
+    fake::with(|w| {
+        w.tx_chains
+            .iter()
+            .filter(|(d, c)| *d == dev && c.len() == 3 && inside(c[1].0, c[1].1))
+            .count()
+    })
+}
+
+fn post_write(s: &mut Side, wr_id: u64, offset: u64, len: u32, remote: u64, rkey: u32) {
+    let sge = [Sge {
+        addr: s.mr.iova() + offset,
+        length: len,
+        lkey: s.mr.lkey(),
+    }];
+    s.hca
+        .post_send(
+            s.qpn,
+            &SendWr {
+                wr_id,
+                sg_list: &sge,
+                op: SendOp::RdmaWrite {
+                    remote_addr: remote,
+                    rkey,
+                },
+                send_flags: SendFlags::SIGNALED,
+            },
+        )
+        .unwrap();
+}
+
+#[test]
+fn engine_payloads_leave_straight_from_registered_memory() {
+    let (mut a, mut b) = pair(false);
+    a.link.add_static_neighbour(IpAddr::V4(IP_B), MAC_B);
+    b.link.add_static_neighbour(IpAddr::V4(IP_A), MAC_A);
+    let data = pattern(3000, 5);
+    a.mem.write(8192, &data).unwrap();
+    let (remote, rkey) = (b.mr.iova() + 50_000, b.mr.rkey());
+    post_write(&mut a, 1, 8192, 3000, remote, rkey);
+    let wa = run(&mut a, &mut b, false, 1);
+    assert_eq!((wa[0].wr_id, wa[0].status), (1, WcStatus::Success));
+    let mut got = vec![0; 3000];
+    b.mem.read(50_000, &mut got).unwrap();
+    assert_eq!(got, data);
+    // Three packets (PMTU 1024), each a chain of three descriptors: headers in the slot, the
+    // payload at its IOVA in A's region (offset 8192 + 1024 k), pad + ICRC in the slot.
+    let c = a.link.counters();
+    assert_eq!((c.tx_gathered, c.tx_gather_copied), (3, 0), "{c:?}");
+    assert_eq!(chains_into(0, &a), 3);
+    let (iova, _) = a.link.mr_dma_range(a.mr.lkey()).unwrap();
+    let payload: Vec<(u64, u32)> = fake::with(|w| {
+        w.tx_chains
+            .iter()
+            .filter(|(d, _)| *d == 0)
+            .map(|(_, c)| c[1])
+            .collect()
+    });
+    assert_eq!(
+        payload,
+        [
+            (iova + 8192, 1024),
+            (iova + 8192 + 1024, 1024),
+            (iova + 8192 + 2048, 952)
+        ]
+    );
+    assert_eq!(b.hca.counters().total_drops(), 0, "{:?}", b.hca.counters());
+    assert_eq!(fake::with(|w| w.iommu_faults), 0);
+}
+
+#[test]
+fn a_full_ring_holds_gathered_packets_back_without_loss() {
+    let (mut a, mut b) = pair(false);
+    a.link.add_static_neighbour(IpAddr::V4(IP_B), MAC_B);
+    b.link.add_static_neighbour(IpAddr::V4(IP_A), MAC_A);
+    fake::with(|w| w.devices[0].faults.stall_tx = true);
+    // 40 WRITEs of 4 KiB: 160 packets of three descriptors each, more than the 256-entry ring
+    // holds (85 chains).
+    let data = pattern(40 * 4096, 7);
+    a.mem.write(0, &data).unwrap();
+    let (base, rkey) = (b.mr.iova(), b.mr.rkey());
+    for i in 0..40u64 {
+        post_write(&mut a, i, i * 4096, 4096, base + 400_000 + i * 4096, rkey);
+    }
+    for _ in 0..10 {
+        a.link.poll(&mut a.hca).unwrap();
+    }
+    let c = a.link.counters();
+    let held = a.link.tx_outstanding();
+    assert!(held >= 85, "{held} chains in the ring");
+    assert!(c.nic.tx_ring_full > 0, "{c:?}");
+    assert_eq!(fake::with(|w| w.wire.len()), 0);
+    // The device resumes: everything arrives, nothing was dropped or sent twice.
+    fake::with(|w| w.devices[0].faults.stall_tx = false);
+    fake::with(|w| w.devices[0].faults.no_notify = true); // processed on the next MMIO access
+    a.link.check_status().unwrap();
+    let wa = run(&mut a, &mut b, false, 40);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    let mut got = vec![0; data.len()];
+    b.mem.read(400_000, &mut got).unwrap();
+    assert_eq!(got, data);
+    let c = a.link.counters();
+    assert_eq!(c.tx_gathered + c.tx_gather_copied, 160, "{c:?}");
+    assert!(c.tx_gathered >= 85, "{c:?}");
+    assert_eq!(a.hca.counters().total_drops(), 0);
+    assert_eq!(fake::with(|w| w.iommu_faults), 0);
+}
+
+#[test]
+fn memory_without_a_host_address_is_registered_unmapped_and_sent_by_copy() {
+    #[derive(Debug)]
+    struct Opaque(HostMemory);
+    impl Memory for Opaque {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn kind(&self) -> gpu_p2p::MemoryKind {
+            gpu_p2p::MemoryKind::Host
+        }
+        fn read(&self, o: usize, d: &mut [u8]) -> Result<(), gpu_p2p::MemoryError> {
+            self.0.read(o, d)
+        }
+        fn write(&self, o: usize, s: &[u8]) -> Result<(), gpu_p2p::MemoryError> {
+            self.0.write(o, s)
+        }
+        fn compare_swap(&self, o: usize, c: u64, s: u64) -> Result<u64, gpu_p2p::MemoryError> {
+            self.0.compare_swap(o, c, s)
+        }
+        fn fetch_add(&self, o: usize, a: u64) -> Result<u64, gpu_p2p::MemoryError> {
+            self.0.fetch_add(o, a)
+        }
+    }
+    let (mut a, mut b) = pair(false);
+    a.link.add_static_neighbour(IpAddr::V4(IP_B), MAC_B);
+    let opaque = Arc::new(Opaque(HostMemory::new(8192).unwrap()));
+    let data = pattern(2000, 11);
+    opaque.write(0, &data).unwrap();
+    let mr = a
+        .link
+        .reg_mr(
+            &mut a.hca,
+            a.pd,
+            opaque.clone(),
+            0x9000_0000,
+            AccessFlags::LOCAL_WRITE,
+        )
+        .unwrap();
+    assert_eq!(a.link.mr_dma_range(mr.lkey()), None, "nothing to map");
+    let sge = [Sge {
+        addr: mr.iova(),
+        length: 2000,
+        lkey: mr.lkey(),
+    }];
+    a.hca
+        .post_send(
+            a.qpn,
+            &SendWr {
+                wr_id: 4,
+                sg_list: &sge,
+                op: SendOp::RdmaWrite {
+                    remote_addr: b.mr.iova(),
+                    rkey: b.mr.rkey(),
+                },
+                send_flags: SendFlags::SIGNALED,
+            },
+        )
+        .unwrap();
+    let wa = run(&mut a, &mut b, false, 1);
+    assert_eq!(wa[0].status, WcStatus::Success);
+    let mut got = vec![0; 2000];
+    b.mem.read(0, &mut got).unwrap();
+    assert_eq!(got, data);
+    let c = a.link.counters();
+    assert_eq!((c.tx_gathered, c.tx_gather_copied), (0, 0), "{c:?}");
+    assert!(a.hca.counters().tx_copied_pkts >= 2);
+    assert_eq!(a.link.dereg_mr(&mut a.hca, mr.lkey()).unwrap(), None);
 }
 
 #[test]
@@ -649,8 +843,19 @@ fn a_deregistered_region_is_unmapped_and_remote_writes_to_it_are_naked() {
     let (rkey, lkey, iova) = (b.mr.rkey(), b.mr.lkey(), b.mr.iova());
     let (dma, len) = b.link.mr_dma_range(lkey).unwrap();
     assert_eq!(len, MR_LEN as u64);
-    let (unmapped, unmapped_len) = b.link.dereg_mr(&mut b.hca, lkey).unwrap();
+    let va = b.mem.host_ptr().unwrap().as_ptr().as_ptr() as usize;
+    assert_eq!(
+        fake::mapped_bytes(1, va, MR_LEN),
+        (MR_LEN, 0),
+        "mapped whole, read-only for the device"
+    );
+    let (unmapped, unmapped_len) = b.link.dereg_mr(&mut b.hca, lkey).unwrap().unwrap();
     assert_eq!((unmapped, unmapped_len), (dma, len));
+    assert_eq!(
+        fake::mapped_bytes(1, va, MR_LEN),
+        (0, 0),
+        "no page left mapped"
+    );
     assert_eq!(b.link.mr_dma_range(lkey), None);
     assert_eq!(
         b.link.iommu_probe_unmapped(dma, len).unwrap(),
@@ -683,6 +888,11 @@ fn a_deregistered_region_is_unmapped_and_remote_writes_to_it_are_naked() {
     let mut got = vec![0; 512];
     b.mem.read(0, &mut got).unwrap();
     assert_eq!(got, vec![0; 512], "the deregistered memory is untouched");
+    assert_eq!(
+        fake::with(|w| w.iommu_faults),
+        0,
+        "nothing DMA'd outside a mapping"
+    );
     assert!(matches!(
         b.link.dereg_mr(&mut b.hca, lkey),
         Err(VfioError::UnknownMr { .. })
@@ -779,12 +989,12 @@ fn a_gathered_send_points_its_descriptors_at_registered_memory() {
         Err(VfioError::UnknownMr { .. })
     ));
     // Deregistration waits for the device to have sent everything that points into the region.
-    a.link.dereg_mr(&mut a.hca, lkey).unwrap();
+    a.link.dereg_mr(&mut a.hca, lkey).unwrap().unwrap();
     assert_eq!(fake::with(|w| w.iommu_faults), 0);
 }
 
 #[test]
-fn deregistration_refuses_while_the_device_still_reads_the_region() {
+fn deregistration_keeps_the_mapping_while_the_device_still_reads_the_region() {
     use roce::bth;
     use roce::opcode::Opcode;
     use roce::packet::{ExtReprs, TransportRepr};
@@ -816,10 +1026,20 @@ fn deregistration_refuses_while_the_device_still_reads_the_region() {
         .send_gather(&transmit_to(IP_B), &transport, &slice)
         .unwrap();
     a.link.flush().unwrap();
+    let va = a.mem.host_ptr().unwrap().as_ptr().as_ptr() as usize;
     let e = a.link.dereg_mr(&mut a.hca, lkey).unwrap_err();
     assert!(matches!(e, VfioError::RegionBusy { .. }), "{e}");
-    // Still registered and mapped.
-    assert!(a.link.mr_dma_range(lkey).is_some());
+    // The keys are gone, but the pages stay mapped while the device holds the descriptor.
+    assert_eq!(a.link.mr_dma_range(lkey), None);
+    assert_eq!(fake::mapped_bytes(0, va, MR_LEN).0, MR_LEN);
+    // The device resumes and returns the chain: the next round unmaps, without a fault.
+    fake::with(|w| w.devices[0].faults.stall_tx = false);
+    fake::with(|w| w.devices[0].faults.no_notify = true);
+    a.link.check_status().unwrap();
+    a.link.poll(&mut a.hca).unwrap();
+    assert_eq!(fake::mapped_bytes(0, va, MR_LEN).0, 0);
+    assert_eq!(fake::with(|w| w.iommu_faults), 0);
+    assert_eq!(fake::with(|w| w.wire.len()), 1);
 }
 
 #[test]
