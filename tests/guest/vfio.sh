@@ -19,6 +19,8 @@
 # data checked (and read back with RDMA READ); the negative case (the server deregisters its region, which unmaps it from the IOMMU and
 # asks the kernel that nothing is left there; the client's WRITE must complete with REM_ACCESS_ERR and the
 # server must see IBV_EVENT_QP_ACCESS_ERR); and the driver's refusal of a NIC not bound to vfio-pci.
+# The tools' cells run with --stats and also require the link's tx_gathered counter to be positive (packets
+# whose payload descriptors pointed straight into IOMMU-mapped registered memory), except read-bw as client.
 # A pcap of NIC B's hub port (QEMU filter-dump) is checked with tshark.
 #
 # Environment: ROCE_GUEST_CACHE (as setup.sh), ROCE_VFIO_JOB_SECS (bound on the guest's job, 900),
@@ -67,7 +69,7 @@ cell "negative:write-after-dereg" \
 # The tools on the VFIO link (hca's SoftDevice over VfioLink, its progress engine and verbs API),
 # against rdma-core's and perftest's tools on rxe0, in both roles. rdma-pingpong -c checks the data.
 for role in client server; do
-    tool="$RP --rc --link vfio:$A1 --vfio-ip $A1_IP -g 2 -m 1024 -s 4096 -n 20 -c"
+    tool="$RP --rc --link vfio:$A1 --vfio-ip $A1_IP -g 2 -m 1024 -s 4096 -n 20 -c --stats"
     peer="ibv_rc_pingpong -d rxe0 -g 1 -m 1024 -s 4096 -n 20 -c"
     if [ $role = client ]; then
         cell "rdma-pingpong:vfio-client:ipv4" "$peer" "$tool --timeout 40"
@@ -77,9 +79,9 @@ for role in client server; do
 done
 cell "rdma-pingpong:vfio-client:ipv4:msix" \
     "ibv_rc_pingpong -d rxe0 -g 1 -m 4096 -s 8192 -n 20 -c" \
-    "$RP --rc --link vfio:$A1 --vfio-ip $A1_IP --vfio-interrupts --progress thread -g 2 -m 4096 -s 8192 -n 20 -c --timeout 40"
+    "$RP --rc --link vfio:$A1 --vfio-ip $A1_IP --vfio-interrupts --progress thread -g 2 -m 4096 -s 8192 -n 20 -c --stats --timeout 40"
 for t in write read send; do
-    perf="$RPERF $t-bw --link vfio:$A1 --vfio-ip $A1_IP -x 2 -s 65536 -n 100"
+    perf="$RPERF $t-bw --link vfio:$A1 --vfio-ip $A1_IP -x 2 -s 65536 -n 100 --stats"
     ref="ib_${t}_bw -d rxe0 -x 1 -s 65536 -n 100"
     cell "rdma-perf:$t-bw:vfio-client:ipv4" "$ref" "$perf --timeout 60"
     cell "rdma-perf:$t-bw:vfio-server:ipv4" "$perf --timeout 90" "$ref"
@@ -238,6 +240,22 @@ R="$RG_RUN/sides/g/result.log"
 role_cell() {  # NAME ROLE: the @@CELL line of that role
     awk -v n="$1" -v r="role=$2" '$1 == "@@CELL" && $2 == n && $3 == r {print; exit}' "$R"
 }
+# gather_check NAME: for the tools' cells (run with --stats), the link counters' tx_gathered and
+# tx_gather_copied as " gathered=N copied=M"; fails (rc 1) when the VFIO side sent no packet as a
+# descriptor chain into registered memory, except in read-bw:vfio-client, where the payload flows
+# from rxe to the driver (its READ requests carry none).
+gather_check() {
+    local out g c
+    out="$(rg_side_output g "$1" | grep -m1 '^link: ' || true)"
+    g="$(sed -n 's/.*tx_gathered: \([0-9]*\).*/\1/p' <<<"$out")"
+    c="$(sed -n 's/.*tx_gather_copied: \([0-9]*\).*/\1/p' <<<"$out")"
+    echo " gathered=${g:-?} copied=${c:-?}"
+    case "$1" in
+        rdma-perf:read-bw:vfio-client:*) return 0 ;;
+        rdma-*) [ "${g:-0}" -gt 0 ] ;;
+        *) return 0 ;;
+    esac
+}
 if grep -q '^@@VFIO-FAILED' "$R"; then
     rg_row "vfio-bind" FAIL "$(grep -m1 '^@@VFIO-FAILED' "$R")"
 elif grep -q '^@@VFIO bound' "$R"; then
@@ -251,7 +269,15 @@ for c in "${CELLS[@]+"${CELLS[@]}"}"; do
     if [ -z "$s" ] || [ -z "$k" ]; then
         rg_row "$name" FAIL "no result from the ${s:+client}${k:+server}${s:-${k:-server and client}} side"
     elif [ "$(rg_field rc "$s")" = 0 ] && [ "$(rg_field rc "$k")" = 0 ]; then
-        rg_row "$name" PASS "$(rg_field secs "$k")s: $(rg_summary g "$name")"
+        if [[ "$name" == rdma-* ]]; then
+            if note="$(gather_check "$name")"; then
+                rg_row "$name" PASS "$(rg_field secs "$k")s:$note; $(rg_summary g "$name" | cut -c1-60)"
+            else
+                rg_row "$name" FAIL "no packet left as a gather chain from registered memory:$note"
+            fi
+        else
+            rg_row "$name" PASS "$(rg_field secs "$k")s: $(rg_summary g "$name")"
+        fi
     else
         rg_row "$name" FAIL "server rc=$(rg_field rc "$s"), client rc=$(rg_field rc "$k"): $(rg_reason g "$name")"
     fi
