@@ -20,7 +20,7 @@
 # asks the kernel that nothing is left there; the client's WRITE must complete with REM_ACCESS_ERR and the
 # server must see IBV_EVENT_QP_ACCESS_ERR); and the driver's refusal of a NIC not bound to vfio-pci.
 # The tools' cells run with --stats and also require the link's tx_gathered counter to be positive (packets
-# whose payload descriptors pointed straight into IOMMU-mapped registered memory), except read-bw as client.
+# whose payload descriptors pointed straight into IOMMU-mapped registered memory) where the driver sends payload.
 # A pcap of NIC B's hub port (QEMU filter-dump) is checked with tshark.
 #
 # Environment: ROCE_GUEST_CACHE (as setup.sh), ROCE_VFIO_JOB_SECS (bound on the guest's job, 900),
@@ -242,8 +242,9 @@ role_cell() {  # NAME ROLE: the @@CELL line of that role
 }
 # gather_check NAME: for the tools' cells (run with --stats), the link counters' tx_gathered and
 # tx_gather_copied as " gathered=N copied=M"; fails (rc 1) when the VFIO side sent no packet as a
-# descriptor chain into registered memory, except in read-bw:vfio-client, where the payload flows
-# from rxe to the driver (its READ requests carry none).
+# descriptor chain into registered memory, except where the payload flows from rxe to the driver:
+# read-bw as client (its READ requests carry none), write-bw and send-bw as server (perftest's server
+# only receives).
 gather_check() {
     local out g c
     out="$(rg_side_output g "$1" | grep -m1 '^link: ' || true)"
@@ -251,7 +252,7 @@ gather_check() {
     c="$(sed -n 's/.*tx_gather_copied: \([0-9]*\).*/\1/p' <<<"$out")"
     echo " gathered=${g:-?} copied=${c:-?}"
     case "$1" in
-        rdma-perf:read-bw:vfio-client:*) return 0 ;;
+        rdma-perf:read-bw:vfio-client:* | rdma-perf:write-bw:vfio-server:* | rdma-perf:send-bw:vfio-server:*) return 0 ;;
         rdma-*) [ "${g:-0}" -gt 0 ] ;;
         *) return 0 ;;
     esac

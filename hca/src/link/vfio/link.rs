@@ -4,12 +4,15 @@
 //! Neighbor Solicitations for its addresses, resolves its peers' MAC addresses (or takes them from
 //! static entries), writes Ethernet/IP/UDP headers around the engine's RoCEv2 UDP payloads and
 //! takes them off received frames. One [`VfioLink::poll`] is one round of progress: a burst of
-//! received frames into the engine, due timers, and everything the engine has to send, built
-//! straight into transmit slots in DMA memory and handed to the device with one notification.
+//! received frames into the engine, due timers, and everything the engine has to send: headers
+//! built straight into transmit slots in DMA memory, payloads left in registered memory and
+//! reached by the chain's descriptors, handed to the device with one notification.
 //!
-//! Memory regions registered through [`VfioLink::reg_mr`] are mapped into the device's IOMMU
-//! context for as long as they are registered, and unmapped on [`VfioLink::dereg_mr`]: the
-//! device can reach registered memory and nothing else besides the link's own rings and buffers.
+//! Memory regions registered through [`VfioLink::reg_mr`] or a device's verbs
+//! ([`crate::link::Link::map_memory`]) have their pages mapped into the device's IOMMU context,
+//! device-read-only, for as long as they are registered, and unmapped on deregistration once no
+//! descriptor points into them: the device can read registered memory and reach nothing else
+//! besides the link's own rings and buffers.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;

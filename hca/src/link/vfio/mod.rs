@@ -77,13 +77,26 @@
 //! notification (skipped while the device sets `VIRTQ_USED_F_NO_NOTIFY`) hands a whole batch to
 //! the device.
 //!
-//! Zero copy: [`VfioLink::send_gather`] sends a packet as a descriptor chain (headers in a slot,
-//! payload descriptors pointing straight into regions that [`VfioLink::reg_mr`] mapped into the
-//! IOMMU, pad and ICRC in the slot); the CPU reads the payload once for the ICRC and copies none
-//! of it, and [`VfioLink::dereg_mr`] waits (bounded) until the device has sent such frames before
-//! it unmaps. The engine's own packets still take one copy, MR memory into the slot (as on the
-//! UDP link): `SoftHca::poll_transmit` fills a buffer; a gather form of it would let the link use
-//! `send_gather` for them too.
+//! Zero copy: every memory region registered over the link (`SoftDevice::reg_mr` /
+//! `reg_mr_range`, also through `dyn Verbs`, and [`VfioLink::reg_mr`]) has its pages mapped
+//! into the IOMMU, device-read-only and `mlock`ed (unless the memory's provider locks it), page
+//! extents shared between registrations mapped once and counted (module `mr_map`); memory
+//! without a host address (GPU device memory) is registered unmapped. The engine builds each
+//! packet with `SoftHca::poll_transmit_gather`: an RC request's or READ response's payload
+//! stays in the region, and the link posts one descriptor chain per packet,
+//! `[virtio-net header + Ethernet/IP/UDP + transport headers, in a slot] -> [payload at the
+//! region's IOVA, one descriptor per IOMMU extent] -> [pad + ICRC, at the slot's end]`; the CPU
+//! reads the payload once (the engine's ICRC) and copies none of it. The slot holds the
+//! payload's memory and extents (`Arc`s) until the device returns the chain in the used ring,
+//! so nothing is unmapped or freed while the device may still read it; deregistration removes
+//! the keys at once and the mapping once the device is done (bounded wait, else
+//! [`VfioError::RegionBusy`] and the mapping goes when the chain comes back). Indirect
+//! descriptors are not negotiated: a chain longer than 16 descriptors or than the free ones
+//! allow, a payload in unmapped memory, or a packet that must wait for ARP / Neighbor Discovery
+//! is copied into its slot instead. A full ring holds packets back in the engine (nothing is
+//! dropped). [`VfioLinkCounters::tx_gathered`] and [`VfioLinkCounters::tx_gather_copied`] count
+//! both ways; UC/UD, inline and GPU payloads are copied by the engine itself.
+//! [`VfioLink::send_gather`] sends a hand-made packet the same way.
 //!
 //! Interrupts, as an option ([`VfioLinkConfig::interrupts`]): MSI-X vector 0 is routed by
 //! `VFIO_DEVICE_SET_IRQS` to an eventfd and assigned to the receive queue; [`VfioLink::wait`]
