@@ -76,6 +76,7 @@ proptest! {
         a_psn in prop_oneof![Just(0xff_ff00u32), 0u32..0x100_0000],
         window in prop_oneof![Just(4u32), Just(32), Just(128)],
         ack_req_every in prop_oneof![Just(1u32), Just(16), Just(64)],
+        ack_delay_us in prop_oneof![Just(0u64), Just(20)],
     ) {
         // Messages up to 1 MiB; 64 KiB at PMTU 256 keeps the packet count of a case bounded.
         let max_len = if pmtu == PathMtu::Mtu256 { 64 << 10 } else { 1 << 20 };
@@ -88,6 +89,7 @@ proptest! {
             config: hca::EngineConfig {
                 max_unacked_psns: window,
                 ack_req_every,
+                ack_delay: Duration::from_micros(ack_delay_us),
                 ..hca::EngineConfig::default()
             },
             ..Opts::default()

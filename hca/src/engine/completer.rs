@@ -421,6 +421,10 @@ impl QpTransport {
     /// Timers: the local ACK timeout and the end of an RNR wait.
     pub(crate) fn on_timer(&mut self, env: &mut Env<'_>) {
         let now = env.now;
+        // A held ACK's wait is over: it goes at the next transmit (`EngineConfig::ack_delay`).
+        if self.resp.ack_due.is_some_and(|t| t <= now) {
+            self.resp.ack_due = None;
+        }
         if self.comp.rnr_until.is_some_and(|t| t <= now) {
             self.comp.rnr_until = None;
             let psn = self.comp.rnr_psn;

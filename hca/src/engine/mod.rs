@@ -118,6 +118,17 @@ pub struct EngineConfig {
     /// Mark data packets ECN-capable (ECT(0), RFC 3168) when the address vector's traffic class
     /// does not choose an ECN codepoint itself, so that switches can signal congestion.
     pub ecn_capable: bool,
+    /// Longest time a plain ACK waits for a request packet of its QP to leave first, so that
+    /// both go out together (the ACK right behind it: one UDP GSO train on a UDP link) and
+    /// requests that arrive meanwhile are acknowledged by the same ACK. Zero (default): an ACK
+    /// goes at the next transmit. Only an ACK that is the QP's sole pending response waits
+    /// (never a NAK, and never behind READ responses); the wait is a timer
+    /// ([`SoftHca::poll_timeout`]). An ACK acknowledges every earlier PSN, so delaying and
+    /// coalescing them is the responder's choice (IBTA vol. 1 §9.7.5, ACK coalescing); keep it
+    /// far below the peer's local ACK timeout (4.096 us x 2^timeout), as QUIC's
+    /// `max_ack_delay` is kept below its PTO. A driver that wakes late for the timer delays the
+    /// ACK further, so a sleeping driver should leave this zero.
+    pub ack_delay: Duration,
     /// DSCP of CNPs (mlx5's `cnp_dscp` defaults to 48).
     pub cnp_dscp: u8,
     /// The UDP source port of every packet, if fixed. `None` (default): per-QP flow entropy
@@ -135,6 +146,7 @@ impl Default for EngineConfig {
             cnp_interval: Duration::from_micros(50),
             max_pending_cnps: 256,
             ecn_capable: true,
+            ack_delay: Duration::ZERO,
             cnp_dscp: 48,
             udp_src_port: None,
         }
@@ -848,13 +860,28 @@ impl SoftHca {
             let result = match self.split(qpn, now) {
                 Some((t, mut env)) => {
                     t.in_ready = false;
-                    let order = if t.resp_turn {
-                        [true, false]
+                    // A plain ACK lets one request packet of its QP go first: the ACK then
+                    // follows it in the same batch, as the shorter last datagram of a UDP GSO
+                    // train (one send and one receive for both), and a request that arrives
+                    // meanwhile is coalesced into it. An ACK acknowledges every PSN before its
+                    // own, so a responder may coalesce them (IBTA vol. 1 §9.7.5, responder
+                    // ACK generation; the module docs of `responder`), and nothing bounds an
+                    // ACK's delay but the requester's local ACK timeout (ch. 9 transport timer),
+                    // which one packet is far below. It yields once per ACK: requests cannot
+                    // starve it.
+                    // Within `EngineConfig::ack_delay` a lone plain ACK waits for one.
+                    let held = t.ack_held(now);
+                    let ack_yields =
+                        !held && t.resp_turn && !t.ack_yielded && t.front_is_plain_ack();
+                    let order: &[bool] = if held {
+                        &[false]
+                    } else if t.resp_turn && !ack_yields {
+                        &[true, false]
                     } else {
-                        [false, true]
+                        &[false, true]
                     };
                     let mut result = TxResult::Nothing;
-                    for responder in order {
+                    for &responder in order {
                         result = if responder {
                             t.next_response(&mut env, out)
                         } else {
@@ -862,7 +889,16 @@ impl SoftHca {
                         };
                         match result {
                             TxResult::Packet(_) => {
-                                t.resp_turn = !responder;
+                                if responder {
+                                    t.resp_turn = false;
+                                    t.ack_yielded = false;
+                                } else if ack_yields || held {
+                                    // The ACK goes next, right behind this request.
+                                    t.ack_yielded = true;
+                                    t.resp_turn = true;
+                                } else {
+                                    t.resp_turn = true;
+                                }
                                 break;
                             }
                             TxResult::BufferTooSmall => break,
@@ -1025,7 +1061,7 @@ impl SoftHca {
             let _ = env.ctx.qp_sq_drained(qpn);
         }
         let deadline = t.next_deadline();
-        let wants_tx = t.may_transmit() && !t.in_ready;
+        let wants_tx = t.may_transmit(now) && !t.in_ready;
         let mut push_timer = None;
         if let Some(d) = deadline {
             if t.timer_key.is_none_or(|k| d < k) {

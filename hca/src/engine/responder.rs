@@ -42,7 +42,10 @@
 //!
 //! **ACK coalescing**: responses queue in PSN order; an ACK queued right after another ACK
 //! replaces it (an ACK acknowledges everything before it), so a burst of requests handled before
-//! the next `poll_transmit` costs one ACK.
+//! the next `poll_transmit` costs one ACK. A plain ACK lets one request packet of its own QP go
+//! first, so that the two leave together (a request/response exchange costs one send for both);
+//! with [`EngineConfig::ack_delay`](super::EngineConfig::ack_delay) a lone ACK waits up to that
+//! long for such a request.
 //!
 //! UC (§9.8.4): no ACKs; a packet out of sequence, or any error, drops the rest of its message
 //! and the responder resynchronises on the next FIRST or ONLY. UD (§9.8.5): single packets;
@@ -728,6 +731,17 @@ impl QpTransport {
         }
     }
 
+    /// Whether the next response is a plain ACK (no NAK, no data).
+    pub(crate) fn front_is_plain_ack(&self) -> bool {
+        matches!(
+            self.resp.out.front(),
+            Some(RespOut::Ack {
+                syndrome: Syndrome::Ack { .. },
+                ..
+            })
+        )
+    }
+
     /// Queues an ACK for `psn`, merging it into an ACK queued last (coalescing).
     fn queue_ack(&mut self, env: &mut Env<'_>, psn: Psn) {
         let msn = self.resp.msn;
@@ -745,6 +759,12 @@ impl QpTransport {
             return;
         }
         if self.resp.out.len() < self.resp.out_capacity() {
+            // A lone ACK may wait for a request to ride behind (`EngineConfig::ack_delay`).
+            self.resp.ack_due =
+                (self.resp.out.is_empty() && !env.config.ack_delay.is_zero()).then(|| {
+                    env.now
+                        .saturating_add_nanos(env.config.ack_delay.as_nanos() as u64)
+                });
             self.resp.out.push_back(RespOut::Ack {
                 psn,
                 syndrome: Syndrome::Ack {
@@ -1191,6 +1211,10 @@ impl QpTransport {
                 Some(*slot)
             }
             Some(RespOut::Atomic { slot, .. }) => Some(*slot),
+            Some(RespOut::Ack { .. }) => {
+                self.resp.ack_due = None;
+                None
+            }
             _ => None,
         };
         self.resp.out.pop_front();

@@ -198,6 +198,9 @@ pub(crate) struct Responder {
     /// The slot the next new READ / atomic takes (oldest first).
     pub(crate) res_head: usize,
     pub(crate) out: VecDeque<RespOut>,
+    /// When the plain ACK at the front of `out` must go even if no request packet of the QP
+    /// left first ([`super::EngineConfig::ack_delay`]); `None` without a delay.
+    pub(crate) ack_due: Option<Instant>,
 }
 
 impl Responder {
@@ -252,6 +255,9 @@ pub(crate) struct QpTransport {
     pub(crate) timer_key: Option<Instant>,
     /// Whose turn it is to transmit: responder (true) or requester.
     pub(crate) resp_turn: bool,
+    /// A plain ACK at the front of the responses already let one request packet go first
+    /// (see `SoftHca::transmit`); it goes next.
+    pub(crate) ack_yielded: bool,
     /// `IBV_EVENT_COMM_EST` was raised (first packet received in RTR).
     pub(crate) comm_est: bool,
     /// When the last CNP for this QP was queued.
@@ -288,6 +294,7 @@ impl QpTransport {
             in_ready: false,
             timer_key: None,
             resp_turn: false,
+            ack_yielded: false,
             comm_est: false,
             last_cnp: None,
             cq_overrun: false,
@@ -312,16 +319,30 @@ impl QpTransport {
 
     /// The earliest deadline of the QP's timers.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        match (self.comp.retrans_at, self.comp.rnr_until) {
+        let timers = match (self.comp.retrans_at, self.comp.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let ack = self.resp.ack_due.filter(|_| !self.resp.out.is_empty());
+        match (timers, ack) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
     }
 
-    /// Whether the QP may have something to transmit (checked precisely when polled).
-    pub(crate) fn may_transmit(&self) -> bool {
-        !self.resp.out.is_empty()
+    /// Whether the QP may have something to transmit at `now` (checked precisely when polled).
+    pub(crate) fn may_transmit(&self, now: Instant) -> bool {
+        (!self.resp.out.is_empty() && !self.ack_held(now))
             || (self.req.next < self.sq.len() && self.comp.rnr_until.is_none())
+    }
+
+    /// Whether the only queued response is a plain ACK that may still wait at `now` for a
+    /// request packet of this QP to go first ([`super::EngineConfig::ack_delay`]).
+    pub(crate) fn ack_held(&self, now: Instant) -> bool {
+        !self.ack_yielded
+            && self.resp.out.len() == 1
+            && self.resp.ack_due.is_some_and(|due| now < due)
+            && self.front_is_plain_ack()
     }
 
     /// Whether a request WQE is on the wire (started and not completed).

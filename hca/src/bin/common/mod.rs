@@ -127,6 +127,12 @@ pub fn route_source(host: &str, port: u16) -> Result<IpAddr, Fail> {
     }
 }
 
+/// [`hca::engine::EngineConfig::ack_delay`] of a caller-driven UDP device: the tools poll their
+/// CQ in a loop (each poll runs a progress round), so an ACK held this long for the reply the
+/// program is about to post leaves with it, and goes alone from the poll loop otherwise. Far
+/// below any local ACK timeout the tools set (perftest's default 14: 67 ms).
+const CALLER_ACK_DELAY: std::time::Duration = std::time::Duration::from_micros(20);
+
 /// Opens the device on `spec` (`vfio` gives the options of a VFIO link; a UDP link ignores
 /// them).
 pub fn open_device(
@@ -142,6 +148,9 @@ pub fn open_device(
             c.scope_id = link_local_scope(ip);
             c.progress = progress;
             c.window_budget = window_budget;
+            if progress == Progress::Caller {
+                c.engine.ack_delay = CALLER_ACK_DELAY;
+            }
             AnyConfig::Udp(c)
         }
         LinkSpec::Vfio(pci) => {
