@@ -398,8 +398,9 @@ pub(crate) fn send_batch<'a, const C: usize>(
     }
 }
 
-/// poll(2) on `fds` (fd, events) for at most `timeout` (rounded up to whole milliseconds, capped
-/// at `i32::MAX` ms); returns the `revents` of each in order. `EINTR` returns all-zero revents.
+/// ppoll(2) on `fds` (fd, events) for at most `timeout` (nanosecond resolution, plus the kernel's
+/// timer slack; capped at `i32::MAX` seconds); returns the `revents` of each in order. `EINTR`
+/// returns all-zero revents.
 pub(crate) fn poll<const N: usize>(
     fds: [(BorrowedFd<'_>, libc::c_short); N],
     timeout: Duration,
@@ -409,9 +410,17 @@ pub(crate) fn poll<const N: usize>(
         events,
         revents: 0,
     });
-    let ms = timeout.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int;
+    // ppoll(2) takes the timeout in nanoseconds (poll(2) would round a 20 us timer up to 1 ms);
+    // the kernel still adds the thread's timer slack (prctl(2) PR_SET_TIMERSLACK, 50 us by
+    // default).
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
     // SAFETY: pfds is a live array of N pollfd entries; the kernel writes only their revents.
-    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), N as libc::nfds_t, ms) };
+    // `ts` is a valid timespec read by the kernel; a null signal mask leaves the mask alone, as
+    // poll(2) does.
+    let rc = unsafe { libc::ppoll(pfds.as_mut_ptr(), N as libc::nfds_t, &ts, std::ptr::null()) };
     if rc < 0 {
         let err = last_error();
         if err.kind() == io::ErrorKind::Interrupted {

@@ -1024,8 +1024,9 @@ impl UdpLink {
     }
 
     /// Blocks until the socket is readable (or writable, if `writable` is asked for), `waker` is
-    /// woken, or `timeout` passes (rounded up to milliseconds): poll(2) on the socket and the
-    /// waker's eventfd. A woken waker is reset. A signal ends the wait early with nothing ready.
+    /// woken, or `timeout` passes (nanosecond resolution plus the kernel's timer slack):
+    /// ppoll(2) on the socket and the waker's eventfd. A woken waker is reset. A signal ends
+    /// the wait early with nothing ready.
     ///
     /// Errors: [`LinkError::Poll`]; [`LinkError::Waker`] if resetting the waker fails.
     pub fn wait(
