@@ -896,16 +896,28 @@ impl<L: Link> SoftDevice<L> {
     }
 
     /// ibv_poll_cq(3): moves up to `out.len()` completions into `out`, oldest first; returns how
-    /// many. With [`Progress::Caller`] it first runs one progress round (receive, timers,
-    /// send). With [`Progress::Thread`] it only takes the engine lock for the copy.
+    /// many. With [`Progress::Caller`] it runs one progress round (receive, timers, send) when
+    /// the CQ has no completion ready (completions already there are returned at once: a
+    /// request/response loop then answers without an extra system call). With
+    /// [`Progress::Thread`] it only takes the engine lock for the copy.
     ///
     /// # Errors
     /// [`DeviceError::Verbs`] as [`SoftHca::poll_cq`].
     pub fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize, DeviceError> {
         let s = &self.shared;
         if s.progress == Progress::Caller {
+            let ready = self.poll_ready(cq, out)?;
+            if ready > 0 {
+                return Ok(ready);
+            }
             s.caller_round();
         }
+        self.poll_ready(cq, out)
+    }
+
+    /// The completions `cq` holds now, without a progress round.
+    fn poll_ready(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize, DeviceError> {
+        let s = &self.shared;
         // Spinning pollers find an empty CQ without taking the engine lock (which the progress
         // thread needs): the CQ was empty at this epoch and nothing changed since.
         let epoch = s.epoch.load(Ordering::Acquire);
