@@ -126,7 +126,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use gpu_p2p::{HostMemory, Memory, MemoryError, MemoryKind};
+use gpu_p2p::{HostMemory, HostPtr, Memory, MemoryError, MemoryKind};
 use hca::udp_device::{DeviceError, Progress, UdpDevice, UdpDeviceConfig, GID_INDEX};
 use hca::{
     AccessFlags, AhAttr, CqHandle, Gid, MemoryRegion, PathMtu, PdHandle, QpAttr, QpAttrMask, QpCap,
@@ -479,6 +479,20 @@ impl Memory for UserMemory {
             len: 8,
             size: 0,
         })
+    }
+
+    /// The range's address, so the software HCA sends it in place (zero-copy transmit: the
+    /// kernel gathers it with an iovec) instead of copying it into a packet buffer.
+    fn host_ptr(&self) -> Option<HostPtr> {
+        let ptr = core::ptr::NonNull::new(core::ptr::with_exposed_provenance_mut::<u8>(self.base))?;
+        // SAFETY: as for `read`: the HCA dereferences the address only while it builds and
+        // sends packets of a WR posted by `post_from`, whose contract keeps the range alive and
+        // unwritten until `drain` has seen that WR complete. Those WRs are RC, which complete
+        // only when acknowledged, after the link has sent every packet built for them (it sends
+        // what it built before it builds more), so no packet that points here outlives its WR.
+        // That is narrower than `HostPtr`'s "while the `Memory` lives", which a cached
+        // registration of user memory cannot promise; nothing reads the address outside a WR.
+        Some(unsafe { HostPtr::new(ptr) })
     }
 }
 
