@@ -254,6 +254,13 @@ pub enum Cause {
         /// The CQ's capacity in CQEs.
         capacity: u32,
     },
+    /// A hardware backend (rdma-core's libibverbs, `crate::ibverbs`) refused the call with this
+    /// errno: the kernel's or the provider's check, passed through unchanged. `Display` gives the
+    /// errno's text (strerror(3)) with the `std` feature.
+    Os {
+        /// The positive errno.
+        errno: i32,
+    },
 }
 
 impl Cause {
@@ -262,6 +269,7 @@ impl Cause {
         match self {
             Cause::InUse { .. } | Cause::CqOverrun { .. } => errno::EBUSY,
             Cause::TooManyObjects { .. } | Cause::QueueFull { .. } => errno::ENOMEM,
+            Cause::Os { errno } => *errno,
             _ => errno::EINVAL,
         }
     }
@@ -357,6 +365,10 @@ impl fmt::Display for Cause {
                     "CQ overrun: all {capacity} CQEs are unpolled; the CQ is in error"
                 )
             }
+            #[cfg(feature = "std")]
+            Cause::Os { errno } => write!(f, "{}", std::io::Error::from_raw_os_error(*errno)),
+            #[cfg(not(feature = "std"))]
+            Cause::Os { errno } => write!(f, "errno {errno}"),
         }
     }
 }

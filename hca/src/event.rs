@@ -57,6 +57,35 @@ pub enum AsyncEventType {
 }
 
 impl AsyncEventType {
+    /// Every type, in ibv order.
+    pub const ALL: [AsyncEventType; 20] = [
+        AsyncEventType::CqErr,
+        AsyncEventType::QpFatal,
+        AsyncEventType::QpReqErr,
+        AsyncEventType::QpAccessErr,
+        AsyncEventType::CommEst,
+        AsyncEventType::SqDrained,
+        AsyncEventType::PathMig,
+        AsyncEventType::PathMigErr,
+        AsyncEventType::DeviceFatal,
+        AsyncEventType::PortActive,
+        AsyncEventType::PortErr,
+        AsyncEventType::LidChange,
+        AsyncEventType::PkeyChange,
+        AsyncEventType::SmChange,
+        AsyncEventType::SrqErr,
+        AsyncEventType::SrqLimitReached,
+        AsyncEventType::QpLastWqeReached,
+        AsyncEventType::ClientReregister,
+        AsyncEventType::GidChange,
+        AsyncEventType::WqFatal,
+    ];
+
+    /// The type with ibv value `value` (`enum ibv_event_type`), if it is one.
+    pub fn from_ibv(value: u32) -> Option<AsyncEventType> {
+        AsyncEventType::ALL.get(value as usize).copied()
+    }
+
     /// The text `ibv_event_type_str(3)` gives (rdma-core `libibverbs/enum_strs.c`).
     pub const fn as_str(self) -> &'static str {
         match self {

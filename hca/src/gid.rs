@@ -41,6 +41,9 @@ pub enum GidType {
     RoceV1,
     /// RoCEv2: BTH over UDP/IPv4 or UDP/IPv6 (destination port 4791), IBTA Annex A17.
     RoceV2,
+    /// A native InfiniBand port's GID (`IBV_GID_TYPE_IB`): reported by the libibverbs backend
+    /// on an InfiniBand HCA; a RoCE port never has one.
+    Ib,
 }
 
 /// One entry of a port's GID table.

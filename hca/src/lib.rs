@@ -51,6 +51,8 @@
 //! * [`verbs::Verbs`] (feature `std`): the one device API every backend implements, so programs
 //!   and the conformance suite run unchanged on any of them: [`udp_device::UdpDevice`], and
 //!   [`fabric::device::FabricDevice`] (software HCAs on the in-memory fabric, virtual clock).
+//! * [`ibverbs`] (feature `std`): the IB verbs path, [`verbs::Verbs`] over rdma-core's libibverbs
+//!   (loaded at run time) for real InfiniBand / RoCE HCAs and the kernel's rxe.
 //!
 //! The object model, the engine and the fabric are `no_std` + `alloc` without the default `std`
 //! feature.
@@ -72,6 +74,8 @@ pub mod event;
 #[cfg(feature = "fabric")]
 pub mod fabric;
 pub mod gid;
+#[cfg(feature = "std")]
+pub mod ibverbs;
 #[cfg(feature = "std")]
 pub mod link;
 pub mod mr;

@@ -78,6 +78,28 @@ pub struct MemoryRegion {
 }
 
 impl MemoryRegion {
+    /// An MR that a hardware backend registered (its keys come from the HCA).
+    #[cfg(feature = "std")]
+    pub(crate) fn from_hca(
+        pd: PdHandle,
+        addr: u64,
+        iova: u64,
+        length: u64,
+        access: AccessFlags,
+        keys: (u32, u32),
+    ) -> MemoryRegion {
+        MemoryRegion {
+            pd,
+            addr,
+            iova,
+            length,
+            access,
+            lkey: keys.0,
+            rkey: keys.1,
+            invalidated: false,
+        }
+    }
+
     /// The protection domain.
     pub fn pd(&self) -> PdHandle {
         self.pd

@@ -197,6 +197,22 @@ impl WcOpcode {
         self as u32
     }
 
+    /// The opcode with ibv value `value` (`enum ibv_wc_opcode`), if it is one of these.
+    pub const fn from_ibv(value: u32) -> Option<WcOpcode> {
+        Some(match value {
+            0 => WcOpcode::Send,
+            1 => WcOpcode::RdmaWrite,
+            2 => WcOpcode::RdmaRead,
+            3 => WcOpcode::CompSwap,
+            4 => WcOpcode::FetchAdd,
+            5 => WcOpcode::BindMw,
+            6 => WcOpcode::LocalInv,
+            128 => WcOpcode::Recv,
+            129 => WcOpcode::RecvRdmaWithImm,
+            _ => return None,
+        })
+    }
+
     /// Whether this is a receive completion (`opcode & IBV_WC_RECV`).
     pub const fn is_recv(self) -> bool {
         (self as u32) & 128 != 0

@@ -353,6 +353,15 @@ pub enum DeviceError {
         /// The OS error.
         source: io::Error,
     },
+    /// A backend-level failure of a device other than the UDP one: libibverbs.so.1 cannot be
+    /// loaded, no device has the name asked for, the device could not be opened, the device
+    /// is closed ([`crate::ibverbs`]).
+    Backend {
+        /// The device as the user named it (`verbs:rxe0`).
+        device: String,
+        /// What failed, with the OS's or the loader's text.
+        reason: String,
+    },
 }
 
 impl DeviceError {
@@ -369,7 +378,7 @@ impl fmt::Display for DeviceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DeviceError::Link(e) => write!(f, "UDP device: {e}"),
-            DeviceError::Verbs(e) => write!(f, "device: {e}"),
+            DeviceError::Verbs(e) => write!(f, "{e}"),
             #[cfg(all(feature = "std", target_os = "linux"))]
             DeviceError::Vfio(e) => write!(f, "VFIO device: {e}"),
             DeviceError::Closed { device } => write!(f, "device {device}: device is closed"),
@@ -379,6 +388,7 @@ impl fmt::Display for DeviceError {
             DeviceError::Thread { device, source } => {
                 write!(f, "device {device}: cannot start progress thread: {source}")
             }
+            DeviceError::Backend { device, reason } => write!(f, "device {device}: {reason}"),
         }
     }
 }
