@@ -262,6 +262,14 @@ fn bad_flags_exit_non_zero_with_one_clear_line() {
             &["write-bw", "--link", "foo:1"][..],
             "unknown link type",
         ),
+        (PERF, &["write-bw", "--link", "verbs:"][..], "verbs:DEVICE"),
+        // A verbs device this host does not have (or no libibverbs, or no RDMA in the kernel):
+        // one line naming it.
+        (
+            PINGPONG,
+            &["--link", "verbs:no-such-dev9"][..],
+            "device verbs:no-such-dev9: ",
+        ),
     ] {
         let (out, took) = run(bin, args);
         let err = text(&out.stderr);

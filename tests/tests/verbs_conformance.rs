@@ -3,7 +3,9 @@
 //! 127.0.0.2, on ephemeral ports). Each run must pass every case's own checks, and the two runs'
 //! records must agree field for field; a difference names the case, the field and both values.
 
-use tests::conformance::{self, compare, open_pair, read_records, run_suite, write_records};
+use tests::conformance::{
+    self, compare, open_pair, read_records, run_suite, write_records, BackendError,
+};
 
 fn run(link: &str, link2: Option<&str>) -> (String, Vec<conformance::Record>) {
     let pair = open_pair(link, link2).unwrap_or_else(|e| panic!("{e}"));
@@ -83,4 +85,11 @@ fn unknown_and_unavailable_backends_are_clear_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("fabric"), "{e}");
+    // A libibverbs device this host does not have (or no libibverbs, or no RDMA in the kernel):
+    // an open error naming it, one line.
+    let e = open_pair("verbs:no-such-dev9", None).unwrap_err();
+    assert!(matches!(e, BackendError::Open { .. }), "{e:?}");
+    let e = e.to_string();
+    assert!(e.contains("verbs:no-such-dev9"), "{e}");
+    assert!(!e.contains('\n'), "{e}");
 }

@@ -177,6 +177,29 @@ pub struct PerfArgs {
     /// Where the buffers live: host memory or CUDA device memory.
     #[arg(long, value_enum, default_value = "host")]
     pub device: BufferDevice,
+    /// The RDMA device of the roce transport: `udp` (the software HCA on a UDP socket, each
+    /// rank's address chosen as `COLL_ROCE_ADDR` documents), `udp:ADDRESS[:PORT]` (that
+    /// address for every rank of this host), or `verbs:DEVICE` (an RDMA device through
+    /// libibverbs, e.g. verbs:rxe0, verbs:mlx5_0; ranks may share it). Sets `COLL_ROCE_LINK` for
+    /// the ranks; with `--transport auto` it selects roce. `vfio:` links are not supported here.
+    #[arg(long, value_parser = link_arg)]
+    pub link: Option<String>,
+}
+
+/// `--link`: `udp`, or a [`hca::link::LinkSpec`] of the UDP or verbs kind, in canonical form.
+fn link_arg(s: &str) -> Result<String, String> {
+    if s == "udp" {
+        return Ok(s.to_owned());
+    }
+    match s.parse::<hca::link::LinkSpec>() {
+        Ok(l @ (hca::link::LinkSpec::Udp { .. } | hca::link::LinkSpec::Verbs(_))) => {
+            Ok(l.to_string())
+        }
+        Ok(l) => Err(format!(
+            "{l}: not supported for coll-perf (use udp, udp:ADDRESS[:PORT] or verbs:DEVICE)"
+        )),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 impl PerfArgs {
@@ -229,7 +252,10 @@ impl PerfArgs {
 
     fn config(&self) -> Result<CommConfig, launcher::EnvError> {
         CommConfig {
-            transport: self.transport,
+            transport: match (&self.link, self.transport) {
+                (Some(_), TransportKind::Auto) => TransportKind::Roce,
+                (_, t) => t,
+            },
             timeout: Duration::from_secs(self.timeout),
             ..CommConfig::default()
         }
@@ -289,6 +315,11 @@ pub fn main(args: PerfArgs) -> ExitCode {
     if let Err(m) = args.validate() {
         eprintln!("coll-perf: {m}");
         return ExitCode::from(2);
+    }
+    if let Some(link) = &args.link {
+        // Read by the roce transport of every rank (this process's, or the ranks it starts,
+        // which inherit it); set before this process starts any thread.
+        std::env::set_var("COLL_ROCE_LINK", link);
     }
     if args.device == BufferDevice::Cuda {
         if let Err(e) = cuda_ready() {
@@ -971,5 +1002,32 @@ mod tests {
         assert!(a.validate().unwrap_err().contains("minbytes"));
         let a = parse(&["all-reduce", "--ranks", "0"]).unwrap();
         assert!(a.validate().is_err());
+    }
+
+    #[test]
+    fn link_selects_the_roce_device() {
+        let a = parse(&["all-reduce", "--link", "verbs:rxe0"]).unwrap();
+        assert_eq!(a.link.as_deref(), Some("verbs:rxe0"));
+        assert_eq!(a.config().unwrap().transport, TransportKind::Roce);
+        let a = parse(&["all-reduce", "--link", "udp"]).unwrap();
+        assert_eq!(a.link.as_deref(), Some("udp"));
+        let a = parse(&[
+            "all-reduce",
+            "--link",
+            "udp:127.0.0.3",
+            "--transport",
+            "shm",
+        ])
+        .unwrap();
+        assert_eq!(a.link.as_deref(), Some("udp:127.0.0.3"));
+        assert_eq!(a.config().unwrap().transport, TransportKind::Shm);
+        let e = parse(&["all-reduce", "--link", "vfio:0000:00:04.0"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not supported for coll-perf"), "{e}");
+        let e = parse(&["all-reduce", "--link", "verbs:"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("verbs:DEVICE"), "{e}");
     }
 }

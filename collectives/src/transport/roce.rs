@@ -113,6 +113,10 @@
 //! receives from that peer on that channel).
 //!
 //! # Tunables (environment)
+//! `COLL_ROCE_LINK`: `verbs:DEVICE` opens that libibverbs device (`hca::ibverbs`: a real HCA or
+//! the kernel's rxe) in every rank instead of the software HCA; ranks may then share a device
+//! and an address (the HCA tells QPs apart by QPN); `udp:ADDRESS[:PORT]` is `COLL_ROCE_ADDR` +
+//! `COLL_ROCE_PORT` in one; `udp` alone changes nothing.
 //! `COLL_ROCE_ADDR`, `COLL_ROCE_PORT`; `COLL_ROCE_TIMEOUT` (the QP's local ACK timeout exponent:
 //! 4.096 us * 2^t, default 17 = 0.54 s) and `COLL_ROCE_RETRY_CNT` (default 7): a dead peer is
 //! found after about `(retry_cnt + 1) * 4.096 us * 2^t`; `COLL_ROCE_PROGRESS=caller|thread`
@@ -127,7 +131,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use gpu_p2p::{HostMemory, HostPtr, Memory, MemoryError, MemoryKind};
-use hca::udp_device::{DeviceError, Progress, UdpDevice, UdpDeviceConfig, GID_INDEX};
+use hca::ibverbs::IbvDevice;
+use hca::link::LinkSpec;
+use hca::udp_device::{DeviceError, Progress, UdpDevice, UdpDeviceConfig};
+use hca::verbs::Verbs;
 use hca::{
     AccessFlags, AhAttr, CqHandle, Gid, MemoryRegion, PathMtu, PdHandle, QpAttr, QpAttrMask, QpCap,
     QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
@@ -181,6 +188,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Settings read from the environment (see the [module docs](self#tunables-environment)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct RoceEnv {
+    /// `COLL_ROCE_LINK=verbs:DEVICE`: every rank opens that libibverbs device instead of a UDP
+    /// device.
+    verbs: Option<String>,
     addrs: Vec<IpAddr>,
     port: u16,
     qp_timeout: u8,
@@ -201,6 +211,7 @@ impl RoceEnv {
     fn from_env() -> Result<RoceEnv, TransportError> {
         let get = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let mut env = RoceEnv {
+            verbs: None,
             addrs: Vec::new(),
             port: 0,
             qp_timeout: 17,
@@ -213,6 +224,22 @@ impl RoceEnv {
                     env_error("COLL_ROCE_ADDR", &v, "IP addresses separated by commas")
                 })?;
                 env.addrs.push(ip);
+            }
+        }
+        if let Some(v) = get("COLL_ROCE_LINK").filter(|v| v.trim() != "udp") {
+            match v.trim().parse::<LinkSpec>() {
+                Ok(LinkSpec::Verbs(name)) => env.verbs = Some(name),
+                Ok(LinkSpec::Udp { ip, port }) => {
+                    env.addrs = vec![ip];
+                    env.port = port;
+                }
+                _ => {
+                    return Err(env_error(
+                        "COLL_ROCE_LINK",
+                        &v,
+                        "verbs:DEVICE, udp or udp:ADDRESS[:PORT]",
+                    ))
+                }
             }
         }
         if let Some(v) = get("COLL_ROCE_PORT") {
@@ -310,7 +337,7 @@ impl Region {
         let iova = mem.as_ptr() as u64;
         let mr = hca
             .dev
-            .reg_mr(hca.pd, mem.clone(), iova, access)
+            .reg_mr(hca.pd, mem.clone(), 0, len, iova, access)
             .map_err(Hca::verbs("ibv_reg_mr", None))?;
         Ok(Region { mem, mr })
     }
@@ -330,7 +357,10 @@ impl Region {
 /// A rank's device and protection domain, shared by its channels; closing it (the last drop)
 /// sends what is queued, flushes every WR and joins the progress thread.
 struct Hca {
-    dev: Arc<UdpDevice>,
+    dev: Arc<dyn Verbs>,
+    /// The same device when it is the software HCA on UDP (caller-driven progress, peer ports,
+    /// counters); `None` for a libibverbs device.
+    udp: Option<Arc<UdpDevice>>,
     pd: PdHandle,
     regs: Mutex<RegCache>,
     /// WRs reading user memory, posted and not completed, on every channel of the device.
@@ -400,13 +430,17 @@ impl Drop for Hca {
     fn drop(&mut self) {
         // Stop the keepalive thread before the device closes.
         self.keepalive = None;
-        if std::env::var("COLL_ROCE_STATS").is_ok_and(|v| v == "1") {
+        if let Some(udp) = self
+            .udp
+            .as_ref()
+            .filter(|_| std::env::var("COLL_ROCE_STATS").is_ok_and(|v| v == "1"))
+        {
             eprintln!(
                 "coll roce {}: engine {:?}\n  link {:?}\n  progress {:?}",
-                self.dev.local_addr(),
-                self.dev.counters(),
-                self.dev.link_counters(),
-                self.dev.device_counters()
+                udp.local_addr(),
+                udp.counters(),
+                udp.link_counters(),
+                udp.device_counters()
             );
         }
     }
@@ -482,7 +516,9 @@ impl Memory for UserMemory {
     }
 
     /// The range's address, so the software HCA sends it in place (zero-copy transmit: the
-    /// kernel gathers it with an iovec) instead of copying it into a packet buffer.
+    /// kernel gathers it with an iovec) instead of copying it into a packet buffer, and a
+    /// libibverbs device registers it by address (ibv_reg_mr(3) pins the pages; its HCA reads
+    /// them by DMA, registered without LOCAL_WRITE or remote access).
     fn host_ptr(&self) -> Option<HostPtr> {
         let ptr = core::ptr::NonNull::new(core::ptr::with_exposed_provenance_mut::<u8>(self.base))?;
         // SAFETY: as for `read`: the HCA dereferences the address only while it builds and
@@ -541,7 +577,7 @@ impl RegCache {
     /// `quiet`: no WR reading user memory is outstanding on the device.
     fn lookup(
         &mut self,
-        dev: &UdpDevice,
+        dev: &dyn Verbs,
         pd: PdHandle,
         addr: usize,
         len: usize,
@@ -571,7 +607,8 @@ impl RegCache {
             base: start,
             len: stop - start,
         });
-        let mr = dev.reg_mr(pd, mem, start as u64, AccessFlags::empty())?;
+        let len = mem.len;
+        let mr = dev.reg_mr(pd, mem, 0, len, start as u64, AccessFlags::empty())?;
         self.registrations += 1;
         self.entries.push((start, stop, mr.lkey(), self.clock));
         Ok(mr.lkey())
@@ -879,9 +916,9 @@ impl Channel {
         self.hca.activity.fetch_add(1, Ordering::Relaxed);
         // With caller-driven progress every poll is a progress round (a recvmmsg(2)): spin
         // fewer times than on a memory word.
-        let spin = match self.hca.dev.config().progress {
-            Progress::Caller => self.policy.spin / 64,
-            Progress::Thread => self.policy.spin,
+        let spin = match self.hca.udp.as_ref().map(|u| u.config().progress) {
+            Some(Progress::Caller) => self.policy.spin / 64,
+            _ => self.policy.spin,
         };
         for i in 0..spin + self.policy.yields {
             if let Some(v) = check(&mut self.state())? {
@@ -1230,7 +1267,7 @@ impl SendConnector for RoceSend {
             let quiet = self.ch.hca.user_wrs.load(Ordering::Acquire) == 0;
             let lkey = lock(&self.ch.hca.regs)
                 .lookup(
-                    &self.ch.hca.dev,
+                    &*self.ch.hca.dev,
                     self.ch.hca.pd,
                     // The HCA addresses user memory by address, as a NIC would by DMA address;
                     // `UserMemory` turns it back into a pointer with this provenance.
@@ -1536,7 +1573,10 @@ impl RoceTransport {
 
     /// The bound address of this rank's device, once set up.
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
-        self.hca.as_ref().map(|h| h.dev.local_addr())
+        self.hca
+            .as_ref()
+            .and_then(|h| h.udp.as_ref())
+            .map(|u| u.local_addr())
     }
 
     fn open(&mut self, ctx: &SetupContext<'_>) -> Result<Arc<Hca>, TransportError> {
@@ -1544,29 +1584,43 @@ impl RoceTransport {
             Some(e) => e.clone(),
             None => RoceEnv::from_env()?,
         };
-        let ip = choose_address(ctx, &env)?;
-        let mut config = UdpDeviceConfig::new(ip);
-        config.port = env.port;
-        config.progress = env.progress;
-        let dev =
-            Arc::new(UdpDevice::open(config).map_err(Hca::verbs("opening the UDP device", None))?);
+        let (dev, udp): (Arc<dyn Verbs>, _) = match &env.verbs {
+            Some(name) => {
+                let dev =
+                    IbvDevice::open(name).map_err(Hca::verbs("opening the verbs device", None))?;
+                (Arc::new(dev), None)
+            }
+            None => {
+                let ip = choose_address(ctx, &env)?;
+                let mut config = UdpDeviceConfig::new(ip);
+                config.port = env.port;
+                config.progress = env.progress;
+                let dev = Arc::new(
+                    UdpDevice::open(config).map_err(Hca::verbs("opening the UDP device", None))?,
+                );
+                (dev.clone(), Some(dev))
+            }
+        };
         let pd = dev.alloc_pd().map_err(Hca::verbs("ibv_alloc_pd", None))?;
         let config_progress = env.progress;
         self.env = Some(env);
         let activity = Arc::new(AtomicU64::new(0));
-        let keepalive = match config_progress {
-            Progress::Caller => Some(Keepalive::start(dev.clone(), activity.clone()).map_err(
-                |source| TransportError::Setup {
-                    peer: None,
-                    op: "starting the keepalive thread",
-                    on: dev.local_addr().to_string(),
-                    source,
-                },
-            )?),
-            Progress::Thread => None,
+        let keepalive = match (config_progress, &udp) {
+            (Progress::Caller, Some(udp)) => Some(
+                Keepalive::start(udp.clone(), activity.clone()).map_err(|source| {
+                    TransportError::Setup {
+                        peer: None,
+                        op: "starting the keepalive thread",
+                        on: udp.local_addr().to_string(),
+                        source,
+                    }
+                })?,
+            ),
+            _ => None,
         };
         let hca = Arc::new(Hca {
             dev,
+            udp,
             pd,
             regs: Mutex::new(RegCache::new()),
             user_wrs: AtomicUsize::new(0),
@@ -1613,7 +1667,7 @@ impl RoceTransport {
         a.min_rnr_timer = 1;
         a.ah_attr = AhAttr {
             dgid: gid,
-            sgid_index: GID_INDEX as u8,
+            sgid_index: hca.dev.default_gid().0 as u8,
             hop_limit: 64,
             port_num: 1,
             ..AhAttr::default()
@@ -1701,12 +1755,14 @@ impl Transport for RoceTransport {
             "control blocks",
         )?);
         let port = hca.dev.query_port();
-        let gid = hca.dev.gid();
+        let (_, gid) = hca.dev.default_gid();
         let mut w = Writer::default();
         w.u64(INFO_MAGIC)
             .u32(INFO_VERSION)
             .bytes(gid.as_bytes())
-            .u32(u32::from(hca.dev.local_addr().port()))
+            .u32(u32::from(
+                hca.udp.as_ref().map_or(0, |u| u.local_addr().port()),
+            ))
             .u32(u32::from(port.active_mtu.code()))
             .u32(ctx.nchannels as u32)
             .u32(ctx.nslots as u32)
@@ -1787,7 +1843,7 @@ impl Transport for RoceTransport {
         }
         let layout = pending.layout;
         let my_mtu = hca.dev.query_port().active_mtu;
-        let my_ip = hca.dev.local_addr().ip();
+        let my_ip = hca.dev.default_gid().1.to_ip();
         let mut by_ip: HashMap<IpAddr, usize> = HashMap::new();
         let mut out = Vec::with_capacity(peers.len());
         for (i, &peer) in peers.iter().enumerate() {
@@ -1807,7 +1863,9 @@ impl Transport for RoceTransport {
                 return Err(bad(format!("{} channels for this rank", theirs.len())));
             }
             let ip = info.gid.to_ip();
-            if ip == my_ip {
+            // A libibverbs device tells QPs apart by QPN whatever their address: ranks may
+            // share one (and one HCA).
+            if ip == my_ip && hca.udp.is_some() {
                 return Err(TransportError::Unavailable {
                     transport: TransportKind::Roce,
                     peer,
@@ -1817,7 +1875,7 @@ impl Transport for RoceTransport {
                     ),
                 });
             }
-            if let Some(other) = by_ip.insert(ip, peer) {
+            if let Some(other) = by_ip.insert(ip, peer).filter(|_| hca.udp.is_some()) {
                 return Err(TransportError::Unavailable {
                     transport: TransportKind::Roce,
                     peer,
@@ -1829,7 +1887,9 @@ impl Transport for RoceTransport {
                     ),
                 });
             }
-            hca.dev.set_peer_port(ip, info.port);
+            if let Some(udp) = &hca.udp {
+                udp.set_peer_port(ip, info.port);
+            }
             let mtu = if info.mtu.bytes() < my_mtu.bytes() {
                 info.mtu
             } else {
@@ -1946,6 +2006,7 @@ mod tests {
 
     fn env(qp_timeout: u8, retry_cnt: u8) -> RoceEnv {
         RoceEnv {
+            verbs: None,
             addrs: Vec::new(),
             port: 0,
             qp_timeout,

@@ -253,7 +253,13 @@ impl IbvDevice {
                     others.join(", ")
                 )))
             }
-            Err(e) => return Err(fail(format!("cannot open: {}", errno_text(e)))),
+            Err(("ibv_get_device_list", libc::ENOSYS)) => {
+                return Err(fail(format!(
+                    "cannot list RDMA devices: {} (the kernel has no RDMA support)",
+                    errno_text(libc::ENOSYS)
+                )))
+            }
+            Err((call, e)) => return Err(fail(format!("{call}: {}", errno_text(e)))),
         };
         let attr = ctx
             .query_device()
@@ -1144,9 +1150,10 @@ mod tests {
         assert!(text.starts_with("device verbs:no-such-device9: "), "{text}");
         let known = [
             "cannot load",
+            "cannot list RDMA devices",
             "no RDMA device found",
             "no RDMA device of that name",
-            "cannot open",
+            "ibv_get_device_list",
         ];
         assert!(known.iter().any(|k| text.contains(k)), "{text}");
         assert!(!text.contains('\n'), "{text}");

@@ -296,14 +296,18 @@ impl Context {
     /// non-blocking.
     ///
     /// # Errors
-    /// `Ok(Err(names))` when no device has that name (`names`: the devices there are); `Err(errno)`
-    /// when listing or opening failed.
-    pub(crate) fn open(lib: Lib, name: &str) -> Result<Result<Context, Vec<String>>, i32> {
+    /// `Ok(Err(names))` when no device has that name (`names`: the devices there are);
+    /// `Err((call, errno))` when listing (`ibv_get_device_list`) or opening (`ibv_open_device`)
+    /// failed.
+    pub(crate) fn open(
+        lib: Lib,
+        name: &str,
+    ) -> Result<Result<Context, Vec<String>>, (&'static str, i32)> {
         let mut n: c_int = 0;
         // SAFETY: as in `Lib::device_names`.
         let list = unsafe { lib.lib.ibv_get_device_list(&mut n) };
         if list.is_null() {
-            return Err(last_errno());
+            return Err(("ibv_get_device_list", last_errno()));
         }
         let mut found = ptr::null_mut();
         let mut names = Vec::new();
@@ -340,12 +344,12 @@ impl Context {
             return Ok(Err(names));
         }
         let Some(ctx) = NonNull::new(ctx) else {
-            return Err(open_errno);
+            return Err(("ibv_open_device", open_errno));
         };
         let context = Context { lib, ctx };
         // SAFETY: the context is live; `async_fd` is its event descriptor.
         let async_fd = unsafe { context.ctx.as_ref() }.async_fd;
-        set_nonblocking(async_fd)?;
+        set_nonblocking(async_fd).map_err(|e| ("fcntl(async_fd)", e))?;
         Ok(Ok(context))
     }
 

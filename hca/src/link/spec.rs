@@ -4,7 +4,10 @@
 //!   socket link ([`super::udp`]) bound to that local address (the device's GID) and port
 //!   (default 4791, the RoCEv2 port of IBTA vol. 1 Annex A17.2.2);
 //! * `vfio:PCI_ADDRESS` (`0000:00:04.0` or `00:04.0`, as `lspci -D` prints it): the userspace
-//!   virtio-net driver ([`super::vfio`]) on that PCI function, which must be bound to `vfio-pci`.
+//!   virtio-net driver ([`super::vfio`]) on that PCI function, which must be bound to `vfio-pci`;
+//! * `verbs:DEVICE` (`rxe0`, `mlx5_0`, as ibv_devices(1) lists it): that RDMA device through
+//!   rdma-core's libibverbs ([`crate::ibverbs::IbvDevice`]): a real InfiniBand / RoCE HCA or the
+//!   kernel's soft-RoCE. Not a link of the software engine: the HCA is the device.
 //!
 //! Any other `SCHEME:` is an error that lists the schemes this build knows.
 
@@ -19,7 +22,7 @@ use super::vfio::PciAddress;
 const ROCEV2_PORT: u16 = 4791;
 
 /// A link as `--link` names it; see the [module docs](self). Parse with [`str::parse`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LinkSpec {
     /// A kernel UDP socket bound to `ip`:`port`.
@@ -32,6 +35,8 @@ pub enum LinkSpec {
     /// A virtio-net PCI function driven through VFIO.
     #[cfg(all(feature = "std", target_os = "linux"))]
     Vfio(PciAddress),
+    /// A libibverbs device, by name (ASCII letters, digits, `_`, `-`, `.`).
+    Verbs(String),
 }
 
 /// Why a `--link` value does not parse. `Display` is one line naming the text and the expected
@@ -55,13 +60,18 @@ pub enum LinkSpecError {
         /// The text given.
         text: String,
     },
+    /// `verbs:` followed by an empty or malformed device name.
+    BadVerbsDevice {
+        /// The text given.
+        text: String,
+    },
 }
 
 /// The schemes this build parses, for messages.
 #[cfg(all(feature = "std", target_os = "linux"))]
-const SCHEMES: &str = "udp:ADDRESS[:PORT] or vfio:PCI_ADDRESS";
+const SCHEMES: &str = "udp:ADDRESS[:PORT], vfio:PCI_ADDRESS or verbs:DEVICE";
 #[cfg(not(all(feature = "std", target_os = "linux")))]
-const SCHEMES: &str = "udp:ADDRESS[:PORT]";
+const SCHEMES: &str = "udp:ADDRESS[:PORT] or verbs:DEVICE";
 
 impl fmt::Display for LinkSpecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -80,6 +90,11 @@ impl fmt::Display for LinkSpecError {
                 "bad link \"{text}\": expected vfio:PCI_ADDRESS (DDDD:BB:DD.F or BB:DD.F in \
                  hexadecimal, e.g. vfio:0000:00:04.0)"
             ),
+            LinkSpecError::BadVerbsDevice { text } => write!(
+                f,
+                "bad link \"{text}\": expected verbs:DEVICE, an RDMA device name as ibv_devices \
+                 lists it (e.g. verbs:rxe0, verbs:mlx5_0)"
+            ),
         }
     }
 }
@@ -97,8 +112,8 @@ impl LinkSpec {
 
     /// The local IP address of a UDP link.
     pub fn udp_ip(&self) -> Option<IpAddr> {
-        match *self {
-            LinkSpec::Udp { ip, .. } => Some(ip),
+        match self {
+            LinkSpec::Udp { ip, .. } => Some(*ip),
             #[allow(unreachable_patterns)]
             _ => None,
         }
@@ -123,7 +138,7 @@ fn parse_udp(text: &str, rest: &str) -> Result<LinkSpec, LinkSpecError> {
 impl FromStr for LinkSpec {
     type Err = LinkSpecError;
 
-    /// Parses `udp:...`, `vfio:...` or a bare (socket) address; see the [module docs](self).
+    /// Parses `udp:...`, `vfio:...`, `verbs:...` or a bare (socket) address; see the [module docs](self).
     ///
     /// # Errors
     /// [`LinkSpecError`].
@@ -142,6 +157,19 @@ impl FromStr for LinkSpec {
                     text: text.to_owned(),
                 }
             }),
+            "verbs" => {
+                let ok = !rest.is_empty()
+                    && rest
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+                if ok {
+                    Ok(LinkSpec::Verbs(rest.to_owned()))
+                } else {
+                    Err(LinkSpecError::BadVerbsDevice {
+                        text: text.to_owned(),
+                    })
+                }
+            }
             _ => Err(LinkSpecError::UnknownScheme {
                 text: text.to_owned(),
                 scheme: scheme.to_owned(),
@@ -151,13 +179,14 @@ impl FromStr for LinkSpec {
 }
 
 impl fmt::Display for LinkSpec {
-    /// `udp:ADDRESS` (the port only when it is not 4791), `vfio:PCI_ADDRESS`.
+    /// `udp:ADDRESS` (the port only when it is not 4791), `vfio:PCI_ADDRESS`, `verbs:DEVICE`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            LinkSpec::Udp { ip, port } if port == ROCEV2_PORT => write!(f, "udp:{ip}"),
-            LinkSpec::Udp { ip, port } => write!(f, "udp:{}", SocketAddr::new(ip, port)),
+        match self {
+            LinkSpec::Udp { ip, port } if *port == ROCEV2_PORT => write!(f, "udp:{ip}"),
+            LinkSpec::Udp { ip, port } => write!(f, "udp:{}", SocketAddr::new(*ip, *port)),
             #[cfg(all(feature = "std", target_os = "linux"))]
             LinkSpec::Vfio(pci) => write!(f, "vfio:{pci}"),
+            LinkSpec::Verbs(name) => write!(f, "verbs:{name}"),
         }
     }
 }
@@ -208,18 +237,36 @@ mod tests {
     }
 
     #[test]
+    fn verbs_forms() {
+        let s: LinkSpec = "verbs:rxe0".parse().unwrap();
+        assert_eq!(s, LinkSpec::Verbs("rxe0".into()));
+        assert_eq!(s.to_string(), "verbs:rxe0");
+        assert_eq!(s.udp_ip(), None);
+        assert_eq!(
+            "verbs:mlx5_0".parse::<LinkSpec>().unwrap(),
+            LinkSpec::Verbs("mlx5_0".into())
+        );
+        for bad in ["verbs:", "verbs:rx e0", "verbs:a/b"] {
+            let e = bad.parse::<LinkSpec>().unwrap_err();
+            assert!(matches!(e, LinkSpecError::BadVerbsDevice { .. }), "{bad}");
+            assert!(e.to_string().contains("verbs:DEVICE"), "{e}");
+        }
+    }
+
+    #[test]
     fn unknown_scheme_is_named() {
-        let e = "verbs:rxe0".parse::<LinkSpec>().unwrap_err();
+        let e = "tcp:1.2.3.4".parse::<LinkSpec>().unwrap_err();
         assert_eq!(
             e,
             LinkSpecError::UnknownScheme {
-                text: "verbs:rxe0".into(),
-                scheme: "verbs".into()
+                text: "tcp:1.2.3.4".into(),
+                scheme: "tcp".into()
             }
         );
         let text = e.to_string();
-        assert!(text.contains("unknown link type \"verbs\""), "{text}");
+        assert!(text.contains("unknown link type \"tcp\""), "{text}");
         assert!(text.contains("udp:ADDRESS"), "{text}");
+        assert!(text.contains("verbs:DEVICE"), "{text}");
         assert!("rxe0".parse::<LinkSpec>().is_err());
         assert!("".parse::<LinkSpec>().is_err());
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use hca::fabric::device::FabricGroup;
 use hca::fabric::Faults;
+use hca::ibverbs::IbvDevice;
 use hca::udp_device::{DeviceError, UdpDevice, UdpDeviceConfig};
 use hca::verbs::Verbs;
 
@@ -151,13 +152,28 @@ pub fn open_pair(link: &str, link2: Option<&str>) -> Result<DevicePair, BackendE
             }
             Ok(pair(a, b.map(|b| b as Arc<dyn Verbs>)))
         }
-        (Spec::Verbs(name), _) => Err(BackendError::BadSpec {
-            spec: link.to_owned(),
-            reason: format!(
-                "this build has no libibverbs backend to open \"{name}\" with (hca's verbs \
-                 backend is not in it)"
-            ),
-        }),
+        (Spec::Verbs(name), b) => {
+            let open = |spec: &str, name: &str| {
+                IbvDevice::open(name)
+                    .map(|d| Arc::new(d) as Arc<dyn Verbs>)
+                    .map_err(|source| BackendError::Open {
+                        spec: spec.to_owned(),
+                        source,
+                    })
+            };
+            let a = open(link, &name)?;
+            let b = match b {
+                None => None,
+                Some(Spec::Verbs(bname)) => Some(open(link2.unwrap_or_default(), &bname)?),
+                Some(_) => {
+                    return Err(BackendError::BadSpec {
+                        spec: link2.unwrap_or_default().to_owned(),
+                        reason: "a verbs: device pairs with another verbs: device".into(),
+                    })
+                }
+            };
+            Ok(pair(a, b))
+        }
         (Spec::Fabric, Some(_)) => Err(BackendError::BadSpec {
             spec: link2.unwrap_or_default().to_owned(),
             reason: "fabric gives both devices; give no --link2".into(),

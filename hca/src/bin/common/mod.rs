@@ -1,18 +1,26 @@
 //! Shared by `rdma-perf` and `rdma-pingpong`: choosing and opening the device (`--link
-//! udp:ADDRESS[:PORT]`, the default, or `--link vfio:PCI_ADDRESS` with the `--vfio-*` options),
-//! bringing QPs up the way the C tools do, and C `printf` formats the tools' output needs.
+//! udp:ADDRESS[:PORT]`, the default, `--link vfio:PCI_ADDRESS` with the `--vfio-*` options, or
+//! `--link verbs:DEVICE`, an RDMA device through libibverbs), bringing QPs up the way the C tools
+//! do, and C `printf` formats the tools' output needs.
 #![allow(dead_code)] // each tool uses a subset
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::sync::Arc;
 use std::time::Duration;
+
+use gpu_p2p::HostMemory;
+use hca::ibverbs::IbvDevice;
 
 use hca::link::any::AnyConfig;
 use hca::link::oob::OobTimeouts;
 use hca::link::vfio::VfioLinkConfig;
 pub use hca::link::LinkSpec;
-use hca::udp_device::{AnyDevice, Progress, UdpDeviceConfig, VfioDeviceConfig};
-use hca::{AccessFlags, AhAttr, Gid, PathMtu, QpAttr, QpAttrMask, QpState, QpType};
+use hca::udp_device::{AnyDevice, DeviceError, Progress, UdpDeviceConfig, VfioDeviceConfig};
+use hca::verbs::Verbs;
+use hca::{
+    AccessFlags, AhAttr, Gid, MemoryRegion, PathMtu, PdHandle, QpAttr, QpAttrMask, QpState, QpType,
+};
 
 /// A one-line error for the user; `main` prints it after the tool's name and exits with 1.
 #[derive(Debug)]
@@ -54,8 +62,66 @@ impl From<ProgressArg> for Progress {
     }
 }
 
-/// The device of the tools: a UDP or a VFIO device, as `--link` says.
-pub type Dev = AnyDevice;
+/// The device of the tools, as `--link` says: the verbs of any backend through [`Verbs`]
+/// (`Deref`), plus the software device's own extras (caller-driven progress, counters, IOMMU
+/// mapping of host memory) when it is one (`udp:` / `vfio:`; `None` for `verbs:`).
+#[derive(Debug, Clone)]
+pub struct Dev {
+    verbs: Arc<dyn Verbs>,
+    soft: Option<Arc<AnyDevice>>,
+}
+
+impl std::ops::Deref for Dev {
+    type Target = dyn Verbs;
+    fn deref(&self) -> &(dyn Verbs + 'static) {
+        &*self.verbs
+    }
+}
+
+impl Dev {
+    /// The default GID index (the tools' `-g` / `-x` when not given): the software device's
+    /// one GID, a libibverbs device's first RoCEv2 GID ([`Verbs::default_gid`]).
+    pub fn gid_index(&self) -> u32 {
+        self.verbs.default_gid().0
+    }
+
+    /// Registers `memory` (whole) as the MR `iova ..`: on a software device through
+    /// `reg_mr_host` (which maps it into the IOMMU on a VFIO link), on a libibverbs device
+    /// through ibv_reg_mr_iova(3).
+    ///
+    /// # Errors
+    /// As [`Verbs::reg_mr`].
+    pub fn reg_mr_host(
+        &self,
+        pd: PdHandle,
+        memory: Arc<HostMemory>,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, DeviceError> {
+        match &self.soft {
+            Some(soft) => soft.reg_mr_host(pd, memory, iova, access),
+            None => {
+                let len = gpu_p2p::Memory::len(&*memory);
+                self.verbs.reg_mr(pd, memory, 0, len, iova, access)
+            }
+        }
+    }
+
+    /// Runs `f` (a blocking out-of-band exchange) while the device keeps making progress: a
+    /// software device with caller-driven progress needs a helper thread for it; a hardware
+    /// device progresses by itself.
+    pub fn progress_during<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self.soft {
+            Some(soft) => soft.progress_during(f),
+            None => f(),
+        }
+    }
+
+    /// One progress round of a caller-driven software device; 0 (nothing to do) otherwise.
+    pub fn progress(&self) -> usize {
+        self.soft.as_ref().map_or(0, |s| s.progress())
+    }
+}
 
 /// Parses a `--link` / `-d` value (see [`LinkSpec`]).
 pub fn parse_link(text: &str) -> Result<LinkSpec, Fail> {
@@ -133,8 +199,8 @@ pub fn route_source(host: &str, port: u16) -> Result<IpAddr, Fail> {
 /// below any local ACK timeout the tools set (perftest's default 14: 67 ms).
 const CALLER_ACK_DELAY: std::time::Duration = std::time::Duration::from_micros(20);
 
-/// Opens the device on `spec` (`vfio` gives the options of a VFIO link; a UDP link ignores
-/// them).
+/// Opens the device on `spec` (`vfio` gives the options of a VFIO link; other links ignore
+/// them; `progress` and `window_budget` apply to the software device only).
 pub fn open_device(
     spec: LinkSpec,
     progress: Progress,
@@ -162,9 +228,23 @@ pub fn open_device(
             c.progress = progress;
             AnyConfig::Vfio(c)
         }
+        LinkSpec::Verbs(name) => {
+            // IbvDevice's errors name the device already (`device verbs:rxe0: ...`).
+            let dev = IbvDevice::open(&name).map_err(|e| Fail(format!("cannot open {e}")))?;
+            return Ok(Dev {
+                verbs: Arc::new(dev),
+                soft: None,
+            });
+        }
         _ => return fail!("cannot open device {spec}: this tool does not drive that link"),
     };
-    Dev::open(config).map_err(|e| Fail(format!("cannot open device {spec}: {e}")))
+    let soft = Arc::new(
+        AnyDevice::open(config).map_err(|e| Fail(format!("cannot open device {spec}: {e}")))?,
+    );
+    Ok(Dev {
+        verbs: soft.clone(),
+        soft: Some(soft),
+    })
 }
 
 /// The interface index (IPv6 scope) of the interface that holds the link-local address `ip`
@@ -188,23 +268,34 @@ pub fn link_local_scope(ip: IpAddr) -> u32 {
         .unwrap_or(0)
 }
 
-/// `--stats`: the device's counters, to stderr.
+/// `--stats`: the software device's counters, to stderr (a hardware device keeps its own in
+/// sysfs: `/sys/class/infiniband/DEVICE/ports/1/counters` and `hw_counters`).
 pub fn print_stats(dev: &Dev) {
-    eprintln!("engine: {:?}", dev.counters());
-    eprintln!("link: {:?}", dev.link_counters());
-    eprintln!("progress: {:?}", dev.device_counters());
+    match &dev.soft {
+        Some(soft) => {
+            eprintln!("engine: {:?}", soft.counters());
+            eprintln!("link: {:?}", soft.link_counters());
+            eprintln!("progress: {:?}", soft.device_counters());
+        }
+        None => eprintln!(
+            "{}: no software counters (see /sys/class/infiniband/<device>/ports/1/counters)",
+            dev.name()
+        ),
+    }
 }
 
-/// Checks a GID index option against the device's table (a UDP device has one GID, at 0).
+/// Checks a GID index option against the device's table (a software device has its GIDs at
+/// 0 ..= 2 on a VFIO link, one at 0 on UDP; a libibverbs device its port's table).
 pub fn check_gid_index(dev: &Dev, index: i64) -> Result<Gid, Fail> {
     match u32::try_from(index).ok().map(|i| dev.query_gid(i)) {
         Some(Ok(e)) => Ok(e.gid),
-        _ => fail!(
-            "no GID at index {index} of {} (its GID {} is at index {})",
-            dev.name(),
-            dev.gid(),
-            dev.gid_index()
-        ),
+        _ => {
+            let (i, gid) = dev.default_gid();
+            fail!(
+                "no GID at index {index} of {} (its GID {gid} is at index {i})",
+                dev.name()
+            )
+        }
     }
 }
 

@@ -112,16 +112,18 @@ struct Args {
     #[arg(long = "report_gbits")]
     report_gbits: bool,
     /// GID index of the device (a UDP device has one GID, at 0; a VFIO device its IPv6
-    /// link-local GID at 0 and 1 and its IPv4 one at 2). Default: the device's GID.
+    /// link-local GID at 0 and 1 and its IPv4 one at 2; a verbs device its port's table). Default: the
+    /// device's GID (on a verbs device its first IPv4-mapped RoCEv2 GID).
     #[arg(short = 'x', long = "gid-index")]
     gid_index: Option<i64>,
-    /// The device: `udp:ADDRESS[:PORT]` or `vfio:PCI_ADDRESS` (same as --link).
+    /// The device: `udp:ADDRESS[:PORT]`, `vfio:PCI_ADDRESS` or `verbs:DEVICE` (same as --link).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     ib_dev: Option<String>,
     /// The device: `udp:ADDRESS[:PORT]`, the local address (and UDP port, default 4791) of a UDP
-    /// socket (the default, from the out-of-band connection), or `vfio:PCI_ADDRESS`, a virtio-net
-    /// NIC bound to vfio-pci that this process drives (see the --vfio-* options).
-    #[arg(long, value_name = "udp:ADDRESS[:PORT]|vfio:PCI_ADDRESS")]
+    /// socket (the default, from the out-of-band connection); `vfio:PCI_ADDRESS`, a virtio-net NIC bound to
+    /// vfio-pci that this process drives (see the --vfio-* options); or `verbs:DEVICE`, an RDMA
+    /// device as ibv_devices lists it (`rxe0`, `mlx5_0`) through rdma-core's libibverbs.
+    #[arg(long, value_name = "udp:ADDRESS[:PORT]|vfio:PCI_ADDRESS|verbs:DEVICE")]
     link: Option<String>,
     #[command(flatten)]
     vfio: common::VfioArgs,
@@ -428,7 +430,7 @@ fn run(p: &Params) -> Result<(), Fail> {
             (conn, ip)
         }
     };
-    let spec = match (p.link, local_ip) {
+    let spec = match (p.link.clone(), local_ip) {
         (Some(s), _) => s,
         (None, Some(ip)) => LinkSpec::udp(match ip {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
@@ -436,7 +438,7 @@ fn run(p: &Params) -> Result<(), Fail> {
         }),
         (None, None) => return fail!("cannot tell which local address to use: give --link"),
     };
-    let dev = common::open_device(spec, p.progress, p.window_budget, &p.vfio)?;
+    let dev = common::open_device(spec.clone(), p.progress, p.window_budget, &p.vfio)?;
     let gid_index = p.gid_index.unwrap_or(i64::from(dev.gid_index()));
     let gid = common::check_gid_index(&dev, gid_index)?;
     let port_mtu = dev.query_port().active_mtu;

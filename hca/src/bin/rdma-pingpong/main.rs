@@ -73,13 +73,14 @@ struct Cli {
     /// Listen on / connect to TCP port PORT.
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
-    /// The device: `udp:ADDRESS[:PORT]` or `vfio:PCI_ADDRESS` (same as --link).
+    /// The device: `udp:ADDRESS[:PORT]`, `vfio:PCI_ADDRESS` or `verbs:DEVICE` (same as --link).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     ib_dev: Option<String>,
     /// The device: `udp:ADDRESS[:PORT]`, the local address (and UDP port, default 4791) of a UDP
-    /// socket (the default, from the route to SERVER), or `vfio:PCI_ADDRESS`, a virtio-net NIC
-    /// bound to vfio-pci that this process drives (see the --vfio-* options).
-    #[arg(long, value_name = "udp:ADDRESS[:PORT]|vfio:PCI_ADDRESS")]
+    /// socket (the default, from the route to SERVER); `vfio:PCI_ADDRESS`, a virtio-net NIC bound to
+    /// vfio-pci that this process drives (see the --vfio-* options); or `verbs:DEVICE`, an RDMA
+    /// device as ibv_devices lists it (`rxe0`, `mlx5_0`) through rdma-core's libibverbs.
+    #[arg(long, value_name = "udp:ADDRESS[:PORT]|vfio:PCI_ADDRESS|verbs:DEVICE")]
     link: Option<String>,
     #[command(flatten)]
     vfio: common::VfioArgs,
@@ -105,7 +106,8 @@ struct Cli {
     #[arg(short = 'e', long)]
     events: bool,
     /// Local port GID index (a UDP device has one GID, at 0; a VFIO device its IPv6
-    /// link-local GID at 0 and 1 and its IPv4 one at 2). Default: the device's GID.
+    /// link-local GID at 0 and 1 and its IPv4 one at 2; a verbs device its port's table). Default: the
+    /// device's GID (on a verbs device its first IPv4-mapped RoCEv2 GID).
     #[arg(short = 'g', long = "gid-idx")]
     gid_idx: Option<i64>,
     /// Validate the received buffer.
