@@ -88,6 +88,10 @@ const GID_SCAN: u32 = 256;
 /// tables is not held up longer.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
 
+/// The attributes `query_qp` asks for: every one below `IBV_QP_RATE_LIMIT` (bit 25), the bits
+/// ibv_cmd_query_qp accepts (rdma-core libibverbs/cmd.c answers any higher bit with EOPNOTSUPP).
+const QUERY_QP_MASK: QpAttrMask = QpAttrMask::from_bits_truncate(QpAttrMask::RATE_LIMIT.bits() - 1);
+
 /// The RDMA device names the kernel offers (ibv_get_device_list(3)), e.g. `["rxe0", "mlx5_0"]`.
 ///
 /// # Errors
@@ -980,9 +984,12 @@ impl Verbs for IbvDevice {
         let err = |cause| VerbsError::QueryQp { qpn, cause };
         let o = self.read();
         let entry = o.qps.get(&qpn).ok_or(err(no_such(Object::Qp, qpn)))?;
+        // Every attribute but the rate limit: libibverbs' ibv_cmd_query_qp refuses any mask bit
+        // at or above IBV_QP_RATE_LIMIT with EOPNOTSUPP (rdma-core libibverbs/cmd.c), and the
+        // rate limit is not a queryable attribute (ibv_query_qp(3) lists none).
         let (attr, raw_init) = self
             .ctx
-            .query_qp(&entry.raw, QpAttrMask::all().bits())
+            .query_qp(&entry.raw, QUERY_QP_MASK.bits())
             .map_err(|e| err(os(e)))?;
         let mut init = entry.init;
         init.cap = translate::qp_cap_from(&raw_init.cap);
@@ -1160,6 +1167,24 @@ mod tests {
         // The enumeration agrees: whatever it lists, that name is not among them.
         if let Ok(names) = device_names() {
             assert!(!names.iter().any(|n| n == "no-such-device9"));
+        }
+    }
+
+    /// query_qp asks for every queryable attribute and no bit libibverbs refuses
+    /// (ibv_cmd_query_qp: EOPNOTSUPP for IBV_QP_RATE_LIMIT = 1 << 25 and above).
+    #[test]
+    fn query_qp_mask_stays_below_rate_limit() {
+        assert!(QUERY_QP_MASK.bits() < 1 << 25);
+        assert!(!QUERY_QP_MASK.contains(QpAttrMask::RATE_LIMIT));
+        for m in [
+            QpAttrMask::STATE,
+            QpAttrMask::ACCESS_FLAGS,
+            QpAttrMask::AV,
+            QpAttrMask::ALT_PATH,
+            QpAttrMask::DEST_QPN,
+            QpAttrMask::MAX_DEST_RD_ATOMIC,
+        ] {
+            assert!(QUERY_QP_MASK.contains(m), "{m:?}");
         }
     }
 
