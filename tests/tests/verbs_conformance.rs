@@ -93,3 +93,29 @@ fn unknown_and_unavailable_backends_are_clear_errors() {
     assert!(e.contains("verbs:no-such-dev9"), "{e}");
     assert!(!e.contains('\n'), "{e}");
 }
+
+/// A documented deviation explains exactly its check on exactly its backend; every entry names a
+/// case that exists and gives a reason.
+#[test]
+fn known_differences_explain_only_their_own_checks() {
+    for k in conformance::KNOWN_DIFFERENCES {
+        assert!(
+            conformance::CASES.iter().any(|c| c.name == k.case),
+            "{}",
+            k.case
+        );
+        assert!(!k.reason.is_empty() && !k.backend.is_empty(), "{k:?}");
+    }
+    let mut r = conformance::Record::new("rc_loc_prot_err");
+    r.failures
+        .push("requester: got [(1, LocQpOpErr)], expected [(1, LocProtErr)]".into());
+    assert!(conformance::unexplained_failures(&r, "verbs:rxe0").is_empty());
+    assert_eq!(
+        conformance::unexplained_failures(&r, "udp:127.0.0.1").len(),
+        1
+    );
+    assert_eq!(conformance::unexplained_failures(&r, "fabric").len(), 1);
+    r.failures
+        .push("requester: got [(1, RemAccessErr)], expected [(1, LocProtErr)]".into());
+    assert_eq!(conformance::unexplained_failures(&r, "verbs:rxe0").len(), 1);
+}

@@ -160,6 +160,8 @@ pub(crate) struct Side {
     pub srq: Option<SrqHandle>,
     pub qps: Vec<u32>,
     pub ahs: Vec<AhHandle>,
+    /// The transport of every QP of the side.
+    pub qp_type: QpType,
 }
 
 impl Side {
@@ -172,6 +174,7 @@ impl Side {
             .reg_mr(pd, mem.clone(), 0, MEM_LEN, iova, o.mr_access)
             .ctx("reg_mr")?;
         let mut side = Side {
+            qp_type: o.qp_type,
             pd,
             scq: dev.create_cq(256).ctx("create_cq")?,
             rcq: dev.create_cq(256).ctx("create_cq")?,
@@ -484,8 +487,12 @@ fn psn(label: char, qi: usize) -> u32 {
 
 /// A completion as the record shows it, QPNs named by role (`a0`, `b1`; `?` for a QPN the side
 /// does not have): `qp_num` among the QPs of `own` (the side whose CQ it came from), `src_qp`
-/// among those of `peer`. Per ibv_poll_cq(3), an error completion shows only `wr_id`, status and
-/// QP; `byte_len` is shown for receive completions only.
+/// among those of `peer`. Only what the verbs define is shown: per ibv_poll_cq(3), an error
+/// completion has only `wr_id`, status and QP valid; `byte_len`, the immediate data and the
+/// WITH_IMM / WITH_INV flags are outputs of receive completions (IBTA vol. 1 11.4.2.1, Poll for
+/// Completion), so a send completion shows its opcode only; the GRH flag and `src_qp` are
+/// "valid only for UD QPs" (ibv_poll_cq(3)), so an RC / UC receive shows neither (rxe sets the
+/// GRH flag on every RoCE receive and WITH_IMM on the send completion of a WR with immediate).
 pub(crate) fn wc_text(wc: &WorkCompletion, own: &Side, peer: &Side) -> String {
     let name = |side: &Side, qpn: u32| {
         side.qps
@@ -503,14 +510,16 @@ pub(crate) fn wc_text(wc: &WorkCompletion, own: &Side, peer: &Side) -> String {
         return t;
     }
     t.push_str(&format!(" op={}", opcode_name(wc.opcode)));
-    if wc.opcode.is_recv() {
-        t.push_str(&format!(" len={}", wc.byte_len));
+    if !wc.opcode.is_recv() {
+        return t;
     }
+    t.push_str(&format!(" len={}", wc.byte_len));
+    let ud = own.qp_type == QpType::Ud;
     if let Some(imm) = wc.imm_data {
         t.push_str(&format!(" imm={imm:#x}"));
     }
     let mut flags = Vec::new();
-    if wc.wc_flags.contains(WcFlags::GRH) {
+    if ud && wc.wc_flags.contains(WcFlags::GRH) {
         flags.push("GRH");
     }
     if wc.wc_flags.contains(WcFlags::WITH_IMM) {
@@ -522,7 +531,7 @@ pub(crate) fn wc_text(wc: &WorkCompletion, own: &Side, peer: &Side) -> String {
     if !flags.is_empty() {
         t.push_str(&format!(" flags={}", flags.join("|")));
     }
-    if wc.wc_flags.contains(WcFlags::GRH) {
+    if ud && wc.wc_flags.contains(WcFlags::GRH) {
         t.push_str(&format!(" src_qp={}", name(peer, wc.src_qp)));
     }
     t

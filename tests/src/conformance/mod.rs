@@ -168,8 +168,10 @@ pub fn run_suite(devices: &Devices, cases: &[&Case]) -> Vec<Record> {
         .collect()
 }
 
-/// A documented, legitimate difference of one backend from the software reference in one field
-/// of one case (a device limit, an optional feature). [`compare`] accepts exactly these.
+/// A documented difference of one backend from the software reference in one field of one case:
+/// a device limit, an optional feature, behaviour the verbs leave open, or a known deviation of
+/// that device from the rule the case checks. [`compare`] accepts exactly these, and
+/// [`unexplained_failures`] the case's own failed checks they name.
 #[derive(Debug, Clone, Copy)]
 pub struct KnownDifference {
     /// The case.
@@ -178,13 +180,128 @@ pub struct KnownDifference {
     pub field: &'static str,
     /// Backends (device name prefixes, e.g. `verbs:rxe`) the difference applies to.
     pub backend: &'static str,
-    /// Why it is legitimate, with the source.
+    /// Why, with the source.
     pub reason: &'static str,
+    /// The start of the case's own failed check that the same behaviour trips, if it trips one
+    /// (a deviation from the rule, not only from the reference's values).
+    pub check: Option<&'static str>,
 }
+
+/// rxe0 as Linux 6.1 (Debian 12's kernel, the guest of `tests/guest/verbs.sh`) runs it: one
+/// device, the two sides of a case talking through rxe's loopback path.
+const RXE: &str = "verbs:rxe";
 
 /// The documented differences. Between the software backends (fabric, UDP) there are none: they
 /// run the same engine, and any difference is a bug of a link.
-pub const KNOWN_DIFFERENCES: &[KnownDifference] = &[];
+pub const KNOWN_DIFFERENCES: &[KnownDifference] = &[
+    KnownDifference {
+        case: "rc_recv_too_small",
+        field: "a.send_cq.0",
+        backend: RXE,
+        reason: "rxe deviates: its responder takes a SEND longer than the receive buffers for a \
+                 malformed WQE (NAK remote operational error: the requester sees REM_OP_ERR, not \
+                 REM_INV_REQ_ERR as IBTA vol. 1 §9.9.3 asks)",
+        check: Some("requester: got [(1, RemOpErr)]"),
+    },
+    KnownDifference {
+        case: "rc_recv_too_small",
+        field: "b.recv_cq.0",
+        backend: RXE,
+        reason: "rxe deviates: the receive of that overlong SEND completes with LOC_QP_OP_ERR \
+                 (malformed WQE), not LOC_LEN_ERR",
+        check: None,
+    },
+    KnownDifference {
+        case: "rc_loc_prot_err",
+        field: "a.send_cq.0",
+        backend: RXE,
+        reason: "rxe deviates: a gather SGE with an invalid lkey fails its requester's copy of the \
+                 payload with LOC_QP_OP_ERR, not LOC_PROT_ERR (IBTA vol. 1 §10.8.3)",
+        check: Some("requester: got [(1, LocQpOpErr)]"),
+    },
+    KnownDifference {
+        case: "rc_flush_on_error",
+        field: "b.recv_cq.late.n",
+        backend: RXE,
+        reason: "rxe deviates: a receive posted to an RC QP already in ERR is accepted but not \
+                 flushed (no WR_FLUSH_ERR completion; IBTA vol. 1 §10.3.1 / C10-29 asks for \
+                 one); WRs outstanding at the move to ERR, and sends posted in ERR, do flush",
+        check: Some("receive posted in ERR: got []"),
+    },
+    KnownDifference {
+        case: "rc_flush_on_error",
+        field: "b.recv_cq.late.0",
+        backend: RXE,
+        reason: "the flush completion of the receive posted in ERR that rxe does not produce \
+                 (above): the record is one field short there",
+        check: None,
+    },
+    KnownDifference {
+        case: "ud_send_grh",
+        field: "b.grh0",
+        backend: RXE,
+        reason: "two things: rxe sends with ECN not-ECT (tos 0x0) where the software engine marks \
+                 ECT(0) (tos 0x2) for congestion control (both allowed, IBTA Annex A17.9); and \
+                 rxe's loopback path (both QPs on one device) hands the packet to its receive side \
+                 without the IPv4 header checksum that ip_local_out would have filled in, so the \
+                 GRH area holds an invalid checksum (on the wire it is valid)",
+        check: Some("IPv4 header checksum invalid"),
+    },
+    KnownDifference {
+        case: "ud_send_grh",
+        field: "b.grh1",
+        backend: RXE,
+        reason: "as b.grh0: tos 0x0 (no ECT) and no IPv4 checksum on rxe's loopback path",
+        check: Some("IPv4 header checksum invalid"),
+    },
+    KnownDifference {
+        case: "post_send_refusals",
+        field: "atomic_length_16",
+        backend: RXE,
+        reason: "rxe accepts an atomic WR whose scatter entry is longer than 8 bytes (it checks \
+                 only length >= 8) and returns the 8-byte original value into it; the software \
+                 engine refuses any length but 8 (an atomic acts on one 64-bit value, IBTA vol. 1 §9.4)",
+        check: Some("atomic_length_16: got Some(\"ok\")"),
+    },
+    KnownDifference {
+        case: "post_send_refusals",
+        field: "inline_read",
+        backend: RXE,
+        reason: "rxe ignores IBV_SEND_INLINE on an RDMA READ, the software engine refuses it; \
+                 ibv_post_send(3) defines the flag for SEND and RDMA WRITE only, so both readings \
+                 are allowed",
+        check: Some("inline_read: got Some(\"ok\")"),
+    },
+    KnownDifference {
+        case: "post_send_refusals",
+        field: "queue_full",
+        backend: RXE,
+        reason: "follows from the two WRs rxe accepted above: they stay outstanding (no \
+                 completion within WAIT) and hold slots of the send queue (max_send_wr 4 asked, \
+                 7 granted); rxe then refuses the 5th WR of the list with ENOMEM where 7 - 2 = 5 \
+                 would fit. Why one slot more is taken is NOT yet understood (the index is the \
+                 bad_wr librxe returns, passed through unchanged)",
+        check: Some("queue_full: got \"ENOMEM bad_wr="),
+    },
+];
+
+/// The documented difference that explains `failure`, a failed check of `case` on `backend`.
+pub fn known_failure(case: &str, failure: &str, backend: &str) -> Option<&'static KnownDifference> {
+    KNOWN_DIFFERENCES.iter().find(|k| {
+        k.case == case
+            && backend.starts_with(k.backend)
+            && k.check.is_some_and(|c| failure.starts_with(c))
+    })
+}
+
+/// The failed checks of `record` on `backend` that no [`KnownDifference`] explains.
+pub fn unexplained_failures<'a>(record: &'a Record, backend: &str) -> Vec<&'a String> {
+    record
+        .failures
+        .iter()
+        .filter(|f| known_failure(&record.case, f, backend).is_none())
+        .collect()
+}
 
 /// One difference between two runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
