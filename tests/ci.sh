@@ -12,8 +12,7 @@ cargo test -p roce --no-default-features
 # The cargo-fuzz target (not a workspace member) must keep building.
 cargo check --quiet --manifest-path roce/fuzz/Cargo.toml
 # Includes the verbs conformance suite on the software backends (tests/tests/verbs_conformance.rs: the fabric and
-# UDP runs must pass every case and agree field for field; about 3 s). Its run on rxe0 in a guest needs the
-# libibverbs backend (issue 7) and is added with it.
+# UDP runs must pass every case and agree field for field; about 3 s); its run on rxe0 is in the guest below.
 cargo test --workspace
 # Real peers: Linux soft-RoCE (rdma_rxe) and rdma-core's tools in QEMU TCG guests (tests/guest/README.md).
 # The rxe-to-rxe reference matrix, then every RoCEv2 frame of its capture re-verified by the roce crate.
@@ -25,3 +24,7 @@ cargo test -p tests --test guest_reference -- --ignored --test-threads 1 referen
 cargo test -p tests --test guest_matrix -- --ignored --test-threads 1 matrix_passes_and_every_icrc_verifies
 # Kernel bypass: the VFIO userspace virtio-net driver in a q35 + intel-iommu guest against rxe (tests/guest/vfio.sh).
 cargo test -p hca --test vfio_guest -- --ignored --test-threads 1
+# The IB verbs path: hca::ibverbs (--link verbs:rxe0) on Linux rxe in a guest: the conformance suite compared with
+# the software engine, coll-perf all-reduce on 2 and 4 ranks, rdma-perf / rdma-pingpong against the software HCA
+# on the host, both roles (tests/guest/verbs.sh).
+cargo test -p tests --test guest_verbs -- --ignored --test-threads 1

@@ -208,8 +208,11 @@ rg_guest_start() {
     kernel="$cache/kernel/vmlinuz"
     initrd="$cache/initramfs.cpio.gz"
     [ -f "$kernel" ] && [ -f "$initrd" ] || rg_die "no kernel/initramfs in $cache: run tests/guest/setup.sh"
+    # The whole job folder becomes /job: run.sh and whatever rides beside it (tests/guest/verbs.sh puts
+    # stripped release binaries in bin/, the libraries the base archive lacks in lib/, input files).
+    rm -rf "$d/stage/job"
     mkdir -p "$d/stage/job"
-    cp "$job/run.sh" "$d/stage/job/run.sh"
+    cp -a "$job/." "$d/stage/job/"
     # The job rides as a second cpio archive appended to the cached initramfs (the kernel unpacks both).
     (cd "$d/stage" && find job | cpio -o -H newc --quiet -R 0:0 | gzip -1 >"$d/job.cpio.gz") \
         || rg_die "cannot pack the job of guest $side"
