@@ -2357,7 +2357,16 @@ mod tests {
     #[test]
     fn post_from_reads_user_memory_and_registers_it_once() {
         let (mut a, mut b) = pair(2, env(14, 7));
-        let user: Vec<u8> = (0..200u8).collect();
+        // The 164 bytes sent lie in one page (the cache registers whole pages: a buffer that
+        // crossed a page boundary would need a second registration, and the count below would
+        // depend on where the allocator put it).
+        let mut buf = vec![0u8; 2 * RegCache::PAGE];
+        let off = buf.as_ptr().align_offset(RegCache::PAGE);
+        let user = &mut buf[off..off + 200];
+        for (i, b) in user.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let user = &*user;
         for k in 0..3u16 {
             let src = &user[k as usize * 50..k as usize * 50 + 64];
             // SAFETY: `user` outlives the drain below and is not written.
