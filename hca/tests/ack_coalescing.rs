@@ -101,6 +101,22 @@ fn a_held_ack_goes_alone_at_its_deadline() {
 }
 
 #[test]
+fn releasing_held_acks_sends_them_at_the_next_transmit() {
+    let (mut f, a, b) = pair(&opts(20));
+    one_send(&mut f, &a, &b);
+    assert!(transmit(&mut f, &b, t_us(3)).is_empty(), "held");
+    // A driver about to stop lets it go before its deadline (22 us).
+    f.node_mut(b.node).release_held_acks();
+    let out = transmit(&mut f, &b, t_us(4));
+    assert_eq!(shape(&out), [Opcode::RcAcknowledge]);
+    deliver_all(&mut f, &a, &out, t_us(5));
+    assert_eq!(poll(&mut f, &a)[0].status, WcStatus::Success);
+    // Nothing else was waiting.
+    f.node_mut(b.node).release_held_acks();
+    assert!(transmit(&mut f, &b, t_us(6)).is_empty());
+}
+
+#[test]
 fn requests_arriving_meanwhile_share_the_held_ack() {
     let (mut f, a, b) = pair(&opts(20));
     for i in 0..3 {

@@ -998,3 +998,38 @@ fn qps_share_the_window_budget() {
     assert_eq!(dev.qp_window(), 128);
     dev.destroy_qp(first).unwrap();
 }
+
+/// A device closed right after it received a SEND still acknowledges it: `close` sends the ACK
+/// that `EngineConfig::ack_delay` held back, so the peer's send completes with success instead of
+/// retrying into a closed device until RETRY_EXC_ERR (what `rdma-pingpong`'s server saw about
+/// every second short run: the client exited on its last receive with the ACK of it held).
+#[test]
+fn close_sends_the_held_ack() {
+    let da = open("127.0.0.22", Progress::Thread);
+    let mut c = UdpDeviceConfig::new(ip("127.0.0.23"));
+    c.port = 0;
+    c.progress = Progress::Caller;
+    // Far longer than the test: only `close` can send the ACK.
+    c.engine.ack_delay = Duration::from_secs(600);
+    let db = UdpDevice::open(c).unwrap();
+    da.set_peer_port(db.local_addr().ip(), db.local_addr().port());
+    db.set_peer_port(da.local_addr().ip(), da.local_addr().port());
+    let a = Side::new(Arc::new(da), QpType::Rc, 0x10_0000);
+    let b = Side::new(Arc::new(db), QpType::Rc, 0x7700_0000);
+    // Local ACK timeout 4.096 us * 2^14 = 67 ms, one retry: without the ACK, RETRY_EXC_ERR
+    // after about 134 ms.
+    let conn = Conn {
+        retry_cnt: 1,
+        ..Conn::default()
+    };
+    bring_up(&a, &b, 0x100, 0x200, QpType::Rc, conn);
+    bring_up(&b, &a, 0x200, 0x100, QpType::Rc, conn);
+    b.post_recv(7, &[b.sge(0, 64)]);
+    a.write(0, &pattern(8, 3));
+    a.post_send(1, &[a.sge(0, 8)], SendOp::Send);
+    let w = b.wait(1);
+    assert_eq!((w[0].wr_id, w[0].status), (7, WcStatus::Success));
+    b.dev.close();
+    let w = a.wait(1);
+    assert_eq!((w[0].wr_id, w[0].status), (1, WcStatus::Success), "{w:?}");
+}

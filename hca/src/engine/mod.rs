@@ -980,6 +980,24 @@ impl SoftHca {
         }
     }
 
+    /// Ends the wait of every held ACK ([`EngineConfig::ack_delay`]): each goes at the next
+    /// [`SoftHca::poll_transmit`] instead of when its delay runs out. A driver that is about to
+    /// stop (a device being closed) calls this before its last transmit, since nothing would
+    /// send a held ACK afterwards and the peer's requester would retransmit until its retry
+    /// count runs out (`IBV_WC_RETRY_EXC_ERR`, IBTA vol. 1 §9.7.6.1.3) for a message this side
+    /// already received and completed.
+    pub fn release_held_acks(&mut self) {
+        let held: Vec<u32> = self
+            .qps
+            .iter_mut()
+            .flatten()
+            .filter_map(|t| t.resp.ack_due.take().map(|_| t.qpn))
+            .collect();
+        for qpn in held {
+            self.mark_ready(qpn);
+        }
+    }
+
     /// The oldest unread async event (ibv_get_async_event(3)).
     #[must_use]
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {

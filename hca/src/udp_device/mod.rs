@@ -1253,7 +1253,7 @@ impl<L: Link> SoftDevice<L> {
         self.shared.closed.load(Ordering::Acquire)
     }
 
-    /// Closes the device: sends what the engine has queued, moves every QP to ERR (every
+    /// Closes the device: sends what the engine has queued (held ACKs too), moves every QP to ERR (every
     /// outstanding WR completes with `IBV_WC_WR_FLUSH_ERR` in its CQ before this returns), stops
     /// new work ([`DeviceError::Closed`]) and joins the progress thread. Completions and events
     /// stay pollable. Calling it again does nothing.
@@ -1263,7 +1263,10 @@ impl<L: Link> SoftDevice<L> {
             return;
         }
         let s = &self.shared;
-        // Last words: ACKs and responses the engine has already built or queued.
+        // Last words: ACKs and responses the engine has already built or queued, held ACKs
+        // included (nothing would send them later, and the peer would retransmit the messages
+        // they acknowledge until RETRY_EXC_ERR).
+        lock(&s.engine).release_held_acks();
         {
             let mut io = lock(&s.io);
             s.round(&mut io, false);
