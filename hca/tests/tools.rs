@@ -653,3 +653,47 @@ fn wrong_gid_index_and_unreachable_server() {
     assert!(err.contains("192.0.2.1"), "{err}");
     assert!(took < Duration::from_secs(30), "{took:?}");
 }
+
+/// Numbers past what the tools can use are refused at once, in one line naming the option, and
+/// never panic: a `--timeout` or `-D` that overflows a deadline (it used to panic with "overflow
+/// when adding duration to instant"), an `-r` whose CQ size wraps around `u32` (it used to ask
+/// for a 0-entry CQ), an `-s` above the port's max message size (it used to allocate and fill
+/// 4 GiB first, then say only "Couldn't post receive (0)").
+#[test]
+fn out_of_range_numbers_are_clear_errors() {
+    let port = free_port().to_string();
+    let huge = "18446744073709551615";
+    for (bin, args) in [
+        (PINGPONG, &["--timeout", huge][..]),
+        (PINGPONG, &["--timeout", "0"][..]),
+        (PERF, &["write-bw", "--timeout", huge][..]),
+        (PERF, &["send-lat", "-D", huge][..]),
+    ] {
+        let args = [args, &["-p", &port, "127.0.0.1"]].concat();
+        let (out, _) = run(bin, &args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("from 1 to 86400"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    let (a, _) = addresses();
+    let link = format!("udp:{a}");
+    for (args, needle) in [
+        (
+            &["-r", "4294967295"][..],
+            "rx-depth 4294967295 above the device's maximum",
+        ),
+        (&["-s", "4294967295"][..], "max message size (2147483648)"),
+    ] {
+        let args = [
+            args,
+            &["--link", &link, "-p", &port, "--timeout", "2", "127.0.0.1"],
+        ]
+        .concat();
+        let (out, _) = run(PINGPONG, &args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    }
+}

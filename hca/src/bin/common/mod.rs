@@ -299,6 +299,21 @@ pub fn check_gid_index(dev: &Dev, index: i64) -> Result<Gid, Fail> {
     }
 }
 
+/// The largest `--timeout` (and `rdma-perf -D`) the tools take, seconds: one day. Deadlines are
+/// `now + timeout`, and `std::time::Instant` cannot hold one that far off for every value a
+/// `u64` can say.
+pub const MAX_SECS: u64 = 86_400;
+
+/// Parses a number of seconds from 1 to [`MAX_SECS`] (`--timeout`, `-D`).
+pub fn parse_secs(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(s) if (1..=MAX_SECS).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "\"{text}\" is not a number of seconds from 1 to {MAX_SECS}"
+        )),
+    }
+}
+
 /// The out-of-band timeouts for `--timeout SECS`: connect, accept and each message.
 pub fn oob_timeouts(secs: u64) -> OobTimeouts {
     let t = Duration::from_secs(secs.max(1));
@@ -508,6 +523,18 @@ mod tests {
         assert!(e.0.contains("bad link \"udp:rxe0\""), "{e}");
         let e = parse_link("rdma:mlx5_0").unwrap_err();
         assert!(e.0.contains("unknown link type \"rdma\""), "{e}");
+    }
+
+    #[test]
+    fn seconds() {
+        assert_eq!(parse_secs("1"), Ok(1));
+        assert_eq!(parse_secs("86400"), Ok(MAX_SECS));
+        for bad in ["0", "86401", "18446744073709551615", "-1", "1.5", ""] {
+            assert!(
+                parse_secs(bad).unwrap_err().contains("from 1 to 86400"),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

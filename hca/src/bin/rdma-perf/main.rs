@@ -105,8 +105,8 @@ struct Args {
     /// Listen on / connect to TCP port PORT.
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
-    /// Run the test for SECS seconds.
-    #[arg(short = 'D', long = "duration", value_name = "SECS")]
+    /// Run the test for SECS seconds (1 to 86400).
+    #[arg(short = 'D', long = "duration", value_name = "SECS", value_parser = common::parse_secs)]
     duration: Option<u64>,
     /// Report bandwidth in Gb/s instead of MB/s.
     #[arg(long = "report_gbits")]
@@ -156,8 +156,9 @@ struct Args {
     /// Who drives the device (default: thread for bandwidth, caller for latency tests).
     #[arg(long, value_enum)]
     progress: Option<ProgressArg>,
-    /// Longest wait for the peer, seconds: connecting, each TCP message, each completion.
-    #[arg(long, default_value_t = 30)]
+    /// Longest wait for the peer, seconds (1 to 86400): connecting, each TCP message, each
+    /// completion.
+    #[arg(long, default_value_t = 30, value_parser = common::parse_secs)]
     timeout: u64,
     /// Print the device's engine, link and progress counters to stderr at the end.
     #[arg(long)]

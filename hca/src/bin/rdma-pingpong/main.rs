@@ -116,8 +116,9 @@ struct Cli {
     /// Who drives the device: the polling loop (caller, default) or a progress thread.
     #[arg(long, value_enum, default_value = "caller")]
     progress: ProgressArg,
-    /// Longest wait for the peer, seconds: connecting, each TCP message, each completion.
-    #[arg(long, default_value_t = 30)]
+    /// Longest wait for the peer, seconds (1 to 86400): connecting, each TCP message, each
+    /// completion.
+    #[arg(long, default_value_t = 30, value_parser = common::parse_secs)]
     timeout: u64,
     /// Print the device's engine, link and progress counters to stderr at the end.
     #[arg(long)]
@@ -254,6 +255,19 @@ fn setup(cli: &Cli, spec: LinkSpec, qp_type: QpType, size: usize) -> Result<Ctx,
     let dev = common::open_device(spec, cli.progress.into(), None, &cli.vfio)?;
     let gid_idx = cli.gid_idx.unwrap_or(i64::from(dev.gid_index()));
     common::check_gid_index(&dev, gid_idx)?;
+    let max_msg = dev.query_port().max_msg_sz;
+    if size as u64 > max_msg {
+        return fail!("Requested size {size} larger than the port's max message size ({max_msg})");
+    }
+    // The CQ holds rx_depth receives and the send.
+    let max_cqe = dev.query_device().max_cqe;
+    if u64::from(cli.rx_depth) + 1 > u64::from(max_cqe) {
+        return fail!(
+            "rx-depth {} above the device's maximum ({}: its CQs hold {max_cqe} entries)",
+            cli.rx_depth,
+            max_cqe - 1
+        );
+    }
     if qp_type == QpType::Ud {
         let mtu = dev.query_port().active_mtu.bytes();
         if size > mtu {
@@ -309,10 +323,7 @@ fn setup(cli: &Cli, spec: LinkSpec, qp_type: QpType, size: usize) -> Result<Ctx,
         mr,
         ah: None,
     };
-    let posted = post_recvs(&ctx, qp_type, size, cli.rx_depth as usize);
-    if posted < cli.rx_depth as usize {
-        return fail!("Couldn't post receive ({posted})");
-    }
+    post_recvs(&ctx, qp_type, size, cli.rx_depth as usize)?;
     Ok(ctx)
 }
 
@@ -377,7 +388,8 @@ fn connect(
     Ok(())
 }
 
-fn post_recvs(ctx: &Ctx, qp_type: QpType, size: usize, n: usize) -> usize {
+/// Posts `n` receives; the error names how many went and why the next did not.
+fn post_recvs(ctx: &Ctx, qp_type: QpType, size: usize, n: usize) -> Result<usize, Fail> {
     let len = if qp_type == QpType::Ud {
         size + GRH
     } else {
@@ -388,19 +400,16 @@ fn post_recvs(ctx: &Ctx, qp_type: QpType, size: usize, n: usize) -> usize {
         length: len as u32,
         lkey: ctx.mr.lkey(),
     }];
-    (0..n)
-        .take_while(|_| {
-            ctx.dev
-                .post_recv(
-                    ctx.qpn,
-                    &RecvWr {
-                        wr_id: RECV_WRID,
-                        sg_list: &sge,
-                    },
-                )
-                .is_ok()
-        })
-        .count()
+    for posted in 0..n {
+        let wr = RecvWr {
+            wr_id: RECV_WRID,
+            sg_list: &sge,
+        };
+        if let Err(e) = ctx.dev.post_recv(ctx.qpn, &wr) {
+            return fail!("Couldn't post receive ({posted}): {e}");
+        }
+    }
+    Ok(n)
 }
 
 fn post_send(ctx: &Ctx, qp_type: QpType, size: usize, remote_qpn: u32) -> Result<(), Fail> {
@@ -540,10 +549,7 @@ fn pingpong(
                     routs -= 1;
                     if routs <= 1 {
                         let want = cli.rx_depth as usize - routs;
-                        routs += post_recvs(ctx, qp_type, size, want);
-                        if routs < cli.rx_depth as usize {
-                            return fail!("Couldn't post receive ({routs})");
-                        }
+                        routs += post_recvs(ctx, qp_type, size, want)?;
                     }
                     rcnt += 1;
                 }
