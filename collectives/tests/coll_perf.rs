@@ -434,3 +434,46 @@ fn device_option_is_parsed_and_checked() {
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("tpu"));
 }
+
+/// Numbers past what a host can do are refused in one line per process, never with a panic, an
+/// allocator abort or a run that cannot end: `-T` that overflows a deadline (it panicked in the
+/// rendezvous thread), `--ranks` beyond the local spawner's bound (100000 processes were being
+/// started), `-w` of 2^64 - 1 (a warm-up that never ends), and sizes larger than memory or the
+/// address space (an allocator abort with a backtrace, or "capacity overflow").
+#[test]
+fn out_of_range_numbers_fail_clearly() {
+    for (args, needle) in [
+        (
+            &["-T", "18446744073709551615"][..],
+            "-T/--timeout must be from 1 to 86400",
+        ),
+        (&["--ranks", "100000"][..], "at most 256 rank processes"),
+        (&["-w", "18446744073709551615"][..], "at most 100000000"),
+    ] {
+        let args = [&["all-reduce", "-b", "1K", "-e", "1K"][..], args].concat();
+        let out = coll_perf(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    }
+    // Beyond any address space, so that no overcommit setting lets the allocation through.
+    for (coll, size) in [
+        ("all-reduce", "99999999999G"),
+        ("all-gather", "99999999999G"),
+    ] {
+        let out = coll_perf(&[coll, "--ranks", "2", "-b", size, "-e", size]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{coll} {size}: {err}");
+        assert!(
+            err.contains("cannot allocate a host buffer of"),
+            "{coll} {size}: {err}"
+        );
+        assert!(
+            !err.contains("panicked") && !err.contains("backtrace"),
+            "{coll} {size}: {err}"
+        );
+        // Each rank names the failure in one line; the spawner adds one line per rank.
+        assert!(err.trim_end().lines().count() <= 4, "{coll} {size}: {err}");
+    }
+}

@@ -50,6 +50,13 @@ pub mod spawn;
 use data::{Expect, Pattern};
 use report::{bandwidth, row_body, row_preamble, Counts, TableHeader};
 
+/// The largest `-T/--timeout`, seconds (one day): deadlines are `now + timeout`, which
+/// `std::time::Instant` cannot hold for every `u64` number of seconds.
+pub const MAX_TIMEOUT_SECS: u64 = 86_400;
+
+/// The most iterations `-n`, `-w` and `-c` take (perftest's bound on `-n`).
+pub const MAX_ITERS: usize = 100_000_000;
+
 /// The collectives `coll-perf` measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
 pub enum Collective {
@@ -225,8 +232,16 @@ impl PerfArgs {
         if self.ranks == Some(0) {
             return Err("--ranks must be at least 1".into());
         }
-        if self.timeout == 0 {
-            return Err("-T/--timeout must be at least 1 second".into());
+        if !(1..=MAX_TIMEOUT_SECS).contains(&self.timeout) {
+            return Err(format!(
+                "-T/--timeout must be from 1 to {MAX_TIMEOUT_SECS} seconds, not {}",
+                self.timeout
+            ));
+        }
+        if self.iters > MAX_ITERS || self.warmup_iters > MAX_ITERS || self.check > MAX_ITERS {
+            return Err(format!(
+                "-n/--iters, -w/--warmup_iters and -c/--check must be at most {MAX_ITERS}"
+            ));
         }
         Ok(())
     }
@@ -280,6 +295,14 @@ pub enum PerfError {
     Spawn(String),
     /// CUDA (`--device cuda`): no driver, no GPU, or a failing call.
     Cuda(gpu_p2p::CudaError),
+    /// A host buffer of `bytes` bytes could not be allocated (a size larger than this host's
+    /// memory, or than the address space).
+    Alloc {
+        /// The buffer's size, bytes.
+        bytes: usize,
+        /// Why the allocator refused it.
+        source: std::collections::TryReserveError,
+    },
 }
 
 impl fmt::Display for PerfError {
@@ -292,6 +315,12 @@ impl fmt::Display for PerfError {
             PerfError::Output(e) => write!(f, "writing the report: {e}"),
             PerfError::Spawn(m) => write!(f, "{m}"),
             PerfError::Cuda(e) => write!(f, "--device cuda: {e}"),
+            PerfError::Alloc { bytes, source } => {
+                write!(
+                    f,
+                    "cannot allocate a host buffer of {bytes} bytes: {source}"
+                )
+            }
         }
     }
 }
@@ -417,10 +446,11 @@ impl Case {
     /// Runs the case once with data of repetition `rep`; returns this rank's wrong elements.
     ///
     /// # Errors
-    /// The operation's [`CollError`].
-    pub fn run_checked(&self, comm: &mut Communicator, rep: u64) -> Result<u64, CollError> {
+    /// [`PerfError::Coll`] from the operation; [`PerfError::Alloc`] when the buffers cannot be
+    /// allocated.
+    pub fn run_checked(&self, comm: &mut Communicator, rep: u64) -> Result<u64, PerfError> {
         let counts = Counts::for_param(self.collective, self.count, comm.nranks());
-        let mut b = Buffers::new(&counts, self.datatype.size());
+        let mut b = Buffers::new(&counts, self.datatype.size())?;
         let pattern = Pattern {
             datatype: self.datatype,
             op: self.op,
@@ -685,7 +715,7 @@ fn mem_err(what: &str, e: impl fmt::Display) -> PerfError {
 impl Bufs {
     fn new(c: &Counts, es: usize, gpu: Option<&Arc<CudaDevice>>) -> Result<Bufs, PerfError> {
         match gpu {
-            None => Ok(Bufs::Host(Buffers::new(c, es))),
+            None => Ok(Bufs::Host(Buffers::new(c, es)?)),
             Some(d) => Bufs::with(c, es, &|n| {
                 d.alloc(n)
                     .map(|m| Box::new(m) as Box<dyn DeviceBuffer>)
@@ -695,7 +725,7 @@ impl Bufs {
     }
 
     fn with(c: &Counts, es: usize, alloc: Allocator<'_>) -> Result<Bufs, PerfError> {
-        let mirror = Buffers::new(c, es);
+        let mirror = Buffers::new(c, es)?;
         let a = |n: usize| alloc(n).map_err(|e| mem_err("allocation", e));
         Ok(Bufs::Mem {
             send: a(mirror.send.len())?,
@@ -795,12 +825,22 @@ impl Bufs {
 }
 
 impl Buffers {
-    fn new(c: &Counts, es: usize) -> Buffers {
-        Buffers {
-            send: vec![0; c.send * es],
-            recv: vec![0; c.recv * es],
-            inplace: vec![0; c.send.max(c.recv) * es],
-        }
+    /// Zeroed buffers for `c` elements of `es` bytes; [`PerfError::Alloc`] rather than an abort
+    /// when the allocator refuses one (a `-e` larger than the host's memory).
+    fn new(c: &Counts, es: usize) -> Result<Buffers, PerfError> {
+        let zeroed = |elems: usize| -> Result<Vec<u8>, PerfError> {
+            let bytes = elems.saturating_mul(es);
+            let mut v = Vec::new();
+            v.try_reserve_exact(bytes)
+                .map_err(|source| PerfError::Alloc { bytes, source })?;
+            v.resize(bytes, 0);
+            Ok(v)
+        };
+        Ok(Buffers {
+            send: zeroed(c.send)?,
+            recv: zeroed(c.recv)?,
+            inplace: zeroed(c.send.max(c.recv))?,
+        })
     }
 
     /// Writes this rank's inputs (and poisons outputs) for one run.

@@ -68,9 +68,12 @@ impl Counts {
     pub fn for_param(coll: Collective, param: usize, nranks: usize) -> Counts {
         let (send, recv) = match coll {
             Collective::AllReduce | Collective::Broadcast | Collective::Reduce => (param, param),
-            Collective::AllGather | Collective::Gather => (param, param * nranks),
-            Collective::ReduceScatter | Collective::Scatter => (param * nranks, param),
-            Collective::AllToAll => (param * nranks, param * nranks),
+            // Saturating: an impossible size then fails its allocation instead of wrapping.
+            Collective::AllGather | Collective::Gather => (param, param.saturating_mul(nranks)),
+            Collective::ReduceScatter | Collective::Scatter => {
+                (param.saturating_mul(nranks), param)
+            }
+            Collective::AllToAll => (param.saturating_mul(nranks), param.saturating_mul(nranks)),
         };
         Counts { send, recv, param }
     }

@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 use super::PerfArgs;
 use crate::bootstrap::UniqueId;
 
+/// The most rank processes a bare `coll-perf` starts on this host.
+pub const MAX_LOCAL_RANKS: usize = 256;
+
 /// Default number of local ranks.
 pub const DEFAULT_RANKS: usize = 4;
 
@@ -22,6 +25,13 @@ pub const DEFAULT_RANKS: usize = 4;
 /// program name), passed on unchanged.
 pub fn run_local(args: &PerfArgs, argv: Vec<OsString>) -> ExitCode {
     let n = args.ranks.unwrap_or(DEFAULT_RANKS);
+    if n > MAX_LOCAL_RANKS {
+        eprintln!(
+            "coll-perf: --ranks {n}: at most {MAX_LOCAL_RANKS} rank processes are started on one \
+             host (use a launcher for more)"
+        );
+        return ExitCode::from(2);
+    }
     let timeout = Duration::from_secs(args.timeout);
     let id = match UniqueId::listen(SocketAddr::from(([127, 0, 0, 1], 0)), timeout) {
         Ok(id) => id,
