@@ -119,3 +119,29 @@ fn known_differences_explain_only_their_own_checks() {
         .push("requester: got [(1, RemAccessErr)], expected [(1, LocProtErr)]".into());
     assert_eq!(conformance::unexplained_failures(&r, "verbs:rxe0").len(), 1);
 }
+
+/// A corrupted `--compare` file is an error naming its line, not a reference that silently
+/// holds garbage "cases" (which made every real case a missing-case difference), and a file
+/// with no record is an error too.
+#[test]
+fn corrupted_records_files_are_refused() {
+    for (text, needle) in [
+        (&b"garbage line\nmore junk\n"[..], "record line 1"),
+        (
+            b"rc_send_completions\tstatus=ok\nnot a record\n",
+            "record line 2",
+        ),
+        (
+            b"rc_send_completions\tno-equals-sign\n",
+            "field without '='",
+        ),
+        (b"", "no records"),
+        (b"# only a comment\n\n", "no records"),
+    ] {
+        let e = read_records(text).expect_err(&String::from_utf8_lossy(text));
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains(needle), "{e}");
+    }
+    let ok = read_records(&b"# comment\nrc_send_completions\tstatus=ok\n"[..]).unwrap();
+    assert_eq!(ok.len(), 1);
+}

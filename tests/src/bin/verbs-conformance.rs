@@ -87,10 +87,16 @@ fn main() -> ExitCode {
     let pair = match open_pair(&args.link, args.link2.as_deref()) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!(
-                "verbs-conformance: {e}\n(devices: {})",
-                conformance::SPEC_HELP
-            );
+            // One line; a bad device name already lists the devices.
+            let e = e.to_string();
+            if e.contains(conformance::SPEC_HELP) {
+                eprintln!("verbs-conformance: {e}");
+            } else {
+                eprintln!(
+                    "verbs-conformance: {e} (devices: {})",
+                    conformance::SPEC_HELP
+                );
+            }
             return ExitCode::from(2);
         }
     };

@@ -415,7 +415,8 @@ pub fn write_records(mut w: impl Write, records: &[Record]) -> io::Result<()> {
 /// Reads what [`write_records`] wrote. Blank lines and lines starting with `#` are skipped.
 ///
 /// # Errors
-/// The reader's; `InvalidData` for a field without `=`, naming its line.
+/// The reader's; `InvalidData` for a line that does not start with a case name or has a field
+/// without `=` (naming the line), and for a file that holds no record.
 pub fn read_records(r: impl BufRead) -> io::Result<Vec<Record>> {
     let mut out = Vec::new();
     for (n, line) in r.lines().enumerate() {
@@ -424,7 +425,22 @@ pub fn read_records(r: impl BufRead) -> io::Result<Vec<Record>> {
             continue;
         }
         let mut parts = line.split('\t');
-        let mut record = Record::new(parts.next().unwrap_or_default());
+        let case = parts.next().unwrap_or_default();
+        if case.is_empty()
+            || !case
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "record line {}: {case:?} is not a case name (a records file is what \
+                     --records-out writes: NAME<TAB>FIELD=VALUE...)",
+                    n + 1
+                ),
+            ));
+        }
+        let mut record = Record::new(case);
         for part in parts {
             if let Some(fail) = part.strip_prefix('!') {
                 record.failures.push(fail.to_owned());
@@ -438,6 +454,12 @@ pub fn read_records(r: impl BufRead) -> io::Result<Vec<Record>> {
             }
         }
         out.push(record);
+    }
+    if out.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "no records in it (only blank or # lines)",
+        ));
     }
     Ok(out)
 }
