@@ -15,7 +15,8 @@
 //!                                1,100,003 elements (more than one grid-stride pass), checked
 //!                                against a host reference; prints the JIT time
 //! ```
-//! Exit status 0 only when every step succeeded and every data check matched; errors print one line.
+//! Exit status 0 only when every step succeeded and every data check matched, 2 for a usage error
+//! (checked before CUDA is loaded), 1 otherwise; errors print one line.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -456,10 +457,33 @@ fn main() -> ExitCode {
                 .parse::<usize>()
                 .ok()
                 .filter(|&m| m > 0)
-                .map(|m| m << 20)
-                .ok_or_else(|| format!("'{a}' is not a positive number of MiB")),
+                .and_then(|m| m.checked_mul(1 << 20))
+                .ok_or_else(|| {
+                    format!("'{a}' is not a positive number of MiB that fits in memory")
+                }),
         }
     };
+    const USAGE: &str =
+        "usage: gpu-probe devices | register [MiB] | bandwidth [MiB] | ipc [MiB] | kernels";
+    // The command line first: a typo is a usage error on any machine, GPU or not.
+    let known = [
+        "devices",
+        "register",
+        "bandwidth",
+        "ipc",
+        "ipc-child",
+        "kernels",
+    ];
+    if !args.first().is_some_and(|c| known.contains(&c.as_str())) {
+        eprintln!("gpu-probe: {USAGE}");
+        return ExitCode::from(2);
+    }
+    if let Err(e) = mib(1, 0) {
+        if matches!(args[0].as_str(), "register" | "bandwidth" | "ipc") {
+            eprintln!("gpu-probe: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let r = (|| {
         let cuda = Cuda::load().map_err(s)?;
         let dev = || cuda.device(0).map_err(s);
@@ -473,10 +497,7 @@ fn main() -> ExitCode {
                 _ => Err("usage: gpu-probe ipc-child HANDLE_HEX BYTES".into()),
             },
             Some("kernels") => kernels(&dev()?),
-            _ => Err(
-                "usage: gpu-probe devices | register [MiB] | bandwidth [MiB] | ipc [MiB] | kernels"
-                    .into(),
-            ),
+            _ => Err(USAGE.into()),
         }
     })();
     match r {
