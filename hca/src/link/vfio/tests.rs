@@ -751,7 +751,15 @@ fn a_full_ring_holds_gathered_packets_back_without_loss() {
     b.mem.read(400_000, &mut got).unwrap();
     assert_eq!(got, data);
     let c = a.link.counters();
-    assert_eq!(c.tx_gathered + c.tx_gather_copied, 160, "{c:?}");
+    // Each packet left exactly once, unless the requester's ACK timer (wall clock: a loaded
+    // machine can stall this thread past it) started a go-back-N retransmission, which resends
+    // legitimately (IBTA 9.7.5.1) and is counted; the data check above holds either way.
+    let sent = c.tx_gathered + c.tx_gather_copied;
+    if a.hca.counters().completer_retry_err == 0 {
+        assert_eq!(sent, 160, "{c:?}");
+    } else {
+        assert!(sent > 160, "{c:?}");
+    }
     assert!(c.tx_gathered >= 85, "{c:?}");
     assert_eq!(a.hca.counters().total_drops(), 0);
     assert_eq!(fake::with(|w| w.iommu_faults), 0);
