@@ -847,21 +847,6 @@ impl<L: Link> SoftDevice<L> {
         self.dereg_mr_unmapped(lkey).map(|_| ())
     }
 
-    /// [`SoftDevice::reg_mr`] over host memory (kept for callers that hold a
-    /// [`gpu_p2p::HostMemory`]; every registration is mapped now).
-    ///
-    /// # Errors
-    /// As [`SoftDevice::reg_mr`].
-    pub fn reg_mr_host(
-        &self,
-        pd: PdHandle,
-        memory: Arc<gpu_p2p::HostMemory>,
-        iova: u64,
-        access: AccessFlags,
-    ) -> Result<MemoryRegion, DeviceError> {
-        self.reg_mr(pd, memory, iova, access)
-    }
-
     /// ibv_dereg_mr(3), returning the device address range `(iova, len)` the link unmapped from
     /// its IOMMU ([`Link::unmap_memory`]; `None` when nothing was mapped). The engine forgets the
     /// keys first (a remote access NAKs from then on), then the link waits (bounded) until its

@@ -136,7 +136,7 @@ mod tests {
         let mem = Arc::new(HostMemory::new(LEN).unwrap());
         let access =
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-        let mr = dev.reg_mr_host(pd, mem.clone(), 0x10_0000, access).unwrap();
+        let mr = dev.reg_mr(pd, mem.clone(), 0x10_0000, access).unwrap();
         let cap = QpCap {
             max_send_wr: 16,
             max_recv_wr: 16,

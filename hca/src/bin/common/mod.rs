@@ -85,26 +85,21 @@ impl Dev {
         self.verbs.default_gid().0
     }
 
-    /// Registers `memory` (whole) as the MR `iova ..`: on a software device through
-    /// `reg_mr_host` (which maps it into the IOMMU on a VFIO link), on a libibverbs device
-    /// through ibv_reg_mr_iova(3).
+    /// Registers `memory` (whole) as the MR `iova ..` through [`Verbs::reg_mr`]: a software
+    /// device maps it into the IOMMU on a VFIO link; a libibverbs device registers it with
+    /// ibv_reg_mr_iova(3).
     ///
     /// # Errors
     /// As [`Verbs::reg_mr`].
-    pub fn reg_mr_host(
+    pub fn reg_mr(
         &self,
         pd: PdHandle,
         memory: Arc<HostMemory>,
         iova: u64,
         access: AccessFlags,
     ) -> Result<MemoryRegion, DeviceError> {
-        match &self.soft {
-            Some(soft) => soft.reg_mr_host(pd, memory, iova, access),
-            None => {
-                let len = gpu_p2p::Memory::len(&*memory);
-                self.verbs.reg_mr(pd, memory, 0, len, iova, access)
-            }
-        }
+        let len = gpu_p2p::Memory::len(&*memory);
+        self.verbs.reg_mr(pd, memory, 0, len, iova, access)
     }
 
     /// Runs `f` (a blocking out-of-band exchange) while the device keeps making progress: a

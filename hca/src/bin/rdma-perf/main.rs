@@ -535,7 +535,7 @@ fn setup(p: &Params, dev: common::Dev, cycle_buffer: u64) -> Result<Res, Fail> {
         | AccessFlags::REMOTE_READ
         | AccessFlags::REMOTE_ATOMIC;
     let mr = dev
-        .reg_mr_host(pd, mem.clone(), IOVA, access)
+        .reg_mr(pd, mem.clone(), IOVA, access)
         .map_err(|e| Fail(format!("Couldn't allocate MR: {e}")))?;
     let max_cqe = dev.query_device().max_cqe;
     let send_depth = p.tx_depth.clamp(128, 4096);

@@ -288,7 +288,7 @@ fn setup(cli: &Cli, spec: LinkSpec, qp_type: QpType, size: usize) -> Result<Ctx,
     let pd = dev.alloc_pd()?;
     // Over the whole (page-rounded) buffer, which a VFIO link maps into its IOMMU.
     let mr = dev
-        .reg_mr_host(pd, mem.clone(), IOVA, AccessFlags::LOCAL_WRITE)
+        .reg_mr(pd, mem.clone(), IOVA, AccessFlags::LOCAL_WRITE)
         .map_err(|e| Fail(format!("Couldn't register MR: {e}")))?;
     let cq = dev
         .create_cq(cli.rx_depth + 1)
