@@ -803,6 +803,66 @@ impl Tun {
     }
 }
 
+/// Brings `a`'s RC QP to RTS towards QPN `dest_qpn` at `peer`, a host that does not exist (its
+/// packets are only captured), with path MTU 1024.
+fn connect_to_nowhere(a: &Side, peer: IpAddr, dest_qpn: u32) {
+    let peer_gid = hca::Gid::from(peer);
+    let mut attr = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: AccessFlags::REMOTE_WRITE,
+        ..QpAttr::default()
+    };
+    a.dev
+        .modify_qp(
+            a.qpn,
+            &attr,
+            QpAttrMask::STATE
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT
+                | QpAttrMask::ACCESS_FLAGS,
+        )
+        .unwrap();
+    attr.qp_state = QpState::Rtr;
+    attr.path_mtu = PathMtu::Mtu1024;
+    attr.dest_qp_num = dest_qpn;
+    attr.ah_attr = AhAttr {
+        dgid: peer_gid,
+        sgid_index: GID_INDEX as u8,
+        hop_limit: 64,
+        port_num: 1,
+        ..AhAttr::default()
+    };
+    a.dev
+        .modify_qp(
+            a.qpn,
+            &attr,
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER,
+        )
+        .unwrap();
+    attr.qp_state = QpState::Rts;
+    attr.timeout = 20;
+    attr.retry_cnt = 7;
+    a.dev
+        .modify_qp(
+            a.qpn,
+            &attr,
+            QpAttrMask::STATE
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC,
+        )
+        .unwrap();
+}
+
 /// The device sends a 10-packet RDMA WRITE over IPv4 as one UDP GSO train; the kernel cuts it
 /// into datagrams with IPv4 identifications 0, 1, 2, ... and every one must carry the ICRC of its
 /// own identification (the ICRC covers it: rxe and NICs check it). Runs in a private network
@@ -844,61 +904,7 @@ fn ipv4_gso_trains_carry_valid_icrcs_on_the_wire() {
         }
         let a = Side::new(dev, QpType::Rc, 0x10_0000);
         // A peer that does not exist: 10.78.0.2 (routed to the TUN), QPN 0x99.
-        let peer_gid = hca::Gid::from(ip("10.78.0.2"));
-        let mut attr = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: AccessFlags::REMOTE_WRITE,
-            ..QpAttr::default()
-        };
-        a.dev
-            .modify_qp(
-                a.qpn,
-                &attr,
-                QpAttrMask::STATE
-                    | QpAttrMask::PKEY_INDEX
-                    | QpAttrMask::PORT
-                    | QpAttrMask::ACCESS_FLAGS,
-            )
-            .unwrap();
-        attr.qp_state = QpState::Rtr;
-        attr.path_mtu = PathMtu::Mtu1024;
-        attr.dest_qp_num = 0x99;
-        attr.ah_attr = AhAttr {
-            dgid: peer_gid,
-            sgid_index: GID_INDEX as u8,
-            hop_limit: 64,
-            port_num: 1,
-            ..AhAttr::default()
-        };
-        a.dev
-            .modify_qp(
-                a.qpn,
-                &attr,
-                QpAttrMask::STATE
-                    | QpAttrMask::AV
-                    | QpAttrMask::PATH_MTU
-                    | QpAttrMask::DEST_QPN
-                    | QpAttrMask::RQ_PSN
-                    | QpAttrMask::MAX_DEST_RD_ATOMIC
-                    | QpAttrMask::MIN_RNR_TIMER,
-            )
-            .unwrap();
-        attr.qp_state = QpState::Rts;
-        attr.timeout = 20;
-        attr.retry_cnt = 7;
-        a.dev
-            .modify_qp(
-                a.qpn,
-                &attr,
-                QpAttrMask::STATE
-                    | QpAttrMask::SQ_PSN
-                    | QpAttrMask::TIMEOUT
-                    | QpAttrMask::RETRY_CNT
-                    | QpAttrMask::RNR_RETRY
-                    | QpAttrMask::MAX_QP_RD_ATOMIC,
-            )
-            .unwrap();
+        connect_to_nowhere(&a, ip("10.78.0.2"), 0x99);
         a.write(0, &pattern(10 * 1024, 3));
         a.post_send(
             1,
@@ -953,6 +959,106 @@ fn ipv4_gso_trains_carry_valid_icrcs_on_the_wire() {
             idents.iter().any(|&i| i > 0),
             "{idents:?}: no train was cut"
         );
+    })
+    .join()
+    .unwrap();
+}
+
+/// Eight QPs of one device send an RDMA WRITE each: every packet leaves from the UDP source port
+/// its QPN selects among the device's sending sockets (per-QP flow entropy for ECMP, IBTA vol. 1
+/// Annex A17.2.3), with an ICRC computed over that port, and the QPs spread over several ports.
+/// Captured from a TUN device in a private network namespace (root only, else skipped).
+#[test]
+fn each_qp_sends_from_its_entropy_port() {
+    // SAFETY: geteuid(2) has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/dev/net/tun").exists() {
+        eprintln!("skipped: needs root and /dev/net/tun");
+        return;
+    }
+    std::thread::spawn(|| {
+        // SAFETY: unshare(2) of this thread's network namespace; no pointers.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            eprintln!("skipped: unshare: {}", std::io::Error::last_os_error());
+            return;
+        }
+        let Some(tun) = Tun::open("hcaport0") else {
+            return;
+        };
+        let ok = |args: &[&str]| {
+            std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !(ok(&["addr", "add", "10.79.0.1/24", "dev", "hcaport0"])
+            && ok(&["link", "set", "hcaport0", "up"]))
+        {
+            eprintln!("skipped: cannot configure the TUN device");
+            return;
+        }
+        let mut c = UdpDeviceConfig::new(ip("10.79.0.1"));
+        c.link_mtu = Some(1500);
+        c.src_ports = 4;
+        let dev = Arc::new(UdpDevice::open(c).unwrap());
+        let ports = dev.src_ports();
+        assert_eq!(ports.len(), 4);
+        let sides: Vec<Side> = (0..8)
+            .map(|i| Side::new(dev.clone(), QpType::Rc, 0x10_0000 * (i + 1)))
+            .collect();
+        for (i, a) in sides.iter().enumerate() {
+            connect_to_nowhere(a, ip("10.79.0.2"), 0x100 + i as u32);
+            a.write(0, &pattern(512, i as u8));
+            a.post_send(
+                1,
+                &[a.sge(0, 512)],
+                SendOp::RdmaWrite {
+                    remote_addr: 0x1000,
+                    rkey: 0x1234,
+                },
+            );
+        }
+        let mut seen = std::collections::BTreeMap::new();
+        while seen.len() < sides.len() {
+            let p = tun.next_udp().expect("a packet on the TUN device");
+            let ihl = usize::from(p[0] & 0xf) * 4;
+            let udp_payload = &p[ihl + 8..];
+            let src_port = u16::from_be_bytes([p[ihl], p[ihl + 1]]);
+            // BTH bytes 5..8: the destination QPN; ours is 0x100 + i.
+            let dest_qpn = u32::from_be_bytes([0, udp_payload[5], udp_payload[6], udp_payload[7]]);
+            let a = &sides[(dest_qpn - 0x100) as usize];
+            let want = hca::engine::src_port_for(&ports, roce::udp::rocev2_src_port(a.qpn));
+            assert_eq!(src_port, want, "QPN {:#x}", a.qpn);
+            let ip_repr = roce::packet::IpRepr::Ipv4(roce::ipv4::Repr {
+                src_addr: "10.79.0.1".parse().unwrap(),
+                dst_addr: "10.79.0.2".parse().unwrap(),
+                protocol: roce::ipv4::IpProtocol::Udp,
+                payload_len: 0,
+                hop_limit: p[8],
+                dscp: p[1] >> 2,
+                ecn: roce::ipv4::Ecn::from_bits(p[1]),
+                ident: u16::from_be_bytes([p[4], p[5]]),
+                dont_frag: p[6] & 0x40 != 0,
+            });
+            let udp = roce::udp::Repr {
+                src_port,
+                dst_port: u16::from_be_bytes([p[ihl + 2], p[ihl + 3]]),
+                payload_len: udp_payload.len(),
+            };
+            let expect = roce::packet::icrc_of_udp_payload(&ip_repr, &udp, udp_payload).unwrap();
+            let n = udp_payload.len();
+            let got = roce::icrc::from_wire([
+                udp_payload[n - 4],
+                udp_payload[n - 3],
+                udp_payload[n - 2],
+                udp_payload[n - 1],
+            ]);
+            assert_eq!(got, expect, "ICRC of QPN {:#x}'s packet", a.qpn);
+            // A retransmission must leave from the same port (asserted above); keep the first.
+            seen.entry(a.qpn).or_insert(src_port);
+        }
+        let used: std::collections::BTreeSet<u16> = seen.values().copied().collect();
+        eprintln!("source ports by QPN: {seen:x?}");
+        assert!(used.len() >= 2, "8 QPs on one port: {seen:?}");
     })
     .join()
     .unwrap();

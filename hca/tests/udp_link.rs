@@ -206,6 +206,7 @@ fn ecn_dscp_and_hop_limit_round_trip() {
             .zip(marks)
             .map(|(p, (ecn, dscp, hop_limit))| SendDatagram {
                 dst: b.local_addr(),
+                src_port: None,
                 ecn,
                 dscp,
                 hop_limit,
@@ -332,6 +333,92 @@ fn bind_errors_name_the_address() {
     );
     assert!(e.to_string().contains("192.0.2.1:4791"), "{e}");
     eprintln!("{e}");
+}
+
+/// A link with sending sockets for source-port entropy sends each datagram from the port it
+/// names (receivers see it as the source), GSO trains and sendmmsg(2) calls split where the port
+/// changes, the ports are distinct and (unless taken) in RoCEv2's entropy range, and a port the
+/// link does not own is refused with the datagram's index.
+#[test]
+fn datagrams_leave_from_the_source_port_they_name() {
+    for (a_addr, b_addr) in [("127.0.0.1:0", "127.0.0.2:0"), ("[::1]:0", "[::1]:0")] {
+        let mut c = UdpLinkConfig::new(addr(a_addr));
+        c.gso_ipv4 = true;
+        c.src_ports = 4;
+        let mut a = UdpLink::bind(c).unwrap();
+        let mut b = link(b_addr, true, true);
+        let ports = a.src_ports();
+        assert_eq!(ports.len(), 4);
+        let mut distinct = ports.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 4, "{ports:?}");
+        assert!(!ports.contains(&a.local_addr().port()), "{ports:?}");
+        eprintln!("{a_addr}: source ports {ports:?}");
+        // 40 datagrams, runs of 1..=5 per port (trains of equal sizes within a run), then the
+        // bound port.
+        let bodies: Vec<Vec<u8>> = (0..40).map(|i| payload(i, 900)).collect();
+        let parts: Vec<[IoSlice<'_>; 1]> = bodies.iter().map(|x| [IoSlice::new(x)]).collect();
+        let src = |i: usize| match i {
+            36.. => None,
+            _ => Some(ports[(i / (1 + i % 5)) % 4]),
+        };
+        let dgrams: Vec<SendDatagram<'_>> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| SendDatagram {
+                src_port: src(i),
+                ..SendDatagram::new(b.local_addr(), p)
+            })
+            .collect();
+        send_all(&mut a, &dgrams);
+        let mut batch = b.new_recv_batch();
+        let got = recv_n(&mut b, &mut batch, dgrams.len());
+        assert_eq!(got.len(), dgrams.len());
+        for (i, g) in got.iter().enumerate() {
+            assert_eq!(g.payload, bodies[i], "datagram {i} in order");
+            let want = src(i).unwrap_or(a.local_addr().port());
+            assert_eq!(g.src.port(), want, "{a_addr} datagram {i}");
+            assert_eq!(g.src.ip(), a.local_addr().ip());
+        }
+        let body = [0u8; 16];
+        let p = [IoSlice::new(&body)];
+        let ok = SendDatagram::new(b.local_addr(), &p);
+        let foreign = SendDatagram {
+            src_port: Some(1),
+            ..ok
+        };
+        match a.send(&[ok, foreign]) {
+            Err(LinkError::InvalidDatagram {
+                index: 1, reason, ..
+            }) => {
+                assert!(reason.contains("source port"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let mut c = UdpLinkConfig::new(addr("127.0.0.1:0"));
+    c.src_ports = 65;
+    assert!(UdpLink::bind(c).is_err(), "65 sending sockets");
+}
+
+/// A port of the entropy range that another socket holds is replaced by a free one.
+#[test]
+fn a_taken_entropy_port_is_replaced() {
+    let first = {
+        let mut c = UdpLinkConfig::new(addr("127.0.0.3:0"));
+        c.src_ports = 2;
+        UdpLink::bind(c).unwrap()
+    };
+    let mut c = UdpLinkConfig::new(addr("127.0.0.3:0"));
+    c.src_ports = 2;
+    let second = UdpLink::bind(c).unwrap();
+    let (p1, p2) = (first.src_ports(), second.src_ports());
+    assert!(p1.iter().all(|p| !p2.contains(p)), "{p1:?} {p2:?}");
+    if p1 == [0xC000, 0xE000] {
+        // The preferred ports were free for the first link, so the second got others.
+        assert!(p2.iter().all(|&p| p != 0xC000 && p != 0xE000));
+    }
 }
 
 #[test]

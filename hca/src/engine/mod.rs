@@ -131,11 +131,14 @@ pub struct EngineConfig {
     pub ack_delay: Duration,
     /// DSCP of CNPs (mlx5's `cnp_dscp` defaults to 48).
     pub cnp_dscp: u8,
-    /// The UDP source port of every packet, if fixed. `None` (default): per-QP flow entropy
-    /// (`roce::udp::rocev2_src_port`, or the flow label's port). A link that cannot choose the
-    /// source port per packet (a UDP socket sends from its bound port) sets its port here: the
-    /// ICRC covers the UDP source port, so packets must be built with the port they leave from.
-    pub udp_src_port: Option<u16>,
+    /// The UDP source ports the link can send from. Empty (default): any, and each QP's packets
+    /// carry its own flow-entropy port (`roce::udp::rocev2_src_port` of the QPN, or the flow
+    /// label's port when the address vector has one; IBTA vol. 1 Annex A17.2.3 lets the source
+    /// port vary per flow for ECMP). A link that can only send from some ports (a UDP socket
+    /// sends from its bound port; the UDP link keeps a few sockets for entropy) lists them here,
+    /// and a QP uses the port its entropy value selects ([`src_port_for`]): the ICRC covers the
+    /// UDP source port, so packets must be built with the port they leave from.
+    pub udp_src_ports: Vec<u16>,
 }
 
 impl Default for EngineConfig {
@@ -148,7 +151,7 @@ impl Default for EngineConfig {
             ecn_capable: true,
             ack_delay: Duration::ZERO,
             cnp_dscp: 48,
-            udp_src_port: None,
+            udp_src_ports: Vec::new(),
         }
     }
 }
@@ -599,7 +602,7 @@ impl SoftHca {
         let pkey = port.and_then(|p| p.pkeys.get(qp_attr.pkey_index));
         let sgid = port.and_then(|p| p.gids.get(u32::from(qp_attr.ah_attr.sgid_index)).copied());
         let ecn_capable = self.config.ecn_capable;
-        let fixed_port = self.config.udp_src_port;
+        let ports = self.config.udp_src_ports.clone();
         let Some((t, mut env)) = self.split(qpn, now) else {
             return Ok(outcome);
         };
@@ -635,7 +638,7 @@ impl SoftHca {
             }
             if mask.contains(QpAttrMask::AV) && qp_type != QpType::Ud {
                 t.route =
-                    sgid.map(|s| route_for(qpn, &s.gid, &qp_attr.ah_attr, ecn_capable, fixed_port));
+                    sgid.map(|s| route_for(qpn, &s.gid, &qp_attr.ah_attr, ecn_capable, &ports));
             }
         }
         self.after_qp(qpn, now);
@@ -688,7 +691,7 @@ impl SoftHca {
                         &ah.sgid().gid,
                         ah.attr(),
                         self.config.ecn_capable,
-                        self.config.udp_src_port,
+                        &self.config.udp_src_ports,
                     ),
                     remote_qpn: dest.remote_qpn,
                     qkey,
@@ -1125,10 +1128,10 @@ impl SoftHca {
         let route = Route {
             src_ip: cnp.src_ip,
             dst_ip: cnp.dst_ip,
-            src_port: self
-                .config
-                .udp_src_port
-                .unwrap_or_else(|| udp::rocev2_src_port(cnp.src_qpn)),
+            src_port: src_port_for(
+                &self.config.udp_src_ports,
+                udp::rocev2_src_port(cnp.src_qpn),
+            ),
             dscp: self.config.cnp_dscp,
             ecn: Ecn::NotEct,
             hop_limit: 64,
@@ -1162,25 +1165,32 @@ impl SoftHca {
     }
 }
 
+/// The UDP source port of a flow whose entropy port (`roce::udp::rocev2_src_port`, 0xC000 ..=
+/// 0xFFFF) is `entropy`, on a link that can send from `ports` ([`EngineConfig::udp_src_ports`]):
+/// `entropy` itself when `ports` is empty, else `ports[(entropy & 0x3FFF) % ports.len()]`, so
+/// that QPs spread over the link's ports as their entropy values do and one QP always uses one
+/// port (its packets stay one flow, in order on an ECMP path).
+pub fn src_port_for(ports: &[u16], entropy: u16) -> u16 {
+    if ports.is_empty() {
+        entropy
+    } else {
+        ports[usize::from(entropy & 0x3FFF) % ports.len()]
+    }
+}
+
 /// The route of packets from QP `qpn` through address vector `av` with source GID `sgid`
 /// (rxe `rxe_init_av` / `rxe_prepare`): IPs from the GIDs, UDP source port from the flow label
-/// if set (`rocev2_src_port_from_flow_label`) else from the QPN, unless the link fixes it
-/// (`fixed_port`, [`EngineConfig::udp_src_port`]); DSCP and ECN from the traffic class.
-fn route_for(
-    qpn: u32,
-    sgid: &Gid,
-    av: &AhAttr,
-    ecn_capable: bool,
-    fixed_port: Option<u16>,
-) -> Route {
+/// if set (`rocev2_src_port_from_flow_label`) else from the QPN, mapped onto the ports the link
+/// can send from (`ports`, [`EngineConfig::udp_src_ports`], by [`src_port_for`]); DSCP and ECN
+/// from the traffic class.
+fn route_for(qpn: u32, sgid: &Gid, av: &AhAttr, ecn_capable: bool, ports: &[u16]) -> Route {
     let (src_ip, dst_ip) = net::ips_of(sgid, &av.dgid);
-    let src_port = if let Some(port) = fixed_port {
-        port
-    } else if av.flow_label != 0 {
+    let entropy = if av.flow_label != 0 {
         udp::rocev2_src_port_from_flow_label(av.flow_label)
     } else {
         udp::rocev2_src_port(qpn)
     };
+    let src_port = src_port_for(ports, entropy);
     let tc_ecn = Ecn::from_bits(av.traffic_class);
     let ecn = if tc_ecn == Ecn::NotEct && ecn_capable {
         Ecn::Ect0

@@ -61,13 +61,22 @@
 //! off while the hook is on, so that every decision is about one datagram.
 //!
 //! # The UDP source port
-//! A UDP socket sends from its bound port. RoCEv2 lets senders vary the source port per QP for
-//! ECMP entropy, and the ICRC covers the UDP source port, so the engine must build the packets it
-//! gives this link with source port [`UdpLink::local_addr`]`.port()`.
+//! A UDP socket sends from its bound port. RoCEv2 lets senders vary the source port per flow so
+//! that ECMP spreads QPs over paths (IBTA vol. 1 Annex A17.2.3; rxe and RoCE NICs derive it from
+//! the QPN or the flow label), and the ICRC covers the UDP source port. With
+//! [`UdpLinkConfig::src_ports`] = k > 0 the link opens k more sockets that only send, each bound
+//! to the link's address and a port of RoCEv2's entropy range (0xC000 ..= 0xFFFF, evenly spaced;
+//! a free ephemeral port when one is taken), and [`SendDatagram::src_port`] picks the socket a
+//! datagram leaves from: the engine builds each QP's packets with one of
+//! [`UdpLink::src_ports`] ([`crate::engine::src_port_for`]). With k = 0 every datagram leaves from
+//! the bound port, which the engine must then use. Datagrams keep arriving on the bound socket
+//! only (peers send to port 4791); a sending socket's receive buffer is kept minimal.
 
 use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use roce::ipv4::Ecn;
@@ -94,6 +103,13 @@ pub const DEFAULT_MAX_PAYLOAD: usize = 4096 + 128;
 /// Bytes of one receive slot when GRO is on: the largest UDP payload a coalesced buffer can
 /// carry (its length must fit the 16-bit UDP length).
 pub const GRO_SLOT_BYTES: usize = 65536;
+
+/// Most extra sending sockets ([`UdpLinkConfig::src_ports`]).
+pub const MAX_SRC_PORTS: usize = 64;
+
+/// First port of RoCEv2's source-port entropy range (`roce::udp::rocev2_src_port`: 0xC000 ..=
+/// 0xFFFF, RFC 6335's dynamic ports).
+const ENTROPY_PORT_BASE: u16 = 0xC000;
 
 /// Most datagrams in one GSO train (`UDP_MAX_SEGMENTS` of Linux 4.18 .. 6.x; newer kernels allow
 /// more).
@@ -152,6 +168,11 @@ pub struct UdpLinkConfig {
     /// nothing. Default `None`: [`UdpLink::bind`] then takes it from the environment
     /// ([`DropHook::from_env`]), which normally has none.
     pub drop: Option<DropHook>,
+    /// Extra sockets that only send, 0 ..= [`MAX_SRC_PORTS`], each bound to `local`'s address
+    /// and its own UDP source port, for per-QP source-port entropy (see the
+    /// [module docs](self#the-udp-source-port)). Default 0: every datagram leaves from the bound
+    /// port.
+    pub src_ports: usize,
 }
 
 /// A seeded loss generator on a link (see the [module docs](self#fault-injection)): each
@@ -242,6 +263,7 @@ impl UdpLinkConfig {
             recv_buffer_bytes: None,
             send_buffer_bytes: None,
             drop: None,
+            src_ports: 0,
         }
     }
 }
@@ -307,6 +329,9 @@ pub struct LinkCounters {
 pub struct SendDatagram<'a> {
     /// Destination address and UDP port (normally [`ROCEV2_PORT`]); same family as the link.
     pub dst: SocketAddr,
+    /// The UDP source port to send from: one of [`UdpLink::src_ports`] (or the bound port);
+    /// `None` for the bound port.
+    pub src_port: Option<u16>,
     /// ECN codepoint of the IP header (RFC 3168).
     pub ecn: Ecn,
     /// DSCP of the IP header, 0 ..= 63 (RFC 2474).
@@ -323,6 +348,7 @@ impl<'a> SendDatagram<'a> {
     pub fn new(dst: SocketAddr, parts: &'a [IoSlice<'a>]) -> SendDatagram<'a> {
         SendDatagram {
             dst,
+            src_port: None,
             ecn: Ecn::NotEct,
             dscp: 0,
             hop_limit: None,
@@ -496,6 +522,11 @@ impl RecvBatch {
 pub struct UdpLink {
     fd: OwnedFd,
     local: SocketAddr,
+    /// The sockets that only send, one per entropy source port (empty: the bound socket sends).
+    senders: Vec<Sender>,
+    /// Which socket last refused a send for a full buffer: 0 the bound one, `i + 1` sender `i`;
+    /// what a writable wait watches ([`LinkPoller`] shares it).
+    blocked: Arc<AtomicUsize>,
     config: UdpLinkConfig,
     offloads: Offloads,
     counters: LinkCounters,
@@ -534,6 +565,9 @@ impl UdpLink {
         }
         if config.max_payload == 0 || config.max_payload > 65535 {
             return bad("max_payload must be 1 ..= 65535 bytes");
+        }
+        if config.src_ports > MAX_SRC_PORTS {
+            return bad("src_ports must be 0 ..= 64 sockets");
         }
         if config.zero_checksum_tx && local.is_ipv4() {
             return bad(
@@ -610,9 +644,19 @@ impl UdpLink {
             && !hooked
             && !config.zero_checksum_tx
             && (ipv6 || config.gso_ipv4);
+        let senders = (0..config.src_ports)
+            .map(|i| {
+                // Evenly spaced over the entropy range, so that k sockets cover it as the QPs'
+                // entropy values do.
+                let preferred = ENTROPY_PORT_BASE + (i * 0x4000 / config.src_ports) as u16;
+                Sender::open(&config, bound, preferred)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(UdpLink {
             fd,
             local: bound,
+            senders,
+            blocked: Arc::new(AtomicUsize::new(0)),
             offloads: Offloads {
                 gso_supported,
                 gso,
@@ -631,6 +675,33 @@ impl UdpLink {
     /// datagram sent leaves from it.
     pub fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    /// The UDP source ports datagrams can leave from ([`SendDatagram::src_port`]): those of the
+    /// sending sockets ([`UdpLinkConfig::src_ports`]), or the bound port alone when there are
+    /// none. The engine's [`EngineConfig::udp_src_ports`](crate::engine::EngineConfig).
+    pub fn src_ports(&self) -> Vec<u16> {
+        if self.senders.is_empty() {
+            vec![self.local.port()]
+        } else {
+            self.senders.iter().map(|s| s.port).collect()
+        }
+    }
+
+    /// The socket datagrams from `src_port` leave through: 0 the bound one, `i + 1` sender `i`.
+    fn socket_of(&self, src_port: Option<u16>) -> Option<usize> {
+        match src_port {
+            None => Some(0),
+            Some(p) if p == self.local.port() => Some(0),
+            Some(p) => self.senders.iter().position(|s| s.port == p).map(|i| i + 1),
+        }
+    }
+
+    fn fd_of(&self, socket: usize) -> BorrowedFd<'_> {
+        match socket.checked_sub(1).and_then(|i| self.senders.get(i)) {
+            Some(s) => s.fd.as_fd(),
+            None => self.fd.as_fd(),
+        }
     }
 
     /// The configuration the link was opened with.
@@ -809,9 +880,11 @@ impl UdpLink {
                     reason,
                 });
             }
+            // `check` passed: the source port is one of the link's.
+            let socket = self.socket_of(dgrams[done].src_port).unwrap_or(0);
             self.plan(&dgrams[..drop_at], done, gso_this_round);
             gso_this_round = true;
-            let result = sys::send_batch(self.fd.as_fd(), &self.plans, |d| dgrams[d].parts);
+            let result = sys::send_batch(self.fd_of(socket), &self.plans, |d| dgrams[d].parts);
             let sent_msgs = match result {
                 Ok(k) => k,
                 Err(source) => {
@@ -838,6 +911,7 @@ impl UdpLink {
             };
             if sent_msgs == 0 {
                 self.counters.tx_full += 1;
+                self.blocked.store(socket, Ordering::Relaxed);
                 break;
             }
             self.counters.tx_calls += 1;
@@ -881,6 +955,9 @@ impl UdpLink {
         if d.parts.len() > sys::MAX_IOV {
             return Err("more than 1024 parts");
         }
+        if self.socket_of(d.src_port).is_none() {
+            return Err("source port is not one this link sends from");
+        }
         if d.len() > self.max_udp_payload() {
             return Err("payload longer than the largest UDP payload");
         }
@@ -920,6 +997,7 @@ impl UdpLink {
                 let d = &dgrams[i + count];
                 let len = d.len();
                 if d.dst != first.dst
+                    || d.src_port != first.src_port
                     || d.ecn != first.ecn
                     || d.dscp != first.dscp
                     || d.hop_limit != first.hop_limit
@@ -960,7 +1038,11 @@ impl UdpLink {
             let mut msgs = 0;
             let mut iov = 0;
             let round_start = i;
-            while i < n && msgs < self.config.batch {
+            // As `plan`: a call sends from one socket.
+            while i < n
+                && msgs < self.config.batch
+                && dgrams[i].src_port == dgrams[round_start].src_port
+            {
                 match self.train(&dgrams[..n], i, &mut iov, self.offloads.gso) {
                     Some(count) => {
                         for (k, p) in positions[i..i + count].iter_mut().enumerate() {
@@ -982,14 +1064,17 @@ impl UdpLink {
     }
 
     /// Fills `self.plans` with the messages for `dgrams[start..]`: up to `batch` messages and
-    /// `MAX_IOV` parts, stopping before a datagram that fails [`check`](Self::check) (the next
-    /// round reports it).
+    /// `MAX_IOV` parts from one source port (one socket), stopping before a datagram that fails
+    /// [`check`](Self::check) (the next round reports it).
     fn plan(&mut self, dgrams: &[SendDatagram<'_>], start: usize, gso_allowed: bool) {
         self.plans.clear();
         let gso = gso_allowed && self.offloads.gso;
         let mut i = start;
         let mut iov = 0;
-        while i < dgrams.len() && self.plans.len() < self.config.batch {
+        while i < dgrams.len()
+            && self.plans.len() < self.config.batch
+            && dgrams[i].src_port == dgrams[start].src_port
+        {
             let Some(count) = self.train(dgrams, i, &mut iov, gso) else {
                 break;
             };
@@ -1035,7 +1120,8 @@ impl UdpLink {
         waker: Option<&Waker>,
         timeout: Duration,
     ) -> Result<Readiness, LinkError> {
-        wait_on(self.fd.as_fd(), self.local, writable, waker, timeout)
+        let out = self.fd_of(self.blocked.load(Ordering::Relaxed));
+        wait_on(self.fd.as_fd(), out, self.local, writable, waker, timeout)
     }
 
     /// A second handle on this link's socket that can only wait for it
@@ -1046,48 +1132,139 @@ impl UdpLink {
     ///
     /// Errors: [`LinkError::Socket`] when the process is out of descriptors.
     pub fn poller(&self) -> Result<LinkPoller, LinkError> {
-        let fd = self.fd.try_clone().map_err(|source| LinkError::Socket {
-            local: self.local,
-            source,
-        })?;
+        let dup = |fd: &OwnedFd| {
+            fd.try_clone().map_err(|source| LinkError::Socket {
+                local: self.local,
+                source,
+            })
+        };
         Ok(LinkPoller {
-            fd,
+            fd: dup(&self.fd)?,
+            senders: self
+                .senders
+                .iter()
+                .map(|s| dup(&s.fd))
+                .collect::<Result<_, _>>()?,
+            blocked: Arc::clone(&self.blocked),
             local: self.local,
         })
     }
 }
 
-/// poll(2) on a link's socket and, if given, a waker's eventfd; see [`UdpLink::wait`].
+/// poll(2) on a link's socket (`fd`: readable), the socket that last refused a send (`out`:
+/// writable, if asked for) and, if given, a waker's eventfd; see [`UdpLink::wait`].
 fn wait_on(
     fd: BorrowedFd<'_>,
+    out: BorrowedFd<'_>,
     local: SocketAddr,
     writable: bool,
     waker: Option<&Waker>,
     timeout: Duration,
 ) -> Result<Readiness, LinkError> {
-    let events = libc::POLLIN | if writable { libc::POLLOUT } else { 0 };
+    let out_events = if writable { libc::POLLOUT } else { 0 };
     let map = |source| LinkError::Poll { local, source };
-    let (sock, wake) = match waker {
+    let (sock, sent, wake) = match waker {
         Some(w) => {
-            let [s, k] =
-                sys::poll([(fd, events), (w.as_fd(), libc::POLLIN)], timeout).map_err(map)?;
-            (s, k)
+            let [s, o, k] = sys::poll(
+                [
+                    (fd, libc::POLLIN),
+                    (out, out_events),
+                    (w.as_fd(), libc::POLLIN),
+                ],
+                timeout,
+            )
+            .map_err(map)?;
+            (s, o, k)
         }
         None => {
-            let [s] = sys::poll([(fd, events)], timeout).map_err(map)?;
-            (s, 0)
+            let [s, o] =
+                sys::poll([(fd, libc::POLLIN), (out, out_events)], timeout).map_err(map)?;
+            (s, o, 0)
         }
     };
     let woken = match waker {
         Some(w) if wake & libc::POLLIN != 0 => w.take()?,
         _ => false,
     };
+    let failed = |revents: libc::c_short| revents & (libc::POLLERR | libc::POLLNVAL) != 0;
     Ok(Readiness {
         readable: sock & libc::POLLIN != 0,
-        writable: sock & libc::POLLOUT != 0,
+        writable: sent & libc::POLLOUT != 0,
         woken,
-        error: sock & (libc::POLLERR | libc::POLLNVAL) != 0,
+        error: failed(sock) || (writable && failed(sent)),
     })
+}
+
+/// A socket of a [`UdpLink`] that only sends, bound to the link's address and one entropy
+/// source port ([`UdpLinkConfig::src_ports`]).
+#[derive(Debug)]
+struct Sender {
+    fd: OwnedFd,
+    port: u16,
+}
+
+impl Sender {
+    /// Opens a sending socket with the bound socket's send-side options, bound to `bound`'s
+    /// address and port `preferred`, or a free ephemeral port when `preferred` is taken.
+    fn open(
+        config: &UdpLinkConfig,
+        bound: SocketAddr,
+        preferred: u16,
+    ) -> Result<Sender, LinkError> {
+        let local = bound;
+        let fd = sys::udp_socket(local.is_ipv6())
+            .map_err(|source| LinkError::Socket { local, source })?;
+        let set = |level, name, value, option: &'static str| {
+            sys::set_int(fd.as_fd(), level, name, value).map_err(|source| LinkError::SetOption {
+                local,
+                option,
+                source,
+            })
+        };
+        if local.is_ipv6() {
+            set(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1, "IPV6_V6ONLY")?;
+            set(
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                libc::IPV6_PMTUDISC_DO,
+                "IPV6_MTU_DISCOVER",
+            )?;
+            if config.zero_checksum_tx {
+                set(libc::SOL_UDP, libc::UDP_NO_CHECK6_TX, 1, "UDP_NO_CHECK6_TX")?;
+            }
+        } else {
+            // Don't Fragment, which also gives every packet IPv4 identification 0 (module docs).
+            set(
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DO,
+                "IP_MTU_DISCOVER",
+            )?;
+        }
+        if let Some(bytes) = config.send_buffer_bytes {
+            let v = bytes.min(i32::MAX as usize) as i32;
+            set(libc::SOL_SOCKET, libc::SO_SNDBUF, v, "SO_SNDBUF")?;
+        }
+        // Nothing is sent to these ports; keep what strays there small (the kernel's minimum).
+        set(libc::SOL_SOCKET, libc::SO_RCVBUF, 1, "SO_RCVBUF")?;
+        let mut want = local;
+        want.set_port(preferred);
+        if sys::bind(fd.as_fd(), &want).is_err() {
+            want.set_port(0);
+            sys::bind(fd.as_fd(), &want).map_err(|source| LinkError::Bind {
+                local: want,
+                source,
+            })?;
+        }
+        let port = sys::local_addr(fd.as_fd())
+            .map_err(|source| LinkError::SetOption {
+                local,
+                option: "getsockname",
+                source,
+            })?
+            .port();
+        Ok(Sender { fd, port })
+    }
 }
 
 /// A duplicate of a [`UdpLink`]'s socket descriptor that can only wait for it: see
@@ -1095,6 +1272,8 @@ fn wait_on(
 #[derive(Debug)]
 pub struct LinkPoller {
     fd: OwnedFd,
+    senders: Vec<OwnedFd>,
+    blocked: Arc<AtomicUsize>,
     local: SocketAddr,
 }
 
@@ -1108,7 +1287,12 @@ impl LinkPoller {
         waker: Option<&Waker>,
         timeout: Duration,
     ) -> Result<Readiness, LinkError> {
-        wait_on(self.fd.as_fd(), self.local, writable, waker, timeout)
+        let blocked = self.blocked.load(Ordering::Relaxed);
+        let out = match blocked.checked_sub(1).and_then(|i| self.senders.get(i)) {
+            Some(s) => s.as_fd(),
+            None => self.fd.as_fd(),
+        };
+        wait_on(self.fd.as_fd(), out, self.local, writable, waker, timeout)
     }
 }
 

@@ -186,6 +186,7 @@ fn with_datagrams<const N: usize, const P: usize, R>(
         let start = i * PARTS_PER_PACKET;
         dgrams[i] = SendDatagram {
             dst: destination(addr.peer_ports, addr.peer_port, addr.scope, t.dst_ip),
+            src_port: Some(t.src_port),
             ecn: t.ecn,
             dscp: t.dscp,
             hop_limit: Some(t.hop_limit.max(1)),

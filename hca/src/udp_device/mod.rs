@@ -22,10 +22,12 @@
 //! address and UDP port 4791, or the port [`UdpDevice::set_peer_port`] set for that address (so
 //! that tests can run two devices on one address, e.g. `::1`, with two ports).
 //!
-//! A UDP socket sends from its bound port, and the ICRC covers the UDP source port, so the engine
-//! builds every packet with the device's bound port as source port
-//! ([`EngineConfig::udp_src_port`]): per-QP source-port entropy (ECMP) is not available on a
-//! socket. Received datagrams are handed to the engine as addressed to port 4791 whatever port
+//! A UDP socket sends from its bound port, and the ICRC covers the UDP source port. For per-QP
+//! source-port entropy (ECMP, IBTA vol. 1 Annex A17.2.3) the device keeps
+//! [`UdpDeviceConfig::src_ports`] more sockets that only send, each bound to its own port of
+//! RoCEv2's entropy range, and the engine builds each QP's packets with the port its QPN (or flow
+//! label) selects among them ([`EngineConfig::udp_src_ports`], [`crate::engine::src_port_for`]);
+//! all of one QP's packets leave from one port. Received datagrams are handed to the engine as addressed to port 4791 whatever port
 //! the device is bound to; its peers build their ICRC that way too.
 //!
 //! The IPv4 identification is covered by the ICRC too, but a UDP socket cannot read it: IPv4
@@ -142,7 +144,7 @@ pub struct UdpDeviceConfig {
     /// RoCE path MTU that fits it as rxe computes it (1500 gives 1024). `None` (default): see
     /// [`UdpDeviceConfig::effective_link_mtu`].
     pub link_mtu: Option<u32>,
-    /// Engine tunables ([`EngineConfig::udp_src_port`] is overwritten with the bound port).
+    /// Engine tunables ([`EngineConfig::udp_src_ports`] is overwritten with the link's ports).
     pub engine: EngineConfig,
     /// Datagrams per recvmmsg(2) / sendmmsg(2), 1 ..= 64. Default 64.
     pub batch: usize,
@@ -164,7 +166,15 @@ pub struct UdpDeviceConfig {
     /// (default): half this device's socket receive buffer as the kernel granted it, over the
     /// path MTU plus 512 bytes of per-datagram overhead (peers are assumed alike).
     pub window_budget: Option<u32>,
+    /// Sockets that only send, each from its own UDP source port, for per-QP source-port
+    /// entropy (ECMP): a QP's packets leave from the port its QPN (or flow label) selects, 0 ..=
+    /// 64 ([`UdpLinkConfig::src_ports`]). Default [`DEFAULT_SRC_PORTS`]; 0 sends everything from
+    /// the bound port. Each costs one file descriptor.
+    pub src_ports: usize,
 }
+
+/// Default [`UdpDeviceConfig::src_ports`]: 16 flows, as many paths as common ECMP groups have.
+pub const DEFAULT_SRC_PORTS: usize = 16;
 
 impl UdpDeviceConfig {
     /// The defaults for a device on `local`.
@@ -183,6 +193,7 @@ impl UdpDeviceConfig {
             gro: true,
             socket_buffer_bytes: Some(4 << 20),
             window_budget: None,
+            src_ports: DEFAULT_SRC_PORTS,
         }
     }
 
@@ -261,10 +272,10 @@ fn open_udp_link(config: &UdpDeviceConfig) -> Result<(UdpIo, EngineConfig, u32),
     link_config.gso_ipv4 = config.gso_ipv4;
     link_config.recv_buffer_bytes = config.socket_buffer_bytes;
     link_config.send_buffer_bytes = config.socket_buffer_bytes;
+    link_config.src_ports = config.src_ports;
     let link = UdpLink::bind(link_config)?;
-    let local = link.local_addr();
     let mut engine_config = config.engine.clone();
-    engine_config.udp_src_port = Some(local.port());
+    engine_config.udp_src_ports = link.src_ports();
     let window_budget = config.window_budget.unwrap_or_else(|| {
         let rcvbuf = link.socket_buffers().map_or(212_992, |(r, _)| r);
         (rcvbuf / 2 / (active_mtu.bytes() + 512)) as u32
@@ -561,6 +572,14 @@ impl UdpDevice {
     /// The GSO / GRO state of the socket.
     pub fn offloads(&self) -> Offloads {
         lock(&self.shared.io).link.link().offloads()
+    }
+
+    /// The UDP source ports the device sends from ([`UdpDeviceConfig::src_ports`]; the bound
+    /// port alone when that is 0): a QP's packets leave from
+    /// [`src_port_for`](crate::engine::src_port_for)`(ports, rocev2_src_port(qpn))`, or of its
+    /// flow label's port when its address vector has one.
+    pub fn src_ports(&self) -> Vec<u16> {
+        lock(&self.shared.io).link.link().src_ports()
     }
 }
 
