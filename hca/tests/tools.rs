@@ -633,6 +633,26 @@ fn wrong_gid_index_and_unreachable_server() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("no GID at index 3"), "{err}");
+    // A server given --link checks -x before it waits for a client (as perftest does): with
+    // no client ever coming, it fails naming the index (a server that waited first would end
+    // at its timeout with "Unable to init the socket connection" instead).
+    let (out, _) = run(
+        PERF,
+        &[
+            "write-bw",
+            "--link",
+            &link,
+            "-x",
+            "5",
+            "-p",
+            &port,
+            "--timeout",
+            "60",
+        ],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no GID at index 5"), "{err}");
     // 192.0.2.1 (TEST-NET-1) answers no TCP connection: refused, unreachable or silent, the
     // client gives up within its timeout and names the server.
     let (out, took) = run(

@@ -407,8 +407,35 @@ impl Res {
     }
 }
 
+/// Opens the device of `spec` and checks `-x` and `-m` against it.
+fn open_checked(
+    p: &Params,
+    spec: &LinkSpec,
+) -> Result<(common::Dev, i64, hca::Gid, PathMtu), Fail> {
+    let dev = common::open_device(spec.clone(), p.progress, p.window_budget, &p.vfio)?;
+    let gid_index = p.gid_index.unwrap_or(i64::from(dev.gid_index()));
+    let gid = common::check_gid_index(&dev, gid_index)?;
+    let port_mtu = dev.query_port().active_mtu;
+    let local_mtu = p.mtu.unwrap_or(port_mtu);
+    if local_mtu > port_mtu {
+        return fail!(
+            "MTU {} is above the port's active MTU {} (the link MTU of {})",
+            local_mtu.bytes(),
+            port_mtu.bytes(),
+            dev.name()
+        );
+    }
+    Ok((dev, gid_index, gid, local_mtu))
+}
+
 fn run(p: &Params) -> Result<(), Fail> {
     let t = common::oob_timeouts(p.timeout.as_secs());
+    // With --link the device is known before any peer: open it and check -x / -m first, as
+    // perftest does, so that a bad flag fails at once instead of after a peer connects.
+    let early = match &p.link {
+        Some(spec) => Some(open_checked(p, spec)?),
+        None => None,
+    };
     let (mut conn, local_ip) = match &p.server {
         Some(host) => {
             let conn = PerftestConn::connect(host, p.port, KeyFormat::WithGid, &t)
@@ -439,19 +466,10 @@ fn run(p: &Params) -> Result<(), Fail> {
         }),
         (None, None) => return fail!("cannot tell which local address to use: give --link"),
     };
-    let dev = common::open_device(spec.clone(), p.progress, p.window_budget, &p.vfio)?;
-    let gid_index = p.gid_index.unwrap_or(i64::from(dev.gid_index()));
-    let gid = common::check_gid_index(&dev, gid_index)?;
-    let port_mtu = dev.query_port().active_mtu;
-    let local_mtu = p.mtu.unwrap_or(port_mtu);
-    if local_mtu > port_mtu {
-        return fail!(
-            "MTU {} is above the port's active MTU {} (the link MTU of {})",
-            local_mtu.bytes(),
-            port_mtu.bytes(),
-            dev.name()
-        );
-    }
+    let (dev, gid_index, gid, local_mtu) = match early {
+        Some(opened) => opened,
+        None => open_checked(p, &spec)?,
+    };
     let pre = conn
         .preamble(DEFAULT_CYCLE_BUFFER, DEFAULT_CACHE_LINE_SIZE, local_mtu)
         .map_err(|e| {
