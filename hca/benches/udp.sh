@@ -5,7 +5,8 @@
 #      the same datagram payload (the path MTU's), over IPv4 (127.x, no UDP GSO: the IPv4
 #      identification is in the ICRC) and IPv6 (addresses on `lo`, UDP GSO/GRO on);
 #   2. `rdma-perf send-lat -s 8` t_typical vs `sockperf ping-pong` median half round trip
-#      (sockperf's smallest message is 14 bytes: -m 14);
+#      (sockperf's smallest message is 14 bytes: -m 14), unpinned and then (2 CPUs or more, PIN
+#      unset) with each end pinned to its own CPU;
 #   3. `rdma-perf write-bw -q 64` vs `-q 1` aggregate bandwidth.
 # Run by hand (not a test): `hca/benches/udp.sh [seconds-per-run]`. Needs root to install iperf3 /
 # sockperf (apt) when missing and to add two IPv6 addresses to `lo`. PIN=1 pins every server to
@@ -162,6 +163,19 @@ fi
 LAT=$(med perf_col 5 send-lat $IP4A $IP4B -s 8 -n 20000)
 SOCK=$(med sockperf_median)
 echo "2. send-lat -s 8 t_typical: rdma-perf $LAT us   sockperf ping-pong -m 14 median $SOCK us   ratio $(ratio "$LAT" "$SOCK")"
+if [ "$CPUS" -ge 2 ] && [ -z "$SRV" ] && command -v taskset >/dev/null; then
+    # The same pair with the server on CPU 0 and the client on CPU 1, as latency benchmarks are
+    # usually run: unpinned, the scheduler may put both ends of a blocking ping-pong (sockperf)
+    # on one CPU, where a wake-up is a context switch; across CPUs it is an inter-processor
+    # wake-up, which a spinning poller (rdma-perf, like perftest) does not wait for.
+    SRV="taskset -c 0"
+    CLI="taskset -c 1"
+    LATP=$(med perf_col 5 send-lat $IP4A $IP4B -s 8 -n 20000)
+    SOCKP=$(med sockperf_median)
+    SRV=""
+    CLI=""
+    echo "   the same pinned (server CPU 0, client CPU 1): rdma-perf $LATP us   sockperf $SOCKP us   ratio $(ratio "$LATP" "$SOCKP")"
+fi
 
 # 3. 64 QPs vs 1.
 Q1=$(med perf_col 4 write-bw $IP4A $IP4B -s 65536 -q 1 -D "$SECS")
