@@ -25,7 +25,8 @@ pub(crate) fn broadcast(
         if pos == 0 {
             io.copy_input_to_output(p.clone(), p.clone());
             if n > 1 {
-                op.send_input(next, c, io, p.clone())?;
+                // Final in the output (in place: the input itself), and never written again.
+                op.forward_output(next, c, io, p.clone())?;
             }
         } else if pos == n - 1 {
             op.recv_with(prev, c, p.len(), |incoming| {
@@ -33,11 +34,12 @@ pub(crate) fn broadcast(
                 Ok(())
             })?;
         } else {
-            op.recv_send_with(prev, next, c, p.len(), |incoming, slot| {
-                slot.copy_from_slice(incoming);
+            // recvCopySend: into the output, then on from there (written once, never again).
+            op.recv_with(prev, c, p.len(), |incoming| {
                 io.output(p.clone()).copy_from_slice(incoming);
                 Ok(())
             })?;
+            op.forward_output(next, c, io, p.clone())?;
         }
     }
     Ok(())

@@ -100,11 +100,23 @@ impl PeerRecv {
 /// both (in place). Algorithms address the input and the output in their own coordinates; in
 /// place, input coordinate `i` is byte `in_base + i` of the buffer and output coordinate `o` is
 /// byte `out_base + o` (e.g. an in-place all-gather's input is this rank's block of the output).
+///
+/// **Sealed output.** [`Op::forward_output`] sends a range of the output from where it lies
+/// (zero-copy on RoCE: the transport reads it after the call returns, until the operation's
+/// drain). The algorithms promise that an output range, once forwarded, is **not written again
+/// within the operation**: they forward only finished output (a complete reduce-scatter
+/// segment, a gathered or broadcast chunk), and every schedule here writes each output byte at
+/// most once after it is finished. Debug builds check the promise: every write path of `Io`
+/// ([`output`](Self::output), [`copy_input_to_output`](Self::copy_input_to_output),
+/// [`reduce_to_output`](Self::reduce_to_output)) asserts that it does not touch a sealed range.
 pub(crate) struct Io<'a> {
     input: Option<&'a [u8]>,
     buf: &'a mut [u8],
     in_base: usize,
     out_base: usize,
+    /// Output ranges forwarded in place so far, in buffer coordinates (debug builds only).
+    #[cfg(debug_assertions)]
+    sealed: Vec<Range<usize>>,
 }
 
 impl<'a> Io<'a> {
@@ -114,6 +126,8 @@ impl<'a> Io<'a> {
             buf: output,
             in_base: 0,
             out_base: 0,
+            #[cfg(debug_assertions)]
+            sealed: Vec::new(),
         }
     }
 
@@ -123,6 +137,8 @@ impl<'a> Io<'a> {
             buf,
             in_base,
             out_base,
+            #[cfg(debug_assertions)]
+            sealed: Vec::new(),
         }
     }
 
@@ -134,7 +150,37 @@ impl<'a> Io<'a> {
     }
 
     fn output(&mut self, r: Range<usize>) -> &mut [u8] {
-        &mut self.buf[r.start + self.out_base..r.end + self.out_base]
+        let b = r.start + self.out_base..r.end + self.out_base;
+        self.check_unsealed(&b);
+        &mut self.buf[b]
+    }
+
+    /// Asserts (debug builds) that buffer range `b` is not part of a forwarded output range:
+    /// the promise of [`Op::forward_output`] (see [`Io`]).
+    fn check_unsealed(&self, b: &Range<usize>) {
+        #[cfg(debug_assertions)]
+        if !b.is_empty() {
+            if let Some(s) = self
+                .sealed
+                .iter()
+                .find(|s| s.start < b.end && b.start < s.end)
+            {
+                panic!("bytes {b:?} written after {s:?} was forwarded from the output buffer");
+            }
+        }
+        #[cfg(not(debug_assertions))]
+        let _ = b;
+    }
+
+    /// Output range `r` for [`Op::forward_output`], with the whole buffer it lies in; from now
+    /// on, no write of this operation may touch `r` (checked in debug builds).
+    fn seal_output(&mut self, r: Range<usize>) -> (&[u8], &[u8]) {
+        let b = r.start + self.out_base..r.end + self.out_base;
+        #[cfg(debug_assertions)]
+        if !b.is_empty() {
+            self.sealed.push(b.clone());
+        }
+        (&self.buf[b], &*self.buf)
     }
 
     /// Input range `r` when no write of this operation can change it: the input of an
@@ -144,6 +190,7 @@ impl<'a> Io<'a> {
         self.input.map(|input| &input[r])
     }
 
+    #[cfg(test)]
     fn output_ref(&self, r: Range<usize>) -> &[u8] {
         &self.buf[r.start + self.out_base..r.end + self.out_base]
     }
@@ -162,8 +209,9 @@ impl<'a> Io<'a> {
             Some(input) => self.output(o).copy_from_slice(&input[i]),
             None => {
                 let src = i.start + self.in_base;
-                self.buf
-                    .copy_within(src..src + i.len(), o.start + self.out_base);
+                let dst = o.start + self.out_base;
+                self.check_unsealed(&(dst..dst + i.len()));
+                self.buf.copy_within(src..src + i.len(), dst);
             }
         }
     }
@@ -261,12 +309,42 @@ impl Op<'_> {
         let te = move |source| CollError::Transport { op: desc, source };
         let side = &mut self.sends[peer];
         let conn = side.conn().map_err(te)?;
+        let region = io.input.unwrap_or(src);
         // SAFETY: `src` is the input of an out-of-place operation: the communicator method that
         // runs this operation borrows it immutably until it returns, and it returns only after
         // `Op::drain` (which drains every connector) succeeded or, on an error, after
         // `Communicator::abort` aborted every connector; either waits for or cancels every read
         // of `src` (the contract of `post_from`).
-        unsafe { conn.post_from(src, chunk as u16, &desc, timeout) }.map_err(te)?;
+        unsafe { conn.post_from(src, region, chunk as u16, &desc, timeout) }.map_err(te)?;
+        side.sent += 1;
+        side.dirty = true;
+        Ok(())
+    }
+
+    /// Sends output range `r` of `io`, which must be finished (see [`Io`]: it is sealed, and
+    /// nothing of this operation writes it again), to `peer` as chunk `chunk`, from where it
+    /// lies: without a staging copy where the transport can read the user buffer in place
+    /// (RoCE), else copied into the slot (shared memory). NCCL's `copySend` / the send half of
+    /// `recvCopySend`, with the output as the source.
+    pub(crate) fn forward_output(
+        &mut self,
+        peer: usize,
+        chunk: usize,
+        io: &mut Io<'_>,
+        r: Range<usize>,
+    ) -> Result<(), CollError> {
+        let (desc, timeout) = (self.send_desc, self.timeout);
+        let te = move |source| CollError::Transport { op: desc, source };
+        let side = &mut self.sends[peer];
+        let conn = side.conn().map_err(te)?;
+        let (src, region) = io.seal_output(r);
+        // SAFETY: `src` lies in the operation's output, which the communicator method that runs
+        // this operation borrows mutably until it returns, and it returns only after
+        // `Op::drain` (which drains every connector) succeeded or, on an error or a panic, after
+        // every connector was aborted; either waits for or cancels every read of `src`. Until
+        // then nothing writes `src`: `Io` hands out no write to a sealed range (the invariant
+        // documented at `Io`, asserted in debug builds), and the caller's buffer is borrowed.
+        unsafe { conn.post_from(src, region, chunk as u16, &desc, timeout) }.map_err(te)?;
         side.sent += 1;
         side.dirty = true;
         Ok(())
@@ -447,6 +525,41 @@ mod tests {
         assert_eq!(rounds(0, 7), 1);
         assert_eq!(piece(0, 0, 0, 7, 4), 0..0);
         assert_eq!(piece(3, 2, 1, 7, 1), 5..5, "past the end: empty");
+    }
+
+    /// The promise of `Op::forward_output` (see `Io`): a forwarded output range is not written
+    /// again. Writes beside it pass; every write path that touches it is caught (debug builds,
+    /// where every collective test of this crate runs with the check on).
+    #[test]
+    #[cfg(debug_assertions)]
+    fn a_write_to_a_forwarded_output_range_is_caught() {
+        use std::panic::{catch_unwind, AssertUnwindSafe};
+        let input = [1u8; 16];
+        let mut out = [0u8; 16];
+        let mut io = Io::out_of_place(&input, &mut out);
+        let (src, region) = io.seal_output(4..8);
+        assert_eq!((src.len(), region.len()), (4, 16));
+        io.output(0..4).fill(9);
+        io.output(8..16).fill(9);
+        io.copy_input_to_output(0..4, 12..16);
+        let caught = |f: &mut dyn FnMut(&mut Io<'_>)| {
+            let mut out = [0u8; 16];
+            let mut io = Io::out_of_place(&input, &mut out);
+            io.seal_output(4..8);
+            catch_unwind(AssertUnwindSafe(|| f(&mut io))).is_err()
+        };
+        assert!(caught(&mut |io| io.output(7..9).fill(1)));
+        assert!(caught(&mut |io| io.copy_input_to_output(0..4, 2..6)));
+        assert!(caught(&mut |io| {
+            let _ = io.reduce_to_output(4..8, 0..4, &[1; 4], DataType::U8, RedOp::Sum);
+        }));
+        // In place, output coordinates are offset: sealing output 0..4 of a buffer whose output
+        // starts at byte 8 protects bytes 8..12, which the input (at 0) copied over would hit.
+        let mut buf = [0u8; 16];
+        let mut io = Io::in_place(&mut buf, 0, 8);
+        io.seal_output(0..4);
+        io.copy_input_to_output(4..8, 4..8);
+        assert!(catch_unwind(AssertUnwindSafe(|| io.copy_input_to_output(0..4, 0..4))).is_err());
     }
 
     #[test]

@@ -14,6 +14,12 @@
 //!
 //! Every byte crosses `n - 1` links in each phase: the `2 (n - 1) / n` factor of nccl-tests'
 //! all-reduce bus bandwidth.
+//!
+//! Every chunk a rank sends on after it is final in its output (the last reduce-scatter step,
+//! and every all-gather step, including a rank's own block in all-gather) is sent from the
+//! output itself ([`Op::forward_output`]): the output range is finished, and no later step of
+//! the operation writes it (each output byte is written once per operation; the reduce-scatter
+//! of round `k + 1` and the all-gather of round `k` touch other pieces).
 
 use super::{piece, rounds, Io, Op};
 use crate::datatype::RedOp;
@@ -82,15 +88,31 @@ fn reduce_scatter_round(
         }
         Ok(())
     };
+    op.recv_with(prev, id(r), p.len(), |incoming| finish(io, incoming))?;
     if forward {
-        op.recv_send_with(prev, next, id(r), p.len(), |incoming, slot| {
-            finish(io, incoming)?;
-            slot.copy_from_slice(io.output_ref(o.clone()));
-            Ok(())
-        })
-    } else {
-        op.recv_with(prev, id(r), p.len(), |incoming| finish(io, incoming))
+        // The segment is complete: sent on from the output, which nothing writes again.
+        op.forward_output(next, id(r), io, o)?;
     }
+    Ok(())
+}
+
+/// NCCL's `recvCopySend` of the all-gather phase: receives chunk `chunk` (output range `p`)
+/// from `prev` into the output, returns the slot, and sends the chunk on to `next` from the
+/// output (no staging copy on RoCE; see [`Op::forward_output`]). Output range `p` is written
+/// once, here, and never again in the operation.
+fn recv_copy_send(
+    op: &mut Op<'_>,
+    io: &mut Io<'_>,
+    prev: usize,
+    next: usize,
+    chunk: usize,
+    p: core::ops::Range<usize>,
+) -> Result<(), CollError> {
+    op.recv_with(prev, chunk, p.len(), |incoming| {
+        io.output(p.clone()).copy_from_slice(incoming);
+        Ok(())
+    })?;
+    op.forward_output(next, chunk, io, p)
 }
 
 /// Ring all-reduce of `count` elements: output = op over all ranks' inputs, on every rank.
@@ -115,11 +137,7 @@ pub(crate) fn all_reduce(op: &mut Op<'_>, io: &mut Io<'_>, count: usize) -> Resu
         for t in 1..n - 1 {
             let s = (r + n - t) % n;
             let p = part(s);
-            op.recv_send_with(prev, next, id(s), p.len(), |incoming, slot| {
-                slot.copy_from_slice(incoming);
-                io.output(p.clone()).copy_from_slice(incoming);
-                Ok(())
-            })?;
+            recv_copy_send(op, io, prev, next, id(s), p)?;
         }
         let s = (r + 1) % n;
         let p = part(s);
@@ -170,17 +188,13 @@ pub(crate) fn all_gather(op: &mut Op<'_>, io: &mut Io<'_>, count: usize) -> Resu
     for k in 0..rounds(count, ce) {
         let part = |s: usize| piece(s * count, count, k, ce, es);
         let id = |s: usize| k * n + s;
-        let own = part(r);
-        let own_in = own.start - r * block..own.end - r * block;
-        op.send_input(next, id(r), io, own_in.clone())?;
+        // This rank's block of the output is final (copied above, or the input itself in
+        // place): sent from there, without a staging copy even in place.
+        op.forward_output(next, id(r), io, part(r))?;
         for t in 1..n - 1 {
             let s = (r + n - t) % n;
             let p = part(s);
-            op.recv_send_with(prev, next, id(s), p.len(), |incoming, slot| {
-                slot.copy_from_slice(incoming);
-                io.output(p.clone()).copy_from_slice(incoming);
-                Ok(())
-            })?;
+            recv_copy_send(op, io, prev, next, id(s), p)?;
         }
         let s = (r + 1) % n;
         let p = part(s);

@@ -750,6 +750,11 @@ pub trait SendConnector: Send {
     /// is (RoCE: an RDMA WRITE whose payload SGE points into the registered user buffer) does so
     /// instead of copying it into the slot first; the default copies.
     ///
+    /// `region` is the whole user buffer `src` lies in (a transport that registers memory
+    /// registers all of it on the first send, so that the sends of every later chunk of it find
+    /// the registration in its cache); a `region` that does not contain `src` is ignored. Only
+    /// `src` is read.
+    ///
     /// # Safety
     /// The transport may read `src` after this returns: the caller must keep its bytes alive
     /// and unwritten until a later [`drain`](Self::drain) of this connector returns `Ok`, or
@@ -762,10 +767,12 @@ pub trait SendConnector: Send {
     unsafe fn post_from(
         &mut self,
         src: &[u8],
+        region: &[u8],
         chunk: u16,
         desc: &OpDesc,
         timeout: Duration,
     ) -> Result<(), TransportError> {
+        let _ = region;
         let peer = self.peer();
         let slot = self.wait_slot(timeout)?;
         let Some(dst) = slot.get_mut(..src.len()) else {

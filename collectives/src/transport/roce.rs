@@ -1248,6 +1248,7 @@ impl SendConnector for RoceSend {
     unsafe fn post_from(
         &mut self,
         src: &[u8],
+        region: &[u8],
         chunk: u16,
         desc: &OpDesc,
         timeout: Duration,
@@ -1265,17 +1266,27 @@ impl SendConnector for RoceSend {
             None
         } else {
             let quiet = self.ch.hca.user_wrs.load(Ordering::Acquire) == 0;
+            // Register the whole buffer `src` lies in (one registration serves every chunk of
+            // it); the SGE below still covers `src` only.
+            let (s, r) = (src.as_ptr_range(), region.as_ptr_range());
+            let reg = if r.start <= s.start && s.end <= r.end {
+                region
+            } else {
+                src
+            };
             let lkey = lock(&self.ch.hca.regs)
                 .lookup(
                     &*self.ch.hca.dev,
                     self.ch.hca.pd,
                     // The HCA addresses user memory by address, as a NIC would by DMA address;
                     // `UserMemory` turns it back into a pointer with this provenance.
-                    src.as_ptr().expose_provenance(),
-                    src.len(),
+                    reg.as_ptr().expose_provenance(),
+                    reg.len(),
                     quiet,
                 )
                 .map_err(self.ch.verbs_err("ibv_reg_mr"))?;
+            // The SGE's address carries `src`'s provenance too (`UserMemory` reads through it).
+            let _ = src.as_ptr().expose_provenance();
             Some(Sge {
                 addr: src.as_ptr() as u64,
                 length: src.len() as u32,
@@ -2348,39 +2359,58 @@ mod tests {
             Err(TransportError::Usage { .. })
         ));
         // SAFETY: refused before anything reads `src`.
-        let e = unsafe { a.c.send[0].post_from(&[0; 8], 0, &desc(), T) };
+        let e = unsafe { a.c.send[0].post_from(&[0; 8], &[], 0, &desc(), T) };
         assert!(matches!(e, Err(TransportError::Usage { .. })), "{e:?}");
     }
 
-    /// Zero-copy sends: the payload goes from the user buffer (registered once: the second send
-    /// from the same buffer hits the registration cache) into the peer's slot.
+    /// Zero-copy sends: the payload goes from the user buffer (registered once, as a whole:
+    /// the later sends from other pages of the same buffer hit the registration cache) into the
+    /// peer's slot; a region that does not contain the source registers the source alone.
     #[test]
     fn post_from_reads_user_memory_and_registers_it_once() {
         let (mut a, mut b) = pair(2, env(14, 7));
-        // The 164 bytes sent lie in one page (the cache registers whole pages: a buffer that
-        // crossed a page boundary would need a second registration, and the count below would
-        // depend on where the allocator put it).
-        let mut buf = vec![0u8; 2 * RegCache::PAGE];
+        let mut buf = vec![0u8; 4 * RegCache::PAGE];
         let off = buf.as_ptr().align_offset(RegCache::PAGE);
-        let user = &mut buf[off..off + 200];
+        // Three pages; the sources below lie in different pages of it.
+        let user = &mut buf[off..off + 3 * RegCache::PAGE];
         for (i, b) in user.iter_mut().enumerate() {
-            *b = i as u8;
+            *b = (i % 251) as u8;
         }
         let user = &*user;
         for k in 0..3u16 {
-            let src = &user[k as usize * 50..k as usize * 50 + 64];
+            let at = k as usize * (RegCache::PAGE + 50);
+            let src = &user[at..at + 64];
             // SAFETY: `user` outlives the drain below and is not written.
-            unsafe { a.c.send[0].post_from(src, k, &desc(), T) }.unwrap();
+            unsafe { a.c.send[0].post_from(src, user, k, &desc(), T) }.unwrap();
             let c = b.c.recv[0].wait(T).unwrap();
             assert_eq!(c.data, src);
             assert_eq!(c.imm.chunk, k);
             b.c.recv[0].release().unwrap();
         }
         a.c.send[0].drain(T).unwrap();
+        {
+            let hca = a.t.hca.as_ref().unwrap();
+            let regs = lock(&hca.regs);
+            assert_eq!((regs.registrations, regs.hits), (1, 2));
+            assert_eq!(hca.user_wrs.load(Ordering::Acquire), 0);
+        }
+        // A region that does not hold the source: the source's page is registered, not the
+        // region (which would not cover the SGE).
+        let other = vec![7u8; 64];
+        let src = &user[..64];
+        // SAFETY: as above.
+        unsafe { a.c.send[0].post_from(src, &other, 3, &desc(), T) }.unwrap();
+        let c = b.c.recv[0].wait(T).unwrap();
+        assert_eq!(c.data, src);
+        b.c.recv[0].release().unwrap();
+        a.c.send[0].drain(T).unwrap();
         let hca = a.t.hca.as_ref().unwrap();
         let regs = lock(&hca.regs);
-        assert_eq!((regs.registrations, regs.hits), (1, 2));
-        assert_eq!(hca.user_wrs.load(Ordering::Acquire), 0);
+        assert_eq!(
+            (regs.registrations, regs.hits),
+            (1, 3),
+            "inside the first registration"
+        );
     }
 
     /// A peer whose device is gone (no abort message, no process to watch: it shares ours) is
