@@ -17,7 +17,7 @@
 //!
 //! Every chunk a rank sends on after it is final in its output (the last reduce-scatter step,
 //! and every all-gather step, including a rank's own block in all-gather) is sent from the
-//! output itself ([`Op::forward_output`]): the output range is finished, and no later step of
+//! output itself (`Op::forward_output`): the output range is finished, and no later step of
 //! the operation writes it (each output byte is written once per operation; the reduce-scatter
 //! of round `k + 1` and the all-gather of round `k` touch other pieces).
 

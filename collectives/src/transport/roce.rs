@@ -52,15 +52,18 @@
 //!   registered FIFO, the proxy posts from it). On the receiving side there is no copy: the
 //!   algorithm reads (or reduces from) the registered receive slot in place.
 //!   [`SendConnector::post_from`] removes the staging copy where the source is user memory that
-//!   is not written during the operation (the input of an out-of-place collective): the WRITE's
-//!   payload SGE points into the user buffer, registered through the [`RegCache`] (a buffer
-//!   passed again is not registered again). What still goes through a staging slot: sends of
-//!   an in-place operation's input (the output may overwrite it while the WRITE is in flight),
-//!   and the forwarding steps (NCCL's recvCopySend of all-gather and broadcast, and the last
-//!   reduce-scatter step, which writes the output and sends it on): one copy of the chunk into
-//!   the staging slot beside the copy into the user's output. Writing those from the output
-//!   buffer instead needs the algorithms to promise that a range once sent is not written
-//!   again within the operation.
+//!   is not written during the operation: the WRITE's payload SGE points into the user buffer,
+//!   registered through the [`RegCache`] as a whole on its first send (a buffer passed again is
+//!   not registered again, and every chunk of it hits the one registration). The algorithms use
+//!   it for the input of an out-of-place collective and for every forwarding step (NCCL's
+//!   recvCopySend of all-gather and broadcast, the last reduce-scatter step of all-reduce, a
+//!   rank's own all-gather block, the broadcast root): those chunks are sent from the user's
+//!   *output*, where they are final and, as the algorithms promise (`Io` in
+//!   `algorithms`, asserted in debug builds), never written again within the operation. What
+//!   still goes through a staging slot: the reductions (recvReduceSend writes the staging slot
+//!   directly, no extra copy) and sends of an in-place operation's input, which the output may
+//!   overwrite while the WRITE is in flight (the first reduce-scatter step of an in-place
+//!   all-reduce sends input that the all-gather of the same round overwrites).
 //! * **Staging reuse.** A staging slot is refilled for step `k` only after the WR of step
 //!   `k - nslots` has completed locally (the HCA no longer reads it) *and* the receiver has
 //!   released step `k - nslots` (its slot is free): both the CQE and the credit.
