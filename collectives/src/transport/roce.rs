@@ -124,7 +124,8 @@
 //! 4.096 us * 2^t, default 17 = 0.54 s) and `COLL_ROCE_RETRY_CNT` (default 7): a dead peer is
 //! found after about `(retry_cnt + 1) * 4.096 us * 2^t`; `COLL_ROCE_PROGRESS=caller|thread`
 //! (who drives the device, default caller); `COLL_ROCE_STATS=1` prints the device's engine,
-//! link and progress counters to stderr when the communicator closes.
+//! link and progress counters, and the registration cache's registrations and hits, to stderr
+//! when the communicator closes.
 
 use std::collections::HashMap;
 use std::io;
@@ -438,12 +439,16 @@ impl Drop for Hca {
             .as_ref()
             .filter(|_| std::env::var("COLL_ROCE_STATS").is_ok_and(|v| v == "1"))
         {
+            let regs = lock(&self.regs);
             eprintln!(
-                "coll roce {}: engine {:?}\n  link {:?}\n  progress {:?}",
+                "coll roce {}: engine {:?}\n  link {:?}\n  progress {:?}\n  user buffers: \
+                 {} registrations, {} cache hits",
                 udp.local_addr(),
                 udp.counters(),
                 udp.link_counters(),
-                udp.device_counters()
+                udp.device_counters(),
+                regs.registrations,
+                regs.hits
             );
         }
     }
