@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::algorithms::{chain, pairwise, ring, Io, Op, PeerRecv, PeerSend};
+use crate::algorithms::{chain, doubling, pairwise, ring, Io, Op, PeerRecv, PeerSend};
 use crate::bootstrap::{
     host_id, hostname, BootstrapError, BusinessCard, EnvError, LaunchInfo, Rendezvous, UniqueId,
 };
@@ -565,7 +565,9 @@ impl Communicator {
     }
 
     /// All-reduce (NCCL `ncclAllReduce`): `recv[i] = op(send[i] of every rank)` for
-    /// `i < count`, on every rank. Ring algorithm; see [`crate::algorithms`].
+    /// `i < count`, on every rank. Recursive doubling up to
+    /// [`doubling::MAX_BYTES`](crate::algorithms::doubling::MAX_BYTES) when that fits one slot,
+    /// else the ring; see [`crate::algorithms`].
     ///
     /// # Errors
     /// [`CollError`]: short buffers, mismatched operations across ranks, a peer that fails.
@@ -583,7 +585,7 @@ impl Communicator {
         self.need(coll, "recv", recv.len(), bytes)?;
         let mut io = Io::out_of_place(&send[..bytes], &mut recv[..bytes]);
         self.run(desc, desc, datatype, op, |o| {
-            ring::all_reduce(o, &mut io, count)
+            all_reduce_algorithm(o, &mut io, count)
         })
     }
 
@@ -603,7 +605,7 @@ impl Communicator {
         self.need(coll, "", buf.len(), bytes)?;
         let mut io = Io::in_place(&mut buf[..bytes], 0, 0);
         self.run(desc, desc, datatype, op, |o| {
-            ring::all_reduce(o, &mut io, count)
+            all_reduce_algorithm(o, &mut io, count)
         })
     }
 
@@ -1096,5 +1098,18 @@ impl Communicator {
         self.run(send_desc, recv_desc, datatype, RedOp::Sum, |o| {
             pairwise::send_recv(o, &mut io, send_side, recv_side)
         })
+    }
+}
+
+/// All-reduce by recursive doubling when the buffer is small (at most [`doubling::MAX_BYTES`]
+/// and one chunk), else by the ring: latency-bound sizes take `log2(n)` steps, larger ones the
+/// ring's bandwidth-optimal schedule. The choice depends only on the size and the slot size,
+/// which every rank shares, so all ranks run the same schedule.
+fn all_reduce_algorithm(o: &mut Op<'_>, io: &mut Io<'_>, count: usize) -> Result<(), CollError> {
+    let bytes = count * o.datatype.size();
+    if o.nranks > 1 && bytes <= doubling::MAX_BYTES && bytes <= o.chunk_bytes {
+        doubling::all_reduce(o, io, count)
+    } else {
+        ring::all_reduce(o, io, count)
     }
 }

@@ -172,6 +172,74 @@ fn results_are_bit_identical_across_runs_and_in_place() {
     }
 }
 
+/// A small all-reduce (one slot: recursive doubling) reduces one balanced tree, the same on every
+/// rank and in place: with floats that do not add exactly, the sum's bits are those of
+/// `op(op(x0 (+ x4), x1), op(x2, x3))` computed here, on 2..=8 ranks (powers of two and not);
+/// `min` / `max` over signed zeros and NaNs (where swapping two operands can change the bits)
+/// give every rank the same bits.
+#[test]
+fn small_all_reduce_is_one_tree_on_every_rank() {
+    let count = 48; // 192 bytes: one 256-byte slot of the test configuration
+    let value =
+        |r: usize, i: usize| ((i as f32 + 0.3) * (r as f32 + 1.7)).sin() * 1e3 + 1e-3 * r as f32;
+    let signed = |r: usize, i: usize| match (r + i) % 4 {
+        0 => 0.0f32,
+        1 => -0.0,
+        2 => f32::from_bits(0x7fc0_0000 | (r as u32 + 1)),
+        _ => -1.5 * (i % 3) as f32,
+    };
+    for n in 2..=8usize {
+        let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
+        let tree = |i: usize| {
+            let mut vals: Vec<f32> = (0..p)
+                .map(|r| {
+                    if r + p < n {
+                        value(r, i) + value(r + p, i)
+                    } else {
+                        value(r, i)
+                    }
+                })
+                .collect();
+            while vals.len() > 1 {
+                vals = vals.chunks(2).map(|c| c[0] + c[1]).collect();
+            }
+            vals[0]
+        };
+        let want: Vec<u32> = (0..count).map(|i| tree(i).to_bits()).collect();
+        let got = common::with_ranks(n, common::config(TransportKind::InProcess), |comm| {
+            let r = comm.rank();
+            let input: Vec<f32> = (0..count).map(|i| value(r, i)).collect();
+            let mut out = vec![0f32; count];
+            comm.all_reduce_typed(&input, &mut out, RedOp::Sum).unwrap();
+            let mut inplace = input.clone();
+            comm.all_reduce_typed_in_place(&mut inplace, RedOp::Sum)
+                .unwrap();
+            let odd: Vec<f32> = (0..count).map(|i| signed(r, i)).collect();
+            let mut min = vec![0f32; count];
+            comm.all_reduce_typed(&odd, &mut min, RedOp::Min).unwrap();
+            let mut max = vec![0f32; count];
+            comm.all_reduce_typed(&odd, &mut max, RedOp::Max).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            (bits(&out), bits(&inplace), bits(&min), bits(&max))
+        });
+        for (rank, (out, inplace, min, max)) in got.iter().enumerate() {
+            assert_eq!(
+                out, &want,
+                "{n} ranks, rank {rank}: sum in the tree's order"
+            );
+            assert_eq!(inplace, &want, "{n} ranks, rank {rank}: in place");
+            assert_eq!(
+                min, &got[0].2,
+                "{n} ranks, rank {rank}: min bits as rank 0's"
+            );
+            assert_eq!(
+                max, &got[0].3,
+                "{n} ranks, rank {rank}: max bits as rank 0's"
+            );
+        }
+    }
+}
+
 #[test]
 fn point_to_point_and_barrier() {
     let n = 4;

@@ -6,6 +6,8 @@
 //!
 //! * [`ring`]: all-reduce as a ring reduce-scatter followed by a ring all-gather
 //!   (`2 (nranks - 1)` steps per round), reduce-scatter and all-gather alone.
+//! * [`doubling`]: all-reduce of small buffers (at most [`doubling::MAX_BYTES`] and one slot) by
+//!   recursive doubling, `log2(nranks)` steps, as MPICH and Open MPI do below a size threshold.
 //! * [`chain`]: broadcast down the ring order from the root, reduce up the ring order to the
 //!   root (pipelined chains).
 //! * [`pairwise`]: all-to-all by pairwise exchange, scatter and gather from and to the root,
@@ -18,8 +20,10 @@
 //!
 //! **Reduction order.** In the ring, segment `s` is reduced along the ring starting at rank
 //! `s + 1` and ending at rank `s`: `x[s+1]`, then `f(that, x[s+2])`, ..., then `f(that, x[s])`.
-//! In the chain reduce, starting at `root + 1` and ending at the root. The order depends only on
-//! `(nranks, count, slot size)`, never on timing, so results are bit-reproducible.
+//! In the chain reduce, starting at `root + 1` and ending at the root. Recursive doubling
+//! reduces a balanced tree over the ranks, the same on every rank. The order depends only on
+//! `(nranks, count, slot size)`, never on timing, so results are bit-reproducible (the choice
+//! between ring and recursive doubling too).
 //!
 //! **Checks.** Every received chunk's descriptor must equal the receiver's own ([`OpDesc`]:
 //! sequence number, collective, count, data type, operator, root), its chunk index the expected
@@ -36,6 +40,7 @@ use crate::reduce::{self, KernelError};
 use crate::transport::{Abort, OpDesc, RecvConnector, SendConnector, TransportError};
 
 pub mod chain;
+pub mod doubling;
 pub mod pairwise;
 pub mod ring;
 
