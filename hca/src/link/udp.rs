@@ -522,8 +522,9 @@ impl RecvBatch {
 pub struct UdpLink {
     fd: OwnedFd,
     local: SocketAddr,
-    /// The sockets that only send, one per entropy source port (empty: the bound socket sends).
-    senders: Vec<Sender>,
+    /// The sockets that only send, one per entropy source port (empty: the bound socket sends);
+    /// shared with the [`LinkPoller`]s, so that each costs one descriptor.
+    senders: Arc<[Sender]>,
     /// Which socket last refused a send for a full buffer: 0 the bound one, `i + 1` sender `i`;
     /// what a writable wait watches ([`LinkPoller`] shares it).
     blocked: Arc<AtomicUsize>,
@@ -651,7 +652,7 @@ impl UdpLink {
                 let preferred = ENTROPY_PORT_BASE + (i * 0x4000 / config.src_ports) as u16;
                 Sender::open(&config, bound, preferred)
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Arc<[Sender]>, _>>()?;
         Ok(UdpLink {
             fd,
             local: bound,
@@ -1127,24 +1128,20 @@ impl UdpLink {
     /// A second handle on this link's socket that can only wait for it
     /// ([`LinkPoller::wait`]): a progress thread sleeps on it while other threads keep using the
     /// link (`send` and `recv` need `&mut UdpLink`, which a sleeping thread would otherwise
-    /// hold). It duplicates the descriptor (dup(2) with close-on-exec): the socket stays open
-    /// until both are dropped.
+    /// hold). It duplicates the bound socket's descriptor (dup(2) with close-on-exec) and shares
+    /// the sending sockets ([`UdpLinkConfig::src_ports`]) without duplicating them: the sockets
+    /// stay open until both are dropped, and a poller costs one descriptor however many sending
+    /// sockets the link has.
     ///
     /// Errors: [`LinkError::Socket`] when the process is out of descriptors.
     pub fn poller(&self) -> Result<LinkPoller, LinkError> {
-        let dup = |fd: &OwnedFd| {
-            fd.try_clone().map_err(|source| LinkError::Socket {
-                local: self.local,
-                source,
-            })
-        };
+        let fd = self.fd.try_clone().map_err(|source| LinkError::Socket {
+            local: self.local,
+            source,
+        })?;
         Ok(LinkPoller {
-            fd: dup(&self.fd)?,
-            senders: self
-                .senders
-                .iter()
-                .map(|s| dup(&s.fd))
-                .collect::<Result<_, _>>()?,
+            fd,
+            senders: Arc::clone(&self.senders),
             blocked: Arc::clone(&self.blocked),
             local: self.local,
         })
@@ -1272,7 +1269,7 @@ impl Sender {
 #[derive(Debug)]
 pub struct LinkPoller {
     fd: OwnedFd,
-    senders: Vec<OwnedFd>,
+    senders: Arc<[Sender]>,
     blocked: Arc<AtomicUsize>,
     local: SocketAddr,
 }
@@ -1289,7 +1286,7 @@ impl LinkPoller {
     ) -> Result<Readiness, LinkError> {
         let blocked = self.blocked.load(Ordering::Relaxed);
         let out = match blocked.checked_sub(1).and_then(|i| self.senders.get(i)) {
-            Some(s) => s.as_fd(),
+            Some(s) => s.fd.as_fd(),
             None => self.fd.as_fd(),
         };
         wait_on(self.fd.as_fd(), out, self.local, writable, waker, timeout)
