@@ -691,3 +691,141 @@ fn failed_gso_falls_back_to_single_datagrams() {
     let payloads: Vec<Vec<u8>> = got.into_iter().map(|g| g.payload).collect();
     assert_eq!(payloads, bodies);
 }
+
+/// Runs `f` in a thread of its own in a new network namespace whose loopback is up and holds
+/// back what it sends behind a token bucket of 8 bit/s (tc-tbf(8), after a 4 KiB burst): sent
+/// datagrams stay queued, charged to their socket's send buffer, until `release` (below) lifts
+/// the rate. Root only; `None` (skipped, said why) where namespaces or tc are unavailable.
+fn in_throttled_namespace<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
+    if !is_root() {
+        eprintln!("skipped: needs root for a network namespace");
+        return None;
+    }
+    std::thread::spawn(move || {
+        // SAFETY: unshare(2) of the calling thread's network namespace; no pointers.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            eprintln!(
+                "skipped: unshare(CLONE_NEWNET): {}",
+                std::io::Error::last_os_error()
+            );
+            return None;
+        }
+        if !(run(&["ip", "link", "set", "lo", "up"])
+            && run(&[
+                "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", "8bit", "burst", "4096",
+                "limit", "50000000",
+            ]))
+        {
+            eprintln!("skipped: could not set up lo with ip(8) / tc(8)");
+            return None;
+        }
+        Some(f())
+    })
+    .join()
+    .unwrap()
+}
+
+/// Lets the namespace's loopback (of [`in_throttled_namespace`]) send at 10 Gbit/s: what its
+/// queue holds goes out, nothing is dropped. The queue runs again on its next packet (the
+/// bucket's timer still waits for the old rate), so one datagram to itself from a socket on
+/// `ip` kicks it.
+fn release(ip: std::net::IpAddr) {
+    assert!(run(&[
+        "tc", "qdisc", "change", "dev", "lo", "root", "tbf", "rate", "10gbit", "burst", "1mb",
+        "limit", "50000000",
+    ]));
+    let kick = UdpSocket::bind(SocketAddr::new(ip, 0)).unwrap();
+    kick.send_to(b"kick", kick.local_addr().unwrap()).unwrap();
+}
+
+fn run(args: &[&str]) -> bool {
+    std::process::Command::new(args[0])
+        .args(&args[1..])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// One sending socket whose buffer is full holds back its own port only: the link reports it
+/// not writable although its other sockets are (a progress thread waiting for room would
+/// otherwise wake at once, again and again), another port still sends, and once the queue
+/// drains the waiter wakes and every datagram arrives, in order per port, none lost.
+#[test]
+fn a_full_sending_socket_holds_back_its_port_only() {
+    for (a_addr, b_addr) in [("127.0.0.1:0", "127.0.0.2:0"), ("[::1]:0", "[::1]:0")] {
+        in_throttled_namespace(move || {
+            let mut c = UdpLinkConfig::new(addr(a_addr));
+            c.gso = false;
+            c.src_ports = 2;
+            // The kernel doubles it: room for a few datagrams of 1000 bytes.
+            c.send_buffer_bytes = Some(4096);
+            let mut a = UdpLink::bind(c).unwrap();
+            let mut c = UdpLinkConfig::new(addr(b_addr));
+            c.recv_buffer_bytes = Some(4 << 20);
+            c.gro = false;
+            let mut b = UdpLink::bind(c).unwrap();
+            let ports = a.src_ports();
+            let bodies: Vec<Vec<u8>> = (0..400).map(|i| payload(i, 1000)).collect();
+            let parts: Vec<[IoSlice<'_>; 1]> = bodies.iter().map(|x| [IoSlice::new(x)]).collect();
+            // Even datagrams from the first port, odd ones from the second.
+            let dgram = |i: usize| SendDatagram {
+                src_port: Some(ports[i % 2]),
+                ..SendDatagram::new(b.local_addr(), &parts[i])
+            };
+            // Fill the first port's socket (the bucket's burst lets a few out first).
+            let mut next = 0;
+            while next < bodies.len() && a.send(&[dgram(next)]).unwrap() == 1 {
+                next += 2;
+            }
+            assert!(next < bodies.len(), "{a_addr}: the socket never filled");
+            assert!(a.counters().tx_full >= 1);
+            let r = a.wait(true, None, Duration::ZERO).unwrap();
+            assert!(
+                !r.writable,
+                "{a_addr}: a full socket is not writable: {r:?}"
+            );
+            // The second port still sends.
+            assert_eq!(a.send(&[dgram(1)]).unwrap(), 1, "{a_addr}: second port");
+            let r = a
+                .poller()
+                .unwrap()
+                .wait(true, None, Duration::ZERO)
+                .unwrap();
+            assert!(
+                !r.writable,
+                "{a_addr}: the poller watches the full socket: {r:?}"
+            );
+            release(a.local_addr().ip());
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !a
+                .wait(true, None, Duration::from_millis(100))
+                .unwrap()
+                .writable
+            {
+                assert!(Instant::now() < deadline, "{a_addr}: never writable again");
+            }
+            // The rest of the first port's datagrams, then the second's.
+            let rest: Vec<SendDatagram<'_>> = (next..bodies.len())
+                .step_by(2)
+                .chain((3..bodies.len()).step_by(2))
+                .map(dgram)
+                .collect();
+            send_all(&mut a, &rest);
+            let mut batch = b.new_recv_batch();
+            let got = recv_n(&mut b, &mut batch, bodies.len());
+            assert_eq!(got.len(), bodies.len(), "{a_addr}: datagrams lost");
+            for (k, port) in ports.iter().enumerate() {
+                let from: Vec<&Vec<u8>> = got
+                    .iter()
+                    .filter(|g| g.src.port() == *port)
+                    .map(|g| &g.payload)
+                    .collect();
+                let want: Vec<&Vec<u8>> = bodies.iter().skip(k).step_by(2).collect();
+                assert!(
+                    from == want,
+                    "{a_addr}: port {port} out of order or incomplete"
+                );
+            }
+        });
+    }
+}
