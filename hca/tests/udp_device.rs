@@ -143,6 +143,8 @@ struct Conn {
     timeout: u8,
     retry_cnt: u8,
     mtu: PathMtu,
+    /// The flow label of the address vector (0: none; else the UDP source port's entropy).
+    flow_label: u32,
 }
 
 impl Default for Conn {
@@ -151,6 +153,7 @@ impl Default for Conn {
             timeout: 14,
             retry_cnt: 7,
             mtu: PathMtu::Mtu1024,
+            flow_label: 0,
         }
     }
 }
@@ -188,6 +191,7 @@ fn bring_up(me: &Side, peer: &Side, my_psn: u32, peer_psn: u32, qp_type: QpType,
         sgid_index: GID_INDEX as u8,
         hop_limit: 64,
         port_num: 1,
+        flow_label: c.flow_label,
         ..AhAttr::default()
     };
     let rtr_mask = match qp_type {
@@ -468,7 +472,9 @@ fn uc_write_and_send() {
     assert_eq!(b.read(65536, 7000), data);
 }
 
-fn ud_send(a_addr: &str, b_addr: &str) {
+/// UD SENDs from `a_addr` to `b_addr` through an address handle with `flow_label` (0: none),
+/// which selects the source port among the device's sending sockets.
+fn ud_send(a_addr: &str, b_addr: &str, flow_label: u32) {
     let (a, b) = pair(
         a_addr,
         b_addr,
@@ -485,6 +491,7 @@ fn ud_send(a_addr: &str, b_addr: &str) {
                 sgid_index: GID_INDEX as u8,
                 hop_limit: 1,
                 port_num: 1,
+                flow_label,
                 ..AhAttr::default()
             },
         )
@@ -519,16 +526,20 @@ fn ud_send(a_addr: &str, b_addr: &str) {
         assert_eq!(b.read(i * 2048 + 40, 1000), data);
     }
     assert_eq!(wb[3].imm_data, Some(77));
+    // Every datagram left from a port the link owns: none refused.
+    assert_eq!(a.dev.link_counters().tx_errors, 0);
+    assert_eq!(a.dev.device_counters().tx_dropped, 0);
 }
 
 #[test]
 fn ud_send_ipv4() {
-    ud_send("127.0.0.7", "127.0.0.8");
+    ud_send("127.0.0.7", "127.0.0.8", 0);
 }
 
 #[test]
 fn ud_send_ipv6() {
-    ud_send("::1", "::1");
+    ud_send("::1", "::1", 0);
+    ud_send("::1", "::1", 0xA_BCDE);
 }
 
 /// Waits (bounded) until no thread of this process has this name. `close` joined the thread,
@@ -1138,4 +1149,147 @@ fn close_sends_the_held_ack() {
     b.dev.close();
     let w = a.wait(1);
     assert_eq!((w[0].wr_id, w[0].status), (1, WcStatus::Success), "{w:?}");
+}
+
+fn run_ok(args: &[&str]) -> bool {
+    std::process::Command::new(args[0])
+        .args(&args[1..])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// RC over sending sockets that fill up: in a private network namespace whose loopback holds
+/// back what it sends (tc-tbf at 8 bit/s after a 4 KiB burst), 8 QPs (half with a flow label in
+/// their address vector) of a device with 2 sending sockets of a small buffer each write 64 KiB;
+/// once the device saw a full socket the queue is released, and every WRITE completes with its
+/// data in place, nothing dropped or refused. IPv4 and IPv6; root only.
+#[test]
+fn rc_delivers_everything_through_full_sending_sockets() {
+    through_full_sending_sockets(false);
+}
+
+/// As [`rc_delivers_everything_through_full_sending_sockets`], but the sending device is
+/// closed while its sockets are full and its progress thread waits for room: close returns,
+/// every WRITE completes (done or flushed), the thread is gone and the device's sockets are
+/// closed.
+#[test]
+fn close_while_sending_sockets_are_full() {
+    through_full_sending_sockets(true);
+}
+
+fn through_full_sending_sockets(close_while_full: bool) {
+    // SAFETY: geteuid(2) has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root for a network namespace");
+        return;
+    }
+    for (a_addr, b_addr) in [("127.0.0.1", "127.0.0.2"), ("::1", "::1")] {
+        std::thread::spawn(move || {
+            // SAFETY: unshare(2) of this thread's network namespace; no pointers.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                eprintln!("skipped: unshare: {}", std::io::Error::last_os_error());
+                return;
+            }
+            let tbf = |rate: &str, burst: &str, verb: &str| {
+                run_ok(&[
+                    "tc", "qdisc", verb, "dev", "lo", "root", "tbf", "rate", rate, "burst", burst,
+                    "limit", "50000000",
+                ])
+            };
+            if !(run_ok(&["ip", "link", "set", "lo", "up"]) && tbf("8bit", "4096", "add")) {
+                eprintln!("skipped: cannot set up lo with ip(8) / tc(8)");
+                return;
+            }
+            let mut c = UdpDeviceConfig::new(ip(a_addr));
+            c.port = 0;
+            c.src_ports = 2;
+            // The kernel doubles it: about 12 datagrams of MTU 1024 per socket.
+            c.socket_buffer_bytes = Some(16 << 10);
+            c.window_budget = Some(4096);
+            let da = UdpDevice::open(c).unwrap();
+            let mut c = UdpDeviceConfig::new(ip(b_addr));
+            c.port = 0;
+            let db = UdpDevice::open(c).unwrap();
+            da.set_peer_port(db.local_addr().ip(), db.local_addr().port());
+            db.set_peer_port(da.local_addr().ip(), da.local_addr().port());
+            let (da, db) = (Arc::new(da), Arc::new(db));
+            const LEN: usize = 64 << 10;
+            let pairs: Vec<(Side, Side)> = (0..8u64)
+                .map(|i| {
+                    let a = Side::new(da.clone(), QpType::Rc, 0x10_0000 * (i + 1));
+                    let b = Side::new(db.clone(), QpType::Rc, 0x1000_0000 * (i + 1));
+                    // ACK timeout 4.096 us * 2^18 = 1.07 s: the held-back queue is no loss.
+                    let c = Conn {
+                        timeout: 18,
+                        flow_label: if i % 2 == 1 {
+                            0x1_0000 + i as u32 * 777
+                        } else {
+                            0
+                        },
+                        ..Conn::default()
+                    };
+                    bring_up(&a, &b, 0x100, 0x900, QpType::Rc, c);
+                    bring_up(&b, &a, 0x900, 0x100, QpType::Rc, c);
+                    (a, b)
+                })
+                .collect();
+            for (i, (a, b)) in pairs.iter().enumerate() {
+                a.write(0, &pattern(LEN, i as u8));
+                a.post_send(
+                    1,
+                    &[a.sge(0, LEN as u32)],
+                    SendOp::RdmaWrite {
+                        remote_addr: b.addr(0),
+                        rkey: b.mr.rkey(),
+                    },
+                );
+            }
+            let deadline = std::time::Instant::now() + WAIT;
+            while da.device_counters().tx_blocked == 0 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no socket ever filled"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if close_while_full {
+                let name = da.thread_name().unwrap();
+                let ports = da.src_ports();
+                da.close();
+                for (i, (a, _)) in pairs.iter().enumerate() {
+                    let w = a.wait(1);
+                    assert!(
+                        matches!(w[0].status, WcStatus::Success | WcStatus::WrFlushErr),
+                        "{a_addr} QP {i}: {w:?}"
+                    );
+                }
+                wait_thread_gone(&name);
+                drop(pairs);
+                drop(da);
+                // The sending sockets are closed: their ports can be bound again.
+                for port in ports {
+                    std::net::UdpSocket::bind((ip(a_addr), port)).unwrap();
+                }
+                return;
+            }
+            assert!(tbf("10gbit", "1mb", "change"));
+            // The queue runs again on its next packet (the bucket's timer waits for the old
+            // rate): one datagram to itself kicks it.
+            let kick = std::net::UdpSocket::bind((ip(a_addr), 0)).unwrap();
+            kick.send_to(b"kick", kick.local_addr().unwrap()).unwrap();
+            for (i, (a, b)) in pairs.iter().enumerate() {
+                let w = a.wait(1);
+                assert_eq!(w[0].status, WcStatus::Success, "{a_addr} QP {i}: {w:?}");
+                assert!(
+                    b.read(0, LEN) == pattern(LEN, i as u8),
+                    "{a_addr} QP {i}: data"
+                );
+            }
+            let (dc, lc) = (da.device_counters(), da.link_counters());
+            eprintln!("{a_addr}: {dc:?}; link tx_full {}", lc.tx_full);
+            assert_eq!((dc.tx_dropped, lc.tx_errors), (0, 0), "{a_addr}");
+        })
+        .join()
+        .unwrap();
+    }
 }
