@@ -26,9 +26,15 @@ fn ip(s: &str) -> IpAddr {
 }
 
 fn open(addr: &str, progress: Progress) -> UdpDevice {
+    open_with(addr, progress, UdpDeviceConfig::new(ip(addr)).src_ports)
+}
+
+/// A device on `addr` (ephemeral port) with `src_ports` sending sockets.
+fn open_with(addr: &str, progress: Progress, src_ports: usize) -> UdpDevice {
     let mut c = UdpDeviceConfig::new(ip(addr));
     c.port = 0;
     c.progress = progress;
+    c.src_ports = src_ports;
     UdpDevice::open(c).unwrap()
 }
 
@@ -236,8 +242,11 @@ fn bring_up(me: &Side, peer: &Side, my_psn: u32, peer_psn: u32, qp_type: QpType,
 
 /// Two devices, each told the other's port, with one QP each, connected.
 fn pair(a_addr: &str, b_addr: &str, progress: Progress, qp_type: QpType, c: Conn) -> (Side, Side) {
-    let da = open(a_addr, progress);
-    let db = open(b_addr, progress);
+    pair_of(open(a_addr, progress), open(b_addr, progress), qp_type, c)
+}
+
+/// [`pair`] of two open devices.
+fn pair_of(da: UdpDevice, db: UdpDevice, qp_type: QpType, c: Conn) -> (Side, Side) {
     da.set_peer_port(db.local_addr().ip(), db.local_addr().port());
     db.set_peer_port(da.local_addr().ip(), da.local_addr().port());
     let a = Side::new(Arc::new(da), qp_type, 0x10_0000);
@@ -400,9 +409,30 @@ fn rc_operations_two_ipv4_addresses() {
 
 #[test]
 fn rc_operations_ipv6_loopback_two_ports() {
-    let (a, b) = pair("::1", "::1", Progress::Thread, QpType::Rc, Conn::default());
+    rc_operations_ipv6_with_src_ports(UdpDeviceConfig::new(ip("::1")).src_ports);
+}
+
+/// No sending socket (everything from the bound port), one, and the most (64): the QPs' packets
+/// carry the port they leave from in their ICRC (checked on IPv6).
+#[test]
+fn rc_operations_with_0_1_and_64_sending_sockets() {
+    for k in [0, 1, 64] {
+        rc_operations_ipv6_with_src_ports(k);
+    }
+}
+
+fn rc_operations_ipv6_with_src_ports(k: usize) {
+    let da = open_with("::1", Progress::Thread, k);
+    let db = open_with("::1", Progress::Thread, k);
+    for d in [&da, &db] {
+        let ports = d.src_ports();
+        assert_eq!(ports.len(), k.max(1), "{ports:?}");
+        assert_eq!(ports.contains(&d.local_addr().port()), k == 0, "{ports:?}");
+    }
+    let (a, b) = pair_of(da, db, QpType::Rc, Conn::default());
     assert_eq!(a.dev.gid(), b.dev.gid(), "one address, two ports");
     all_rc_operations(&a, &b);
+    all_rc_operations(&b, &a);
     // IPv6 has no identification field: every ICRC was checked (and matched, with the bound
     // port as UDP source port).
     let c = b.dev.counters();
