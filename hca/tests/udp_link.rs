@@ -185,11 +185,22 @@ fn gso_is_off_for_ipv4_by_default() {
 }
 
 /// ECN codepoints, DSCP and hop limit set per datagram come back as sent, over IPv4 and IPv6, in
-/// one batch (so each datagram really carries its own marks).
+/// one batch (so each datagram really carries its own marks), from the bound socket and from
+/// sending sockets (`src_ports`, alternating).
 #[test]
 fn ecn_dscp_and_hop_limit_round_trip() {
-    for (a_addr, b_addr) in [("127.0.0.1:0", "127.0.0.2:0"), ("[::1]:0", "[::1]:0")] {
-        let mut a = link(a_addr, true, true);
+    // From the bound socket, then from two sending sockets (src_ports) in turn.
+    let cases = [0, 2].into_iter().flat_map(|k| {
+        [("127.0.0.1:0", "127.0.0.2:0"), ("[::1]:0", "[::1]:0")].map(|(a, b)| (a, b, k))
+    });
+    for (a_addr, b_addr, k) in cases {
+        let mut c = UdpLinkConfig::new(addr(a_addr));
+        c.gso_ipv4 = true;
+        c.batch = 32;
+        c.src_ports = k;
+        let mut a = UdpLink::bind(c).unwrap();
+        let ports = a.src_ports();
+        let src = |i: usize| (k > 0).then(|| ports[i % ports.len()]);
         let mut b = link(b_addr, true, true);
         let mut batch = b.new_recv_batch();
         let marks = [
@@ -204,9 +215,10 @@ fn ecn_dscp_and_hop_limit_round_trip() {
         let dgrams: Vec<SendDatagram<'_>> = parts
             .iter()
             .zip(marks)
-            .map(|(p, (ecn, dscp, hop_limit))| SendDatagram {
+            .enumerate()
+            .map(|(i, (p, (ecn, dscp, hop_limit)))| SendDatagram {
                 dst: b.local_addr(),
-                src_port: None,
+                src_port: src(i),
                 ecn,
                 dscp,
                 hop_limit,
@@ -218,7 +230,12 @@ fn ecn_dscp_and_hop_limit_round_trip() {
         assert_eq!(got.len(), marks.len());
         for (g, (i, (ecn, dscp, hop))) in got.iter().zip(marks.into_iter().enumerate()) {
             assert_eq!(g.payload, bodies[i]);
-            assert_eq!((g.ecn, g.dscp), (ecn, dscp), "{a_addr} datagram {i}");
+            assert_eq!(
+                g.src.port(),
+                src(i).unwrap_or(a.local_addr().port()),
+                "{a_addr} datagram {i}"
+            );
+            assert_eq!((g.ecn, g.dscp), (ecn, dscp), "{a_addr} k={k} datagram {i}");
             assert_eq!(
                 g.hop_limit,
                 Some(hop.unwrap_or(64)),
