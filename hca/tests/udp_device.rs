@@ -151,6 +151,8 @@ struct Conn {
     mtu: PathMtu,
     /// The flow label of the address vector (0: none; else the UDP source port's entropy).
     flow_label: u32,
+    /// The traffic class of the address vector (DSCP and ECN of the packets).
+    traffic_class: u8,
 }
 
 impl Default for Conn {
@@ -160,6 +162,7 @@ impl Default for Conn {
             retry_cnt: 7,
             mtu: PathMtu::Mtu1024,
             flow_label: 0,
+            traffic_class: 0,
         }
     }
 }
@@ -198,6 +201,7 @@ fn bring_up(me: &Side, peer: &Side, my_psn: u32, peer_psn: u32, qp_type: QpType,
         hop_limit: 64,
         port_num: 1,
         flow_label: c.flow_label,
+        traffic_class: c.traffic_class,
         ..AhAttr::default()
     };
     let rtr_mask = match qp_type {
@@ -1322,4 +1326,45 @@ fn through_full_sending_sockets(close_while_full: bool) {
         .join()
         .unwrap();
     }
+}
+
+/// CNPs leave from one of the link's ports: packets that A's address vector marks CE (traffic
+/// class ECN bits 11) make B send CNPs (IBTA vol. 1 Annex A17.9), which reach A (their ICRC,
+/// over the source port, checked on IPv6) and none of which the link refuses.
+#[test]
+fn cnps_leave_from_the_links_ports() {
+    let da = open("::1", Progress::Thread);
+    let db = open("::1", Progress::Thread);
+    da.set_peer_port(db.local_addr().ip(), db.local_addr().port());
+    db.set_peer_port(da.local_addr().ip(), da.local_addr().port());
+    let a = Side::new(Arc::new(da), QpType::Rc, 0x10_0000);
+    let b = Side::new(Arc::new(db), QpType::Rc, 0x7700_0000);
+    let ce = Conn {
+        traffic_class: 0x03,
+        ..Conn::default()
+    };
+    bring_up(&a, &b, 0x100, 0x900, QpType::Rc, ce);
+    bring_up(&b, &a, 0x900, 0x100, QpType::Rc, Conn::default());
+    a.write(0, &pattern(4096, 9));
+    for i in 0..8 {
+        b.post_recv(i, &[b.sge(i * 4096, 4096)]);
+        a.post_send(i, &[a.sge(0, 4096)], SendOp::Send);
+    }
+    assert!(a.wait(8).iter().all(|w| w.status == WcStatus::Success));
+    assert!(b.wait(8).iter().all(|w| w.status == WcStatus::Success));
+    let deadline = std::time::Instant::now() + WAIT;
+    while a.dev.counters().cnp_rcvd == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no CNP reached A: B {:?}, B's link {:?}",
+            b.dev.counters(),
+            b.dev.link_counters()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (cb, ca) = (b.dev.counters(), a.dev.counters());
+    assert!(cb.cnp_sent >= 1, "{cb:?}");
+    assert_eq!((ca.icrc_errors, ca.total_drops()), (0, 0), "{ca:?}");
+    assert_eq!(b.dev.link_counters().tx_errors, 0);
+    assert_eq!(b.dev.device_counters().tx_dropped, 0);
 }
