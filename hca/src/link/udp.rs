@@ -66,7 +66,7 @@
 //! the QPN or the flow label), and the ICRC covers the UDP source port. With
 //! [`UdpLinkConfig::src_ports`] = k > 0 the link opens k more sockets that only send, each bound
 //! to the link's address and a port of RoCEv2's entropy range (0xC000 ..= 0xFFFF, evenly spaced;
-//! a free ephemeral port when one is taken), and [`SendDatagram::src_port`] picks the socket a
+//! when one is taken, the next free one of the range, else a free ephemeral port), and [`SendDatagram::src_port`] picks the socket a
 //! datagram leaves from: the engine builds each QP's packets with one of
 //! [`UdpLink::src_ports`] ([`crate::engine::src_port_for`]). With k = 0 every datagram leaves from
 //! the bound port, which the engine must then use. Datagrams keep arriving on the bound socket
@@ -110,6 +110,10 @@ pub const MAX_SRC_PORTS: usize = 64;
 /// First port of RoCEv2's source-port entropy range (`roce::udp::rocev2_src_port`: 0xC000 ..=
 /// 0xFFFF, RFC 6335's dynamic ports).
 const ENTROPY_PORT_BASE: u16 = 0xC000;
+
+/// Entropy ports a sending socket tries (from its preferred one on) before it takes any free
+/// port: enough for 16 devices on one address with the default 16 sockets each.
+const ENTROPY_PORT_TRIES: u16 = 16;
 
 /// Most datagrams in one GSO train (`UDP_MAX_SEGMENTS` of Linux 4.18 .. 6.x; newer kernels allow
 /// more).
@@ -1202,7 +1206,8 @@ struct Sender {
 
 impl Sender {
     /// Opens a sending socket with the bound socket's send-side options, bound to `bound`'s
-    /// address and port `preferred`, or a free ephemeral port when `preferred` is taken.
+    /// address and port `preferred`, else the first free one of the [`ENTROPY_PORT_TRIES`]
+    /// entropy ports after it, else a free ephemeral port.
     fn open(
         config: &UdpLinkConfig,
         bound: SocketAddr,
@@ -1244,9 +1249,14 @@ impl Sender {
         }
         // Nothing is sent to these ports; keep what strays there small (the kernel's minimum).
         set(libc::SOL_SOCKET, libc::SO_RCVBUF, 1, "SO_RCVBUF")?;
+        // The preferred port, else the next ones of the entropy range (a second device on the
+        // same address holds the first choices), else any free port.
         let mut want = local;
-        want.set_port(preferred);
-        if sys::bind(fd.as_fd(), &want).is_err() {
+        let bound = (0..ENTROPY_PORT_TRIES).any(|k| {
+            want.set_port(ENTROPY_PORT_BASE | (preferred.wrapping_add(k) & 0x3FFF));
+            sys::bind(fd.as_fd(), &want).is_ok()
+        });
+        if !bound {
             want.set_port(0);
             sys::bind(fd.as_fd(), &want).map_err(|source| LinkError::Bind {
                 local: want,
