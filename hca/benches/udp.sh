@@ -6,7 +6,7 @@
 #      identification is in the ICRC) and IPv6 (addresses on `lo`, UDP GSO/GRO on);
 #   2. `rdma-perf send-lat -s 8` t_typical vs `sockperf ping-pong` median half round trip
 #      (sockperf's smallest message is 14 bytes: -m 14), unpinned and then (2 CPUs or more, PIN
-#      unset) with each end pinned to its own CPU;
+#      unset) with each end pinned to its own CPU; and sockperf --nonblocked (busy polling);
 #   3. `rdma-perf write-bw -q 64` vs `-q 1` aggregate bandwidth.
 # Run by hand (not a test): `hca/benches/udp.sh [seconds-per-run]`. Needs root to install iperf3 /
 # sockperf (apt) when missing and to add two IPv6 addresses to `lo`. PIN=1 pins every server to
@@ -123,12 +123,12 @@ perf_col() { # column test a b args...
     shift
     perf_pair "$@" | column "$c"
 }
-sockperf_median() {
+sockperf_median() { # [extra sockperf flags, e.g. --nonblocked]
     next_port
-    $SRV sockperf server -i $IP4A -p $PORT >/dev/null 2>&1 &
+    $SRV sockperf server -i $IP4A -p $PORT "$@" >/dev/null 2>&1 &
     local spid=$!
     sleep 0.5
-    $CLI sockperf ping-pong -i $IP4A -p $PORT -m 14 -t "$SECS" >"$WORK/sockperf.txt" 2>&1 || true
+    $CLI sockperf ping-pong -i $IP4A -p $PORT -m 14 -t "$SECS" "$@" >"$WORK/sockperf.txt" 2>&1 || true
     kill $spid 2>/dev/null || true
     wait $spid 2>/dev/null || true
     awk '/percentile 50.000/ {print $NF}' "$WORK/sockperf.txt"
@@ -176,6 +176,10 @@ if [ "$CPUS" -ge 2 ] && [ -z "$SRV" ] && command -v taskset >/dev/null; then
     CLI=""
     echo "   the same pinned (server CPU 0, client CPU 1): rdma-perf $LATP us   sockperf $SOCKP us   ratio $(ratio "$LATP" "$SOCKP")"
 fi
+# sockperf on non-blocking sockets polls in a loop, as rdma-perf (like perftest) polls its CQ:
+# the like-for-like comparison of the two stacks' per-message work.
+SOCKNB=$(med sockperf_median --nonblocked)
+echo "   sockperf --nonblocked (busy polling, unpinned): $SOCKNB us   rdma-perf / it $(ratio "$LAT" "$SOCKNB")"
 
 # 3. 64 QPs vs 1.
 Q1=$(med perf_col 4 write-bw $IP4A $IP4B -s 65536 -q 1 -D "$SECS")
