@@ -263,6 +263,13 @@ fn bad_flags_exit_non_zero_with_one_clear_line() {
             "unknown link type",
         ),
         (PERF, &["write-bw", "--link", "verbs:"][..], "verbs:DEVICE"),
+        // perftest's `-d mlx5_0`: the message names the --link form of it.
+        (
+            PERF,
+            &["write-bw", "-d", "mlx5_0"][..],
+            "--link verbs:mlx5_0",
+        ),
+        (PINGPONG, &["-d", "rxe0"][..], "--link verbs:rxe0"),
         // A verbs device this host does not have (or no libibverbs, or no RDMA in the kernel):
         // one line naming it.
         (
@@ -726,4 +733,160 @@ fn short_pingpong_runs_succeed_on_both_sides() {
     for _ in 0..4 {
         pair(PINGPONG, &[], &["-n", "5"]);
     }
+}
+
+/// A UDP port other than 4791 is refused at once, in one line that says why and what to do: the
+/// peer of the perftest / pingpong exchange always sends to 4791 (the exchange carries no UDP
+/// port), so such a run used to end in "transport retry counter exceeded" after its timeout.
+#[test]
+fn udp_ports_other_than_4791_are_refused() {
+    let (a, _) = addresses();
+    let port = free_port().to_string();
+    let odd = format!("udp:{a}:5000");
+    for (bin, sub, flag) in [
+        (PINGPONG, &[][..], "--link"),
+        (PINGPONG, &[][..], "-d"),
+        (PERF, &["write-bw"][..], "--link"),
+        (PERF, &["send-lat"][..], "-d"),
+    ] {
+        for server in [&[][..], &["127.0.0.1"][..]] {
+            let args = [sub, &[flag, &odd, "-p", &port, "--timeout", "5"], server].concat();
+            let (out, _) = run(bin, &args);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert!(
+                err.contains("port 5000 cannot work")
+                    && err.contains("always send to UDP port 4791")
+                    && err.contains(&format!("udp:{a} here")),
+                "{args:?}: {err}"
+            );
+            assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+            assert!(text(&out.stdout).is_empty(), "{args:?}");
+        }
+    }
+    // 4791 spelt out is the default port, accepted.
+    let explicit = |ip: &str| format!("udp:{ip}:4791");
+    let (c, d) = addresses();
+    let (link_c, link_d) = (explicit(&c), explicit(&d));
+    let server = spawn(
+        PINGPONG,
+        &["--link", &link_c, "-p", &port, "-n", "5", "--timeout", "20"],
+    );
+    let client = spawn(
+        PINGPONG,
+        &[
+            "--link",
+            &link_d,
+            "-p",
+            &port,
+            "-n",
+            "5",
+            "--timeout",
+            "20",
+            "127.0.0.1",
+        ],
+    );
+    let (c, s) = (finish(client, "client"), finish(server, "server"));
+    assert!(
+        c.status.success() && s.status.success(),
+        "client: {}\nserver: {}",
+        text(&c.stderr),
+        text(&s.stderr)
+    );
+}
+
+/// A server whose TCP port is taken fails with the error alone: it listens before it prints
+/// "Waiting for client to connect...".
+#[test]
+fn server_on_a_busy_port_prints_no_banner() {
+    let l = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    let (a, _) = addresses();
+    let link = format!("udp:{a}");
+    let (out, _) = run(
+        PERF,
+        &["write-bw", "--link", &link, "-p", &port, "--timeout", "1"],
+    );
+    let (so, err) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("Address already in use"), "{err}");
+    assert!(!so.contains("Waiting for client"), "{so}");
+    drop(l);
+}
+
+/// A client started before its server says once, on stderr, that nothing listens yet and that it
+/// keeps trying; it then connects once the server is up, and the run succeeds.
+#[test]
+fn client_before_server_says_so_and_connects() {
+    use std::io::BufRead;
+    for (bin, sub) in [(PINGPONG, &[][..]), (PERF, &["send-lat"][..])] {
+        let (a, b) = addresses();
+        let port = free_port().to_string();
+        let (link_a, link_b) = (format!("udp:{a}"), format!("udp:{b}"));
+        let cargs = [
+            sub,
+            &["--link", &link_b, "-p", &port, "-n", "5", "--timeout", "30"],
+            &["127.0.0.1"],
+        ]
+        .concat();
+        let mut client = spawn(bin, &cargs);
+        // The notice comes before any other line (or EOF, if the client ends first).
+        let mut stderr = std::io::BufReader::new(client.stderr.take().unwrap());
+        let mut first = String::new();
+        stderr.read_line(&mut first).unwrap();
+        assert!(
+            first.contains(&format!(
+                "nothing listens on 127.0.0.1:{port} yet; retrying for up to 30 s"
+            )),
+            "{bin}: {first:?}"
+        );
+        let sargs = [
+            sub,
+            &["--link", &link_a, "-p", &port, "-n", "5", "--timeout", "30"],
+        ]
+        .concat();
+        let server = spawn(bin, &sargs);
+        let reader = std::thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = stderr.read_to_string(&mut rest);
+            rest
+        });
+        let (c, s) = (finish(client, "client"), finish(server, "server"));
+        let rest = reader.join().unwrap();
+        assert!(
+            c.status.success() && s.status.success(),
+            "{bin}: client {:?}: {rest}\nserver {:?}: {}",
+            c.status,
+            s.status,
+            text(&s.stderr)
+        );
+        // Said once.
+        assert!(!rest.contains("nothing listens"), "{rest}");
+    }
+    // A client that never finds its server says so once, then fails naming it.
+    let (a, _) = addresses();
+    let link = format!("udp:{a}");
+    let port = free_port().to_string();
+    let (out, _) = run(
+        PERF,
+        &[
+            "write-bw",
+            "--link",
+            &link,
+            "-p",
+            &port,
+            "--timeout",
+            "1",
+            "127.0.0.1",
+        ],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let lines: Vec<&str> = err.trim_end().lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(lines[0].contains("nothing listens on 127.0.0.1:"), "{err}");
+    assert!(
+        lines[1].contains("Unable to init the socket connection"),
+        "{err}"
+    );
 }

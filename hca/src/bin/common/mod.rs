@@ -1,5 +1,5 @@
 //! Shared by `rdma-perf` and `rdma-pingpong`: choosing and opening the device (`--link
-//! udp:ADDRESS[:PORT]`, the default, `--link vfio:PCI_ADDRESS` with the `--vfio-*` options, or
+//! udp:ADDRESS`, on UDP port 4791, the default, `--link vfio:PCI_ADDRESS` with the `--vfio-*` options, or
 //! `--link verbs:DEVICE`, an RDMA device through libibverbs), bringing QPs up the way the C tools
 //! do, and C `printf` formats the tools' output needs.
 #![allow(dead_code)] // each tool uses a subset
@@ -118,10 +118,122 @@ impl Dev {
     }
 }
 
-/// Parses a `--link` / `-d` value (see [`LinkSpec`]).
+/// The UDP port the peers of these tools send RoCEv2 packets to: 4791 (IBTA vol. 1 Annex
+/// A17.2.2). perftest's and ibv_*_pingpong's TCP exchanges carry a GID and a QPN but no UDP
+/// port, so a peer cannot learn any other.
+pub const ROCEV2_PORT: u16 = hca::udp_device::ROCEV2_PORT;
+
+/// Parses a `--link` / `-d` value (see [`LinkSpec`]) for `rdma-perf` / `rdma-pingpong`.
+///
+/// # Errors
+/// One line: the [`hca::link::LinkSpecError`]; for a bare word such as `mlx5_0` (perftest's
+/// `-d` habit) it suggests `--link verbs:mlx5_0`; a `udp:ADDRESS:PORT` whose port is not
+/// [`ROCEV2_PORT`] is refused, since the peer would send to 4791 all the same and the run would
+/// end in "transport retry counter exceeded".
 pub fn parse_link(text: &str) -> Result<LinkSpec, Fail> {
-    text.parse()
-        .map_err(|e: hca::link::LinkSpecError| Fail(e.to_string()))
+    let spec: LinkSpec = text.parse().map_err(|e: hca::link::LinkSpecError| {
+        let device_name = !text.is_empty()
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if device_name {
+            Fail(format!(
+                "bad link \"{text}\": not an address, nor udp:ADDRESS, vfio:PCI_ADDRESS or \
+                 verbs:DEVICE; for the RDMA device {text} give --link verbs:{text}"
+            ))
+        } else {
+            Fail(e.to_string())
+        }
+    })?;
+    match spec {
+        LinkSpec::Udp { ip, port } if port != ROCEV2_PORT => fail!(
+            "bad link \"{text}\": port {port} cannot work: perftest and ibv_*_pingpong peers \
+             always send to UDP port {ROCEV2_PORT} (their exchange carries no port); give each \
+             side its own address instead, e.g. udp:{} here and udp:{} on the other side",
+            example_ip(ip, 0),
+            example_ip(ip, 1)
+        ),
+        spec => Ok(spec),
+    }
+}
+
+/// `ip` for `n == 0`, and for `n == 1` another loopback address (127.0.0.2 after 127.0.0.1)
+/// or, for any other address, `ANOTHER_ADDRESS`: the examples of [`parse_link`]'s message.
+fn example_ip(ip: IpAddr, n: u8) -> String {
+    match (ip, n) {
+        (ip, 0) => ip.to_string(),
+        (IpAddr::V4(v4), _) if v4.is_loopback() => {
+            let [a, b, c, d] = v4.octets();
+            Ipv4Addr::new(a, b, c, if d == 2 { 1 } else { 2 }).to_string()
+        }
+        _ => "ANOTHER_ADDRESS".into(),
+    }
+}
+
+/// How long a client's first connection attempt may take before [`connect_noting`] says that
+/// nothing listens (and goes on trying).
+const FIRST_CONNECT: Duration = Duration::from_millis(100);
+
+/// Runs `exchange`, a client's out-of-band connection (and exchange) that retries refused
+/// connections until its `timeouts.connect`, so that a client may be started before its server.
+/// Unlike perftest and ibv_*_pingpong, which fail at the first refusal, it keeps trying: when the
+/// first attempt is refused, it prints one line to stderr ("nothing listens on HOST:PORT yet;
+/// retrying for up to N s") and tries again for the rest of `timeouts.connect`.
+///
+/// # Errors
+/// `exchange`'s; an [`OobError::Connect`](hca::link::OobError::Connect) counts the time of both
+/// tries.
+pub fn connect_noting<T>(
+    host: &str,
+    port: u16,
+    timeouts: &OobTimeouts,
+    exchange: impl Fn(&OobTimeouts) -> Result<T, hca::link::OobError>,
+) -> Result<T, hca::link::OobError> {
+    use hca::link::OobError;
+    use std::io::ErrorKind;
+    let start = std::time::Instant::now();
+    if timeouts.connect <= FIRST_CONNECT {
+        return exchange(timeouts);
+    }
+    let first = OobTimeouts {
+        connect: FIRST_CONNECT,
+        ..*timeouts
+    };
+    match exchange(&first) {
+        Err(OobError::Connect { source, .. })
+            if matches!(
+                source.kind(),
+                ErrorKind::ConnectionRefused | ErrorKind::TimedOut | ErrorKind::WouldBlock
+            ) =>
+        {
+            let left = timeouts.connect.saturating_sub(start.elapsed());
+            if source.kind() == ErrorKind::ConnectionRefused {
+                let peer = if host.contains(':') && !host.starts_with('[') {
+                    format!("[{host}]:{port}")
+                } else {
+                    format!("{host}:{port}")
+                };
+                eprintln!(
+                    "{}: nothing listens on {peer} yet; retrying for up to {} s",
+                    env!("CARGO_BIN_NAME"),
+                    timeouts.connect.as_secs()
+                );
+            }
+            let rest = OobTimeouts {
+                connect: left.max(Duration::from_millis(1)),
+                ..*timeouts
+            };
+            exchange(&rest).map_err(|e| match e {
+                OobError::Connect { peer, source, .. } => OobError::Connect {
+                    peer,
+                    waited: start.elapsed(),
+                    source,
+                },
+                e => e,
+            })
+        }
+        r => r,
+    }
 }
 
 /// The options of a `--link vfio:` device.
@@ -518,6 +630,39 @@ mod tests {
         assert!(e.0.contains("bad link \"udp:rxe0\""), "{e}");
         let e = parse_link("rdma:mlx5_0").unwrap_err();
         assert!(e.0.contains("unknown link type \"rdma\""), "{e}");
+    }
+
+    #[test]
+    fn tool_links() {
+        // The RoCEv2 port, implied or spelt out, is the only UDP port.
+        for ok in [
+            "udp:127.0.0.2",
+            "udp:127.0.0.2:4791",
+            "127.0.0.2:4791",
+            "udp:[::1]:4791",
+        ] {
+            let s = parse_link(ok).unwrap();
+            assert!(matches!(s, LinkSpec::Udp { port: 4791, .. }), "{ok}");
+        }
+        let e = parse_link("udp:127.0.0.1:5000").unwrap_err();
+        assert!(e.0.contains("port 5000 cannot work"), "{e}");
+        assert!(
+            e.0.contains("udp:127.0.0.1 here and udp:127.0.0.2 on"),
+            "{e}"
+        );
+        let e = parse_link("udp:[::1]:0").unwrap_err();
+        assert!(
+            e.0.contains("udp:::1 here and udp:ANOTHER_ADDRESS on"),
+            "{e}"
+        );
+        // perftest's `-d mlx5_0`.
+        let e = parse_link("mlx5_0").unwrap_err();
+        assert!(e.0.ends_with("give --link verbs:mlx5_0"), "{e}");
+        assert!(!parse_link("mlx5/0").unwrap_err().0.contains("verbs:mlx5"));
+        assert_eq!(
+            parse_link("verbs:mlx5_0").unwrap(),
+            LinkSpec::Verbs("mlx5_0".into())
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! result columns), and perftest 4.5's out-of-band TCP exchange in its order
 //! ([`hca::link::oob::perftest`]), so that either side can be a real perftest over Linux
 //! soft-RoCE. Differences, all because the device is a UDP socket:
-//! * `-d` / `--link udp:ADDRESS[:PORT]` names the device by its IP address (its GID, at index 0;
+//! * `-d` / `--link udp:ADDRESS` names the device by its IP address (its GID, at index 0;
 //!   `-x` may only be 0). Without it a client uses the source address of the TCP connection to
 //!   the server, and a server the address the client connected to.
 //! * `--progress thread|caller`: who drives the device. Bandwidth tests default to a progress
@@ -15,6 +15,8 @@
 //!   sides that only wait (the server of write/read/atomic tests) always use a thread.
 //! * Every wait is bounded by `--timeout` (default 30 s; the server's wait for the end of the
 //!   client's test by ten times that plus `-D`): a silent peer is an error, not a hang.
+//! * A client whose server does not listen yet keeps trying until `--timeout` (the C tools fail
+//!   at once), and says so once on stderr ("nothing listens on HOST:PORT yet").
 //! * Transports RC and UC (`-c`); perftest's UD, XRC, DC, events, multicast and the like are
 //!   not offered. Peak bandwidth over more than 20000 messages is not computed (perftest's own
 //!   rule), and over many messages its spans are sampled.
@@ -116,14 +118,16 @@ struct Args {
     /// device's GID (on a verbs device its first IPv4-mapped RoCEv2 GID).
     #[arg(short = 'x', long = "gid-index")]
     gid_index: Option<i64>,
-    /// The device: `udp:ADDRESS[:PORT]`, `vfio:PCI_ADDRESS` or `verbs:DEVICE` (same as --link).
+    /// The device: `udp:ADDRESS`, `vfio:PCI_ADDRESS` or `verbs:DEVICE` (same as --link; an RDMA
+    /// device such as mlx5_0 is `verbs:mlx5_0`).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     ib_dev: Option<String>,
-    /// The device: `udp:ADDRESS[:PORT]`, the local address (and UDP port, default 4791) of a UDP
-    /// socket (the default, from the out-of-band connection); `vfio:PCI_ADDRESS`, a virtio-net NIC bound to
+    /// The device: `udp:ADDRESS`, the local address of a UDP socket on port 4791 (the default,
+    /// from the out-of-band connection; no other port: the peer always sends to 4791, so two tools on one
+    /// host need two addresses, e.g. udp:127.0.0.1 and udp:127.0.0.2); `vfio:PCI_ADDRESS`, a virtio-net NIC bound to
     /// vfio-pci that this process drives (see the --vfio-* options); or `verbs:DEVICE`, an RDMA
     /// device as ibv_devices lists it (`rxe0`, `mlx5_0`) through rdma-core's libibverbs.
-    #[arg(long, value_name = "udp:ADDRESS[:PORT]|vfio:PCI_ADDRESS|verbs:DEVICE")]
+    #[arg(long, value_name = "udp:ADDRESS|vfio:PCI_ADDRESS|verbs:DEVICE")]
     link: Option<String>,
     #[command(flatten)]
     vfio: common::VfioArgs,
@@ -438,19 +442,22 @@ fn run(p: &Params) -> Result<(), Fail> {
     };
     let (mut conn, local_ip) = match &p.server {
         Some(host) => {
-            let conn = PerftestConn::connect(host, p.port, KeyFormat::WithGid, &t)
-                .map_err(|e| Fail(format!("Unable to init the socket connection: {e}")))?;
+            let conn = common::connect_noting(host, p.port, &t, |t| {
+                PerftestConn::connect(host, p.port, KeyFormat::WithGid, t)
+            })
+            .map_err(|e| Fail(format!("Unable to init the socket connection: {e}")))?;
             let ip = conn.local_addr().map(|a| a.ip());
             (conn, ip)
         }
         None => {
+            // Listen first: a port in use is an error without a banner promising a wait.
+            let any: SocketAddr = (IpAddr::from([0u8; 4]), p.port).into();
+            let listener = PerftestListener::bind(any, t)
+                .map_err(|e| Fail(format!("Unable to open the server socket: {e}")))?;
             println!();
             println!("************************************");
             println!("* Waiting for client to connect... *");
             println!("************************************");
-            let any: SocketAddr = (IpAddr::from([0u8; 4]), p.port).into();
-            let listener = PerftestListener::bind(any, t)
-                .map_err(|e| Fail(format!("Unable to open the server socket: {e}")))?;
             let conn = listener
                 .accept(KeyFormat::WithGid)
                 .map_err(|e| Fail(format!("Unable to init the socket connection: {e}")))?;

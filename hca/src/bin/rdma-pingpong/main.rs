@@ -5,12 +5,14 @@
 //! attributes, same SEND/RECV ping-pong (receive depth 500, one send outstanding), same output,
 //! so that it talks to the C tools over Linux soft-RoCE in both roles. Differences, all because
 //! the device is a UDP socket rather than an `ibv_device`:
-//! * `-d` / `--link udp:ADDRESS[:PORT]` names the device by its IP address (its GID). Without
+//! * `-d` / `--link udp:ADDRESS` names the device by its IP address (its GID). Without
 //!   it a client uses the address its route to the server leaves from, and a server the address
 //!   the client connected to (it then opens the device once the client is there).
 //! * `-g` defaults to 0, the device's only GID (RoCE needs GIDs; the C tools send a zero GID
 //!   without `-g` and cannot connect over RoCE).
 //! * Every wait is bounded by `--timeout` (default 30 s): a silent peer is an error, not a hang.
+//! * A client whose server does not listen yet keeps trying until `--timeout` (the C tools fail
+//!   at once), and says so once on stderr ("nothing listens on HOST:PORT yet").
 //! * `-c` / `--chk` (the C tools' buffer check, byte 0 of every page is 0 at the server) also
 //!   fills the rest of each page with a pattern and checks every byte on both sides; a peer's
 //!   plain 0x7b filler is accepted as well. A failed check exits with status 1.
@@ -73,14 +75,16 @@ struct Cli {
     /// Listen on / connect to TCP port PORT.
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
-    /// The device: `udp:ADDRESS[:PORT]`, `vfio:PCI_ADDRESS` or `verbs:DEVICE` (same as --link).
+    /// The device: `udp:ADDRESS`, `vfio:PCI_ADDRESS` or `verbs:DEVICE` (same as --link; an RDMA
+    /// device such as mlx5_0 is `verbs:mlx5_0`).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     ib_dev: Option<String>,
-    /// The device: `udp:ADDRESS[:PORT]`, the local address (and UDP port, default 4791) of a UDP
-    /// socket (the default, from the route to SERVER); `vfio:PCI_ADDRESS`, a virtio-net NIC bound to
+    /// The device: `udp:ADDRESS`, the local address of a UDP socket on port 4791 (the default,
+    /// from the route to SERVER; no other port: the peer always sends to 4791, so two tools on one
+    /// host need two addresses, e.g. udp:127.0.0.1 and udp:127.0.0.2); `vfio:PCI_ADDRESS`, a virtio-net NIC bound to
     /// vfio-pci that this process drives (see the --vfio-* options); or `verbs:DEVICE`, an RDMA
     /// device as ibv_devices lists it (`rxe0`, `mlx5_0`) through rdma-core's libibverbs.
-    #[arg(long, value_name = "udp:ADDRESS[:PORT]|vfio:PCI_ADDRESS|verbs:DEVICE")]
+    #[arg(long, value_name = "udp:ADDRESS|vfio:PCI_ADDRESS|verbs:DEVICE")]
     link: Option<String>,
     #[command(flatten)]
     vfio: common::VfioArgs,
@@ -194,7 +198,11 @@ fn run(cli: &Cli) -> Result<(), Fail> {
             // answered by a VFIO link's own progress) before it answers.
             let remote = ctx
                 .dev
-                .progress_during(|| client_exchange(host, cli.port, &me, &timeouts))
+                .progress_during(|| {
+                    common::connect_noting(host, cli.port, &timeouts, |t| {
+                        client_exchange(host, cli.port, &me, t)
+                    })
+                })
                 .map_err(|e| Fail(format!("Couldn't exchange addresses with {host}: {e}")))?;
             print_dest("remote address:", &remote);
             connect(cli, &ctx, qp_type, mtu, my_psn, &remote)?;
