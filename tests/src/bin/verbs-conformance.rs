@@ -37,7 +37,7 @@ struct Args {
     #[arg(long, default_value = "fabric")]
     link: String,
     /// The device of the responder side (b); default: the same device as --link (its QPs talk to
-    /// each other through it).
+    /// each other through it). A `udp:` one needs an address other than --link's.
     #[arg(long)]
     link2: Option<String>,
     /// Run only the cases whose name contains this.
@@ -88,8 +88,9 @@ fn main() -> ExitCode {
         Ok(p) => p,
         Err(e) => {
             // One line; a bad device name already lists the devices.
+            let said_what_to_do = matches!(e, conformance::BackendError::SameAddress { .. });
             let e = e.to_string();
-            if e.contains(conformance::SPEC_HELP) {
+            if said_what_to_do || e.contains(conformance::SPEC_HELP) {
                 eprintln!("verbs-conformance: {e}");
             } else {
                 eprintln!(

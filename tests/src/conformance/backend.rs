@@ -22,6 +22,12 @@ pub enum BackendError {
         /// What is wrong.
         reason: String,
     },
+    /// `--link` and `--link2` are UDP devices on one address: each finds its peer by address, so
+    /// neither would reach the other.
+    SameAddress {
+        /// The address.
+        ip: IpAddr,
+    },
     /// The device could not be opened.
     Open {
         /// The spec.
@@ -35,6 +41,11 @@ impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             BackendError::BadSpec { spec, reason } => write!(f, "bad device \"{spec}\": {reason}"),
+            BackendError::SameAddress { ip } => write!(
+                f,
+                "--link and --link2 are both on {ip}: leave --link2 out to loop back on one \
+                 device, or give two addresses (e.g. udp:127.0.0.1 and udp:127.0.0.2)"
+            ),
             BackendError::Open { spec, source } => write!(f, "cannot open {spec}: {source}"),
         }
     }
@@ -44,7 +55,7 @@ impl std::error::Error for BackendError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             BackendError::Open { source, .. } => Some(source),
-            BackendError::BadSpec { .. } => None,
+            BackendError::BadSpec { .. } | BackendError::SameAddress { .. } => None,
         }
     }
 }
@@ -131,6 +142,13 @@ pub fn open_pair(link: &str, link2: Option<&str>) -> Result<DevicePair, BackendE
             Ok(pair(a, Some(b)))
         }
         (Spec::Udp(aa), b) => {
+            // Each device finds its peer by IP address (`set_peer_port` below): two devices on
+            // one address would send each other's packets to one of them.
+            if let Some(Spec::Udp(ba)) = &b {
+                if ba.ip() == aa.ip() {
+                    return Err(BackendError::SameAddress { ip: aa.ip() });
+                }
+            }
             let a = open_udp(link, aa)?;
             let b = match b {
                 None => None,
@@ -190,5 +208,38 @@ fn pair(a: Arc<dyn Verbs>, b: Option<Arc<dyn Verbs>>) -> DevicePair {
     DevicePair {
         devices: Devices { a, b },
         name,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two UDP devices on one address are refused up front: each finds its peer by address, so
+    /// the run would end in 15 failed cases (RetryExcErr, then WrFlushErr) after about 40 s.
+    #[test]
+    fn two_udp_devices_on_one_address_are_refused() {
+        for (a, b) in [
+            ("udp:127.0.0.1", "udp:127.0.0.1"),
+            ("udp:127.0.0.1:0", "udp:127.0.0.1:0"),
+            ("udp:[::1]:0", "udp:::1"),
+        ] {
+            let e = open_pair(a, Some(b)).unwrap_err();
+            assert!(
+                matches!(e, BackendError::SameAddress { .. }),
+                "{a} {b}: {e}"
+            );
+            let text = e.to_string();
+            assert!(
+                text.contains("--link and --link2 are both on")
+                    && text.contains("leave --link2 out"),
+                "{text}"
+            );
+            assert_eq!(text.lines().count(), 1, "{text}");
+        }
+        // Two addresses, or one device alone, still open.
+        let pair = open_pair("udp:127.0.0.1:0", Some("udp:127.0.0.2:0")).unwrap();
+        assert!(pair.name.contains(','), "{}", pair.name);
+        open_pair("udp:127.0.0.1:0", None).unwrap();
     }
 }
