@@ -43,9 +43,28 @@ use crate::error::{CollError, InitError};
 use crate::transport::TransportKind;
 use crate::{CommConfig, Communicator};
 
+/// `eprintln!` in one write(2): the line is formatted first, then written whole ([`say_line`]), so
+/// that lines of rank processes sharing one stderr never splice into each other.
+macro_rules! say {
+    ($($t:tt)*) => {
+        $crate::perf::say_line(&mut ::std::io::stderr().lock(), format_args!($($t)*))
+    };
+}
+
 pub mod data;
 pub mod report;
 pub mod spawn;
+mod sys;
+
+/// Writes `line` and a newline to `w` with a single `write_all` of one buffer (one write(2) on
+/// stderr for lines up to `PIPE_BUF`, 4096 bytes, which pipe(7) makes atomic), unlike
+/// `eprintln!`, which writes each formatted piece apart. Errors are ignored: nothing is left to report them to.
+pub fn say_line<W: Write + ?Sized>(w: &mut W, line: fmt::Arguments<'_>) {
+    let mut s = line.to_string();
+    s.push('\n');
+    let _ = w.write_all(s.as_bytes());
+    let _ = w.flush();
+}
 
 use data::{Expect, Pattern};
 use report::{bandwidth, row_body, row_preamble, Counts, TableHeader};
@@ -342,7 +361,7 @@ impl From<std::io::Error> for PerfError {
 /// `coll-perf`'s `main`: one rank under a launcher, else the local spawner.
 pub fn main(args: PerfArgs) -> ExitCode {
     if let Err(m) = args.validate() {
-        eprintln!("coll-perf: {m}");
+        say!("coll-perf: {m}");
         return ExitCode::from(2);
     }
     if let Some(link) = &args.link {
@@ -352,7 +371,7 @@ pub fn main(args: PerfArgs) -> ExitCode {
     }
     if args.device == BufferDevice::Cuda {
         if let Err(e) = cuda_ready() {
-            eprintln!("coll-perf: --device cuda: {e}");
+            say!("coll-perf: --device cuda: {e}");
             return ExitCode::FAILURE;
         }
     }
@@ -363,19 +382,19 @@ pub fn main(args: PerfArgs) -> ExitCode {
                 Ok(0) => ExitCode::SUCCESS,
                 Ok(wrong) => {
                     if rank == 0 {
-                        eprintln!("coll-perf: {wrong} wrong elements");
+                        say!("coll-perf: {wrong} wrong elements");
                     }
                     ExitCode::FAILURE
                 }
                 Err(e) => {
-                    eprintln!("coll-perf rank {rank}: {e}");
+                    say!("coll-perf rank {rank}: {e}");
                     ExitCode::FAILURE
                 }
             }
         }
         Ok(None) => spawn::run_local(&args, std::env::args_os().skip(1).collect()),
         Err(e) => {
-            eprintln!("coll-perf: {e}");
+            say!("coll-perf: {e}");
             ExitCode::FAILURE
         }
     }
@@ -487,6 +506,34 @@ impl Case {
     }
 }
 
+/// The header's `transport:` field: the transport the communicator was configured with after
+/// `--link` and the environment (`roce` when `--link` selected it), and for `auto` the transports
+/// its paths to the other ranks actually take, e.g. `auto (shm)`, `auto (shm+roce)`.
+fn transport_used(comm: &Communicator) -> String {
+    let kind = comm.config().transport;
+    if kind != TransportKind::Auto {
+        return kind.to_string();
+    }
+    let mut used: Vec<String> = Vec::new();
+    for r in 0..comm.nranks() {
+        if let Some(t) = comm
+            .path(r)
+            .filter(|p| *p != crate::topology::Path::SelfRank)
+            .and_then(|p| p.transport())
+        {
+            let t = t.to_string();
+            if !used.contains(&t) {
+                used.push(t);
+            }
+        }
+    }
+    if used.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind} ({})", used.join("+"))
+    }
+}
+
 /// Buffers of one size.
 struct Buffers {
     send: Vec<u8>,
@@ -519,7 +566,7 @@ fn bench(
         args.warmup_iters,
         args.iters,
         args.check,
-        args.transport
+        transport_used(comm)
     )?;
     if let Some(d) = gpu {
         let info = d.info().map_err(PerfError::Cuda)?;

@@ -10,7 +10,7 @@ use super::Collective;
 /// `G` suffix (powers of 1024, either case), e.g. `8`, `1K`, `64M`, `1.5G`.
 ///
 /// # Errors
-/// A message for anything else.
+/// A message for anything else, and for sizes of 2^64 bytes or more ("too large").
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (num, unit) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
@@ -35,7 +35,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     if !(v.is_finite() && v >= 0.0) {
         return Err(format!("invalid size '{s}'"));
     }
-    Ok((v * mult as f64) as u64)
+    let bytes = v * mult as f64;
+    // 2^64 (`u64::MAX as f64` rounds up to it): a cast would saturate to u64::MAX.
+    if bytes >= u64::MAX as f64 {
+        return Err(format!(
+            "size '{s}' is too large (at most {} bytes, 16 EiB)",
+            u64::MAX
+        ));
+    }
+    Ok(bytes as u64)
 }
 
 /// The counts nccl-tests derives from a size (`*GetCollByteCount`): elements per rank-buffer.
@@ -233,6 +241,12 @@ mod tests {
         assert!(parse_size("1X").is_err());
         assert!(parse_size("").is_err());
         assert!(parse_size("-1K").is_err());
+        // Beyond u64: refused, not saturated to u64::MAX.
+        for s in ["99999999999G", "17179869184G", "18446744073709551616"] {
+            let e = parse_size(s).unwrap_err();
+            assert!(e.contains("too large"), "{s}: {e}");
+        }
+        assert_eq!(parse_size("15000000000G"), Ok(15_000_000_000 << 30));
     }
 
     #[test]

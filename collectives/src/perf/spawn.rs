@@ -5,15 +5,24 @@
 //! `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`) plus `COLL_COMM_ID`, so each child takes the
 //! launcher path as one rank. The children inherit stdout (rank 0 prints the table) and stderr.
 //! When a child fails, the others are given the operation timeout plus a grace period to notice
-//! (they fail naming it) and are then killed; the parent exits non-zero.
+//! (they fail naming it) and are then killed; the parent exits non-zero. Each child is made to die
+//! with the parent (SIGKILL through `PR_SET_PDEATHSIG`, [`super::sys::die_with_parent`]), so that
+//! however the parent ends (Ctrl-C to it alone, SIGKILL) no rank is left running.
+//!
+//! Before it starts any rank the parent checks what would make every rank fail the same way and
+//! says it once ([`check_before_start`]): a root not below `--ranks`, a malformed `COLL_ROCE_*`
+//! variable, a verbs device that does not open, an address that is not this host's, and UDP
+//! addresses shared by local ranks.
 
+use std::collections::BTreeSet;
 use std::ffi::OsString;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use super::PerfArgs;
 use crate::bootstrap::UniqueId;
+use crate::transport::TransportKind;
 
 /// The most rank processes a bare `coll-perf` starts on this host.
 pub const MAX_LOCAL_RANKS: usize = 256;
@@ -26,30 +35,36 @@ pub const DEFAULT_RANKS: usize = 4;
 pub fn run_local(args: &PerfArgs, argv: Vec<OsString>) -> ExitCode {
     let n = args.ranks.unwrap_or(DEFAULT_RANKS);
     if n > MAX_LOCAL_RANKS {
-        eprintln!(
+        say!(
             "coll-perf: --ranks {n}: at most {MAX_LOCAL_RANKS} rank processes are started on one \
              host (use a launcher for more)"
         );
         return ExitCode::from(2);
     }
+    if let Err((code, m)) = check_before_start(args, n) {
+        say!("coll-perf: {m}");
+        return ExitCode::from(code);
+    }
     let timeout = Duration::from_secs(args.timeout);
     let id = match UniqueId::listen(SocketAddr::from(([127, 0, 0, 1], 0)), timeout) {
         Ok(id) => id,
         Err(e) => {
-            eprintln!("coll-perf: {e}");
+            say!("coll-perf: {e}");
             return ExitCode::FAILURE;
         }
     };
     let exe = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("coll-perf: cannot find its own executable to start the ranks: {e}");
+            say!("coll-perf: cannot find its own executable to start the ranks: {e}");
             return ExitCode::FAILURE;
         }
     };
     let mut children: Vec<(usize, Child)> = Vec::with_capacity(n);
     for rank in 0..n {
-        let spawned = Command::new(&exe)
+        let mut cmd = Command::new(&exe);
+        super::sys::die_with_parent(&mut cmd);
+        let spawned = cmd
             .args(&argv)
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", n.to_string())
@@ -61,7 +76,7 @@ pub fn run_local(args: &PerfArgs, argv: Vec<OsString>) -> ExitCode {
         match spawned {
             Ok(c) => children.push((rank, c)),
             Err(e) => {
-                eprintln!("coll-perf: cannot start rank {rank}: {e}");
+                say!("coll-perf: cannot start rank {rank}: {e}");
                 for (_, c) in &mut children {
                     let _ = c.kill();
                     let _ = c.wait();
@@ -71,6 +86,68 @@ pub fn run_local(args: &PerfArgs, argv: Vec<OsString>) -> ExitCode {
         }
     }
     wait_all(children, timeout + Duration::from_secs(10))
+}
+
+/// What would make every one of `n` local ranks fail alike, as `(exit code, message)`: 2 for
+/// bad arguments or environment, 1 for a device or address this host does not have.
+pub fn check_before_start(args: &PerfArgs, n: usize) -> Result<(), (u8, String)> {
+    if args.collective.rooted() && args.root >= n {
+        return Err((
+            2,
+            format!("-r/--root {} is not below --ranks {n}", args.root),
+        ));
+    }
+    let config = args.config().map_err(|e| (2, e.to_string()))?;
+    if config.transport != TransportKind::Roce {
+        return Ok(());
+    }
+    let (verbs, addrs) =
+        crate::transport::roce::device_from_env().map_err(|e| (2, e.to_string()))?;
+    if let Some(name) = verbs {
+        // Opened and closed again: the ranks open it for themselves.
+        return match hca::ibverbs::IbvDevice::open(&name) {
+            Ok(_) => Ok(()),
+            Err(e) => Err((1, e.to_string())),
+        };
+    }
+    if addrs.is_empty() {
+        return Ok(());
+    }
+    let from = match std::env::var("COLL_ROCE_LINK") {
+        Ok(l) if l.trim().starts_with("udp:") => {
+            if args.link.is_some() {
+                format!("--link {}", l.trim())
+            } else {
+                format!("COLL_ROCE_LINK={}", l.trim())
+            }
+        }
+        _ => format!(
+            "COLL_ROCE_ADDR={}",
+            std::env::var("COLL_ROCE_ADDR").unwrap_or_default()
+        ),
+    };
+    let distinct: BTreeSet<IpAddr> = addrs.iter().copied().collect();
+    if distinct.len() < n {
+        return Err((
+            2,
+            format!(
+                "{from} gives {} for {n} local ranks, but the UDP device tells peers apart by IP \
+                 address, so each rank needs its own: on one host leave --link out (or use --link \
+                 udp; rank r takes 127.0.0.(r+1)), or set COLL_ROCE_ADDR to {n} comma-separated \
+                 addresses of this host, one per local rank",
+                match distinct.len() {
+                    1 => "one address".to_string(),
+                    k => format!("{k} distinct addresses"),
+                }
+            ),
+        ));
+    }
+    for ip in distinct {
+        if let Err(e) = UdpSocket::bind(SocketAddr::new(ip, 0)) {
+            return Err((1, format!("{from}: {ip} is not usable on this host: {e}")));
+        }
+    }
+    Ok(())
 }
 
 /// Waits for every child; after the first failure, kills whatever still runs `grace` later.
@@ -84,7 +161,7 @@ fn wait_all(mut children: Vec<(usize, Child)>, grace: Duration) -> ExitCode {
             match child.try_wait() {
                 Ok(Some(status)) => {
                     if !status.success() {
-                        eprintln!("coll-perf: rank {rank} exited with {status}");
+                        say!("coll-perf: rank {rank} exited with {status}");
                         failed = true;
                         kill_at.get_or_insert_with(|| Instant::now() + grace);
                     }
@@ -92,7 +169,7 @@ fn wait_all(mut children: Vec<(usize, Child)>, grace: Duration) -> ExitCode {
                 }
                 Ok(None) => i += 1,
                 Err(e) => {
-                    eprintln!("coll-perf: cannot wait for rank {rank}: {e}");
+                    say!("coll-perf: cannot wait for rank {rank}: {e}");
                     failed = true;
                     children.swap_remove(i);
                 }
@@ -100,7 +177,7 @@ fn wait_all(mut children: Vec<(usize, Child)>, grace: Duration) -> ExitCode {
         }
         if kill_at.is_some_and(|t| Instant::now() >= t) {
             for (rank, child) in &mut children {
-                eprintln!(
+                say!(
                     "coll-perf: killing rank {rank}, still running after another rank failed"
                 );
                 let _ = child.kill();

@@ -279,6 +279,18 @@ impl RoceEnv {
     }
 }
 
+/// The RDMA device this transport's environment (`COLL_ROCE_LINK`, `COLL_ROCE_ADDR`) selects, as
+/// a launcher can check it before it starts ranks: `Err` for a malformed variable (the error every
+/// rank would fail with), `(Some(device name), _)` for a verbs device, `(None, addresses)` for the
+/// UDP device (no addresses: each rank chooses its own, see the [module docs](self#addresses)).
+///
+/// # Errors
+/// [`TransportError::Setup`] naming the variable and what it should hold.
+pub(crate) fn device_from_env() -> Result<(Option<String>, Vec<IpAddr>), TransportError> {
+    let env = RoceEnv::from_env()?;
+    Ok((env.verbs, env.addrs))
+}
+
 /// The address rank `ctx.rank` binds its device to (see the [module docs](self#addresses)).
 fn choose_address(ctx: &SetupContext<'_>, env: &RoceEnv) -> Result<IpAddr, TransportError> {
     if !env.addrs.is_empty() {
