@@ -230,7 +230,7 @@ fn bad_options_and_unusable_transports_fail_clearly() {
         text(&out.stderr)
     );
 
-    // Ranks that would share one RoCE address: refused at init, naming the other rank.
+    // Ranks that would share one RoCE address: refused by the launcher before it starts them.
     let child = Command::new(EXE)
         .args([
             "all-reduce",
@@ -253,12 +253,13 @@ fn bad_options_and_unusable_transports_fail_clearly() {
         .spawn()
         .unwrap();
     let out = wait_bounded(child);
-    assert!(!out.status.success());
     let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
         err.contains("127.0.0.9") && err.contains("COLL_ROCE_ADDR"),
         "{err}"
     );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 
     let out = coll_perf(&[
         "all-reduce",
@@ -457,10 +458,11 @@ fn out_of_range_numbers_fail_clearly() {
         assert!(err.contains(needle), "{args:?}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
     }
-    // Beyond any address space, so that no overcommit setting lets the allocation through.
+    // Beyond any address space, so that no overcommit setting lets the allocation through (but
+    // below 2^64 bytes, which `-b/-e` refuse as too large).
     for (coll, size) in [
-        ("all-reduce", "99999999999G"),
-        ("all-gather", "99999999999G"),
+        ("all-reduce", "15000000000G"),
+        ("all-gather", "15000000000G"),
     ] {
         let out = coll_perf(&[coll, "--ranks", "2", "-b", size, "-e", size]);
         let err = text(&out.stderr);
@@ -475,5 +477,219 @@ fn out_of_range_numbers_fail_clearly() {
         );
         // Each rank names the failure in one line; the spawner adds one line per rank.
         assert!(err.trim_end().lines().count() <= 4, "{coll} {size}: {err}");
+    }
+}
+
+/// `coll-perf` with the environment of a bare run plus `env`, waited for with [`wait_bounded`].
+fn coll_perf_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let child = Command::new(EXE)
+        .args(args)
+        .envs(env.iter().copied())
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .env_remove("OMPI_COMM_WORLD_RANK")
+        .env_remove("SLURM_PROCID")
+        .env_remove("COLL_COMM_ID")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn coll-perf");
+    wait_bounded(child)
+}
+
+/// What would make every local rank fail alike is said once, by the launcher, before it starts
+/// any rank: one line and no "rank N exited" lines (the ranks printed one line each, spliced
+/// into each other, and then the launcher one line per rank). Sizes of 2^64 bytes or more are
+/// "too large" (they printed as 18446744073709551615).
+#[test]
+fn launcher_says_once_what_every_rank_would_fail_on() {
+    let base = ["-b", "1K", "-e", "1K", "-n", "1", "-T", "20"];
+    let cases: [(&[&str], &[(&str, &str)], i32, &[&str]); 8] = [
+        (
+            &["broadcast", "--ranks", "4", "-r", "7"],
+            &[],
+            2,
+            &["-r/--root 7", "--ranks 4"],
+        ),
+        (
+            &["all-reduce", "--ranks", "3", "--link", "udp:127.0.0.1"],
+            &[],
+            2,
+            &["--link udp:127.0.0.1", "each rank needs its own", "COLL_ROCE_ADDR"],
+        ),
+        (
+            &["all-reduce", "--ranks", "2", "--link", "udp:127.0.0.1:28519"],
+            &[],
+            2,
+            &["--link udp:127.0.0.1:28519", "each rank needs its own"],
+        ),
+        (
+            &["all-reduce", "--ranks", "3", "--transport", "roce"],
+            &[("COLL_ROCE_ADDR", "127.0.0.91,127.0.0.92,127.0.0.91")],
+            2,
+            &["2 distinct addresses for 3 local ranks"],
+        ),
+        (
+            &["all-reduce", "--ranks", "2", "--transport", "roce"],
+            &[("COLL_ROCE_ADDR", "junk")],
+            2,
+            &["COLL_ROCE_ADDR=junk", "IP addresses separated by commas"],
+        ),
+        (
+            // TEST-NET-1 (RFC 5737): no host has it.
+            &["all-reduce", "--ranks", "1", "--link", "udp:192.0.2.1"],
+            &[],
+            1,
+            &["192.0.2.1", "not usable on this host"],
+        ),
+        (
+            &["all-reduce", "--ranks", "2", "--link", "verbs:no_such_dev0"],
+            &[],
+            1,
+            &["no_such_dev0"],
+        ),
+        (
+            &["all-reduce", "-b", "99999999999G"],
+            &[],
+            2,
+            &["too large"],
+        ),
+    ];
+    for (args, env, code, needles) in cases {
+        let args = [args, &base[..]].concat();
+        // A later -b overrides the case's: keep the case's own -b when it has one.
+        let args: Vec<&str> = if args.iter().filter(|a| **a == "-b").count() > 1 {
+            args[..args.len() - base.len()].to_vec()
+        } else {
+            args
+        };
+        let out = coll_perf_env(&args, env);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?} {env:?}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{args:?} {env:?}: no '{n}' in: {err}");
+        }
+        // clap adds a blank line and "For more information, try '--help'." to its errors.
+        let said = err
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with("For more information"))
+            .count();
+        assert_eq!(said, 1, "{args:?} {env:?}: one line: {err}");
+        assert!(!err.contains("18446744073709551615 >"), "{err}");
+        assert!(out.stdout.is_empty(), "{args:?}: no rank ran");
+    }
+}
+
+/// The header's `transport:` is the transport in use: `roce` when `--link` selected it (it said
+/// `auto`), `auto (shm)` when auto chose shared memory between the ranks of this host.
+#[test]
+fn header_names_the_transport_in_use() {
+    for (extra, want) in [
+        (&["--link", "udp"][..], "transport: roce\n"),
+        (&["--transport", "roce"][..], "transport: roce\n"),
+        (&[][..], "transport: auto (shm)\n"),
+    ] {
+        let args = [
+            &["all-reduce", "--ranks", "2", "-b", "1K", "-e", "1K", "-n", "1", "-T", "30"][..],
+            extra,
+        ]
+        .concat();
+        let out = coll_perf(&args);
+        let (stdout, err) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{args:?}: {err}");
+        assert!(stdout.contains(want), "{args:?}: no '{want}' in:\n{stdout}");
+    }
+}
+
+/// The processes whose parent is `pid` (from /proc/PID/stat: the field after the state).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if stat_of(p).is_some_and(|(_, ppid)| ppid == pid) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// (state, parent pid) of `pid`, `None` once it is gone.
+fn stat_of(pid: u32) -> Option<(char, u32)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    Some((state, ppid))
+}
+
+/// Whether `pid` has ended (gone, or a zombie nobody has reaped yet).
+fn ended(pid: u32) -> bool {
+    stat_of(pid).map_or(true, |(state, _)| matches!(state, 'Z' | 'X'))
+}
+
+/// The launcher killed alone (SIGKILL, which it cannot catch, and SIGTERM; SIGINT takes the same
+/// default action as SIGTERM) takes its ranks with it: before PR_SET_PDEATHSIG they were
+/// re-parented and kept running their 10^8 iterations. Ranks still alive after the safety
+/// deadline are killed here so that a failure leaves nothing behind.
+#[test]
+fn ranks_die_with_the_launcher() {
+    for signal in ["KILL", "TERM"] {
+        let mut launcher = Command::new(EXE)
+            .args([
+                "all-reduce", "--ranks", "3", "-b", "1K", "-e", "1K", "-n", "100000000", "-w", "0",
+                "-c", "0", "-T", "30",
+            ])
+            .env_remove("RANK")
+            .env_remove("WORLD_SIZE")
+            .env_remove("COLL_COMM_ID")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Rank 0 prints the table header once every rank has joined.
+        let mut lines = BufReader::new(launcher.stdout.take().unwrap()).lines();
+        let mut seen = String::new();
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            seen.push_str(&line);
+            seen.push('\n');
+            if line.contains("(elements)") {
+                break;
+            }
+        }
+        assert!(seen.contains("(elements)"), "{seen}");
+        let drain = std::thread::spawn(move || for _ in lines {});
+        let ranks = children_of(launcher.id());
+        assert_eq!(ranks.len(), 3, "the launcher's children: {ranks:?}");
+
+        if signal == "KILL" {
+            launcher.kill().unwrap();
+        } else {
+            let st = Command::new("kill")
+                .args(["-TERM", &launcher.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
+        launcher.wait().unwrap();
+
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ranks.iter().all(|&p| ended(p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let alive: Vec<u32> = ranks.iter().copied().filter(|&p| !ended(p)).collect();
+        for p in &alive {
+            let _ = Command::new("kill").args(["-KILL", &p.to_string()]).status();
+        }
+        assert!(
+            alive.is_empty(),
+            "SIG{signal} to the launcher left ranks {alive:?} running"
+        );
+        drain.join().unwrap();
     }
 }

@@ -1091,6 +1091,38 @@ mod tests {
         assert!(a.validate().is_err());
     }
 
+    /// A writer that records every `write` call, as write(2) would see them.
+    struct Calls(Vec<Vec<u8>>);
+
+    impl Write for Calls {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.push(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A line with arguments reaches the writer in one call (`eprintln!`'s `write_fmt` makes one
+    /// per piece: "coll-perf rank ", "1", ": ", ..., and ranks' pieces interleaved).
+    #[test]
+    fn say_line_writes_a_line_in_one_call() {
+        let mut w = Calls(Vec::new());
+        let (rank, root, n) = (1, 7, 4);
+        say_line(
+            &mut w,
+            format_args!("coll-perf rank {rank}: root {root} is not below the {n} ranks"),
+        );
+        assert_eq!(
+            w.0,
+            vec![b"coll-perf rank 1: root 7 is not below the 4 ranks\n".to_vec()]
+        );
+        let mut e = Calls(Vec::new());
+        writeln!(e, "coll-perf rank {rank}: root {root} is not below the {n} ranks").unwrap();
+        assert!(e.0.len() > 1, "the splitting this guards against: {:?}", e.0);
+    }
+
     #[test]
     fn link_selects_the_roce_device() {
         let a = parse(&["all-reduce", "--link", "verbs:rxe0"]).unwrap();
