@@ -1119,8 +1119,16 @@ mod tests {
             vec![b"coll-perf rank 1: root 7 is not below the 4 ranks\n".to_vec()]
         );
         let mut e = Calls(Vec::new());
-        writeln!(e, "coll-perf rank {rank}: root {root} is not below the {n} ranks").unwrap();
-        assert!(e.0.len() > 1, "the splitting this guards against: {:?}", e.0);
+        writeln!(
+            e,
+            "coll-perf rank {rank}: root {root} is not below the {n} ranks"
+        )
+        .unwrap();
+        assert!(
+            e.0.len() > 1,
+            "the splitting this guards against: {:?}",
+            e.0
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! launcher path as one rank. The children inherit stdout (rank 0 prints the table) and stderr.
 //! When a child fails, the others are given the operation timeout plus a grace period to notice
 //! (they fail naming it) and are then killed; the parent exits non-zero. Each child is made to die
-//! with the parent (SIGKILL through `PR_SET_PDEATHSIG`, [`super::sys::die_with_parent`]), so that
+//! with the parent (SIGKILL through prctl(2)'s `PR_SET_PDEATHSIG`, set between fork and exec), so that
 //! however the parent ends (Ctrl-C to it alone, SIGKILL) no rank is left running.
 //!
 //! Before it starts any rank the parent checks what would make every rank fail the same way and
@@ -177,9 +177,7 @@ fn wait_all(mut children: Vec<(usize, Child)>, grace: Duration) -> ExitCode {
         }
         if kill_at.is_some_and(|t| Instant::now() >= t) {
             for (rank, child) in &mut children {
-                say!(
-                    "coll-perf: killing rank {rank}, still running after another rank failed"
-                );
+                say!("coll-perf: killing rank {rank}, still running after another rank failed");
                 let _ = child.kill();
                 let _ = child.wait();
             }

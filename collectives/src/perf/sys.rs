@@ -8,8 +8,8 @@ use std::process::Command;
 /// that thread's process ends (Ctrl-C to it alone, SIGKILL, a panic): `prctl(PR_SET_PDEATHSIG)`
 /// in the child between fork and exec (prctl(2), "PR_SET_PDEATHSIG"). The race of a parent that
 /// dies before the child has set it is closed by re-checking `getppid()` afterwards: when it no
-/// longer is the parent's pid (the child was re-parented), the child exits at once with status
-/// 129 (128 + SIGHUP-like "parent gone") instead of running orphaned.
+/// longer is the parent's pid (the child was re-parented), the child exits at once (status 129)
+/// instead of running orphaned.
 ///
 /// The signal is tied to the *thread* that forks (prctl(2)): call this on a thread that lives as
 /// long as the children should (the spawner's main thread).
@@ -20,7 +20,14 @@ pub(crate) fn die_with_parent(cmd: &mut Command) {
         // getppid and _exit are (signal-safety(7)). No memory is allocated or shared state
         // touched; the arguments are plain integers.
         unsafe {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
                 return Err(io::Error::last_os_error());
             }
             if libc::getppid() != parent {
