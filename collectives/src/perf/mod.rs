@@ -205,7 +205,8 @@ pub struct PerfArgs {
     pub device: BufferDevice,
     /// The RDMA device of the roce transport: `udp` (the software HCA on a UDP socket, each
     /// rank's address chosen as `COLL_ROCE_ADDR` documents), `udp:ADDRESS[:PORT]` (that
-    /// address for every rank of this host), or `verbs:DEVICE` (an RDMA device through
+    /// address for every rank of this host, so with `--ranks 1` only: the UDP device tells peers
+    /// apart by address; several local ranks take `COLL_ROCE_ADDR=A1,A2,...`, one each), or `verbs:DEVICE` (an RDMA device through
     /// libibverbs, e.g. verbs:rxe0, verbs:mlx5_0; ranks may share it). Sets `COLL_ROCE_LINK` for
     /// the ranks; with `--transport auto` it selects roce. `vfio:` links are not supported here.
     #[arg(long, value_parser = link_arg)]

@@ -5,9 +5,9 @@
 //! `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`) plus `COLL_COMM_ID`, so each child takes the
 //! launcher path as one rank. The children inherit stdout (rank 0 prints the table) and stderr.
 //! When a child fails, the others are given the operation timeout plus a grace period to notice
-//! (they fail naming it) and are then killed; the parent exits non-zero. Each child is made to die
-//! with the parent (SIGKILL through prctl(2)'s `PR_SET_PDEATHSIG`, set between fork and exec), so that
-//! however the parent ends (Ctrl-C to it alone, SIGKILL) no rank is left running.
+//! (they fail naming it) and are then killed; the parent exits non-zero. Each child is made to
+//! die with the parent (SIGKILL through prctl(2)'s `PR_SET_PDEATHSIG`, set between fork and
+//! exec), so that however the parent ends (Ctrl-C to it alone, SIGKILL) no rank is left running.
 //!
 //! Before it starts any rank the parent checks what would make every rank fail the same way and
 //! says it once ([`check_before_start`]): a root not below `--ranks`, a malformed `COLL_ROCE_*`
