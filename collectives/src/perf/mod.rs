@@ -58,7 +58,8 @@ mod sys;
 
 /// Writes `line` and a newline to `w` with a single `write_all` of one buffer (one write(2) on
 /// stderr for lines up to `PIPE_BUF`, 4096 bytes, which pipe(7) makes atomic), unlike
-/// `eprintln!`, which writes each formatted piece apart. Errors are ignored: nothing is left to report them to.
+/// `eprintln!`, which writes each formatted piece apart. Errors are ignored: nothing is left to
+/// report them to.
 pub fn say_line<W: Write + ?Sized>(w: &mut W, line: fmt::Arguments<'_>) {
     let mut s = line.to_string();
     s.push('\n');
