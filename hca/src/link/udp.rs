@@ -112,7 +112,7 @@ pub const MAX_SRC_PORTS: usize = 64;
 const ENTROPY_PORT_BASE: u16 = 0xC000;
 
 /// Entropy ports a sending socket tries (from its preferred one on) before it takes any free
-/// port: enough for 16 devices on one address with the default 16 sockets each.
+/// port: enough for 16 devices on one address whose preferred ports collide.
 const ENTROPY_PORT_TRIES: u16 = 16;
 
 /// Most datagrams in one GSO train (`UDP_MAX_SEGMENTS` of Linux 4.18 .. 6.x; newer kernels allow

@@ -49,11 +49,17 @@ pub struct UdpIo {
     tx: Vec<u8>,
     slots: usize,
     /// Packets built: slot `i` of `tx` holds the head of `meta[i]`, which references its payload
-    /// in MR memory (zero-copy); `meta[sent..]` are not sent yet.
+    /// in MR memory (zero-copy); the slots `order[sent..]` are not sent yet.
     meta: Vec<GatherTransmit>,
     sent: usize,
     /// Per slot: the IPv4 identification its packet's ICRC was computed for.
     sealed: [u16; MAX_TX_BATCH],
+    /// The order the built packets leave in: slot indices, stably sorted by UDP source port, so
+    /// that each sending socket's packets go in one sendmmsg(2) (and GSO trains) although the
+    /// engine interleaves its QPs packet by packet. One QP always leaves from one port, so its
+    /// packets keep their order; packets of different QPs are different flows. `sent` counts
+    /// positions in this order.
+    order: [u8; MAX_TX_BATCH],
     peer_port: u16,
     peer_ports: Vec<(IpAddr, u16)>,
     scope_id: u32,
@@ -81,6 +87,7 @@ impl UdpIo {
             meta: Vec::with_capacity(slots),
             sent: 0,
             sealed: [0; MAX_TX_BATCH],
+            order: [0; MAX_TX_BATCH],
             peer_port,
             peer_ports: Vec::new(),
             scope_id,
@@ -147,22 +154,27 @@ struct Addressing<'a> {
     scope: u32,
 }
 
-/// Calls `f` with the datagrams of `meta` (at most `N`; `P` = `N` x [`PARTS_PER_PACKET`]), whose
-/// heads are in `tx`'s slots in the same order: for each packet its head, its payload segments in
-/// MR memory (zero-copy; the [`GatherTransmit`] keeps that memory alive) and its trailer (pad,
-/// ICRC), addressed as `addr` says. The gather arrays live on the stack for the call.
+/// Calls `f` with the datagrams of the packets in slots `order` (at most `N`; `P` = `N` x
+/// [`PARTS_PER_PACKET`]): packet `order[k]` is `meta[order[k]]` with its head in `tx`'s slot
+/// `order[k]`, and becomes datagram `k`: its head, its payload segments in MR memory (zero-copy;
+/// the [`GatherTransmit`] keeps that memory alive) and its trailer (pad, ICRC), addressed as
+/// `addr` says. The gather arrays live on the stack for the call.
 fn with_datagrams<const N: usize, const P: usize, R>(
     tx: &[u8],
     meta: &[GatherTransmit],
+    order: &[u8],
     addr: &Addressing<'_>,
     f: impl FnOnce(&[SendDatagram<'_>]) -> R,
 ) -> R {
     debug_assert_eq!(P, N * PARTS_PER_PACKET);
-    let count = meta.len().min(N);
+    let count = order.len().min(N);
     let mut parts = [IoSlice::new(&[]); P];
     let mut counts = [0usize; N];
-    for (i, t) in meta.iter().enumerate().take(count) {
-        let start = i * SLOT;
+    for (i, &slot) in order.iter().enumerate().take(count) {
+        let Some(t) = meta.get(usize::from(slot)) else {
+            break;
+        };
+        let start = usize::from(slot) * SLOT;
         let Some(mine) = parts.get_mut(i * PARTS_PER_PACKET..(i + 1) * PARTS_PER_PACKET) else {
             break;
         };
@@ -181,7 +193,10 @@ fn with_datagrams<const N: usize, const P: usize, R>(
     }
     let unset = SocketAddr::new(IpAddr::from([0u8; 4]), 0);
     let mut dgrams = [SendDatagram::new(unset, &[]); N];
-    for (i, g) in meta.iter().enumerate().take(count) {
+    for (i, &slot) in order.iter().enumerate().take(count) {
+        let Some(g) = meta.get(usize::from(slot)) else {
+            break;
+        };
         let t = &g.transmit;
         let start = i * PARTS_PER_PACKET;
         dgrams[i] = SendDatagram {
@@ -196,17 +211,22 @@ fn with_datagrams<const N: usize, const P: usize, R>(
     f(&dgrams[..count])
 }
 
-/// [`with_datagrams`] with arrays sized for `meta`: small ones for a few packets.
+/// [`with_datagrams`] with arrays sized for `order`: small ones for a few packets.
 fn with_datagrams_sized<R>(
     tx: &[u8],
     meta: &[GatherTransmit],
+    order: &[u8],
     addr: &Addressing<'_>,
     f: impl FnOnce(&[SendDatagram<'_>]) -> R,
 ) -> R {
-    if meta.len() <= SMALL_WINDOW {
-        with_datagrams::<SMALL_WINDOW, { SMALL_WINDOW * PARTS_PER_PACKET }, R>(tx, meta, addr, f)
+    if order.len() <= SMALL_WINDOW {
+        with_datagrams::<SMALL_WINDOW, { SMALL_WINDOW * PARTS_PER_PACKET }, R>(
+            tx, meta, order, addr, f,
+        )
     } else {
-        with_datagrams::<MAX_TX_BATCH, { MAX_TX_BATCH * PARTS_PER_PACKET }, R>(tx, meta, addr, f)
+        with_datagrams::<MAX_TX_BATCH, { MAX_TX_BATCH * PARTS_PER_PACKET }, R>(
+            tx, meta, order, addr, f,
+        )
     }
 }
 
@@ -311,6 +331,13 @@ impl Link for UdpIo {
         }
         let built = self.meta.len();
         self.sealed[..built].fill(crate::engine::IPV4_IDENT);
+        let order = &mut self.order[..built];
+        for (k, o) in order.iter_mut().enumerate() {
+            *o = k as u8;
+        }
+        let meta = &self.meta;
+        // Stable: a QP's packets (one port) keep their order.
+        order.sort_by_key(|&i| meta[usize::from(i)].transmit.src_port);
         (built, built == self.slots)
     }
 
@@ -332,6 +359,7 @@ impl Link for UdpIo {
                 meta,
                 sent,
                 sealed,
+                order,
                 peer_port,
                 peer_ports,
                 scope_id,
@@ -344,24 +372,24 @@ impl Link for UdpIo {
                 scope: *scope_id,
             };
             let first = *sent;
+            let pending = &order[first..n];
             if gso_v4 {
                 let mut positions = [0u16; MAX_TX_BATCH];
-                with_datagrams_sized(&tx[first * SLOT..], &meta[first..n], &addr, |d| {
-                    link.gso_positions(d, &mut positions[first..n])
+                with_datagrams_sized(tx, meta, pending, &addr, |d| {
+                    link.gso_positions(d, &mut positions[..pending.len()])
                 });
-                for j in first..n {
-                    if positions[j] != sealed[j] {
+                for (&slot, &position) in pending.iter().zip(&positions) {
+                    let j = usize::from(slot);
+                    if position != sealed[j] {
                         // The kernel numbers a GSO train's segments' IPv4 identification 0, 1,
                         // 2, ... and the ICRC covers it (IBTA vol. 1 Annex A17.3.3 masks only
                         // TOS, TTL and the header checksum).
-                        meta[j].reseal_ipv4(&mut tx[j * SLOT..(j + 1) * SLOT], positions[j]);
-                        sealed[j] = positions[j];
+                        meta[j].reseal_ipv4(&mut tx[j * SLOT..(j + 1) * SLOT], position);
+                        sealed[j] = position;
                     }
                 }
             }
-            let result = with_datagrams_sized(&tx[first * SLOT..], &meta[first..n], &addr, |d| {
-                link.send(d)
-            });
+            let result = with_datagrams_sized(tx, meta, pending, &addr, |d| link.send(d));
             match result {
                 Ok(k) => {
                     *sent += k;
