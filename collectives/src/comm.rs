@@ -148,6 +148,10 @@ pub struct Communicator {
     config: CommConfig,
     cards: Vec<BusinessCard>,
     paths: Vec<Path>,
+    /// Largest all-reduce (bytes) that runs by recursive doubling: [`doubling::MAX_BYTES`] when
+    /// any pair of ranks talks over RoCE, [`doubling::MAX_BYTES_LOCAL`] when all share memory;
+    /// the same on every rank (it follows from the cards every rank holds).
+    doubling_max: usize,
     sends: Vec<PeerSend>,
     recvs: Vec<PeerRecv>,
     /// Collectives called so far (every rank calls the same sequence).
@@ -374,12 +378,28 @@ impl Communicator {
         for (t, _) in &mut transports {
             t.finish()?;
         }
+        let hosts = cards
+            .iter()
+            .map(|c| c.host_id)
+            .collect::<std::collections::HashSet<_>>();
+        let roce_anywhere = nranks > 1
+            && match config.transport {
+                TransportKind::Roce => true,
+                TransportKind::Auto => hosts.len() > 1,
+                TransportKind::Shm | TransportKind::InProcess => false,
+            };
+        let doubling_max = if roce_anywhere {
+            doubling::MAX_BYTES
+        } else {
+            doubling::MAX_BYTES_LOCAL
+        };
         Ok(Communicator {
             rank,
             nranks,
             config,
             cards,
             paths,
+            doubling_max,
             sends,
             recvs,
             seq: 0,
@@ -566,8 +586,9 @@ impl Communicator {
 
     /// All-reduce (NCCL `ncclAllReduce`): `recv[i] = op(send[i] of every rank)` for
     /// `i < count`, on every rank. Recursive doubling up to
-    /// [`doubling::MAX_BYTES`](crate::algorithms::doubling::MAX_BYTES) when that fits one slot,
-    /// else the ring; see [`crate::algorithms`].
+    /// [`doubling::MAX_BYTES`](crate::algorithms::doubling::MAX_BYTES) (when any ranks talk over
+    /// RoCE; [`doubling::MAX_BYTES_LOCAL`](crate::algorithms::doubling::MAX_BYTES_LOCAL) when all
+    /// share memory) and one slot, else the ring; see [`crate::algorithms`].
     ///
     /// # Errors
     /// [`CollError`]: short buffers, mismatched operations across ranks, a peer that fails.
@@ -584,8 +605,9 @@ impl Communicator {
         self.need(coll, "send", send.len(), bytes)?;
         self.need(coll, "recv", recv.len(), bytes)?;
         let mut io = Io::out_of_place(&send[..bytes], &mut recv[..bytes]);
+        let max = self.doubling_max;
         self.run(desc, desc, datatype, op, |o| {
-            all_reduce_algorithm(o, &mut io, count)
+            all_reduce_algorithm(o, &mut io, count, max)
         })
     }
 
@@ -604,8 +626,9 @@ impl Communicator {
         let (desc, bytes) = self.begin(coll, datatype, Some(op), None, count, 1)?;
         self.need(coll, "", buf.len(), bytes)?;
         let mut io = Io::in_place(&mut buf[..bytes], 0, 0);
+        let max = self.doubling_max;
         self.run(desc, desc, datatype, op, |o| {
-            all_reduce_algorithm(o, &mut io, count)
+            all_reduce_algorithm(o, &mut io, count, max)
         })
     }
 
@@ -1101,13 +1124,18 @@ impl Communicator {
     }
 }
 
-/// All-reduce by recursive doubling when the buffer is small (at most [`doubling::MAX_BYTES`]
-/// and one chunk), else by the ring: latency-bound sizes take `log2(n)` steps, larger ones the
-/// ring's bandwidth-optimal schedule. The choice depends only on the size and the slot size,
-/// which every rank shares, so all ranks run the same schedule.
-fn all_reduce_algorithm(o: &mut Op<'_>, io: &mut Io<'_>, count: usize) -> Result<(), CollError> {
+/// All-reduce by recursive doubling when the buffer is small (at most `doubling_max` bytes and
+/// one chunk), else by the ring: latency-bound sizes take `log2(n)` steps, larger ones the
+/// ring's bandwidth-optimal schedule. The choice depends only on the size, the slot size and
+/// `doubling_max`, which every rank shares, so all ranks run the same schedule.
+fn all_reduce_algorithm(
+    o: &mut Op<'_>,
+    io: &mut Io<'_>,
+    count: usize,
+    doubling_max: usize,
+) -> Result<(), CollError> {
     let bytes = count * o.datatype.size();
-    if o.nranks > 1 && bytes <= doubling::MAX_BYTES && bytes <= o.chunk_bytes {
+    if o.nranks > 1 && bytes <= doubling_max && bytes <= o.chunk_bytes {
         doubling::all_reduce(o, io, count)
     } else {
         ring::all_reduce(o, io, count)

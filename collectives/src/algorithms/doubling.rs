@@ -27,7 +27,8 @@ use crate::error::CollError;
 use crate::reduce;
 
 /// Largest buffer, in bytes, that [`crate::Communicator`]'s all-reduce sends by recursive
-/// doubling (when it also fits one slot); larger ones take the ring. Measured with 4 ranks on
+/// doubling (when it also fits one slot) when any of its ranks talk over RoCE; larger ones take
+/// the ring. Measured with 4 ranks on
 /// this project's 2-CPU machine (`coll-perf all-reduce -b 1K -e 128K -f 2 -n 100`, each
 /// schedule forced, load 5): doubling took 235 / 572 / 1204 us at 1 / 64 / 128 KiB over RoCE
 /// against the ring's 620 / 913 / 1273, and 57 / 181 / 372 us over shared memory against 168 /
@@ -35,6 +36,12 @@ use crate::reduce;
 /// `2 (n - 1) / n`, so its edge shrinks as ranks grow; 64 KiB keeps a margin below where it
 /// was still ahead for 4 ranks.
 pub const MAX_BYTES: usize = 64 << 10;
+
+/// [`MAX_BYTES`] for a communicator whose ranks all share memory (no RoCE pair): a step costs
+/// little there, so the ring's smaller traffic wins sooner. Same machine, 4 ranks, low load:
+/// doubling took 61-80 us at 16 KiB against the ring's 84-97, but 39-121 against 70-103 at
+/// 32 KiB and 70-151 against 65-86 at 64 KiB.
+pub const MAX_BYTES_LOCAL: usize = 16 << 10;
 
 /// Chunk ids of the three phases (a message's chunk id must be the one its receiver expects).
 const FOLD: usize = 0;
