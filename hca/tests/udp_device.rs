@@ -848,6 +848,79 @@ impl Tun {
     }
 }
 
+/// Runs `f` with a TUN device `name` holding `addr_cidr`, in a private network namespace of a
+/// thread of its own (root only; otherwise, or when the namespace or the device cannot be set up,
+/// prints why and skips).
+fn in_tun_namespace(
+    name: &'static str,
+    addr_cidr: &'static str,
+    f: impl FnOnce(Tun) + Send + 'static,
+) {
+    // SAFETY: geteuid(2) has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/dev/net/tun").exists() {
+        eprintln!("skipped: needs root and /dev/net/tun");
+        return;
+    }
+    std::thread::spawn(move || {
+        // SAFETY: unshare(2) of this thread's network namespace; no pointers.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            eprintln!("skipped: unshare: {}", std::io::Error::last_os_error());
+            return;
+        }
+        let Some(tun) = Tun::open(name) else {
+            return;
+        };
+        let ok = |args: &[&str]| {
+            std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !(ok(&["addr", "add", addr_cidr, "dev", name]) && ok(&["link", "set", name, "up"])) {
+            eprintln!("skipped: cannot configure the TUN device");
+            return;
+        }
+        f(tun)
+    })
+    .join()
+    .unwrap();
+}
+
+/// An IPv4 RoCEv2 packet as captured (IP header on): its IPv4 identification, UDP source port,
+/// UDP payload, and whether the ICRC it carries is the one computed over its own IP and UDP
+/// headers (IBTA vol. 1 Annex A17.3.3).
+fn wire_icrc(p: &[u8]) -> (u16, u16, &[u8], bool) {
+    let ihl = usize::from(p[0] & 0xf) * 4;
+    let ident = u16::from_be_bytes([p[4], p[5]]);
+    let src_port = u16::from_be_bytes([p[ihl], p[ihl + 1]]);
+    let udp_payload = &p[ihl + 8..];
+    let ip_repr = roce::packet::IpRepr::Ipv4(roce::ipv4::Repr {
+        src_addr: std::net::Ipv4Addr::new(p[12], p[13], p[14], p[15]),
+        dst_addr: std::net::Ipv4Addr::new(p[16], p[17], p[18], p[19]),
+        protocol: roce::ipv4::IpProtocol::Udp,
+        payload_len: 0,
+        hop_limit: p[8],
+        dscp: p[1] >> 2,
+        ecn: roce::ipv4::Ecn::from_bits(p[1]),
+        ident,
+        dont_frag: p[6] & 0x40 != 0,
+    });
+    let udp = roce::udp::Repr {
+        src_port,
+        dst_port: u16::from_be_bytes([p[ihl + 2], p[ihl + 3]]),
+        payload_len: udp_payload.len(),
+    };
+    let want = roce::packet::icrc_of_udp_payload(&ip_repr, &udp, udp_payload).unwrap();
+    let n = udp_payload.len();
+    let got = roce::icrc::from_wire([
+        udp_payload[n - 4],
+        udp_payload[n - 3],
+        udp_payload[n - 2],
+        udp_payload[n - 1],
+    ]);
+    (ident, src_port, udp_payload, got == want)
+}
+
 /// Brings `a`'s RC QP to RTS towards QPN `dest_qpn` at `peer`, a host that does not exist (its
 /// packets are only captured), with path MTU 1024.
 fn connect_to_nowhere(a: &Side, peer: IpAddr, dest_qpn: u32) {
@@ -914,32 +987,7 @@ fn connect_to_nowhere(a: &Side, peer: IpAddr, dest_qpn: u32) {
 /// namespace with a TUN device to read the packets as they leave (root only, else skipped).
 #[test]
 fn ipv4_gso_trains_carry_valid_icrcs_on_the_wire() {
-    // SAFETY: geteuid(2) has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/dev/net/tun").exists() {
-        eprintln!("skipped: needs root and /dev/net/tun");
-        return;
-    }
-    std::thread::spawn(|| {
-        // SAFETY: unshare(2) of this thread's network namespace; no pointers.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!("skipped: unshare: {}", std::io::Error::last_os_error());
-            return;
-        }
-        let Some(tun) = Tun::open("hcagso0") else {
-            return;
-        };
-        let ok = |args: &[&str]| {
-            std::process::Command::new("ip")
-                .args(args)
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !(ok(&["addr", "add", "10.78.0.1/24", "dev", "hcagso0"])
-            && ok(&["link", "set", "hcagso0", "up"]))
-        {
-            eprintln!("skipped: cannot configure the TUN device");
-            return;
-        }
+    in_tun_namespace("hcagso0", "10.78.0.1/24", |tun| {
         let mut c = UdpDeviceConfig::new(ip("10.78.0.1"));
         c.link_mtu = Some(1500);
         let dev = Arc::new(UdpDevice::open(c).unwrap());
@@ -962,37 +1010,8 @@ fn ipv4_gso_trains_carry_valid_icrcs_on_the_wire() {
         let mut idents = Vec::new();
         for _ in 0..10 {
             let p = tun.next_udp().expect("a packet on the TUN device");
-            let ihl = usize::from(p[0] & 0xf) * 4;
-            let ident = u16::from_be_bytes([p[4], p[5]]);
-            let udp_payload = &p[ihl + 8..];
-            let ip_repr = roce::packet::IpRepr::Ipv4(roce::ipv4::Repr {
-                src_addr: "10.78.0.1".parse().unwrap(),
-                dst_addr: "10.78.0.2".parse().unwrap(),
-                protocol: roce::ipv4::IpProtocol::Udp,
-                payload_len: 0,
-                hop_limit: p[8],
-                dscp: p[1] >> 2,
-                ecn: roce::ipv4::Ecn::from_bits(p[1]),
-                ident,
-                dont_frag: p[6] & 0x40 != 0,
-            });
-            let udp = roce::udp::Repr {
-                src_port: u16::from_be_bytes([p[ihl], p[ihl + 1]]),
-                dst_port: u16::from_be_bytes([p[ihl + 2], p[ihl + 3]]),
-                payload_len: udp_payload.len(),
-            };
-            let want = roce::packet::icrc_of_udp_payload(&ip_repr, &udp, udp_payload).unwrap();
-            let n = udp_payload.len();
-            let got = roce::icrc::from_wire([
-                udp_payload[n - 4],
-                udp_payload[n - 3],
-                udp_payload[n - 2],
-                udp_payload[n - 1],
-            ]);
-            assert_eq!(
-                got, want,
-                "ICRC of the datagram with identification {ident}"
-            );
+            let (ident, _, _, icrc_ok) = wire_icrc(&p);
+            assert!(icrc_ok, "ICRC of the datagram with identification {ident}");
             idents.push(ident);
         }
         eprintln!(
@@ -1004,9 +1023,7 @@ fn ipv4_gso_trains_carry_valid_icrcs_on_the_wire() {
             idents.iter().any(|&i| i > 0),
             "{idents:?}: no train was cut"
         );
-    })
-    .join()
-    .unwrap();
+    });
 }
 
 /// Eight QPs of one device send an RDMA WRITE each: every packet leaves from the UDP source port
@@ -1015,32 +1032,7 @@ fn ipv4_gso_trains_carry_valid_icrcs_on_the_wire() {
 /// Captured from a TUN device in a private network namespace (root only, else skipped).
 #[test]
 fn each_qp_sends_from_its_entropy_port() {
-    // SAFETY: geteuid(2) has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/dev/net/tun").exists() {
-        eprintln!("skipped: needs root and /dev/net/tun");
-        return;
-    }
-    std::thread::spawn(|| {
-        // SAFETY: unshare(2) of this thread's network namespace; no pointers.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!("skipped: unshare: {}", std::io::Error::last_os_error());
-            return;
-        }
-        let Some(tun) = Tun::open("hcaport0") else {
-            return;
-        };
-        let ok = |args: &[&str]| {
-            std::process::Command::new("ip")
-                .args(args)
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !(ok(&["addr", "add", "10.79.0.1/24", "dev", "hcaport0"])
-            && ok(&["link", "set", "hcaport0", "up"]))
-        {
-            eprintln!("skipped: cannot configure the TUN device");
-            return;
-        }
+    in_tun_namespace("hcaport0", "10.79.0.1/24", |tun| {
         let mut c = UdpDeviceConfig::new(ip("10.79.0.1"));
         c.link_mtu = Some(1500);
         c.src_ports = 4;
@@ -1065,48 +1057,20 @@ fn each_qp_sends_from_its_entropy_port() {
         let mut seen = std::collections::BTreeMap::new();
         while seen.len() < sides.len() {
             let p = tun.next_udp().expect("a packet on the TUN device");
-            let ihl = usize::from(p[0] & 0xf) * 4;
-            let udp_payload = &p[ihl + 8..];
-            let src_port = u16::from_be_bytes([p[ihl], p[ihl + 1]]);
+            let (_, src_port, udp_payload, icrc_ok) = wire_icrc(&p);
             // BTH bytes 5..8: the destination QPN; ours is 0x100 + i.
             let dest_qpn = u32::from_be_bytes([0, udp_payload[5], udp_payload[6], udp_payload[7]]);
             let a = &sides[(dest_qpn - 0x100) as usize];
             let want = hca::engine::src_port_for(&ports, roce::udp::rocev2_src_port(a.qpn));
             assert_eq!(src_port, want, "QPN {:#x}", a.qpn);
-            let ip_repr = roce::packet::IpRepr::Ipv4(roce::ipv4::Repr {
-                src_addr: "10.79.0.1".parse().unwrap(),
-                dst_addr: "10.79.0.2".parse().unwrap(),
-                protocol: roce::ipv4::IpProtocol::Udp,
-                payload_len: 0,
-                hop_limit: p[8],
-                dscp: p[1] >> 2,
-                ecn: roce::ipv4::Ecn::from_bits(p[1]),
-                ident: u16::from_be_bytes([p[4], p[5]]),
-                dont_frag: p[6] & 0x40 != 0,
-            });
-            let udp = roce::udp::Repr {
-                src_port,
-                dst_port: u16::from_be_bytes([p[ihl + 2], p[ihl + 3]]),
-                payload_len: udp_payload.len(),
-            };
-            let expect = roce::packet::icrc_of_udp_payload(&ip_repr, &udp, udp_payload).unwrap();
-            let n = udp_payload.len();
-            let got = roce::icrc::from_wire([
-                udp_payload[n - 4],
-                udp_payload[n - 3],
-                udp_payload[n - 2],
-                udp_payload[n - 1],
-            ]);
-            assert_eq!(got, expect, "ICRC of QPN {:#x}'s packet", a.qpn);
+            assert!(icrc_ok, "ICRC of QPN {:#x}'s packet", a.qpn);
             // A retransmission must leave from the same port (asserted above); keep the first.
             seen.entry(a.qpn).or_insert(src_port);
         }
         let used: std::collections::BTreeSet<u16> = seen.values().copied().collect();
         eprintln!("source ports by QPN: {seen:x?}");
         assert!(used.len() >= 2, "8 QPs on one port: {seen:?}");
-    })
-    .join()
-    .unwrap();
+    });
 }
 
 #[test]

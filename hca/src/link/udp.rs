@@ -580,7 +580,7 @@ impl UdpLink {
             );
         }
         let ipv6 = local.is_ipv6();
-        let fd = sys::udp_socket(ipv6).map_err(|source| LinkError::Socket { local, source })?;
+        let fd = send_socket(&config, local)?;
         let set = |level, name, value, option: &'static str| {
             sys::set_int(fd.as_fd(), level, name, value).map_err(|source| LinkError::SetOption {
                 local,
@@ -589,13 +589,6 @@ impl UdpLink {
             })
         };
         if ipv6 {
-            set(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1, "IPV6_V6ONLY")?;
-            set(
-                libc::IPPROTO_IPV6,
-                libc::IPV6_MTU_DISCOVER,
-                libc::IPV6_PMTUDISC_DO,
-                "IPV6_MTU_DISCOVER",
-            )?;
             set(
                 libc::IPPROTO_IPV6,
                 libc::IPV6_RECVTCLASS,
@@ -609,26 +602,13 @@ impl UdpLink {
                 "IPV6_RECVHOPLIMIT",
             )?;
             set(libc::SOL_UDP, libc::UDP_NO_CHECK6_RX, 1, "UDP_NO_CHECK6_RX")?;
-            if config.zero_checksum_tx {
-                set(libc::SOL_UDP, libc::UDP_NO_CHECK6_TX, 1, "UDP_NO_CHECK6_TX")?;
-            }
         } else {
-            set(
-                libc::IPPROTO_IP,
-                libc::IP_MTU_DISCOVER,
-                libc::IP_PMTUDISC_DO,
-                "IP_MTU_DISCOVER",
-            )?;
             set(libc::IPPROTO_IP, libc::IP_RECVTOS, 1, "IP_RECVTOS")?;
             set(libc::IPPROTO_IP, libc::IP_RECVTTL, 1, "IP_RECVTTL")?;
         }
         if let Some(bytes) = config.recv_buffer_bytes {
             let v = bytes.min(i32::MAX as usize) as i32;
             set(libc::SOL_SOCKET, libc::SO_RCVBUF, v, "SO_RCVBUF")?;
-        }
-        if let Some(bytes) = config.send_buffer_bytes {
-            let v = bytes.min(i32::MAX as usize) as i32;
-            set(libc::SOL_SOCKET, libc::SO_SNDBUF, v, "SO_SNDBUF")?;
         }
         let rx_drop_count = sys::SO_RXQ_OVFL
             .is_some_and(|opt| sys::set_int(fd.as_fd(), libc::SOL_SOCKET, opt, 1).is_ok());
@@ -1204,6 +1184,47 @@ struct Sender {
     port: u16,
 }
 
+/// A non-blocking UDP socket of `local`'s family with the options every socket of a link sends
+/// with: `IPV6_V6ONLY`; Don't Fragment (`IP_MTU_DISCOVER` / `IPV6_MTU_DISCOVER` =
+/// `PMTUDISC_DO`, which also gives every IPv4 packet identification 0: see the module docs);
+/// `UDP_NO_CHECK6_TX` when [`UdpLinkConfig::zero_checksum_tx`]; `SO_SNDBUF` when
+/// [`UdpLinkConfig::send_buffer_bytes`] asks. Not bound yet.
+fn send_socket(config: &UdpLinkConfig, local: SocketAddr) -> Result<OwnedFd, LinkError> {
+    let fd =
+        sys::udp_socket(local.is_ipv6()).map_err(|source| LinkError::Socket { local, source })?;
+    let set = |level, name, value, option: &'static str| {
+        sys::set_int(fd.as_fd(), level, name, value).map_err(|source| LinkError::SetOption {
+            local,
+            option,
+            source,
+        })
+    };
+    if local.is_ipv6() {
+        set(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1, "IPV6_V6ONLY")?;
+        set(
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_DO,
+            "IPV6_MTU_DISCOVER",
+        )?;
+        if config.zero_checksum_tx {
+            set(libc::SOL_UDP, libc::UDP_NO_CHECK6_TX, 1, "UDP_NO_CHECK6_TX")?;
+        }
+    } else {
+        set(
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+            "IP_MTU_DISCOVER",
+        )?;
+    }
+    if let Some(bytes) = config.send_buffer_bytes {
+        let v = bytes.min(i32::MAX as usize) as i32;
+        set(libc::SOL_SOCKET, libc::SO_SNDBUF, v, "SO_SNDBUF")?;
+    }
+    Ok(fd)
+}
+
 impl Sender {
     /// Opens a sending socket with the bound socket's send-side options, bound to `bound`'s
     /// address and port `preferred`, else the first free one of the [`ENTROPY_PORT_TRIES`]
@@ -1214,41 +1235,15 @@ impl Sender {
         preferred: u16,
     ) -> Result<Sender, LinkError> {
         let local = bound;
-        let fd = sys::udp_socket(local.is_ipv6())
-            .map_err(|source| LinkError::Socket { local, source })?;
-        let set = |level, name, value, option: &'static str| {
-            sys::set_int(fd.as_fd(), level, name, value).map_err(|source| LinkError::SetOption {
-                local,
-                option,
-                source,
-            })
-        };
-        if local.is_ipv6() {
-            set(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1, "IPV6_V6ONLY")?;
-            set(
-                libc::IPPROTO_IPV6,
-                libc::IPV6_MTU_DISCOVER,
-                libc::IPV6_PMTUDISC_DO,
-                "IPV6_MTU_DISCOVER",
-            )?;
-            if config.zero_checksum_tx {
-                set(libc::SOL_UDP, libc::UDP_NO_CHECK6_TX, 1, "UDP_NO_CHECK6_TX")?;
-            }
-        } else {
-            // Don't Fragment, which also gives every packet IPv4 identification 0 (module docs).
-            set(
-                libc::IPPROTO_IP,
-                libc::IP_MTU_DISCOVER,
-                libc::IP_PMTUDISC_DO,
-                "IP_MTU_DISCOVER",
-            )?;
-        }
-        if let Some(bytes) = config.send_buffer_bytes {
-            let v = bytes.min(i32::MAX as usize) as i32;
-            set(libc::SOL_SOCKET, libc::SO_SNDBUF, v, "SO_SNDBUF")?;
-        }
+        let fd = send_socket(config, local)?;
         // Nothing is sent to these ports; keep what strays there small (the kernel's minimum).
-        set(libc::SOL_SOCKET, libc::SO_RCVBUF, 1, "SO_RCVBUF")?;
+        sys::set_int(fd.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 1).map_err(|source| {
+            LinkError::SetOption {
+                local,
+                option: "SO_RCVBUF",
+                source,
+            }
+        })?;
         // The preferred port, else the next ones of the entropy range (a second device on the
         // same address holds the first choices), else any free port.
         let mut want = local;
