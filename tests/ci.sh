@@ -9,6 +9,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 # The wire format is no_std: its tests must also build and pass without the `std` feature.
 cargo clippy -p roce --no-default-features --all-targets -- -D warnings
 cargo test -p roce --no-default-features
+# Public docs: every intra-doc link resolves and none points at a private item.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # The cargo-fuzz target (not a workspace member) must keep building.
 cargo check --quiet --manifest-path roce/fuzz/Cargo.toml
 # Includes the verbs conformance suite on the software backends (tests/tests/verbs_conformance.rs: the fabric and

@@ -84,7 +84,7 @@ impl From<MemoryError> for StagingError {
     }
 }
 
-/// The device interface the staging pipeline drives: device memory of [`StagingDevice::len`] bytes,
+/// The device interface the staging pipeline drives: device memory of [`StagingDevice::device_len`] bytes,
 /// host staging slots, and asynchronous copies between a slot and the device memory.
 ///
 /// Contract: `start_download` / `start_upload` queue one copy and mark the slot in flight;

@@ -9,7 +9,7 @@
 //! (`--link verbs:DEVICE`) and the collectives run on the hardware unchanged.
 //!
 //! # Loading
-//! libibverbs is opened at run time (dlopen(3), [`sys::LIBIBVERBS`]), never linked: the project
+//! libibverbs is opened at run time (dlopen(3) of `libibverbs.so.1`), never linked: the project
 //! builds, tests and runs where rdma-core is absent, and only asking for a verbs device there
 //! fails, with one line that says why ([`DeviceError::Backend`]: the library cannot be loaded,
 //! the kernel has no RDMA devices, no device has that name, naming those there are). Needs
@@ -21,7 +21,7 @@
 //! (its text in `Display`), so [`DeviceError::errno`] compares like for like across backends.
 //! Handles this device never issued are refused here first, as the software engine refuses them
 //! ([`Cause::NoSuchObject`], `EINVAL`). Completions map `enum ibv_wc_status` one to one onto
-//! [`WcStatus`].
+//! [`WcStatus`](crate::WcStatus).
 //!
 //! # Memory
 //! [`Verbs::reg_mr`] registers memory the CPU can address ([`gpu_p2p::Memory::host_ptr`]) with
