@@ -83,10 +83,13 @@ pub(crate) fn all_reduce(op: &mut Op<'_>, io: &mut Io<'_>, count: usize) -> Resu
         });
     }
     // `op(mine, theirs)` when this rank's block is the lower one, else `op(theirs, mine)`.
-    let mut scratch = vec![0u8; bytes];
+    // Allocated on the first combine that needs it (a rank that is never the lower one of a
+    // pair, such as the highest, never does).
+    let mut scratch = Vec::new();
     let mut combine = |io: &mut Io<'_>, theirs: &[u8], mine_lower: bool| {
         let acc = io.output(0..bytes);
         if mine_lower {
+            scratch.resize(bytes, 0);
             reduce::reduce_copy(datatype, redop, &mut scratch, acc, theirs).map_err(kernel)?;
             acc.copy_from_slice(&scratch);
             Ok(())
