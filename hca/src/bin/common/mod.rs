@@ -112,6 +112,17 @@ impl Dev {
         }
     }
 
+    /// Keeps a software device answering for `linger` after a run, as TCP's TIME-WAIT does: the
+    /// ACK of the peer's last message may be lost (its send then completes only when it arrives),
+    /// and only a QP that still exists can acknowledge the peer's retransmission of it (a
+    /// duplicate request is ACKed again, IBTA vol. 1 §9.7.5.1). A hardware device's QP answers
+    /// by itself until it is destroyed; nothing to do there.
+    pub fn linger(&self, linger: std::time::Duration) {
+        if self.soft.is_some() {
+            self.progress_during(|| std::thread::sleep(linger));
+        }
+    }
+
     /// One progress round of a caller-driven software device; 0 (nothing to do) otherwise.
     pub fn progress(&self) -> usize {
         self.soft.as_ref().map_or(0, |s| s.progress())

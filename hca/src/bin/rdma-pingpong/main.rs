@@ -599,9 +599,20 @@ fn pingpong(
             );
         }
     }
+    // The peer's last message may still wait for an ACK of ours that was lost: answer its
+    // retransmission (ibv_rc_pingpong's local ACK timeout is 4.096 us x 2^14 = 67 ms) before the
+    // QP goes away.
+    if qp_type == QpType::Rc {
+        ctx.dev.linger(LINGER);
+    }
     if cli.stats {
         common::print_stats(&ctx.dev);
     }
     ctx.dev.close();
     Ok(())
 }
+
+/// How long an RC run keeps answering after its last completion: three of the peer's
+/// retransmission intervals at ibv_rc_pingpong's timeout 14 (67 ms), so that two lost ACKs in a
+/// row are still recovered.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(200);
