@@ -218,6 +218,28 @@ fn no_such(object: Object, id: u32) -> Cause {
     Cause::NoSuchObject { object, id }
 }
 
+/// Takes the entry of `handle` out of `table` for a destroy verb: [`Cause::NoSuchObject`] when
+/// the table holds none, else [`Cause::InUse`] while `users` objects still use it (`EBUSY`, as
+/// ibv_dealloc_pd(3), ibv_destroy_cq(3) and ibv_destroy_srq(3) refuse).
+fn take_unused<E, T>(
+    table: &mut ObjectTable<E>,
+    handle: Handle<T>,
+    object: Object,
+    users: usize,
+) -> Result<E, Cause> {
+    if table.get(cast(handle)).is_none() {
+        return Err(no_such(object, handle.index()));
+    }
+    if users > 0 {
+        return Err(Cause::InUse {
+            users: users as u32,
+        });
+    }
+    table
+        .remove(cast(handle))
+        .ok_or(no_such(object, handle.index()))
+}
+
 impl IbvDevice {
     /// Opens the RDMA device `device` (a name ibv_devices(1) lists: `rxe0`, `mlx5_0`) through
     /// `libibverbs.so.1`.
@@ -568,20 +590,8 @@ impl Verbs for IbvDevice {
             cause,
         };
         let mut o = self.write();
-        if o.pd(pd).is_none() {
-            return Err(err(no_such(Object::Pd, pd.index())).into());
-        }
         let users = o.pd_users(pd);
-        if users > 0 {
-            return Err(err(Cause::InUse {
-                users: users as u32,
-            })
-            .into());
-        }
-        let entry = o
-            .pds
-            .remove(cast(pd))
-            .ok_or(err(no_such(Object::Pd, pd.index())))?;
+        let entry = take_unused(&mut o.pds, pd, Object::Pd, users).map_err(err)?;
         match self.ctx.dealloc_pd(entry.raw) {
             Ok(()) => Ok(()),
             Err((raw, e)) => {
@@ -687,20 +697,8 @@ impl Verbs for IbvDevice {
             cause,
         };
         let mut o = self.write();
-        if o.cq(cq).is_none() {
-            return Err(err(no_such(Object::Cq, cq.index())).into());
-        }
         let users = o.cq_users(cq);
-        if users > 0 {
-            return Err(err(Cause::InUse {
-                users: users as u32,
-            })
-            .into());
-        }
-        let entry = o
-            .cqs
-            .remove(cast(cq))
-            .ok_or(err(no_such(Object::Cq, cq.index())))?;
+        let entry = take_unused(&mut o.cqs, cq, Object::Cq, users).map_err(err)?;
         match self.ctx.destroy_cq(entry.raw) {
             Ok(()) => {
                 let _ = self
@@ -871,20 +869,8 @@ impl Verbs for IbvDevice {
             cause,
         };
         let mut o = self.write();
-        if o.srq(srq).is_none() {
-            return Err(err(no_such(Object::Srq, srq.index())).into());
-        }
         let users = o.qps.values().filter(|q| q.init.srq == Some(srq)).count();
-        if users > 0 {
-            return Err(err(Cause::InUse {
-                users: users as u32,
-            })
-            .into());
-        }
-        let entry = o
-            .srqs
-            .remove(cast(srq))
-            .ok_or(err(no_such(Object::Srq, srq.index())))?;
+        let entry = take_unused(&mut o.srqs, srq, Object::Srq, users).map_err(err)?;
         self.ctx.destroy_srq(entry.raw).map_err(|(raw, e)| {
             leak(raw);
             err(os(e)).into()
