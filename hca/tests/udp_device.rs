@@ -169,6 +169,19 @@ impl Default for Conn {
 
 /// Brings `me` to RTS: RC / UC connected to `peer`, UD ready to send.
 fn bring_up(me: &Side, peer: &Side, my_psn: u32, peer_psn: u32, qp_type: QpType, c: Conn) {
+    bring_up_to(me, peer.qpn, peer.dev.gid(), my_psn, peer_psn, qp_type, c);
+}
+
+/// [`bring_up`] towards QPN `dest_qpn` at GID `dgid`, which need not exist.
+fn bring_up_to(
+    me: &Side,
+    dest_qpn: u32,
+    dgid: hca::Gid,
+    my_psn: u32,
+    peer_psn: u32,
+    qp_type: QpType,
+    c: Conn,
+) {
     let mut a = QpAttr {
         qp_state: QpState::Init,
         pkey_index: 0,
@@ -191,12 +204,12 @@ fn bring_up(me: &Side, peer: &Side, my_psn: u32, peer_psn: u32, qp_type: QpType,
     me.dev.modify_qp(me.qpn, &a, init_mask).unwrap();
     a.qp_state = QpState::Rtr;
     a.path_mtu = c.mtu;
-    a.dest_qp_num = peer.qpn;
+    a.dest_qp_num = dest_qpn;
     a.rq_psn = peer_psn;
     a.max_dest_rd_atomic = 16;
     a.min_rnr_timer = 12;
     a.ah_attr = AhAttr {
-        dgid: peer.dev.gid(),
+        dgid,
         sgid_index: GID_INDEX as u8,
         hop_limit: 64,
         port_num: 1,
@@ -922,63 +935,14 @@ fn wire_icrc(p: &[u8]) -> (u16, u16, &[u8], bool) {
 }
 
 /// Brings `a`'s RC QP to RTS towards QPN `dest_qpn` at `peer`, a host that does not exist (its
-/// packets are only captured), with path MTU 1024.
+/// packets are only captured), with path MTU 1024 and a local ACK timeout of 4.096 us x 2^20
+/// (4.3 s: no retransmission while a test reads the first packets).
 fn connect_to_nowhere(a: &Side, peer: IpAddr, dest_qpn: u32) {
-    let peer_gid = hca::Gid::from(peer);
-    let mut attr = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE,
-        ..QpAttr::default()
+    let c = Conn {
+        timeout: 20,
+        ..Conn::default()
     };
-    a.dev
-        .modify_qp(
-            a.qpn,
-            &attr,
-            QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS,
-        )
-        .unwrap();
-    attr.qp_state = QpState::Rtr;
-    attr.path_mtu = PathMtu::Mtu1024;
-    attr.dest_qp_num = dest_qpn;
-    attr.ah_attr = AhAttr {
-        dgid: peer_gid,
-        sgid_index: GID_INDEX as u8,
-        hop_limit: 64,
-        port_num: 1,
-        ..AhAttr::default()
-    };
-    a.dev
-        .modify_qp(
-            a.qpn,
-            &attr,
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
-        )
-        .unwrap();
-    attr.qp_state = QpState::Rts;
-    attr.timeout = 20;
-    attr.retry_cnt = 7;
-    a.dev
-        .modify_qp(
-            a.qpn,
-            &attr,
-            QpAttrMask::STATE
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC,
-        )
-        .unwrap();
+    bring_up_to(a, dest_qpn, hca::Gid::from(peer), 0, 0, QpType::Rc, c);
 }
 
 /// The device sends a 10-packet RDMA WRITE over IPv4 as one UDP GSO train; the kernel cuts it
