@@ -26,19 +26,7 @@ fn wait_bounded(mut child: Child) -> Output {
 }
 
 fn coll_perf(args: &[&str]) -> Output {
-    let child = Command::new(EXE)
-        .args(args)
-        .env_remove("RANK")
-        .env_remove("WORLD_SIZE")
-        .env_remove("OMPI_COMM_WORLD_RANK")
-        .env_remove("SLURM_PROCID")
-        .env_remove("COLL_COMM_ID")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn coll-perf");
-    wait_bounded(child)
+    coll_perf_env(args, &[])
 }
 
 fn text(b: &[u8]) -> String {
