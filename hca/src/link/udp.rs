@@ -683,10 +683,7 @@ impl UdpLink {
     }
 
     fn fd_of(&self, socket: usize) -> BorrowedFd<'_> {
-        match socket.checked_sub(1).and_then(|i| self.senders.get(i)) {
-            Some(s) => s.fd.as_fd(),
-            None => self.fd.as_fd(),
-        }
+        socket_fd(&self.fd, &self.senders, socket)
     }
 
     /// The configuration the link was opened with.
@@ -1176,6 +1173,14 @@ fn wait_on(
     })
 }
 
+/// Socket number `socket` of a link: 0 the bound one (`bound`), `i + 1` sending socket `i`.
+fn socket_fd<'a>(bound: &'a OwnedFd, senders: &'a [Sender], socket: usize) -> BorrowedFd<'a> {
+    match socket.checked_sub(1).and_then(|i| senders.get(i)) {
+        Some(s) => s.fd.as_fd(),
+        None => bound.as_fd(),
+    }
+}
+
 /// A socket of a [`UdpLink`] that only sends, bound to the link's address and one entropy
 /// source port ([`UdpLinkConfig::src_ports`]).
 #[derive(Debug)]
@@ -1289,11 +1294,11 @@ impl LinkPoller {
         waker: Option<&Waker>,
         timeout: Duration,
     ) -> Result<Readiness, LinkError> {
-        let blocked = self.blocked.load(Ordering::Relaxed);
-        let out = match blocked.checked_sub(1).and_then(|i| self.senders.get(i)) {
-            Some(s) => s.fd.as_fd(),
-            None => self.fd.as_fd(),
-        };
+        let out = socket_fd(
+            &self.fd,
+            &self.senders,
+            self.blocked.load(Ordering::Relaxed),
+        );
         wait_on(self.fd.as_fd(), out, self.local, writable, waker, timeout)
     }
 }
