@@ -479,6 +479,9 @@ pub(crate) struct Shared<L: Link> {
     /// never). A caller that arms an earlier timer wakes it.
     sleep_until: AtomicU64,
     counters: Mutex<DeviceCounters>,
+    /// [`DeviceCounters::rounds`] and [`DeviceCounters::inline_rounds`], bumped on every round
+    /// (the fast path) without the `counters` lock: only the holder of `io` writes them.
+    round_counts: progress::RoundCounts,
     last_error: Mutex<Option<String>>,
     /// Bumped after every engine operation that may have changed a CQ (Release; pollers load
     /// it with Acquire before taking the lock).
@@ -641,6 +644,7 @@ impl<L: Link> SoftDevice<L> {
             pending: AtomicBool::new(false),
             sleep_until: AtomicU64::new(u64::MAX),
             counters: Mutex::new(DeviceCounters::default()),
+            round_counts: progress::RoundCounts::default(),
             last_error: Mutex::new(None),
             epoch: AtomicU64::new(0),
             empty_hint: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
@@ -749,7 +753,9 @@ impl<L: Link> SoftDevice<L> {
 
     /// The progress engine's counters.
     pub fn device_counters(&self) -> DeviceCounters {
-        *lock(&self.shared.counters)
+        let mut c = *lock(&self.shared.counters);
+        self.shared.round_counts.read_into(&mut c);
+        c
     }
 
     /// The last socket error the progress engine met (it keeps running), if any.
@@ -776,19 +782,19 @@ impl<L: Link> SoftDevice<L> {
     }
 
     /// Runs `f` on the engine after bringing its clock up to date (verbs have no `now`; timers
-    /// they arm count from the engine's latest instant).
-    fn engine_now<R>(&self, f: impl FnOnce(&mut SoftHca) -> R) -> R {
+    /// they arm count from the engine's latest instant); returns `f`'s result and that instant.
+    fn engine_now<R>(&self, f: impl FnOnce(&mut SoftHca) -> R) -> (R, crate::engine::Instant) {
         self.shared.engine_op(|e| {
             let now = self.shared.now();
             e.handle_timeout(now);
-            f(e)
+            (f(e), now)
         })
     }
 
     /// After a verb that may have created work: send it now on this thread if the socket is
     /// free, else have the progress thread do it.
     fn kick(&self) {
-        self.shared.kick();
+        self.shared.kick(None);
     }
 
     // ---- PD, MR ----
@@ -1186,9 +1192,10 @@ impl<L: Link> SoftDevice<L> {
         mask: QpAttrMask,
     ) -> Result<ModifyOutcome, DeviceError> {
         self.check_open()?;
-        let outcome = self.engine_now(|e| e.modify_qp(qpn, attr, mask))?;
+        let (outcome, now) = self.engine_now(|e| e.modify_qp(qpn, attr, mask));
+        let outcome = outcome?;
         self.shared.notify_cq_waiters();
-        self.kick();
+        self.shared.kick(Some(now));
         Ok(outcome)
     }
 
@@ -1214,8 +1221,10 @@ impl<L: Link> SoftDevice<L> {
     /// [`DeviceError::Closed`]; [`DeviceError::Verbs`] as [`SoftHca::post_send`].
     pub fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<(), DeviceError> {
         self.check_open()?;
-        self.engine_now(|e| e.post_send(qpn, wr))?;
-        self.kick();
+        let (r, now) = self.engine_now(|e| e.post_send(qpn, wr));
+        r?;
+        // The clock read for the verb serves the round that sends its packets too.
+        self.shared.kick(Some(now));
         Ok(())
     }
 
@@ -1226,11 +1235,9 @@ impl<L: Link> SoftDevice<L> {
     /// `(index, error)` of the first refused WR.
     pub fn post_send_list(&self, qpn: u32, wrs: &[SendWr<'_>]) -> Result<(), (usize, DeviceError)> {
         self.check_open().map_err(|e| (0, e))?;
-        let r = self
-            .engine_now(|e| e.post_send_list(qpn, wrs))
-            .map_err(|(i, e)| (i, DeviceError::Verbs(e)));
-        self.kick();
-        r
+        let (r, now) = self.engine_now(|e| e.post_send_list(qpn, wrs));
+        self.shared.kick(Some(now));
+        r.map_err(|(i, e)| (i, DeviceError::Verbs(e)))
     }
 
     /// ibv_post_recv(3) for one WR (see [`SoftHca::post_recv`]).
@@ -1277,7 +1284,7 @@ impl<L: Link> SoftDevice<L> {
         lock(&s.engine).release_held_acks();
         {
             let mut io = lock(&s.io);
-            s.round(&mut io, false);
+            s.round(&mut io, false, None);
         }
         {
             let mut e = lock(&s.engine);

@@ -21,7 +21,7 @@
 //! armed a timer earlier than the one the thread sleeps until (`sleep_until`, written by the
 //! thread under the engine lock) wakes it too, so no timer fires late.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::engine::Instant;
@@ -62,6 +62,28 @@ impl RoundOutcome {
     }
 }
 
+/// The per-round counters of [`super::DeviceCounters`], kept out of the `counters` mutex: a
+/// round bumps them on every call, and only the holder of the `io` lock does, so a plain load
+/// and store (no read-modify-write) suffice; readers see a value at most one round old.
+#[derive(Debug, Default)]
+pub(crate) struct RoundCounts {
+    rounds: AtomicU64,
+    inline_rounds: AtomicU64,
+}
+
+impl RoundCounts {
+    /// Bumps `c`; the caller holds the `io` lock (the only writer).
+    fn bump(c: &AtomicU64) {
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
+    /// Copies the counts into `out`.
+    pub(crate) fn read_into(&self, out: &mut super::DeviceCounters) {
+        out.rounds = self.rounds.load(Ordering::Relaxed);
+        out.inline_rounds = self.inline_rounds.load(Ordering::Relaxed);
+    }
+}
+
 /// The link side of a device: owned by whoever runs a round.
 pub(crate) struct Io<L> {
     pub(crate) link: L,
@@ -91,17 +113,25 @@ impl<L: Link> Shared<L> {
         *lock(&self.last_error) = Some(e.to_string());
     }
 
-    /// One round on the calling thread: receive (if `rx`), timers, transmit.
-    pub(crate) fn round(&self, io: &mut Io<L>, rx: bool) -> RoundOutcome {
-        self.round_as(io, rx, false, false)
+    /// One round on the calling thread: receive (if `rx`), timers, transmit; `now`: the
+    /// engine's clock if the caller just read it (else the round reads it).
+    pub(crate) fn round(&self, io: &mut Io<L>, rx: bool, now: Option<Instant>) -> RoundOutcome {
+        self.round_as(io, rx, false, false, now)
     }
 
     /// As [`Shared::round`]; `thread`: the progress thread runs it (it publishes its next
     /// wake-up); `defer`: when datagrams arrive, build nothing this round (a caller polling in a
     /// loop runs the next one at once, or posts its reply first: ACK and reply then leave in one
     /// batch).
-    fn round_as(&self, io: &mut Io<L>, rx: bool, thread: bool, defer: bool) -> RoundOutcome {
-        lock(&self.counters).rounds += 1;
+    fn round_as(
+        &self,
+        io: &mut Io<L>,
+        rx: bool,
+        thread: bool,
+        defer: bool,
+        now: Option<Instant>,
+    ) -> RoundOutcome {
+        RoundCounts::bump(&self.round_counts.rounds);
         let mut out = RoundOutcome::default();
         if io.link.unsent() > 0 {
             self.flush(io);
@@ -123,7 +153,7 @@ impl<L: Link> Shared<L> {
         let mut fired = false;
         {
             let mut e = lock(&self.engine);
-            let now = self.now();
+            let now = now.unwrap_or_else(|| self.now());
             if waiting {
                 match io.link.deliver(|d| e.handle_datagram(now, d)) {
                     Ok(n) => out.received = n,
@@ -185,7 +215,7 @@ impl<L: Link> Shared<L> {
         let outcome = {
             let mut io = lock(&self.io);
             // Deferring builds to the caller's next round only makes sense if there is one.
-            self.round_as(&mut io, true, false, caller)
+            self.round_as(&mut io, true, false, caller, None)
         };
         if !caller {
             self.after_foreign_round(&outcome);
@@ -205,8 +235,9 @@ impl<L: Link> Shared<L> {
     }
 
     /// After a verb created work: send it now if the socket is free, and make sure the progress
-    /// thread (if any) runs a round if more is left or a timer moved earlier.
-    pub(crate) fn kick(&self) {
+    /// thread (if any) runs a round if more is left or a timer moved earlier. `now`: the clock
+    /// the verb read, if it did.
+    pub(crate) fn kick(&self, now: Option<Instant>) {
         if self.progress == super::Progress::Thread && !self.sleeping.load(Ordering::SeqCst) {
             // The thread is busy: it builds the new work with everything else in its next
             // round, in full batches (sending here would split them into small ones).
@@ -215,8 +246,8 @@ impl<L: Link> Shared<L> {
         }
         let outcome = match self.io.try_lock() {
             Ok(mut io) => {
-                lock(&self.counters).inline_rounds += 1;
-                self.round(&mut io, false)
+                RoundCounts::bump(&self.round_counts.inline_rounds);
+                self.round(&mut io, false, now)
             }
             Err(_) => {
                 self.request_round();
@@ -247,7 +278,7 @@ impl<L: Link> Shared<L> {
         while !self.stop.load(Ordering::SeqCst) {
             let outcome = {
                 let mut io = lock(&self.io);
-                self.round_as(&mut io, true, true, false)
+                self.round_as(&mut io, true, true, false, None)
             };
             if outcome.busy() {
                 idle_rounds = 0;
