@@ -91,9 +91,17 @@ fn payload(i: u32, len: usize) -> Vec<u8> {
 /// a shorter tail, and three-part gather lists (header / payload / ICRC, as the engine hands
 /// them). Checks contents, order and addresses.
 fn exchange_batches(gso: bool, gro: bool, a_addr: &str, b_addr: &str) {
+    exchange_batches_into(gso, gro, a_addr, b_addr, None);
+}
+
+/// As [`exchange_batches`], received in batches of `slots` (`None`: the configured batch).
+fn exchange_batches_into(gso: bool, gro: bool, a_addr: &str, b_addr: &str, slots: Option<usize>) {
     let mut a = link(a_addr, gso, gro);
     let mut b = link(b_addr, gso, gro);
-    let mut batch = b.new_recv_batch();
+    let mut batch = match slots {
+        Some(n) => b.new_recv_batch_of(n),
+        None => b.new_recv_batch(),
+    };
     let to = b.local_addr();
     let lens = |i: u32| if i % 32 == 31 { 300 } else { 1100 };
     let bodies: Vec<Vec<u8>> = (0..96).map(|i| payload(i, lens(i))).collect();
@@ -150,6 +158,15 @@ fn exchange_batches(gso: bool, gro: bool, a_addr: &str, b_addr: &str) {
         ta,
         rb
     );
+}
+
+/// A one-slot batch (a caller polling an idle device) is received with recvmsg(2): the same
+/// datagrams, addresses and marks, and a GRO buffer still yields all its datagrams.
+#[test]
+fn one_slot_batches_receive_the_same() {
+    exchange_batches_into(true, true, "127.0.0.1:0", "127.0.0.2:0", Some(1));
+    exchange_batches_into(false, false, "127.0.0.1:0", "127.0.0.2:0", Some(1));
+    exchange_batches_into(true, true, "[::1]:0", "[::1]:0", Some(1));
 }
 
 #[test]

@@ -225,8 +225,8 @@ pub(crate) struct RecvResult {
     pub(crate) control_len: usize,
 }
 
-/// recvmmsg(2) without blocking: receives up to `results.len()` datagrams (at most
-/// [`MAX_BATCH`]), datagram `i` into `payload[i * slot_len ..][.. slot_len]`, its source address
+/// recvmmsg(2) (recvmsg(2) for one slot) without blocking: receives up to `results.len()`
+/// datagrams (at most [`MAX_BATCH`]), datagram `i` into `payload[i * slot_len ..][.. slot_len]`, its source address
 /// into `names[i]` and its control messages into `control[i]`. Returns how many arrived; `Ok(0)`
 /// when none was waiting (`EAGAIN`).
 pub(crate) fn recv_batch<const C: usize>(
@@ -269,18 +269,39 @@ pub(crate) fn recv_batch<const C: usize>(
         hdrs[i].write(h);
     }
     let rc = loop {
-        // SAFETY: the first n entries of hdrs are initialized; each points at a live name buffer
-        // of SOCKADDR_LEN bytes, one iovec covering a disjoint slot_len-byte slot of `payload`, and
-        // a live control buffer of C bytes, all borrowed mutably for this call. The kernel writes
-        // only within those lengths. A null timeout with MSG_DONTWAIT never blocks.
-        let rc = unsafe {
-            libc::recvmmsg(
-                fd.as_raw_fd(),
-                hdrs.as_mut_ptr().cast(),
-                n as libc::c_uint,
-                libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
-            )
+        let rc = if n == 1 {
+            // One slot: recvmsg(2), which costs less than recvmmsg(2) for one message (a
+            // caller polling an idle socket makes this call most).
+            // SAFETY: hdrs[0] is initialized (n == 1) and its msg_hdr points at a live name
+            // buffer of SOCKADDR_LEN bytes, one iovec over `payload`'s first slot_len bytes and
+            // a live control buffer of C bytes, borrowed mutably for this call; the kernel writes
+            // only within those lengths and updates the lengths and flags in msg_hdr.
+            let (h, got) = unsafe {
+                let h = hdrs[0].assume_init_mut();
+                let got = libc::recvmsg(fd.as_raw_fd(), &mut h.msg_hdr, libc::MSG_DONTWAIT);
+                (h, got)
+            };
+            if got >= 0 {
+                h.msg_len = got as libc::c_uint;
+                1
+            } else {
+                got as libc::c_int
+            }
+        } else {
+            // SAFETY: the first n entries of hdrs are initialized; each points at a live name
+            // buffer of SOCKADDR_LEN bytes, one iovec covering a disjoint slot_len-byte slot of
+            // `payload`, and a live control buffer of C bytes, all borrowed mutably for this
+            // call. The kernel writes only within those lengths. A null timeout with
+            // MSG_DONTWAIT never blocks.
+            unsafe {
+                libc::recvmmsg(
+                    fd.as_raw_fd(),
+                    hdrs.as_mut_ptr().cast(),
+                    n as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            }
         };
         if rc < 0 {
             let err = last_error();

@@ -27,8 +27,10 @@ use super::{FlushReport, Link, LinkError, RecvState};
 /// Most packets built and sent per round (one sendmmsg(2) call, or GSO trains of at most 64).
 pub const MAX_TX_BATCH: usize = 64;
 
-/// Slots of the receive batch a caller polling an idle socket uses.
-const IDLE_BATCH: usize = 4;
+/// Slots of the receive batch a caller polling an idle socket uses: one, received with
+/// recvmsg(2), the cheapest poll (a ping-pong's reply and ACK arrive as one GRO buffer; a
+/// full slot makes the next round use the whole batch).
+const IDLE_BATCH: usize = 1;
 
 /// Bytes of one transmit slot: the largest UDP payload the engine builds.
 const SLOT: usize = MAX_UDP_PAYLOAD;

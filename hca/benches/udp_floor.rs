@@ -1,0 +1,237 @@
+//! The kernel's share of `rdma-perf send-lat -s 8` on a UDP socket, with no transport engine:
+//! two processes exchange, per message, the datagrams that send-lat exchanges (an 8-byte RC
+//! SEND and the ACK of the peer's previous one: 24 + 20 bytes of UDP payload in one GSO train,
+//! IP_TOS / IP_TTL control messages, recvmmsg(2) with UDP_GRO and IP_RECVTOS) through
+//! [`UdpLink`] configured as [`hca::udp_device::UdpDevice`] configures it, and, for comparison,
+//! one 24-byte datagram per message through a plain nonblocking [`UdpSocket`] (the shape of
+//! `sockperf ping-pong --nonblocked`). Both ends poll with sched_yield(2) between empty polls,
+//! as rdma-perf does. Prints the half round trip of each, with both ends on one CPU and on two
+//! (`taskset`, when there are two CPUs).
+//!
+//! The difference between the two shapes is what an RC transport on a kernel UDP socket pays in
+//! the kernel whatever its own code costs (the ACK datagram above all); rdma-perf's send-lat less
+//! the `link` figure is what the engine and the device layer add.
+//!
+//! Run by hand: `cargo bench -p hca --bench udp_floor [-- ITERATIONS]` (default 50000).
+
+use std::io::{BufRead, BufReader, IoSlice};
+use std::net::{SocketAddr, UdpSocket};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hca::link::udp::{SendDatagram, UdpLink, UdpLinkConfig};
+use roce::ipv4::Ecn;
+
+/// Bytes of UDP payload of an 8-byte RC SEND ONLY: BTH 12, payload 8, ICRC 4.
+const SEND_LEN: usize = 24;
+/// Bytes of UDP payload of an RC ACKNOWLEDGE: BTH 12, AETH 4, ICRC 4.
+const ACK_LEN: usize = 20;
+/// No exchange waits longer than this for a message (the peer died).
+const STALL: Duration = Duration::from_secs(10);
+/// Messages exchanged before the clock starts.
+const WARMUP: u64 = 1000;
+
+/// One end of a ping-pong.
+trait End {
+    fn send(&mut self, to: SocketAddr);
+    /// Whether a message arrived (one poll, no waiting).
+    fn poll(&mut self) -> bool;
+}
+
+/// The RoCE shape through the link the device uses.
+struct LinkEnd {
+    link: UdpLink,
+    batch: hca::link::udp::RecvBatch,
+    src_port: Option<u16>,
+    bytes: [u8; SEND_LEN + ACK_LEN],
+}
+
+impl LinkEnd {
+    fn bind(local: SocketAddr) -> LinkEnd {
+        // As UdpDevice::open sets the link up (udp_device::open_udp_link) by default.
+        let mut c = UdpLinkConfig::new(local);
+        c.gso_ipv4 = true;
+        c.recv_buffer_bytes = Some(4 << 20);
+        c.send_buffer_bytes = Some(4 << 20);
+        c.src_ports = 4;
+        let link = UdpLink::bind(c).expect("bind the UDP link");
+        // One slot, as a caller-driven device polls when idle (udp_io::IDLE_BATCH).
+        let batch = link.new_recv_batch_of(1);
+        let src_port = link.src_ports().first().copied();
+        LinkEnd {
+            link,
+            batch,
+            src_port,
+            bytes: [0xa5; SEND_LEN + ACK_LEN],
+        }
+    }
+}
+
+impl End for LinkEnd {
+    fn send(&mut self, to: SocketAddr) {
+        let send = [IoSlice::new(&self.bytes[..SEND_LEN])];
+        let ack = [IoSlice::new(&self.bytes[SEND_LEN..])];
+        let d = |parts| SendDatagram {
+            src_port: self.src_port,
+            hop_limit: Some(64),
+            ecn: Ecn::NotEct,
+            ..SendDatagram::new(to, parts)
+        };
+        let train = [d(&send[..]), d(&ack[..])];
+        let k = if std::env::var_os("ONE").is_some() {
+            1
+        } else {
+            2
+        };
+        let sent = self.link.send(&train[..k]).expect("send");
+        assert_eq!(sent, k, "the socket buffer cannot be full in a ping-pong");
+    }
+
+    fn poll(&mut self) -> bool {
+        self.link.recv(&mut self.batch).expect("recv") > 0
+    }
+}
+
+/// One datagram per message on a plain socket.
+struct PlainEnd {
+    socket: UdpSocket,
+    buf: [u8; 2048],
+}
+
+impl PlainEnd {
+    fn bind(local: SocketAddr) -> PlainEnd {
+        let socket = UdpSocket::bind(local).expect("bind the UDP socket");
+        socket.set_nonblocking(true).expect("nonblocking");
+        PlainEnd {
+            socket,
+            buf: [0; 2048],
+        }
+    }
+}
+
+impl End for PlainEnd {
+    fn send(&mut self, to: SocketAddr) {
+        self.socket
+            .send_to(&self.buf[..SEND_LEN], to)
+            .expect("send_to");
+    }
+
+    fn poll(&mut self) -> bool {
+        self.socket.recv_from(&mut self.buf).is_ok()
+    }
+}
+
+/// Waits (polling, yielding between polls) for one message; `false` after [`STALL`].
+fn wait(end: &mut dyn End) -> bool {
+    let start = Instant::now();
+    let mut polls = 0u32;
+    loop {
+        if end.poll() {
+            return true;
+        }
+        polls += 1;
+        if polls % 1024 == 0 && start.elapsed() > STALL {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// A child process: `serve SHAPE ADDR` echoes until a stall; `ping SHAPE ADDR PEER N` prints
+/// the half round trip in microseconds.
+fn child(args: &[String]) {
+    let addr: SocketAddr = args[2].parse().expect("address");
+    let mut end: Box<dyn End> = match args[1].as_str() {
+        "link" => Box::new(LinkEnd::bind(addr)),
+        _ => Box::new(PlainEnd::bind(addr)),
+    };
+    if args[0] == "serve" {
+        let peer: SocketAddr = args[3].parse().expect("peer");
+        println!("ready");
+        while wait(end.as_mut()) {
+            end.send(peer);
+        }
+        return;
+    }
+    let peer: SocketAddr = args[3].parse().expect("peer");
+    let n: u64 = args[4].parse().expect("iterations");
+    let mut start = Instant::now();
+    for i in 0..WARMUP + n {
+        if i == WARMUP {
+            start = Instant::now();
+        }
+        end.send(peer);
+        if !wait(end.as_mut()) {
+            eprintln!("udp_floor: no answer from {peer} for {} s", STALL.as_secs());
+            std::process::exit(1);
+        }
+    }
+    println!(
+        "{:.2}",
+        start.elapsed().as_secs_f64() * 1e6 / n as f64 / 2.0
+    );
+}
+
+/// Runs one pair (server pinned to `cpus.0`, client to `cpus.1` when given) and returns the
+/// half round trip in microseconds.
+fn pair(shape: &str, n: u64, port: u16, cpus: Option<(u32, u32)>) -> Option<f64> {
+    let exe = std::env::current_exe().expect("own path");
+    let srv = format!("127.0.0.1:{port}");
+    let cli = format!("127.0.0.2:{port}");
+    let cmd = |cpu: Option<u32>| match cpu {
+        Some(c) => {
+            let mut k = Command::new("taskset");
+            k.arg("-c").arg(c.to_string()).arg(&exe);
+            k
+        }
+        None => Command::new(&exe),
+    };
+    let mut server = cmd(cpus.map(|c| c.0))
+        .args(["--floor-child", "serve", shape, &srv, &cli])
+        .stdout(Stdio::piped())
+        .spawn()
+        .ok()?;
+    let mut ready = String::new();
+    BufReader::new(server.stdout.take()?)
+        .read_line(&mut ready)
+        .ok()?;
+    let out = cmd(cpus.map(|c| c.1))
+        .args(["--floor-child", "ping", shape, &cli, &srv, &n.to_string()])
+        .output()
+        .ok()?;
+    // The server ends after its stall bound; no need to wait for it.
+    let _ = server.kill();
+    let _ = server.wait();
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = args.iter().position(|a| a == "--floor-child") {
+        child(&args[i + 1..]);
+        return;
+    }
+    let n: u64 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(50_000);
+    let two_cpus = std::thread::available_parallelism().is_ok_and(|c| c.get() >= 2)
+        && Command::new("taskset").arg("-V").output().is_ok();
+    let mut placements = vec![("unpinned", None)];
+    if two_cpus {
+        placements.push(("both ends on CPU 0", Some((0, 0))));
+        placements.push(("ends on CPUs 0 and 1", Some((0, 1))));
+    }
+    let mut port = 47000 + (std::process::id() % 1000) as u16 * 2;
+    println!("half round trip, us (mean of {n} messages; polling with sched_yield between polls)");
+    for (name, cpus) in placements {
+        port += 2;
+        let plain = pair("plain", n, port, cpus);
+        port += 2;
+        let link = pair("link", n, port, cpus);
+        match (plain, link) {
+            (Some(p), Some(l)) => println!(
+                "{name:>22}: plain 24-byte datagram {p:6.2}   send-lat's datagrams (SEND + ACK train) through UdpLink {l:6.2}   ratio {:.2}",
+                l / p
+            ),
+            _ => println!("{name:>22}: a run failed (plain {plain:?}, link {link:?})"),
+        }
+    }
+}
