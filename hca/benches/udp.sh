@@ -6,7 +6,8 @@
 #      identification is in the ICRC) and IPv6 (addresses on `lo`, UDP GSO/GRO on);
 #   2. `rdma-perf send-lat -s 8` t_typical vs `sockperf ping-pong` median half round trip
 #      (sockperf's smallest message is 14 bytes: -m 14), unpinned and then (2 CPUs or more, PIN
-#      unset) with each end pinned to its own CPU; and sockperf --nonblocked (busy polling);
+#      unset) with each end pinned to its own CPU and with both on one; sockperf --nonblocked
+#      (busy polling); and the kernel's share of send-lat (benches/udp_floor.rs);
 #   3. `rdma-perf write-bw -q 64` vs `-q 1` aggregate bandwidth.
 # Run by hand (not a test): `hca/benches/udp.sh [seconds-per-run]`. Needs root to install iperf3 /
 # sockperf (apt) when missing and to add two IPv6 addresses to `lo`. PIN=1 pins every server to
@@ -172,14 +173,24 @@ if [ "$CPUS" -ge 2 ] && [ -z "$SRV" ] && command -v taskset >/dev/null; then
     CLI="taskset -c 1"
     LATP=$(med perf_col 5 send-lat $IP4A $IP4B -s 8 -n 20000)
     SOCKP=$(med sockperf_median)
+    # Both ends on CPU 0: a blocking ping-pong's wake-up is then a context switch, its best
+    # case; rdma-perf's poller yields the CPU to the peer after each post.
+    CLI="taskset -c 0"
+    LATS=$(med perf_col 5 send-lat $IP4A $IP4B -s 8 -n 20000)
+    SOCKS=$(med sockperf_median)
     SRV=""
     CLI=""
     echo "   the same pinned (server CPU 0, client CPU 1): rdma-perf $LATP us   sockperf $SOCKP us   ratio $(ratio "$LATP" "$SOCKP")"
+    echo "   the same with both ends on CPU 0:             rdma-perf $LATS us   sockperf $SOCKS us   ratio $(ratio "$LATS" "$SOCKS")"
 fi
 # sockperf on non-blocking sockets polls in a loop, as rdma-perf (like perftest) polls its CQ:
 # the like-for-like comparison of the two stacks' per-message work.
 SOCKNB=$(med sockperf_median --nonblocked)
 echo "   sockperf --nonblocked (busy polling, unpinned): $SOCKNB us   rdma-perf / it $(ratio "$LAT" "$SOCKNB")"
+# The kernel's share: send-lat's datagrams (SEND + ACK, one GSO train) through the link with no
+# engine, against one datagram on a plain socket, both polled as rdma-perf polls.
+echo "   the kernel's share (cargo bench -p hca --bench udp_floor, means):"
+(cd "$ROOT" && cargo bench -q -p hca --bench udp_floor -- 50000 2>/dev/null) | sed -n '2,$s/^/   /p'
 
 # 3. 64 QPs vs 1.
 Q1=$(med perf_col 4 write-bw $IP4A $IP4B -s 65536 -q 1 -D "$SECS")
