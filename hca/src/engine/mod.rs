@@ -962,6 +962,13 @@ impl SoftHca {
         None
     }
 
+    /// The latest instant any input carried ([`Instant::ZERO`] before the first): a caller
+    /// holding an instant it read earlier passes `max` of the two to stay monotonic.
+    #[must_use]
+    pub fn latest_instant(&self) -> Instant {
+        self.last_now
+    }
+
     /// The time reached a deadline: local ACK timeouts retransmit or fail, RNR waits end.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.last_now = self.last_now.max(now);

@@ -153,7 +153,9 @@ impl<L: Link> Shared<L> {
         let mut fired = false;
         {
             let mut e = lock(&self.engine);
-            let now = now.unwrap_or_else(|| self.now());
+            // A clock read before the engine lock may be older than what another thread's round
+            // handed the engine meanwhile: never go back (timers would count from the past).
+            let now = now.map_or_else(|| self.now(), |n| n.max(e.latest_instant()));
             if waiting {
                 match io.link.deliver(|d| e.handle_datagram(now, d)) {
                     Ok(n) => out.received = n,

@@ -923,6 +923,9 @@ struct Poller {
 const SPIN: Duration = Duration::from_micros(50);
 /// Longest single sleep of a poller (it then checks its timeout).
 const BLOCK: Duration = Duration::from_millis(10);
+/// How long write-lat spins on its target byte before it checks only every millisecond (far
+/// above any round trip it measures).
+const NAP_AFTER: Duration = Duration::from_secs(1);
 /// Empty spinning polls between two reads of the clock: a read costs about a tenth of an
 /// empty poll, and [`SPIN`] and `--timeout` need no better than a few microseconds.
 const POLLS_PER_CLOCK: u32 = 8;
@@ -1349,8 +1352,15 @@ fn lat_write(p: &Params, res: &Res, rem: &PerftestDest, size: u64) -> Result<Str
                 if caller {
                     res.dev.progress();
                 }
-                std::thread::yield_now();
-                if since.elapsed() > p.timeout {
+                let idle = since.elapsed();
+                if idle > NAP_AFTER {
+                    // The peer is slow or gone: check every millisecond instead of spinning
+                    // until --timeout.
+                    std::thread::sleep(Duration::from_millis(1));
+                } else {
+                    std::thread::yield_now();
+                }
+                if idle > p.timeout {
                     return fail!(
                         "no RDMA WRITE from the peer for {} s (iteration {rcnt}): is it still \
                          running?",
