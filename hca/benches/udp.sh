@@ -2,12 +2,14 @@
 # Loopback benchmark of the software HCA on a kernel UDP socket against what a user would pick
 # instead, in one run, printed side by side with ratios (issue 4):
 #   1. `rdma-perf write-bw -s 65536` goodput vs raw kernel UDP (`iperf3 -u -b 0 -l <payload>`) at
-#      the same datagram payload (the path MTU's), over IPv4 (127.x, no UDP GSO: the IPv4
-#      identification is in the ICRC) and IPv6 (addresses on `lo`, UDP GSO/GRO on);
+#      the same datagram payload (the path MTU's), over IPv4 (127.x) and IPv6 (addresses on
+#      `lo`), UDP GSO/GRO on in both (UdpDeviceConfig::gso_ipv4: a train's IPv4 identifications
+#      are predicted for the ICRC);
 #   2. `rdma-perf send-lat -s 8` t_typical vs `sockperf ping-pong` median half round trip
 #      (sockperf's smallest message is 14 bytes: -m 14), unpinned and then (2 CPUs or more, PIN
 #      unset) with each end pinned to its own CPU and with both on one; sockperf --nonblocked
-#      (busy polling); and the kernel's share of send-lat (benches/udp_floor.rs);
+#      (busy polling); and the kernel's share of send-lat (benches/udp_floor.rs: the link's
+#      system calls with no engine against a plain socket's, medians of REPS runs);
 #   3. `rdma-perf write-bw -q 64` vs `-q 1` aggregate bandwidth.
 # Run by hand (not a test): `hca/benches/udp.sh [seconds-per-run]`. Needs root to install iperf3 /
 # sockperf (apt) when missing and to add two IPv6 addresses to `lo`. PIN=1 pins every server to
@@ -99,7 +101,6 @@ PY
 }
 
 gbits() { python3 -c "print(f'{float(\"$1\") * 1048576 * 8 / 1e9:.3f}')"; }
-# The median of the numbers given.
 # The median of the numbers given (a failed run's non-number is left out and reported).
 median() {
     python3 - "$@" <<'PY'
@@ -151,19 +152,19 @@ perf_pair write-bw $IP4A $IP4B -s 65536 -n 100 >/dev/null
 MTU4=$(grep -m1 "Mtu" "$WORK/cli.txt" | sed 's/[^0-9]//g')
 BW4=$(med perf_col 4 write-bw $IP4A $IP4B -s 65536 -D "$SECS")
 UDP4=$(med iperf_goodput $IP4A "$MTU4")
-echo "1. write-bw -s 65536 (IPv4, path MTU $MTU4, GSO/GRO):  rdma-perf $(gbits "$BW4") Gbit/s   iperf3 -u -b 0 -l $MTU4 $UDP4 Gbit/s   ratio $(ratio "$(gbits "$BW4")" "$UDP4")"
+echo "1. write-bw -s 65536 (IPv4, path MTU $MTU4, GSO/GRO):  rdma-perf $(gbits "$BW4") Gbit/s   iperf3 -u -b 0 -l $MTU4 $UDP4 Gbit/s   rdma-perf/iperf3 $(ratio "$(gbits "$BW4")" "$UDP4")"
 if [ "$HAVE_V6" -eq 1 ]; then
     perf_pair write-bw $V6A $V6B -s 65536 -n 100 >/dev/null
     MTU6=$(grep -m1 "Mtu" "$WORK/cli.txt" | sed 's/[^0-9]//g')
     BW6=$(med perf_col 4 write-bw $V6A $V6B -s 65536 -D "$SECS")
     UDP6=$(med iperf_goodput $V6A "$MTU6")
-    echo "   write-bw -s 65536 (IPv6, path MTU $MTU6, GSO/GRO):  rdma-perf $(gbits "$BW6") Gbit/s   iperf3 -u -b 0 -l $MTU6 $UDP6 Gbit/s   ratio $(ratio "$(gbits "$BW6")" "$UDP6")"
+    echo "   write-bw -s 65536 (IPv6, path MTU $MTU6, GSO/GRO):  rdma-perf $(gbits "$BW6") Gbit/s   iperf3 -u -b 0 -l $MTU6 $UDP6 Gbit/s   rdma-perf/iperf3 $(ratio "$(gbits "$BW6")" "$UDP6")"
 fi
 
 # 2. latency vs sockperf.
 LAT=$(med perf_col 5 send-lat $IP4A $IP4B -s 8 -n 20000)
 SOCK=$(med sockperf_median)
-echo "2. send-lat -s 8 t_typical: rdma-perf $LAT us   sockperf ping-pong -m 14 median $SOCK us   ratio $(ratio "$LAT" "$SOCK")"
+echo "2. send-lat -s 8 t_typical: rdma-perf $LAT us   sockperf ping-pong -m 14 median $SOCK us   rdma-perf/sockperf $(ratio "$LAT" "$SOCK")"
 if [ "$CPUS" -ge 2 ] && [ -z "$SRV" ] && command -v taskset >/dev/null; then
     # The same pair with the server on CPU 0 and the client on CPU 1, as latency benchmarks are
     # usually run: unpinned, the scheduler may put both ends of a blocking ping-pong (sockperf)
@@ -180,17 +181,17 @@ if [ "$CPUS" -ge 2 ] && [ -z "$SRV" ] && command -v taskset >/dev/null; then
     SOCKS=$(med sockperf_median)
     SRV=""
     CLI=""
-    echo "   the same pinned (server CPU 0, client CPU 1): rdma-perf $LATP us   sockperf $SOCKP us   ratio $(ratio "$LATP" "$SOCKP")"
-    echo "   the same with both ends on CPU 0:             rdma-perf $LATS us   sockperf $SOCKS us   ratio $(ratio "$LATS" "$SOCKS")"
+    echo "   the same pinned (server CPU 0, client CPU 1): rdma-perf $LATP us   sockperf $SOCKP us   rdma-perf/sockperf $(ratio "$LATP" "$SOCKP")"
+    echo "   the same with both ends on CPU 0:             rdma-perf $LATS us   sockperf $SOCKS us   rdma-perf/sockperf $(ratio "$LATS" "$SOCKS")"
 fi
 # sockperf on non-blocking sockets polls in a loop, as rdma-perf (like perftest) polls its CQ:
 # the like-for-like comparison of the two stacks' per-message work.
 SOCKNB=$(med sockperf_median --nonblocked)
-echo "   sockperf --nonblocked (busy polling, unpinned): $SOCKNB us   rdma-perf / it $(ratio "$LAT" "$SOCKNB")"
+echo "   sockperf --nonblocked (busy polling, unpinned): $SOCKNB us   rdma-perf/sockperf $(ratio "$LAT" "$SOCKNB")"
 # The kernel's share: send-lat's datagrams (SEND + ACK, one GSO train) through the link with no
 # engine, against one datagram on a plain socket, both polled as rdma-perf polls.
-echo "   the kernel's share (cargo bench -p hca --bench udp_floor, means):"
-(cd "$ROOT" && cargo bench -q -p hca --bench udp_floor -- 50000 2>/dev/null) | sed -n '2,$s/^/   /p'
+echo "   the link's system calls with no engine (cargo bench -p hca --bench udp_floor):"
+(cd "$ROOT" && cargo bench -q -p hca --bench udp_floor -- 50000 "$REPS" 2>/dev/null) | sed 's/^/   /'
 
 # 3. 64 QPs vs 1.
 Q1=$(med perf_col 4 write-bw $IP4A $IP4B -s 65536 -q 1 -D "$SECS")

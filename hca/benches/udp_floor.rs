@@ -1,18 +1,23 @@
 //! The kernel's share of `rdma-perf send-lat -s 8` on a UDP socket, with no transport engine:
 //! two processes exchange, per message, the datagrams that send-lat exchanges (an 8-byte RC
 //! SEND and the ACK of the peer's previous one: 24 + 20 bytes of UDP payload in one GSO train,
-//! IP_TOS / IP_TTL control messages, recvmmsg(2) with UDP_GRO and IP_RECVTOS) through
-//! [`UdpLink`] configured as [`hca::udp_device::UdpDevice`] configures it, and, for comparison,
-//! one 24-byte datagram per message through a plain nonblocking [`UdpSocket`] (the shape of
-//! `sockperf ping-pong --nonblocked`). Both ends poll with sched_yield(2) between empty polls,
-//! as rdma-perf does. Prints the half round trip of each, with both ends on one CPU and on two
-//! (`taskset`, when there are two CPUs).
+//! IP_TOS / IP_TTL control messages, a one-slot receive batch (recvmsg(2) with UDP_GRO,
+//! IP_RECVTOS and IP_RECVTTL), as an idle device polls) through [`UdpLink`] configured as
+//! [`hca::udp_device::UdpDevice`] configures it, and, for comparison, one 24-byte datagram per
+//! message through a plain nonblocking [`UdpSocket`] (sendto(2) / recvfrom(2), no control
+//! messages: the shape of `sockperf ping-pong --nonblocked`). Both ends poll with
+//! sched_yield(2) between empty polls, as rdma-perf does. Prints the half round trip of each,
+//! unpinned, with both ends on one CPU and on two (`taskset`, when there are two CPUs).
 //!
-//! The difference between the two shapes is what an RC transport on a kernel UDP socket pays in
-//! the kernel whatever its own code costs (the ACK datagram above all); rdma-perf's send-lat less
-//! the `link` figure is what the engine and the device layer add.
+//! The difference between the two shapes is what the link's system calls cost beyond a plain
+//! socket's before any transport code runs: the ACK datagram, the control messages and
+//! sendmmsg(2) / recvmsg(2), not told apart here (`ONE=1` in the environment sends the SEND
+//! alone, without the ACK, to show the ACK's share). rdma-perf's send-lat less the `link` figure
+//! is what the engine and the device layer add.
 //!
-//! Run by hand: `cargo bench -p hca --bench udp_floor [-- ITERATIONS]` (default 50000).
+//! Run by hand: `cargo bench -p hca --bench udp_floor [-- ITERATIONS [ROUNDS]]` (default 50000
+//! messages, 1 round). With several rounds the plain and link runs alternate and each figure is
+//! the median of the rounds' means (other load on the machine moves single runs a lot).
 
 use std::io::{BufRead, BufReader, IoSlice};
 use std::net::{SocketAddr, UdpSocket};
@@ -78,6 +83,7 @@ impl End for LinkEnd {
             ..SendDatagram::new(to, parts)
         };
         let train = [d(&send[..]), d(&ack[..])];
+        // ONE=1: the SEND alone, to show what the ACK datagram costs.
         let k = if std::env::var_os("ONE").is_some() {
             1
         } else {
@@ -211,7 +217,9 @@ fn main() {
         child(&args[i + 1..]);
         return;
     }
-    let n: u64 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(50_000);
+    let numbers: Vec<u64> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    let n = numbers.first().copied().unwrap_or(50_000);
+    let rounds = numbers.get(1).copied().unwrap_or(1).max(1);
     let two_cpus = std::thread::available_parallelism().is_ok_and(|c| c.get() >= 2)
         && Command::new("taskset").arg("-V").output().is_ok();
     let mut placements = vec![("unpinned", None)];
@@ -220,18 +228,50 @@ fn main() {
         placements.push(("ends on CPUs 0 and 1", Some((0, 1))));
     }
     let mut port = 47000 + (std::process::id() % 1000) as u16 * 2;
-    println!("half round trip, us (mean of {n} messages; polling with sched_yield between polls)");
+    let one = std::env::var_os("ONE").is_some();
+    let link_shape = if one {
+        "send-lat's SEND alone (ONE=1, no ACK) through UdpLink"
+    } else {
+        "send-lat's datagrams (SEND + ACK train) through UdpLink"
+    };
+    let each = if rounds > 1 {
+        format!("median of {rounds} runs, each the mean of {n} messages")
+    } else {
+        format!("mean of {n} messages")
+    };
+    println!("half round trip, us ({each}; polling with sched_yield between polls)");
     for (name, cpus) in placements {
-        port += 2;
-        let plain = pair("plain", n, port, cpus);
-        port += 2;
-        let link = pair("link", n, port, cpus);
-        match (plain, link) {
-            (Some(p), Some(l)) => println!(
-                "{name:>22}: plain 24-byte datagram {p:6.2}   send-lat's datagrams (SEND + ACK train) through UdpLink {l:6.2}   ratio {:.2}",
-                l / p
-            ),
-            _ => println!("{name:>22}: a run failed (plain {plain:?}, link {link:?})"),
+        let mut plain = Vec::new();
+        let mut link = Vec::new();
+        for _ in 0..rounds {
+            port += 2;
+            plain.extend(pair("plain", n, port, cpus));
+            port += 2;
+            link.extend(pair("link", n, port, cpus));
         }
+        match (median(&mut plain), median(&mut link)) {
+            (Some(p), Some(l)) if plain.len() as u64 == rounds && link.len() as u64 == rounds => {
+                println!(
+                    "{name:>22}: plain 24-byte datagram {p:6.2}   {link_shape} {l:6.2}   link/plain {:.2}",
+                    l / p
+                )
+            }
+            _ => println!(
+                "{name:>22}: a run failed ({} of {rounds} plain, {} of {rounds} link runs gave a figure)",
+                plain.len(),
+                link.len()
+            ),
+        }
+    }
+}
+
+/// The median of `v` (the mean of the middle two for an even count); `None` when empty.
+fn median(v: &mut [f64]) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    match v.len() {
+        0 => None,
+        l if l % 2 == 1 => Some(v[m]),
+        _ => Some((v[m - 1] + v[m]) / 2.0),
     }
 }

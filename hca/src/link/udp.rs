@@ -744,9 +744,9 @@ impl UdpLink {
         RecvBatch::new(slots.clamp(1, MAX_BATCH), slot, self.local)
     }
 
-    /// Receives what is waiting, without blocking: one recvmmsg(2) call of up to
-    /// `batch.capacity()` messages. Returns the number of datagrams now in `batch` (GRO buffers
-    /// split); 0 when nothing was waiting. The previous contents of `batch` are discarded.
+    /// Receives what is waiting, without blocking: one recvmmsg(2) call (recvmsg(2) for a
+    /// one-slot batch) of up to `batch.capacity()` messages. Returns the number of datagrams
+    /// now in `batch` (GRO buffers split); 0 when nothing was waiting. The previous contents of `batch` are discarded.
     /// Messages longer than a slot, with truncated control data or from a non-IP source are
     /// dropped and counted.
     ///
