@@ -10,13 +10,17 @@ use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use hca::link::udp::{DropHook, SendDatagram, UdpLink, UdpLinkConfig};
+use hca::link::udp::{DropDirections, DropHook, SendDatagram, UdpLink, UdpLinkConfig};
 use hca::link::LinkError;
 
 const N: u32 = 400;
 
 /// No drops, and the environment (which one test changes) is not read.
-const NONE: DropHook = DropHook { ppm: 0, seed: 0 };
+const NONE: DropHook = DropHook {
+    ppm: 0,
+    seed: 0,
+    directions: DropDirections::Both,
+};
 
 fn link(drop: DropHook) -> UdpLink {
     let mut c = UdpLinkConfig::new("127.0.0.1:0".parse().unwrap());
@@ -69,6 +73,7 @@ fn drops_on_send_at_the_rate_and_reproducibly() {
     let hook = DropHook {
         ppm: 200_000,
         seed: 42,
+        directions: DropDirections::Both,
     };
     let mut sets = Vec::new();
     for _ in 0..2 {
@@ -94,6 +99,7 @@ fn drops_on_send_at_the_rate_and_reproducibly() {
     let mut a = link(DropHook {
         ppm: 200_000,
         seed: 43,
+        directions: DropDirections::Both,
     });
     let mut b = link(NONE);
     assert_ne!(
@@ -109,6 +115,7 @@ fn drops_on_receive_and_counts() {
     let mut b = link(DropHook {
         ppm: 500_000,
         seed: 9,
+        directions: DropDirections::Both,
     });
     let got = run(&mut a, &mut b);
     let c = *b.counters();
@@ -126,6 +133,7 @@ fn no_hook_drops_nothing_and_all_drops_everything() {
     let mut a = link(DropHook {
         ppm: 1_000_000,
         seed: 1,
+        directions: DropDirections::Both,
     });
     let mut b = link(NONE);
     assert!(run(&mut a, &mut b).is_empty());
@@ -147,7 +155,8 @@ fn environment_sets_the_hook_and_bad_values_are_refused() {
         DropHook::from_env(),
         Ok(Some(DropHook {
             ppm: 1_000_000,
-            seed: 3
+            seed: 3,
+            directions: DropDirections::Both,
         }))
     );
     let l = bind(None).unwrap();
@@ -160,7 +169,12 @@ fn environment_sets_the_hook_and_bad_values_are_refused() {
     std::env::set_var(DropHook::PPM_VAR, "1000001");
     assert!(DropHook::from_env().is_err());
     // An explicit hook wins over the environment; rate 0 is no hook.
-    assert!(bind(Some(DropHook { ppm: 1, seed: 1 })).is_ok());
+    assert!(bind(Some(DropHook {
+        ppm: 1,
+        seed: 1,
+        directions: DropDirections::Both,
+    }))
+    .is_ok());
     std::env::set_var(DropHook::PPM_VAR, "1000000");
     let (mut a, mut b) = (link(NONE), link(NONE));
     assert_eq!(
@@ -168,8 +182,45 @@ fn environment_sets_the_hook_and_bad_values_are_refused() {
         N as usize,
         "rate 0 given: no drops"
     );
+    for (value, directions) in [
+        ("send", Some(DropDirections::Send)),
+        (" receive ", Some(DropDirections::Receive)),
+        ("both", Some(DropDirections::Both)),
+        ("sideways", None),
+    ] {
+        std::env::set_var(DropHook::DIRECTIONS_VAR, value);
+        match (DropHook::from_env(), directions) {
+            (Ok(Some(h)), Some(d)) => assert_eq!(h.directions, d, "{value}"),
+            (Err(e), None) => assert!(e.contains("ROCE_LINK_DROP_DIRECTIONS"), "{e}"),
+            other => panic!("{value}: {other:?}"),
+        }
+    }
+    std::env::remove_var(DropHook::DIRECTIONS_VAR);
     std::env::set_var(DropHook::PPM_VAR, "0");
     assert_eq!(DropHook::from_env(), Ok(None));
     std::env::remove_var(DropHook::PPM_VAR);
     std::env::remove_var(DropHook::SEED_VAR);
+}
+
+/// A hook for one direction drops only there: every datagram with a send-only hook on the
+/// sender, none with a receive-only one; the receiver's receive-only hook drops them all.
+#[test]
+fn directions_limit_what_is_dropped() {
+    let all = |directions| DropHook {
+        ppm: 1_000_000,
+        seed: 1,
+        directions,
+    };
+    let mut a = link(all(DropDirections::Send));
+    let mut b = link(NONE);
+    assert!(run(&mut a, &mut b).is_empty());
+    assert_eq!(a.counters().tx_hook_drops, u64::from(N));
+    let mut a = link(all(DropDirections::Receive));
+    let mut b = link(all(DropDirections::Send));
+    assert_eq!(run(&mut a, &mut b).len(), N as usize, "sent, and received");
+    assert_eq!(a.counters().tx_hook_drops + b.counters().rx_hook_drops, 0);
+    let mut a = link(NONE);
+    let mut b = link(all(DropDirections::Receive));
+    assert!(run(&mut a, &mut b).is_empty());
+    assert_eq!(b.counters().rx_hook_drops, u64::from(N));
 }

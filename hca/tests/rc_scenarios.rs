@@ -1042,3 +1042,111 @@ fn psns_wrap_at_2_24() {
     deliver(&mut f, &a, &ack[0], t_us(2));
     assert_eq!(poll(&mut f, &a)[0].status, WcStatus::Success);
 }
+
+/// A READ's responses are not acknowledged, so a requester bounds them itself: a READ longer
+/// than half the unacknowledged-PSN window goes out as READ requests of half the window each
+/// (aligned to its first PSN), the next when its responses fit the window with those still
+/// outstanding and `max_rd_atomic` has room (IBTA vol. 1 §9.7.4.1.4: a READ request for part of
+/// a READ's range, as a retried one is). The data and the single completion are the same.
+#[test]
+fn a_read_longer_than_half_the_window_is_requested_in_segments_two_at_a_time() {
+    let mut o = opts_with_psn(0xff_fffa); // the segments cross the PSN wrap
+    o.config.max_unacked_psns = 16;
+    let (mut f, a, b) = pair(&o);
+    const PMTU: u64 = 1024;
+    let len = 37 * PMTU as u32 + 100; // 38 packets: segments of 8, 8, 8, 8, 6
+    let data: Vec<u8> = (0..len).map(|i| (i * 13 + 7) as u8).collect();
+    b.write(8192, &data);
+    post_send(
+        &mut f,
+        &a,
+        &send_wr(
+            5,
+            &[a.sge(65536, len)],
+            SendOp::RdmaRead {
+                remote_addr: b.addr(8192),
+                rkey: b.mr.rkey(),
+            },
+        ),
+    );
+    let mut requests = Vec::new();
+    let mut now = 0;
+    loop {
+        now += 1;
+        let reqs = transmit(&mut f, &a, t_us(now));
+        if reqs.is_empty() {
+            break;
+        }
+        assert!(
+            reqs.len() <= 2,
+            "at most two segments outstanding: {}",
+            reqs.len()
+        );
+        for r in &reqs {
+            assert_eq!(r.opcode(), Opcode::RcRdmaReadRequest);
+            let reth = r.parsed().transport.ext.reth.unwrap();
+            requests.push((r.psn(), reth.virtual_address - b.addr(8192), reth.dma_len));
+            deliver(&mut f, &b, r, t_us(now));
+        }
+        now += 1;
+        let resps = transmit(&mut f, &b, t_us(now));
+        deliver_all(&mut f, &a, &resps, t_us(now));
+        assert!(requests.len() <= 5, "{requests:?}");
+    }
+    let psn = |k: u32| (0xff_fffa + 8 * k) & 0xff_ffff;
+    let k8 = |k: u64| 8 * k * PMTU;
+    assert_eq!(
+        requests,
+        [
+            (psn(0), 0, 8 * 1024),
+            (psn(1), k8(1), 8 * 1024),
+            (psn(2), k8(2), 8 * 1024),
+            (psn(3), k8(3), 8 * 1024),
+            (psn(4), k8(4), 5 * 1024 + 100),
+        ]
+    );
+    let wcs = poll(&mut f, &a);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(5, WcStatus::Success)]
+    );
+    assert_eq!(a.read(65536, len as usize), data);
+}
+
+/// With `max_rd_atomic` 1 the segments of a READ go one at a time: each is one READ request
+/// outstanding, and the initiator depth (ibv_modify_qp(3) `max_rd_atomic`) bounds outstanding
+/// READ requests, not WRs.
+#[test]
+fn read_segments_respect_max_rd_atomic() {
+    let mut o = opts_with_psn(100);
+    o.config.max_unacked_psns = 16;
+    o.max_rd_atomic = 1;
+    let (mut f, a, b) = pair(&o);
+    let len = 24 * 1024;
+    post_send(
+        &mut f,
+        &a,
+        &send_wr(
+            1,
+            &[a.sge(0, len)],
+            SendOp::RdmaRead {
+                remote_addr: b.addr(0),
+                rkey: b.mr.rkey(),
+            },
+        ),
+    );
+    let mut seen = Vec::new();
+    for now in 1..20 {
+        let reqs = transmit(&mut f, &a, t_us(2 * now));
+        if reqs.is_empty() {
+            break;
+        }
+        assert_eq!(reqs.len(), 1, "one READ request outstanding at a time");
+        seen.push(reqs[0].psn());
+        deliver(&mut f, &b, &reqs[0], t_us(2 * now));
+        let resps = transmit(&mut f, &b, t_us(2 * now + 1));
+        deliver_all(&mut f, &a, &resps, t_us(2 * now + 1));
+    }
+    assert_eq!(seen, [100, 108, 116]);
+    assert_eq!(poll(&mut f, &a).len(), 1);
+}

@@ -244,11 +244,12 @@ impl QpTransport {
         let offset = u64::from(index) * pmtu;
         let expected = u64::from(front.length).saturating_sub(offset).min(pmtu);
         let last = psn == front.last_psn;
-        // IBTA vol. 1 §9.7.5.2.7: FIRST / MIDDLE carry one PMTU, LAST / ONLY end the READ. A
-        // retried READ restarts the response at FIRST or ONLY, so those may appear mid-way.
+        // IBTA vol. 1 §9.7.5.2.7: FIRST / MIDDLE carry one PMTU, LAST / ONLY end a READ request:
+        // the WQE's, or one of its segments (module `requester`). A retried READ restarts the
+        // response at FIRST or ONLY, so those may appear mid-way.
         let position_ok = match pkt.info.position {
-            Position::Last | Position::Only => last,
-            Position::First | Position::Middle => !last,
+            Position::Last | Position::Only => front.ends_read_request(psn),
+            Position::First | Position::Middle => !front.ends_read_request(psn),
         };
         if pkt.payload.len() as u64 != expected || !position_ok {
             self.fail_front(env, WcStatus::BadRespErr);
@@ -269,6 +270,10 @@ impl QpTransport {
         self.comp.psn = psn.next();
         if last {
             self.finish_front(env);
+        } else if front.ends_read_request(psn) {
+            // A segment of the READ is in (module `requester`): its request is no longer
+            // outstanding.
+            self.req.rd_atomic = self.req.rd_atomic.saturating_sub(1);
         }
         self.on_progress(env);
         Ok(())

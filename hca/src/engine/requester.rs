@@ -15,6 +15,16 @@
 //! * a WQE with the FENCE flag waits until every RDMA READ and atomic before it has completed;
 //! * RC: no more than [`super::EngineConfig::max_unacked_psns`] PSNs are outstanding.
 //!
+//! An RDMA READ longer than half that window is asked for in segments: READ requests of at most
+//! half the window's packets each (`SendWqe::read_seg`, fixed when the WQE starts), aligned to
+//! its first PSN, the next one once its responses fit the window with those still outstanding
+//! (two segments in flight at most) and `max_rd_atomic` has room: each segment is one READ
+//! request outstanding, counted until the response that ends it. A READ's responses are not
+//! acknowledged, so this is what bounds them to the window the peer's receive buffer was sized
+//! for (a kernel UDP socket drops what overflows it, and a lost last response is only noticed at
+//! the local ACK timeout). Each segment is an ordinary READ request for part of the WQE's range,
+//! as a retried READ is (IBTA vol. 1 §9.7.4.1.4: PSN, address and length move together).
+//!
 //! AckReq policy (RC): set on the last packet of every message (and on every READ / atomic
 //! request, which are ONLY packets), on every [`super::EngineConfig::ack_req_every`]-th packet
 //! of a long message (rxe `RXE_MAX_PKT_PER_ACK`), and on the packet that fills the
@@ -64,6 +74,16 @@ pub(crate) fn num_packets(length: u32, pmtu: u32) -> u32 {
     } else {
         length.div_ceil(pmtu.max(1))
     }
+}
+
+/// Response packets the READ request at PSN `psn` of READ WQE `wqe` asks for: up to the end of
+/// the segment `psn` is in (see the module docs); at least 1.
+pub(crate) fn read_request_packets(wqe: &SendWqe, psn: Psn) -> u32 {
+    let seg = u64::from(wqe.read_seg.max(1));
+    let index = u64::from(wqe.first_psn.distance(psn));
+    let npkts = u64::from(wqe.first_psn.distance(wqe.last_psn)) + 1;
+    let end = ((index / seg + 1) * seg).min(npkts);
+    end.saturating_sub(index).max(1) as u32
 }
 
 /// The position of packet `index` of `count`.
@@ -204,6 +224,9 @@ impl QpTransport {
                         w.last_psn = first.wrapping_add(npkts - 1);
                         w.next_psn = first;
                         w.state = WqeState::InFlight;
+                        if wqe.opcode() == WrOpcode::RdmaRead {
+                            w.read_seg = (window / 2).max(1);
+                        }
                     }
                     self.req.psn = first.wrapping_add(npkts);
                     if wqe.is_read_or_atomic() {
@@ -224,8 +247,26 @@ impl QpTransport {
             if self.qp_type == QpType::Rc && fresh && self.comp.psn.distance(psn) >= window {
                 return TxResult::Nothing;
             }
+            // The next segment of a READ: when its responses fit the window with those still
+            // outstanding, and the initiator depth has room for one more READ request.
+            let continues_read =
+                wqe.opcode() == WrOpcode::RdmaRead && fresh && psn != wqe.first_psn;
+            let outstanding = self.comp.psn.distance(psn);
+            // (With nothing outstanding it always goes: the window may have shrunk below the
+            // segment since the WQE started.)
+            if continues_read
+                && ((outstanding > 0 && outstanding + read_request_packets(&wqe, psn) > window)
+                    || self.req.rd_atomic >= max_rd_atomic)
+            {
+                return TxResult::Nothing;
+            }
             return match self.build_request(env, &attr, &wqe, psn, out) {
                 Ok((tx, advance_to)) => {
+                    if continues_read {
+                        // One more READ request outstanding; the completer counts it off at the
+                        // response that ends it.
+                        self.req.rd_atomic += 1;
+                    }
                     if let Some(w) = self.sq.get_mut(i) {
                         w.next_psn = advance_to;
                     }
@@ -367,13 +408,15 @@ impl QpTransport {
             }
             SendOp::RdmaRead { remote_addr, rkey } => {
                 // A retried READ asks only for the responses not yet received (IBTA vol. 1
-                // §9.7.4.1.4): PSN, address and length move together.
+                // §9.7.4.1.4): PSN, address and length move together. Either asks up to the end
+                // of the segment `psn` is in (see the module docs).
+                let take = read_request_packets(wqe, psn);
                 ext.reth = Some(reth::Repr {
                     virtual_address: remote_addr.wrapping_add(offset),
                     rkey,
-                    dma_len: length.saturating_sub(offset) as u32,
+                    dma_len: length.saturating_sub(offset).min(u64::from(take) * pmtu) as u32,
                 });
-                advance_to = wqe.last_psn.next();
+                advance_to = psn.wrapping_add(take);
             }
             SendOp::AtomicCmpAndSwp {
                 remote_addr,

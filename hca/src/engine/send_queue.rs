@@ -55,6 +55,10 @@ pub(crate) struct SendWqe {
     pub(crate) last_psn: Psn,
     /// The next PSN the requester transmits for this WQE (`last_psn + 1` once all are sent).
     pub(crate) next_psn: Psn,
+    /// RDMA READ: response packets one READ request asks for at most, fixed when the WQE starts
+    /// (see [`super::requester`]); its requests end on multiples of it from `first_psn`. 0 for
+    /// other WQEs.
+    pub(crate) read_seg: u32,
 }
 
 impl SendWqe {
@@ -78,6 +82,14 @@ impl SendWqe {
     /// Whether every PSN of the WQE was transmitted at least once since the last retry.
     pub(crate) fn fully_sent(&self) -> bool {
         self.next_psn == self.last_psn.next()
+    }
+
+    /// RDMA READ: whether the response with PSN `psn` (one of the WQE's) ends a READ request:
+    /// the WQE's last PSN, or the last of a segment ([`SendWqe::read_seg`]). Such a response is
+    /// a LAST or ONLY; any other is a FIRST or MIDDLE.
+    pub(crate) fn ends_read_request(&self, psn: Psn) -> bool {
+        let seg = self.read_seg.max(1);
+        psn == self.last_psn || (self.first_psn.distance(psn) + 1) % seg == 0
     }
 
     /// Whether `psn` is one of the WQE's PSNs.
@@ -143,6 +155,7 @@ impl SendQueue {
             first_psn: Psn::ZERO,
             last_psn: Psn::ZERO,
             next_psn: Psn::ZERO,
+            read_seg: 0,
         });
     }
 

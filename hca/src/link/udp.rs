@@ -53,8 +53,9 @@
 //!
 //! # Fault injection
 //! [`UdpLinkConfig::drop`] (or, when that is `None`, the environment: `ROCE_LINK_DROP_PPM`
-//! datagrams per million, `ROCE_LINK_DROP_SEED`) makes the link drop a fixed share of the
-//! datagrams it receives and of those it is asked to send, chosen by a seeded generator: a lossy
+//! datagrams per million, `ROCE_LINK_DROP_SEED`, `ROCE_LINK_DROP_DIRECTIONS`) makes the link
+//! drop a fixed share of the datagrams it receives and of those it is asked to send (or of one
+//! kind only, [`DropDirections`]), chosen by a seeded generator: a lossy
 //! wire for tests against a peer this project does not control (Linux rxe in a QEMU guest, where
 //! the host has no netem). Dropped datagrams are counted ([`LinkCounters::rx_hook_drops`],
 //! [`LinkCounters::tx_hook_drops`]); a dropped send counts as sent to the caller. GSO and GRO are
@@ -180,15 +181,35 @@ pub struct UdpLinkConfig {
 }
 
 /// A seeded loss generator on a link (see the [module docs](self#fault-injection)): each
-/// datagram received or to be sent is dropped with probability `ppm` / 1 000 000, decided by a
-/// splitmix64 sequence from `seed` (one draw per datagram, receive and send in the order they
-/// happen), so a run with the same traffic drops the same datagrams.
+/// datagram received or to be sent (as `directions` says) is dropped with probability `ppm` /
+/// 1 000 000, decided by a splitmix64 sequence from `seed` (one draw per datagram of those
+/// directions, in the order they happen), so a run with the same traffic drops the same
+/// datagrams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DropHook {
     /// Datagrams dropped per million, 0 ..= 1 000 000.
     pub ppm: u32,
     /// Seed of the generator.
     pub seed: u64,
+    /// Which datagrams it may drop.
+    pub directions: DropDirections,
+}
+
+/// The datagrams a [`DropHook`] may drop.
+///
+/// Dropping only what is sent keeps a ping-pong against a peer that exits when it is done
+/// (`ibv_rc_pingpong`) deterministic: a dropped receive can be that peer's last ACK, which
+/// it never sends again once it has exited (its process is gone; the last requester's
+/// retransmissions then exhaust `retry_cnt`), while every datagram this end sends is
+/// retransmitted by this end or answered again by a peer still waiting for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropDirections {
+    /// Received and sent datagrams.
+    Both,
+    /// Only datagrams to be sent.
+    Send,
+    /// Only received datagrams.
+    Receive,
 }
 
 impl DropHook {
@@ -196,6 +217,8 @@ impl DropHook {
     pub const PPM_VAR: &'static str = "ROCE_LINK_DROP_PPM";
     /// The environment variable with the generator's seed (default 1).
     pub const SEED_VAR: &'static str = "ROCE_LINK_DROP_SEED";
+    /// The environment variable with the directions: `both` (default), `send` or `receive`.
+    pub const DIRECTIONS_VAR: &'static str = "ROCE_LINK_DROP_DIRECTIONS";
 
     /// The hook the environment asks for: `Ok(None)` when [`Self::PPM_VAR`] is unset, empty or 0.
     ///
@@ -223,7 +246,20 @@ impl DropHook {
                 .map_err(|_| "ROCE_LINK_DROP_SEED must be an unsigned 64-bit number")?,
             _ => 1,
         };
-        Ok(Some(DropHook { ppm, seed }))
+        let directions = match std::env::var(Self::DIRECTIONS_VAR) {
+            Ok(v) => match v.trim() {
+                "" | "both" => DropDirections::Both,
+                "send" => DropDirections::Send,
+                "receive" => DropDirections::Receive,
+                _ => return Err("ROCE_LINK_DROP_DIRECTIONS must be both, send or receive"),
+            },
+            Err(_) => DropDirections::Both,
+        };
+        Ok(Some(DropHook {
+            ppm,
+            seed,
+            directions,
+        }))
     }
 }
 
@@ -232,6 +268,7 @@ impl DropHook {
 struct Dropper {
     ppm: u64,
     state: u64,
+    directions: DropDirections,
 }
 
 impl Dropper {
@@ -239,7 +276,18 @@ impl Dropper {
         Dropper {
             ppm: u64::from(hook.ppm),
             state: hook.seed,
+            directions: hook.directions,
         }
+    }
+
+    /// Whether the next received datagram is dropped (a draw only if receives may be).
+    fn drop_received(&mut self) -> bool {
+        self.directions != DropDirections::Send && self.drop_next()
+    }
+
+    /// Whether the next datagram to send is dropped (a draw only if sends may be).
+    fn drop_sent(&mut self) -> bool {
+        self.directions != DropDirections::Receive && self.drop_next()
     }
 
     /// One draw: whether the next datagram is dropped (splitmix64, Steele, Lea and Flood 2014).
@@ -792,7 +840,7 @@ impl UdpLink {
             if let Some(drops) = c.drops {
                 self.counters.rx_kernel_drops = u64::from(drops);
             }
-            if self.dropper.as_mut().is_some_and(Dropper::drop_next) {
+            if self.dropper.as_mut().is_some_and(Dropper::drop_received) {
                 self.counters.rx_hook_drops += 1;
                 continue;
             }
@@ -916,7 +964,7 @@ impl UdpLink {
     fn next_tx_drop(&mut self, from: usize, len: usize) -> usize {
         match self.dropper.as_mut() {
             None => len,
-            Some(d) => (from..len).find(|_| d.drop_next()).unwrap_or(len),
+            Some(d) => (from..len).find(|_| d.drop_sent()).unwrap_or(len),
         }
     }
 
