@@ -12,7 +12,7 @@ mod common;
 use std::time::Instant;
 
 use common::*;
-use hca::{RecvWr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
+use hca::{SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
 
 fn main() {
     let iters: u64 = std::env::args()
@@ -29,16 +29,7 @@ fn main() {
     let mut wcs = [WorkCompletion::success(0, hca::WcOpcode::Send, 0, 0); 4];
     for p in [&a, &b] {
         for _ in 0..o.depth {
-            let sg = [p.sge(4096, 8)];
-            f.node_mut(p.node)
-                .post_recv(
-                    p.qpn,
-                    &RecvWr {
-                        wr_id: 1,
-                        sg_list: &sg,
-                    },
-                )
-                .unwrap();
+            post_recv(&mut f, p, 1, &[p.sge(4096, 8)]);
         }
     }
     let t0 = Instant::now();
@@ -76,16 +67,7 @@ fn main() {
                 assert_eq!(wc.status, WcStatus::Success);
                 if wc.opcode == hca::WcOpcode::Recv {
                     received += 1;
-                    let sg = [peer.sge(4096, 8)];
-                    f.node_mut(peer.node)
-                        .post_recv(
-                            peer.qpn,
-                            &RecvWr {
-                                wr_id: 1,
-                                sg_list: &sg,
-                            },
-                        )
-                        .unwrap();
+                    post_recv(&mut f, peer, 1, &[peer.sge(4096, 8)]);
                 }
             }
             if n < wcs.len() {
