@@ -4,8 +4,8 @@
 //! Every child is waited for with a safety deadline (then killed) so that a regression fails
 //! the test instead of hanging the suite; no assertion is about elapsed time.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::io::{BufRead, BufReader, Lines};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use collectives::UniqueId;
@@ -27,6 +27,22 @@ fn wait_bounded(mut child: Child) -> Output {
 
 fn coll_perf(args: &[&str]) -> Output {
     coll_perf_env(args, &[])
+}
+
+/// Reads `stdout` of a running coll-perf up to and including its table header (the line with
+/// "(elements)"), failing if it ends first; returns the lines after it.
+fn past_the_header(stdout: ChildStdout) -> Lines<BufReader<ChildStdout>> {
+    let mut lines = BufReader::new(stdout).lines();
+    let mut seen = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains("(elements)") {
+            return lines;
+        }
+    }
+    panic!("no table header in: {seen}");
 }
 
 fn text(b: &[u8]) -> String {
@@ -349,18 +365,7 @@ fn killed_rank_is_named(env: &[(&str, &str)]) {
         })
         .collect();
     // Rank 0 prints the table header just before the timed loop starts.
-    let stdout = children[0].stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    let mut seen = String::new();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        seen.push_str(&line);
-        seen.push('\n');
-        if line.contains("(elements)") {
-            break;
-        }
-    }
-    assert!(seen.contains("(elements)"), "{seen}");
+    let lines = past_the_header(children[0].stdout.take().unwrap());
     std::thread::sleep(Duration::from_millis(200));
     children[1].kill().unwrap();
     children[1].wait().unwrap();
@@ -671,17 +676,7 @@ fn ranks_die_with_the_launcher() {
             .spawn()
             .unwrap();
         // Rank 0 prints the table header once every rank has joined.
-        let mut lines = BufReader::new(launcher.stdout.take().unwrap()).lines();
-        let mut seen = String::new();
-        for line in lines.by_ref() {
-            let line = line.unwrap();
-            seen.push_str(&line);
-            seen.push('\n');
-            if line.contains("(elements)") {
-                break;
-            }
-        }
-        assert!(seen.contains("(elements)"), "{seen}");
+        let lines = past_the_header(launcher.stdout.take().unwrap());
         let drain = std::thread::spawn(move || for _ in lines {});
         let ranks = children_of(launcher.id());
         assert_eq!(ranks.len(), 3, "the launcher's children: {ranks:?}");

@@ -29,6 +29,24 @@ fn write(
     )
 }
 
+/// The READ twin of [`write`]: `local.1` bytes from `remote_off` of `remote` into `local.0`.
+fn read(
+    p: &Peer,
+    wr_id: u64,
+    local: (u64, u32),
+    remote: &Peer,
+    remote_off: u64,
+) -> (u64, Vec<hca::Sge>, SendOp) {
+    (
+        wr_id,
+        vec![p.sge(local.0, local.1)],
+        SendOp::RdmaRead {
+            remote_addr: remote.addr(remote_off),
+            rkey: remote.mr.rkey(),
+        },
+    )
+}
+
 fn post(f: &mut hca::fabric::Fabric, p: &Peer, (wr_id, sg, op): (u64, Vec<hca::Sge>, SendOp)) {
     post_send(f, p, &send_wr(wr_id, &sg, op));
 }
@@ -54,18 +72,7 @@ fn duplicate_write_after_read_is_acked_with_the_writes_psn_not_the_reads() {
     assert_eq!(ack.len(), 1);
     assert_eq!(ack[0].psn(), 30);
     deliver(&mut f, &a, &ack[0], t_us(2));
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            2,
-            &[a.sge(4096, 64)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, read(&a, 2, (4096, 64), &b, 0));
     let r = transmit(&mut f, &a, t_us(2));
     assert_eq!((r[0].psn(), r[0].opcode()), (31, Opcode::RcRdmaReadRequest));
     deliver(&mut f, &b, &r[0], t_us(3));
@@ -100,18 +107,7 @@ fn read_replayed_during_a_multi_packet_write_does_not_reset_the_write() {
     let data: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
     a.write(0, &data);
     b.write(50_000, &[0xab; 64]);
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(10_000, 64)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(50_000),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, read(&a, 1, (10_000, 64), &b, 50_000));
     post(&mut f, &a, write(&a, 2, (0, 3000), &b, 0));
     let pkts = transmit(&mut f, &a, t_us(0));
     let ops: Vec<_> = pkts.iter().map(|p| (p.psn(), p.opcode())).collect();
@@ -570,18 +566,7 @@ fn reth_dma_length_over_2_31_is_nakked_as_an_invalid_request() {
 #[test]
 fn read_outside_the_region_is_rem_access_err() {
     let (mut f, a, b) = pair(&Opts::default());
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, 64)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(b.mr.length() - 32),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, read(&a, 1, (0, 64), &b, b.mr.length() - 32));
     let wcs = run_for_completions(&mut f, &a, 1, Duration::from_millis(5));
     assert_eq!(wcs[0].status, WcStatus::RemAccessErr);
 }
@@ -801,18 +786,7 @@ fn local_invalidate_invalidates_the_key_locally() {
 #[test]
 fn fence_waits_for_earlier_reads() {
     let (mut f, a, b) = pair(&Opts::default());
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, 8)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, read(&a, 1, (0, 8), &b, 0));
     let (id, sg, op) = write(&a, 2, (0, 8), &b, 0);
     let mut wr = send_wr(id, &sg, op);
     wr.send_flags |= hca::SendFlags::FENCE;
@@ -834,18 +808,7 @@ fn max_rd_atomic_limits_outstanding_reads() {
     };
     let (mut f, a, b) = pair(&o);
     for i in 0..4 {
-        post_send(
-            &mut f,
-            &a,
-            &send_wr(
-                i,
-                &[a.sge(i * 8, 8)],
-                SendOp::RdmaRead {
-                    remote_addr: b.addr(0),
-                    rkey: b.mr.rkey(),
-                },
-            ),
-        );
+        post(&mut f, &a, read(&a, i, (i * 8, 8), &b, 0));
     }
     let first = transmit(&mut f, &a, t_us(0));
     assert_eq!(first.len(), 2);
@@ -1057,18 +1020,7 @@ fn a_read_longer_than_half_the_window_is_requested_in_segments_two_at_a_time() {
     let len = 37 * PMTU as u32 + 100; // 38 packets: segments of 8, 8, 8, 8, 6
     let data: Vec<u8> = (0..len).map(|i| (i * 13 + 7) as u8).collect();
     b.write(8192, &data);
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            5,
-            &[a.sge(65536, len)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(8192),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, read(&a, 5, (65536, len), &b, 8192));
     let mut requests = Vec::new();
     let mut now = 0;
     loop {
@@ -1123,18 +1075,7 @@ fn read_segments_respect_max_rd_atomic() {
     o.max_rd_atomic = 1;
     let (mut f, a, b) = pair(&o);
     let len = 24 * 1024;
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, len)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, read(&a, 1, (0, len), &b, 0));
     let mut seen = Vec::new();
     for now in 1..20 {
         let reqs = transmit(&mut f, &a, t_us(2 * now));

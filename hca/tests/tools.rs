@@ -72,6 +72,14 @@ fn run(bin: &str, args: &[&str]) -> (Output, Duration) {
     (out, start.elapsed())
 }
 
+/// `rdma-perf write-bw --link LINK -p PORT --timeout 1 [SERVER]`: a server (no `server`) or a
+/// client that gives up after one second without its peer.
+fn write_bw_for_1s(link: &str, port: &str, server: Option<&str>) -> (Output, Duration) {
+    let mut args = vec!["write-bw", "--link", link, "-p", port, "--timeout", "1"];
+    args.extend(server);
+    run(PERF, &args)
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -402,10 +410,7 @@ fn peer_not_there_fails_within_the_timeout() {
     }
     // A server nobody connects to gives up too.
     let link = format!("udp:{b}");
-    let (out, _) = run(
-        PERF,
-        &["write-bw", "--link", &link, "-p", &port, "--timeout", "1"],
-    );
+    let (out, _) = write_bw_for_1s(&link, &port, None);
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("no client"), "{err}");
@@ -662,19 +667,7 @@ fn wrong_gid_index_and_unreachable_server() {
     assert!(err.contains("no GID at index 5"), "{err}");
     // 192.0.2.1 (TEST-NET-1) answers no TCP connection: refused, unreachable or silent, the
     // client gives up within its timeout and names the server.
-    let (out, took) = run(
-        PERF,
-        &[
-            "write-bw",
-            "--link",
-            &link,
-            "-p",
-            &port,
-            "--timeout",
-            "1",
-            "192.0.2.1",
-        ],
-    );
+    let (out, took) = write_bw_for_1s(&link, &port, Some("192.0.2.1"));
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("192.0.2.1"), "{err}");
@@ -803,10 +796,7 @@ fn server_on_a_busy_port_prints_no_banner() {
     let port = l.local_addr().unwrap().port().to_string();
     let (a, _) = addresses();
     let link = format!("udp:{a}");
-    let (out, _) = run(
-        PERF,
-        &["write-bw", "--link", &link, "-p", &port, "--timeout", "1"],
-    );
+    let (out, _) = write_bw_for_1s(&link, &port, None);
     let (so, err) = (text(&out.stdout), text(&out.stderr));
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("Address already in use"), "{err}");
@@ -867,19 +857,7 @@ fn client_before_server_says_so_and_connects() {
     let (a, _) = addresses();
     let link = format!("udp:{a}");
     let port = free_port().to_string();
-    let (out, _) = run(
-        PERF,
-        &[
-            "write-bw",
-            "--link",
-            &link,
-            "-p",
-            &port,
-            "--timeout",
-            "1",
-            "127.0.0.1",
-        ],
-    );
+    let (out, _) = write_bw_for_1s(&link, &port, Some("127.0.0.1"));
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     let lines: Vec<&str> = err.trim_end().lines().collect();

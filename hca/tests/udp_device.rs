@@ -262,12 +262,23 @@ fn pair(a_addr: &str, b_addr: &str, progress: Progress, qp_type: QpType, c: Conn
     pair_of(open(a_addr, progress), open(b_addr, progress), qp_type, c)
 }
 
-/// [`pair`] of two open devices.
-fn pair_of(da: UdpDevice, db: UdpDevice, qp_type: QpType, c: Conn) -> (Side, Side) {
+/// Tells each device the other's UDP port (tests bind port 0).
+fn tell_ports(da: &UdpDevice, db: &UdpDevice) {
     da.set_peer_port(db.local_addr().ip(), db.local_addr().port());
     db.set_peer_port(da.local_addr().ip(), da.local_addr().port());
+}
+
+/// One QP of `qp_type` on each device (told each other's port), not connected yet.
+fn sides(da: UdpDevice, db: UdpDevice, qp_type: QpType) -> (Side, Side) {
+    tell_ports(&da, &db);
     let a = Side::new(Arc::new(da), qp_type, 0x10_0000);
     let b = Side::new(Arc::new(db), qp_type, 0x7700_0000);
+    (a, b)
+}
+
+/// [`pair`] of two open devices.
+fn pair_of(da: UdpDevice, db: UdpDevice, qp_type: QpType, c: Conn) -> (Side, Side) {
+    let (a, b) = sides(da, db, qp_type);
     bring_up(&a, &b, 0x100, 0xff_fff0, qp_type, c);
     bring_up(&b, &a, 0xff_fff0, 0x100, qp_type, c);
     (a, b)
@@ -726,8 +737,7 @@ fn several_threads_post_and_poll_one_device() {
     // the others do the same on the same devices.
     let da = Arc::new(open("127.0.0.17", Progress::Thread));
     let db = Arc::new(open("127.0.0.18", Progress::Thread));
-    da.set_peer_port(db.local_addr().ip(), db.local_addr().port());
-    db.set_peer_port(da.local_addr().ip(), da.local_addr().port());
+    tell_ports(&da, &db);
     std::thread::scope(|s| {
         for t in 0..4u64 {
             let (da, db) = (da.clone(), db.clone());
@@ -1091,10 +1101,7 @@ fn close_sends_the_held_ack() {
     // Far longer than the test: only `close` can send the ACK.
     c.engine.ack_delay = Duration::from_secs(600);
     let db = UdpDevice::open(c).unwrap();
-    da.set_peer_port(db.local_addr().ip(), db.local_addr().port());
-    db.set_peer_port(da.local_addr().ip(), da.local_addr().port());
-    let a = Side::new(Arc::new(da), QpType::Rc, 0x10_0000);
-    let b = Side::new(Arc::new(db), QpType::Rc, 0x7700_0000);
+    let (a, b) = sides(da, db, QpType::Rc);
     // Local ACK timeout 4.096 us * 2^14 = 67 ms, one retry: without the ACK, RETRY_EXC_ERR
     // after about 134 ms.
     let conn = Conn {
@@ -1172,8 +1179,7 @@ fn through_full_sending_sockets(close_while_full: bool) {
             let mut c = UdpDeviceConfig::new(ip(b_addr));
             c.port = 0;
             let db = UdpDevice::open(c).unwrap();
-            da.set_peer_port(db.local_addr().ip(), db.local_addr().port());
-            db.set_peer_port(da.local_addr().ip(), da.local_addr().port());
+            tell_ports(&da, &db);
             let (da, db) = (Arc::new(da), Arc::new(db));
             const LEN: usize = 64 << 10;
             let pairs: Vec<(Side, Side)> = (0..8u64)
@@ -1263,10 +1269,7 @@ fn through_full_sending_sockets(close_while_full: bool) {
 fn cnps_leave_from_the_links_ports() {
     let da = open("::1", Progress::Thread);
     let db = open("::1", Progress::Thread);
-    da.set_peer_port(db.local_addr().ip(), db.local_addr().port());
-    db.set_peer_port(da.local_addr().ip(), da.local_addr().port());
-    let a = Side::new(Arc::new(da), QpType::Rc, 0x10_0000);
-    let b = Side::new(Arc::new(db), QpType::Rc, 0x7700_0000);
+    let (a, b) = sides(da, db, QpType::Rc);
     let ce = Conn {
         traffic_class: 0x03,
         ..Conn::default()

@@ -310,20 +310,13 @@ impl Op<'_> {
                 Ok(())
             });
         };
-        let (desc, timeout) = (self.send_desc, self.timeout);
-        let te = move |source| CollError::Transport { op: desc, source };
-        let side = &mut self.sends[peer];
-        let conn = side.conn().map_err(te)?;
         let region = io.input.unwrap_or(src);
         // SAFETY: `src` is the input of an out-of-place operation: the communicator method that
         // runs this operation borrows it immutably until it returns, and it returns only after
         // `Op::drain` (which drains every connector) succeeded or, on an error, after
         // `Communicator::abort` aborted every connector; either waits for or cancels every read
         // of `src` (the contract of `post_from`).
-        unsafe { conn.post_from(src, region, chunk as u16, &desc, timeout) }.map_err(te)?;
-        side.sent += 1;
-        side.dirty = true;
-        Ok(())
+        unsafe { self.post_in_place(peer, chunk, src, region) }
     }
 
     /// Sends output range `r` of `io`, which must be finished (see [`Io`]: it is sealed, and
@@ -338,10 +331,6 @@ impl Op<'_> {
         io: &mut Io<'_>,
         r: Range<usize>,
     ) -> Result<(), CollError> {
-        let (desc, timeout) = (self.send_desc, self.timeout);
-        let te = move |source| CollError::Transport { op: desc, source };
-        let side = &mut self.sends[peer];
-        let conn = side.conn().map_err(te)?;
         let (src, region) = io.seal_output(r);
         // SAFETY: `src` lies in the operation's output, which the communicator method that runs
         // this operation borrows mutably until it returns, and it returns only after
@@ -349,6 +338,28 @@ impl Op<'_> {
         // every connector was aborted; either waits for or cancels every read of `src`. Until
         // then nothing writes `src`: `Io` hands out no write to a sealed range (the invariant
         // documented at `Io`, asserted in debug builds), and the caller's buffer is borrowed.
+        unsafe { self.post_in_place(peer, chunk, src, region) }
+    }
+
+    /// Sends `src` (inside `region`, the buffer it belongs to) to `peer` as chunk `chunk` from
+    /// where it lies ([`SendConnector::post_from`](crate::transport::SendConnector::post_from)), and
+    /// counts the send.
+    ///
+    /// # Safety
+    /// As `post_from`: `src` stays alive and unwritten until this operation's connectors are
+    /// drained or aborted.
+    unsafe fn post_in_place(
+        &mut self,
+        peer: usize,
+        chunk: usize,
+        src: &[u8],
+        region: &[u8],
+    ) -> Result<(), CollError> {
+        let (desc, timeout) = (self.send_desc, self.timeout);
+        let te = move |source| CollError::Transport { op: desc, source };
+        let side = &mut self.sends[peer];
+        let conn = side.conn().map_err(te)?;
+        // SAFETY: this function's own contract, passed on.
         unsafe { conn.post_from(src, region, chunk as u16, &desc, timeout) }.map_err(te)?;
         side.sent += 1;
         side.dirty = true;
