@@ -49,6 +49,9 @@ struct LinkEnd {
     batch: hca::link::udp::RecvBatch,
     src_port: Option<u16>,
     bytes: [u8; SEND_LEN + ACK_LEN],
+    /// Datagrams per message: 2 (SEND + ACK), or 1 with `ONE=1` (the SEND alone, to show what
+    /// the ACK datagram costs). Read once here, not on the measured path.
+    datagrams: usize,
 }
 
 impl LinkEnd {
@@ -68,6 +71,11 @@ impl LinkEnd {
             batch,
             src_port,
             bytes: [0xa5; SEND_LEN + ACK_LEN],
+            datagrams: if std::env::var_os("ONE").is_some() {
+                1
+            } else {
+                2
+            },
         }
     }
 }
@@ -83,12 +91,7 @@ impl End for LinkEnd {
             ..SendDatagram::new(to, parts)
         };
         let train = [d(&send[..]), d(&ack[..])];
-        // ONE=1: the SEND alone, to show what the ACK datagram costs.
-        let k = if std::env::var_os("ONE").is_some() {
-            1
-        } else {
-            2
-        };
+        let k = self.datagrams;
         let sent = self.link.send(&train[..k]).expect("send");
         assert_eq!(sent, k, "the socket buffer cannot be full in a ping-pong");
     }
