@@ -40,9 +40,9 @@ use rand::{RngExt, SeedableRng};
 use roce::ipv4::Ecn;
 use roce::Gid;
 
-use crate::device::Device;
 use crate::engine::{Datagram, EngineConfig, Instant, SoftHca, IPV4_IDENT, MAX_UDP_PAYLOAD};
-use crate::gid::{GidEntry, GidType};
+use crate::verbs::device::Device;
+use crate::verbs::gid::{GidEntry, GidType};
 
 /// Fault probabilities (each in `0.0..=1.0`, per packet) and delays.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -64,49 +64,33 @@ extern crate alloc;
 #[cfg(all(test, not(feature = "std")))]
 extern crate std;
 
-pub mod ah;
-pub mod context;
-pub mod cq;
-pub mod device;
 pub mod engine;
-pub mod error;
-pub mod event;
 #[cfg(feature = "fabric")]
 pub mod fabric;
-pub mod gid;
 #[cfg(feature = "std")]
 pub mod ibverbs;
 #[cfg(feature = "std")]
 pub mod link;
-pub mod mr;
-pub mod pd;
-pub mod qp;
-pub mod recv_queue;
-pub mod srq;
-pub mod table;
 #[cfg(feature = "std")]
 pub mod udp_device;
-#[cfg(feature = "std")]
 pub mod verbs;
-pub mod wc;
-pub mod wr;
 
-pub use ah::{AddressHandle, AhAttr, AhHandle};
-pub use context::Context;
-pub use cq::{CompletionQueue, CqHandle};
-pub use device::{AtomicCap, Device, DeviceAttr, PathMtu, PortAttr, PortState};
 pub use engine::{
     Counters, Datagram, DiagRecord, DropReason, EngineConfig, Instant, RateControl, SoftHca,
     Transmit,
 };
-pub use error::{errno, Cause, KeyError, KeyErrorKind, VerbsError};
-pub use event::{AsyncEvent, AsyncEventType, EventElement};
-pub use gid::{Gid, GidEntry, GidTable, GidType};
-pub use mr::{AccessFlags, MemoryRegion, MrTable};
-pub use pd::{Pd, PdHandle};
-pub use qp::{ModifyOutcome, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType};
-pub use recv_queue::{RecvQueue, RecvWqe};
-pub use srq::{Srq, SrqAttr, SrqAttrMask, SrqHandle};
-pub use table::Handle;
-pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{RecvWr, SendFlags, SendOp, SendWr, SendWrInfo, Sge, UdDest, WrOpcode};
+pub use verbs::ah::{AddressHandle, AhAttr, AhHandle};
+pub use verbs::context::Context;
+pub use verbs::cq::{CompletionQueue, CqHandle};
+pub use verbs::device::{AtomicCap, Device, DeviceAttr, PathMtu, PortAttr, PortState};
+pub use verbs::error::{errno, Cause, KeyError, KeyErrorKind, VerbsError};
+pub use verbs::event::{AsyncEvent, AsyncEventType, EventElement};
+pub use verbs::gid::{Gid, GidEntry, GidTable, GidType};
+pub use verbs::mr::{AccessFlags, MemoryRegion, MrTable};
+pub use verbs::pd::{Pd, PdHandle};
+pub use verbs::qp::{ModifyOutcome, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType};
+pub use verbs::recv_queue::{RecvQueue, RecvWqe};
+pub use verbs::srq::{Srq, SrqAttr, SrqAttrMask, SrqHandle};
+pub use verbs::table::Handle;
+pub use verbs::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use verbs::wr::{RecvWr, SendFlags, SendOp, SendWr, SendWrInfo, Sge, UdDest, WrOpcode};

@@ -1879,7 +1879,7 @@ fn ud_destination_qpn_over_24_bits_is_refused() {
         1,
         &sg,
         SendOp::UdSend {
-            dest: hca::wr::UdDest {
+            dest: hca::verbs::wr::UdDest {
                 ah,
                 remote_qpn: 1 << 24,
                 remote_qkey: 0x1111_1111,

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use hca::event::AsyncEventType;
+use hca::verbs::event::AsyncEventType;
 use hca::{QpState, SendOp, WcOpcode, WcStatus};
 use roce::aeth::{NakCode, Syndrome};
 use roce::Opcode;

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use common::*;
-use hca::ah::AhAttr;
+use hca::verbs::ah::AhAttr;
 use hca::{Gid, QpState, QpType, SendOp, UdDest, WcFlags, WcOpcode, WcStatus};
 use roce::Opcode;
 

@@ -261,7 +261,7 @@ fn uc_and_ud_sends_are_copied_because_they_complete_when_built() {
                 .node_mut(a.node)
                 .create_ah(
                     a.pd,
-                    &hca::ah::AhAttr {
+                    &hca::verbs::ah::AhAttr {
                         dgid: hca::Gid::from(b.ip),
                         sgid_index: 2,
                         hop_limit: 64,
@@ -271,7 +271,7 @@ fn uc_and_ud_sends_are_copied_because_they_complete_when_built() {
                 )
                 .unwrap();
             SendOp::UdSend {
-                dest: hca::wr::UdDest {
+                dest: hca::verbs::wr::UdDest {
                     ah,
                     remote_qpn: b.qpn,
                     remote_qkey: 0x1111_1111,

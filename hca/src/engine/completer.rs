@@ -29,7 +29,7 @@ use super::counters::{bump, DropReason};
 use super::recv::RxPacket;
 use super::send_queue::WqeState;
 use super::transport::{Env, QpTransport};
-use crate::wc::WcStatus;
+use crate::verbs::wc::WcStatus;
 
 /// What retiring acknowledged WQEs found.
 enum Retire {
@@ -234,7 +234,7 @@ impl QpTransport {
         pkt: &RxPacket<'_>,
         front: &super::send_queue::SendWqe,
     ) -> Result<(), DropReason> {
-        if !front.is_read_or_atomic() || front.opcode() != crate::wr::WrOpcode::RdmaRead {
+        if !front.is_read_or_atomic() || front.opcode() != crate::verbs::wr::WrOpcode::RdmaRead {
             self.fail_front(env, WcStatus::BadRespErr);
             return Ok(());
         }
@@ -289,7 +289,8 @@ impl QpTransport {
     ) -> Result<(), DropReason> {
         let is_atomic = matches!(
             front.opcode(),
-            crate::wr::WrOpcode::AtomicCmpAndSwp | crate::wr::WrOpcode::AtomicFetchAndAdd
+            crate::verbs::wr::WrOpcode::AtomicCmpAndSwp
+                | crate::verbs::wr::WrOpcode::AtomicFetchAndAdd
         );
         let Some(ack) = pkt.ext.atomic_ack_eth.filter(|_| is_atomic) else {
             self.fail_front(env, WcStatus::BadRespErr);
@@ -355,7 +356,7 @@ impl QpTransport {
             return;
         }
         // IBTA vol. 1 §9.7.5.2.8: rnr_retry 7 means retry forever.
-        if rnr_retry != crate::qp::MAX_RETRY {
+        if rnr_retry != crate::verbs::qp::MAX_RETRY {
             if self.comp.rnr_left == 0 {
                 bump!(env.counters.retry_rnr_exceeded_err);
                 self.fail_front(env, WcStatus::RnrRetryExcErr);

@@ -11,7 +11,7 @@ use alloc::collections::VecDeque;
 
 use super::counters::DropReason;
 use super::time::Instant;
-use crate::wc::WcStatus;
+use crate::verbs::wc::WcStatus;
 
 /// Most records kept unread; older ones are dropped (and counted) beyond it.
 pub const MAX_PENDING_DIAGS: usize = 256;

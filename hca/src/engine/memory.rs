@@ -1,6 +1,6 @@
 //! The memory behind memory regions, and the copies between it and packets.
 //!
-//! The object model ([`crate::mr`]) knows an MR's keys, PD, access rights and I/O virtual address
+//! The object model ([`crate::verbs::mr`]) knows an MR's keys, PD, access rights and I/O virtual address
 //! range; this module attaches the bytes: a [`gpu_p2p::Memory`] (host pages, GPU memory) and the
 //! offset in it where the MR's first byte lives. The engine never holds a Rust reference into
 //! registered memory: a peer may write it at any moment, so every access is a copy through the
@@ -13,10 +13,10 @@ use alloc::vec::Vec;
 
 use gpu_p2p::Memory;
 
-use crate::error::{KeyError, KeyErrorKind};
-use crate::mr::{AccessFlags, MemoryRegion, MrTable};
-use crate::pd::PdHandle;
-use crate::wr::Sge;
+use crate::verbs::error::{KeyError, KeyErrorKind};
+use crate::verbs::mr::{AccessFlags, MemoryRegion, MrTable};
+use crate::verbs::pd::PdHandle;
+use crate::verbs::wr::Sge;
 
 use super::tx::TxOut;
 

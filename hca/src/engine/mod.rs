@@ -80,19 +80,19 @@ use send_queue::{NewWqe, UdRoute};
 use transport::{Env, QpTransport};
 use tx::TxOut;
 
-use crate::ah::{AhAttr, AhHandle};
-use crate::context::Context;
-use crate::cq::CqHandle;
-use crate::device::Device;
-use crate::error::{Cause, VerbsError};
-use crate::event::{AsyncEvent, AsyncEventType};
-use crate::gid::{GidEntry, GidType};
-use crate::mr::{AccessFlags, MemoryRegion};
-use crate::pd::PdHandle;
-use crate::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, MIN_QPN};
-use crate::srq::{SrqAttr, SrqAttrMask, SrqHandle};
-use crate::wc::WorkCompletion;
-use crate::wr::{RecvWr, SendFlags, SendWr};
+use crate::verbs::ah::{AhAttr, AhHandle};
+use crate::verbs::context::Context;
+use crate::verbs::cq::CqHandle;
+use crate::verbs::device::Device;
+use crate::verbs::error::{Cause, VerbsError};
+use crate::verbs::event::{AsyncEvent, AsyncEventType};
+use crate::verbs::gid::{GidEntry, GidType};
+use crate::verbs::mr::{AccessFlags, MemoryRegion};
+use crate::verbs::pd::PdHandle;
+use crate::verbs::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, MIN_QPN};
+use crate::verbs::srq::{SrqAttr, SrqAttrMask, SrqHandle};
+use crate::verbs::wc::WorkCompletion;
+use crate::verbs::wr::{RecvWr, SendFlags, SendWr};
 
 /// Most CQ notification events kept unread ([`SoftHca::poll_cq_event`]).
 pub const MAX_PENDING_CQ_EVENTS: usize = 1024;
@@ -666,7 +666,7 @@ impl SoftHca {
         };
         let Some(qp) = self.ctx.qp(qpn) else {
             return Err(err(Cause::NoSuchObject {
-                object: crate::error::Object::Qp,
+                object: crate::verbs::error::Object::Qp,
                 id: qpn,
             }));
         };
@@ -676,7 +676,7 @@ impl SoftHca {
         let ud = match wr.op.ud_dest() {
             Some(dest) => {
                 let ah = self.ctx.ah(dest.ah).ok_or(err(Cause::NoSuchObject {
-                    object: crate::error::Object::Ah,
+                    object: crate::verbs::error::Object::Ah,
                     id: dest.ah.index(),
                 }))?;
                 // IBTA vol. 1 §10.2.4 (controlled Q_Key): the high bit set means "use the QP's".
@@ -704,7 +704,7 @@ impl SoftHca {
             .and_then(|s| s.as_deref())
         else {
             return Err(err(Cause::NoSuchObject {
-                object: crate::error::Object::Qp,
+                object: crate::verbs::error::Object::Qp,
                 id: qpn,
             }));
         };
@@ -1077,7 +1077,7 @@ impl SoftHca {
                 t.enter_error(
                     &mut env,
                     Some(AsyncEventType::QpFatal),
-                    crate::wc::WcStatus::WrFlushErr,
+                    crate::verbs::wc::WcStatus::WrFlushErr,
                 );
             }
         }

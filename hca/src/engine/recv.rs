@@ -33,8 +33,8 @@ use super::counters::{bump, DropReason};
 use super::diag::{DiagKind, DiagRecord};
 use super::net::{ip_repr, Route};
 use super::{Datagram, PendingCnp, SoftHca};
-use crate::event::{AsyncEventType, EventElement};
-use crate::qp::{QpState, QpType, MIN_QPN};
+use crate::verbs::event::{AsyncEventType, EventElement};
+use crate::verbs::qp::{QpState, QpType, MIN_QPN};
 
 /// A validated packet, as the state machines see it.
 #[derive(Debug, Clone, Copy)]

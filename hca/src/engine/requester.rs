@@ -45,9 +45,9 @@ use super::send_queue::{SendWqe, WqeState};
 use super::transport::{Env, QpTransport};
 use super::tx::TxOut;
 use super::Transmit;
-use crate::qp::{QpAttr, QpState, QpType};
-use crate::wc::WcStatus;
-use crate::wr::{SendFlags, SendOp, WrOpcode};
+use crate::verbs::qp::{QpAttr, QpState, QpType};
+use crate::verbs::wc::WcStatus;
+use crate::verbs::wr::{SendFlags, SendOp, WrOpcode};
 
 /// What one attempt to transmit produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

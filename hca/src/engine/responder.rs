@@ -65,10 +65,10 @@ use super::requester::{num_packets, TxResult};
 use super::transport::{Env, QpTransport, Resource, ResourceKind, RespOut, WriteCursor};
 use super::tx::TxOut;
 use super::Transmit;
-use crate::event::AsyncEventType;
-use crate::mr::AccessFlags;
-use crate::qp::{QpAttr, QpState};
-use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
+use crate::verbs::event::AsyncEventType;
+use crate::verbs::mr::AccessFlags;
+use crate::verbs::qp::{QpAttr, QpState};
+use crate::verbs::wc::{WcOpcode, WcStatus, WorkCompletion};
 
 /// 24-bit MSN mask.
 const MSN_MASK: u32 = 0x00ff_ffff;
@@ -173,9 +173,9 @@ impl QpTransport {
         pkt: &RxPacket<'_>,
     ) -> Result<(), DropReason> {
         match self.qp_type {
-            crate::qp::QpType::Rc => self.rc_request(env, pkt),
-            crate::qp::QpType::Uc => self.uc_request(env, pkt),
-            crate::qp::QpType::Ud => self.ud_request(env, pkt),
+            crate::verbs::qp::QpType::Rc => self.rc_request(env, pkt),
+            crate::verbs::qp::QpType::Uc => self.uc_request(env, pkt),
+            crate::verbs::qp::QpType::Ud => self.ud_request(env, pkt),
         }
     }
 

@@ -10,8 +10,8 @@ use alloc::collections::VecDeque;
 
 use roce::Psn;
 
-use crate::wc::WcStatus;
-use crate::wr::{SendFlags, SendOp, Sge, WrOpcode};
+use crate::verbs::wc::WcStatus;
+use crate::verbs::wr::{SendFlags, SendOp, Sge, WrOpcode};
 
 /// Where a UD WQE goes, resolved from its address handle when posted (the AH may be destroyed
 /// while the WQE waits; rxe copies the address vector into the WQE too).

@@ -21,14 +21,14 @@ use super::net::Route;
 use super::send_queue::{SendQueue, WqeState};
 use super::time::Instant;
 use super::EngineConfig;
-use crate::context::Context;
-use crate::cq::CqHandle;
-use crate::event::{AsyncEventType, EventElement};
-use crate::pd::PdHandle;
-use crate::qp::{QpState, QpType};
-use crate::srq::SrqHandle;
-use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
-use crate::wr::Sge;
+use crate::verbs::context::Context;
+use crate::verbs::cq::CqHandle;
+use crate::verbs::event::{AsyncEventType, EventElement};
+use crate::verbs::pd::PdHandle;
+use crate::verbs::qp::{QpState, QpType};
+use crate::verbs::srq::SrqHandle;
+use crate::verbs::wc::{WcOpcode, WcStatus, WorkCompletion};
+use crate::verbs::wr::Sge;
 
 /// Everything a state machine may touch besides its own QP.
 pub(crate) struct Env<'a> {
@@ -289,7 +289,7 @@ impl QpTransport {
             comp: Completer::default(),
             resp,
             pmtu: 256,
-            pkey: crate::device::DEFAULT_PKEY,
+            pkey: crate::verbs::device::DEFAULT_PKEY,
             route: None,
             in_ready: false,
             timer_key: None,
@@ -372,9 +372,9 @@ impl QpTransport {
                 bump!(env.counters.rdma_sends);
                 if wqe.signaled {
                     let byte_len = match wqe.opcode() {
-                        crate::wr::WrOpcode::AtomicCmpAndSwp
-                        | crate::wr::WrOpcode::AtomicFetchAndAdd => 8,
-                        crate::wr::WrOpcode::LocalInv => 0,
+                        crate::verbs::wr::WrOpcode::AtomicCmpAndSwp
+                        | crate::verbs::wr::WrOpcode::AtomicFetchAndAdd => 8,
+                        crate::verbs::wr::WrOpcode::LocalInv => 0,
                         _ => wqe.length,
                     };
                     let wc = WorkCompletion::success(wqe.wr_id, opcode, self.qpn, byte_len);

@@ -33,20 +33,20 @@ use gpu_p2p::Memory;
 use roce::Gid;
 
 use super::{soft_hca_with, Fabric, Faults, NodeId};
-use crate::ah::{AhAttr, AhHandle};
-use crate::cq::CqHandle;
-use crate::device::{DeviceAttr, PortAttr};
 use crate::engine::{EngineConfig, Instant, SoftHca};
-use crate::event::AsyncEvent;
-use crate::gid::{GidEntry, GidType};
-use crate::mr::{AccessFlags, MemoryRegion};
-use crate::pd::PdHandle;
-use crate::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState};
-use crate::srq::{SrqAttr, SrqAttrMask, SrqHandle};
 use crate::udp_device::DeviceError;
+use crate::verbs::ah::{AhAttr, AhHandle};
+use crate::verbs::cq::CqHandle;
+use crate::verbs::device::{DeviceAttr, PortAttr};
+use crate::verbs::event::AsyncEvent;
+use crate::verbs::gid::{GidEntry, GidType};
+use crate::verbs::mr::{AccessFlags, MemoryRegion};
+use crate::verbs::pd::PdHandle;
+use crate::verbs::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState};
+use crate::verbs::srq::{SrqAttr, SrqAttrMask, SrqHandle};
+use crate::verbs::wc::{WcOpcode, WorkCompletion};
+use crate::verbs::wr::{RecvWr, SendWr};
 use crate::verbs::Verbs;
-use crate::wc::{WcOpcode, WorkCompletion};
-use crate::wr::{RecvWr, SendWr};
 
 /// Most fabric steps one [`Verbs::wait_cq`] takes at one virtual instant before it gives up (a
 /// livelock guard: every step at one instant delivers a packet or fires a timer, and a healthy
@@ -473,9 +473,9 @@ impl Drop for FabricDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qp::{QpCap, QpType};
-    use crate::wc::WcStatus;
-    use crate::wr::{SendFlags, SendOp, Sge};
+    use crate::verbs::qp::{QpCap, QpType};
+    use crate::verbs::wc::WcStatus;
+    use crate::verbs::wr::{SendFlags, SendOp, Sge};
     use core::net::Ipv4Addr;
     use gpu_p2p::HostMemory;
 
@@ -538,7 +538,7 @@ mod tests {
         .expect("init");
         let (sgid_index, _) = d.default_gid();
         a.qp_state = QpState::Rtr;
-        a.path_mtu = crate::device::PathMtu::Mtu1024;
+        a.path_mtu = crate::verbs::device::PathMtu::Mtu1024;
         a.dest_qp_num = peer.qpn;
         a.max_dest_rd_atomic = 1;
         a.min_rnr_timer = 1;

@@ -53,21 +53,21 @@ use std::time::{Duration, Instant};
 
 use gpu_p2p::Memory;
 
-use crate::ah::{AhAttr, AhHandle};
-use crate::cq::CqHandle;
-use crate::device::{DeviceAttr, PortAttr};
-use crate::error::{Cause, Object, VerbsError};
-use crate::event::AsyncEvent;
-use crate::gid::{Gid, GidEntry};
-use crate::mr::{AccessFlags, MemoryRegion};
-use crate::pd::PdHandle;
-use crate::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState};
-use crate::srq::{SrqAttr, SrqAttrMask, SrqHandle};
-use crate::table::{Handle, ObjectTable};
 use crate::udp_device::DeviceError;
+use crate::verbs::ah::{AhAttr, AhHandle};
+use crate::verbs::cq::CqHandle;
+use crate::verbs::device::{DeviceAttr, PortAttr};
+use crate::verbs::error::{Cause, Object, VerbsError};
+use crate::verbs::event::AsyncEvent;
+use crate::verbs::gid::{Gid, GidEntry};
+use crate::verbs::mr::{AccessFlags, MemoryRegion};
+use crate::verbs::pd::PdHandle;
+use crate::verbs::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState};
+use crate::verbs::srq::{SrqAttr, SrqAttrMask, SrqHandle};
+use crate::verbs::table::{Handle, ObjectTable};
+use crate::verbs::wc::WorkCompletion;
+use crate::verbs::wr::{RecvWr, SendWr};
 use crate::verbs::Verbs;
-use crate::wc::WorkCompletion;
-use crate::wr::{RecvWr, SendWr};
 
 /// The library [`IbvDevice::open`] loads: `libibverbs.so.1`, the SONAME of every rdma-core
 /// release, found as dlopen(3) searches.
@@ -751,7 +751,7 @@ impl Verbs for IbvDevice {
     ) -> Result<Vec<WorkCompletion>, DeviceError> {
         let deadline = Instant::now() + timeout;
         let mut got = Vec::with_capacity(n.min(4096));
-        let mut buf = [WorkCompletion::success(0, crate::wc::WcOpcode::Send, 0, 0); 16];
+        let mut buf = [WorkCompletion::success(0, crate::verbs::wc::WcOpcode::Send, 0, 0); 16];
         let mut drain = |got: &mut Vec<WorkCompletion>| -> Result<(), DeviceError> {
             while got.len() < n {
                 let want = (n - got.len()).min(buf.len());

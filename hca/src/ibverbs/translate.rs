@@ -10,17 +10,17 @@ use core::ffi::c_int;
 
 use super::sys::{self, *};
 use super::MAX_SGE;
-use crate::ah::AhAttr;
-use crate::cq::CqHandle;
-use crate::device::{AtomicCap, DeviceAttr, LinkLayer, PathMtu, PortAttr, PortState};
-use crate::error::Cause;
-use crate::event::{AsyncEvent, AsyncEventType, EventElement};
-use crate::gid::{Gid, GidEntry, GidType};
-use crate::mr::AccessFlags;
-use crate::qp::{MigState, QpAttr, QpCap, QpInitAttr, QpState};
-use crate::srq::{SrqAttr, SrqHandle};
-use crate::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
-use crate::wr::{RecvWr, SendOp, SendWr, Sge};
+use crate::verbs::ah::AhAttr;
+use crate::verbs::cq::CqHandle;
+use crate::verbs::device::{AtomicCap, DeviceAttr, LinkLayer, PathMtu, PortAttr, PortState};
+use crate::verbs::error::Cause;
+use crate::verbs::event::{AsyncEvent, AsyncEventType, EventElement};
+use crate::verbs::gid::{Gid, GidEntry, GidType};
+use crate::verbs::mr::AccessFlags;
+use crate::verbs::qp::{MigState, QpAttr, QpCap, QpInitAttr, QpState};
+use crate::verbs::srq::{SrqAttr, SrqHandle};
+use crate::verbs::wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use crate::verbs::wr::{RecvWr, SendOp, SendWr, Sge};
 
 /// A non-negative `int` count as `u32` (a negative one, which no device reports, as 0).
 fn count(v: c_int) -> u32 {
@@ -339,7 +339,7 @@ pub(crate) fn send_wr(
         }
         SendOp::UdSend { dest, imm_data } => {
             let ah = ah.ok_or(Cause::UdAddressing {
-                qp_type: crate::qp::QpType::Ud,
+                qp_type: crate::verbs::qp::QpType::Ud,
             })?;
             out.wr.ud = ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
                 ah: ah.as_ptr(),
@@ -465,10 +465,10 @@ pub(crate) fn async_event(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qp::{QpAttrMask, QpType};
-    use crate::srq::SrqAttrMask;
-    use crate::table::Handle;
-    use crate::wr::{SendFlags, WrOpcode};
+    use crate::verbs::qp::{QpAttrMask, QpType};
+    use crate::verbs::srq::SrqAttrMask;
+    use crate::verbs::table::Handle;
+    use crate::verbs::wr::{SendFlags, WrOpcode};
 
     /// Every enum this crate defines with libibverbs' values has them: statuses, opcodes, QP
     /// types and states, events, MTUs (verbs.h, as bindgen read it).
@@ -771,7 +771,7 @@ mod tests {
             wr_id: 2,
             sg_list: &[],
             op: SendOp::UdSend {
-                dest: crate::wr::UdDest {
+                dest: crate::verbs::wr::UdDest {
                     ah: Handle::from_raw(1, 0),
                     remote_qpn: 0x33,
                     remote_qkey: 0x1111,

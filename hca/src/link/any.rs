@@ -8,9 +8,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::device::Device;
 use crate::engine::{Datagram, Instant, SoftHca};
 use crate::udp_device::{DeviceError, UdpDeviceConfig, VfioDeviceConfig};
+use crate::verbs::device::Device;
 
 use super::udp::{LinkCounters, LinkPoller};
 use super::vfio::{VfioLink, VfioLinkCounters, VfioPoller};

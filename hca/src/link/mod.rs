@@ -34,8 +34,8 @@ pub mod wake;
 use std::fmt;
 use std::time::Duration;
 
-use crate::device::Device;
 use crate::engine::{Datagram, Instant, SoftHca};
+use crate::verbs::device::Device;
 
 #[cfg(all(feature = "std", target_os = "linux"))]
 pub use any::AnyLink;

@@ -17,9 +17,9 @@
 use std::io::IoSlice;
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 
-use crate::device::{Device, DeviceAttr, PathMtu, PortAttr};
 use crate::engine::{Datagram, GatherTransmit, Instant, SoftHca, MAX_TX_SEGMENTS, MAX_UDP_PAYLOAD};
-use crate::gid::{Gid, GidEntry, GidType};
+use crate::verbs::device::{Device, DeviceAttr, PathMtu, PortAttr};
+use crate::verbs::gid::{Gid, GidEntry, GidType};
 
 use super::udp::{LinkCounters, LinkPoller, RecvBatch, RecvDatagram, SendDatagram, UdpLink};
 use super::{FlushReport, Link, LinkError, RecvState};
@@ -268,7 +268,7 @@ impl Link for UdpIo {
     fn device(&self) -> Device {
         let tail = self.gid.as_bytes();
         let mac = [2, 0, tail[12], tail[13], tail[14], tail[15]];
-        let guid = u64::from_be_bytes(crate::gid::eui64_from_mac(mac));
+        let guid = u64::from_be_bytes(crate::verbs::gid::eui64_from_mac(mac));
         let attr = DeviceAttr {
             node_guid: guid,
             sys_image_guid: guid,

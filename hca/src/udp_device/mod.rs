@@ -84,21 +84,21 @@ use std::time::Duration;
 
 use gpu_p2p::Memory;
 
-use crate::ah::{AhAttr, AhHandle};
-use crate::cq::CqHandle;
-use crate::device::{DeviceAttr, PathMtu, PortAttr};
 use crate::engine::{Counters, EngineConfig, SoftHca};
-use crate::error::VerbsError;
-use crate::event::AsyncEvent;
-use crate::gid::{Gid, GidEntry, GidType};
 use crate::link::udp::{self, Offloads, UdpLink, UdpLinkConfig};
 use crate::link::{Link, LinkError, UdpIo, Waker};
-use crate::mr::{AccessFlags, MemoryRegion};
-use crate::pd::PdHandle;
-use crate::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType};
-use crate::srq::{SrqAttr, SrqAttrMask, SrqHandle};
-use crate::wc::{WcOpcode, WorkCompletion};
-use crate::wr::{RecvWr, SendWr};
+use crate::verbs::ah::{AhAttr, AhHandle};
+use crate::verbs::cq::CqHandle;
+use crate::verbs::device::{DeviceAttr, PathMtu, PortAttr};
+use crate::verbs::error::VerbsError;
+use crate::verbs::event::AsyncEvent;
+use crate::verbs::gid::{Gid, GidEntry, GidType};
+use crate::verbs::mr::{AccessFlags, MemoryRegion};
+use crate::verbs::pd::PdHandle;
+use crate::verbs::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType};
+use crate::verbs::srq::{SrqAttr, SrqAttrMask, SrqHandle};
+use crate::verbs::wc::{WcOpcode, WorkCompletion};
+use crate::verbs::wr::{RecvWr, SendWr};
 
 use progress::Io;
 

@@ -91,16 +91,16 @@ mod tests {
     use gpu_p2p::{HostMemory, Memory};
 
     use super::*;
-    use crate::ah::AhAttr;
-    use crate::cq::CqHandle;
-    use crate::gid::Gid;
     use crate::link::vfio::sys_fake as fake;
     use crate::link::vfio::PciAddress;
     use crate::link::Link;
-    use crate::mr::{AccessFlags, MemoryRegion};
-    use crate::qp::{QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType};
-    use crate::wc::WcStatus;
-    use crate::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+    use crate::verbs::ah::AhAttr;
+    use crate::verbs::cq::CqHandle;
+    use crate::verbs::gid::Gid;
+    use crate::verbs::mr::{AccessFlags, MemoryRegion};
+    use crate::verbs::qp::{QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType};
+    use crate::verbs::wc::WcStatus;
+    use crate::verbs::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
     use crate::PathMtu;
 
     const A: &str = "0000:00:04.0";
@@ -224,10 +224,10 @@ mod tests {
     }
 
     /// Drives both devices (caller progress) until `on` has one completion.
-    fn one_completion(on: &Side, other: &Side) -> crate::wc::WorkCompletion {
-        let mut wc = [crate::wc::WorkCompletion::success(
+    fn one_completion(on: &Side, other: &Side) -> crate::verbs::wc::WorkCompletion {
+        let mut wc = [crate::verbs::wc::WorkCompletion::success(
             0,
-            crate::wc::WcOpcode::Send,
+            crate::verbs::wc::WcOpcode::Send,
             0,
             0,
         )];

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_p2p::{HostMemory, Memory};
-use hca::ah::AhAttr;
 use hca::engine::EngineConfig;
 use hca::fabric::{self, Fabric, Faults, NodeId};
+use hca::verbs::ah::AhAttr;
 use hca::{
     AccessFlags, CqHandle, Gid, MemoryRegion, PathMtu, PdHandle, QpAttr, QpAttrMask, QpCap,
     QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion,

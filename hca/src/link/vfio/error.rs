@@ -3,7 +3,7 @@
 use std::fmt;
 use std::io;
 
-use crate::error::VerbsError;
+use crate::verbs::error::VerbsError;
 
 /// Why a VFIO device could not be opened, initialised or driven. Every variant names the device by
 /// its PCI address (`0000:00:04.0`); `Display` says what failed and, where one exists, what to do.

@@ -22,11 +22,11 @@ use gpu_p2p::{Memory, PageBacking};
 use roce::packet::TransportRepr;
 use roce::{icrc, Gid};
 
-use crate::device::Device;
 use crate::engine::{EngineConfig, GatherTransmit, Instant, SoftHca};
-use crate::gid::{GidEntry, GidType};
-use crate::mr::{AccessFlags, MemoryRegion};
-use crate::pd::PdHandle;
+use crate::verbs::device::Device;
+use crate::verbs::gid::{GidEntry, GidType};
+use crate::verbs::mr::{AccessFlags, MemoryRegion};
+use crate::verbs::pd::PdHandle;
 
 use super::device::PciAddress;
 use super::dma::MrExtent;

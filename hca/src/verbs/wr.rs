@@ -10,15 +10,14 @@
 //! Before a WR is queued it is checked as libibverbs over rxe checks it (rxe `validate_send_wr`,
 //! `post_one_recv`): a bad WR is refused at once with `EINVAL` (or `ENOMEM` for a full queue) and
 //! nothing is queued. Checks that need the memory (lkeys, bounds) happen when the HCA executes the
-//! WR and end in an error completion instead (see [`crate::mr`]).
+//! WR and end in an error completion instead (see [`crate::verbs::mr`]).
 
-use bitflags::bitflags;
-use core::fmt;
+use crate::verbs::ah::AhHandle;
+use crate::verbs::device::AtomicCap;
+use crate::verbs::error::Cause;
+use crate::verbs::qp::{QpType, MAX_QPN};
 
-use crate::ah::AhHandle;
-use crate::device::AtomicCap;
-use crate::error::Cause;
-use crate::qp::{QpType, MAX_QPN};
+pub use super::attr::{SendFlags, WrOpcode};
 
 /// A scatter/gather entry (`struct ibv_sge`): `length` bytes at I/O virtual address `addr` of the
 /// MR whose lkey is `lkey`.
@@ -30,112 +29,6 @@ pub struct Sge {
     pub length: u32,
     /// The lkey of the MR holding the buffer (not checked for INLINE sends).
     pub lkey: u32,
-}
-
-/// Send WR opcodes (`enum ibv_wr_opcode`); the discriminants are the ibv values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum WrOpcode {
-    /// `IBV_WR_RDMA_WRITE`.
-    RdmaWrite = 0,
-    /// `IBV_WR_RDMA_WRITE_WITH_IMM`.
-    RdmaWriteWithImm = 1,
-    /// `IBV_WR_SEND`.
-    Send = 2,
-    /// `IBV_WR_SEND_WITH_IMM`.
-    SendWithImm = 3,
-    /// `IBV_WR_RDMA_READ`.
-    RdmaRead = 4,
-    /// `IBV_WR_ATOMIC_CMP_AND_SWP`.
-    AtomicCmpAndSwp = 5,
-    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`.
-    AtomicFetchAndAdd = 6,
-    /// `IBV_WR_LOCAL_INV`.
-    LocalInv = 7,
-    /// `IBV_WR_BIND_MW` (memory windows are not implemented yet; no [`SendOp`] builds it).
-    BindMw = 8,
-    /// `IBV_WR_SEND_WITH_INV`.
-    SendWithInv = 9,
-}
-
-impl WrOpcode {
-    /// The ibv name.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            WrOpcode::RdmaWrite => "RDMA_WRITE",
-            WrOpcode::RdmaWriteWithImm => "RDMA_WRITE_WITH_IMM",
-            WrOpcode::Send => "SEND",
-            WrOpcode::SendWithImm => "SEND_WITH_IMM",
-            WrOpcode::RdmaRead => "RDMA_READ",
-            WrOpcode::AtomicCmpAndSwp => "ATOMIC_CMP_AND_SWP",
-            WrOpcode::AtomicFetchAndAdd => "ATOMIC_FETCH_AND_ADD",
-            WrOpcode::LocalInv => "LOCAL_INV",
-            WrOpcode::BindMw => "BIND_MW",
-            WrOpcode::SendWithInv => "SEND_WITH_INV",
-        }
-    }
-
-    /// Whether a QP of type `qp_type` supports the opcode (IBTA vol. 1 table 38; rxe
-    /// `rxe_wr_opcode_info`): RC supports all; UC supports SEND, SEND_WITH_IMM, RDMA_WRITE and
-    /// RDMA_WRITE_WITH_IMM (UC has no invalidate opcodes on the wire); UD supports SEND and
-    /// SEND_WITH_IMM. Memory windows (BIND_MW) are not implemented on any QP.
-    pub const fn supported_on(self, qp_type: QpType) -> bool {
-        match self {
-            WrOpcode::Send | WrOpcode::SendWithImm => true,
-            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
-                matches!(qp_type, QpType::Rc | QpType::Uc)
-            }
-            WrOpcode::RdmaRead
-            | WrOpcode::AtomicCmpAndSwp
-            | WrOpcode::AtomicFetchAndAdd
-            | WrOpcode::LocalInv
-            | WrOpcode::SendWithInv => matches!(qp_type, QpType::Rc),
-            WrOpcode::BindMw => false,
-        }
-    }
-
-    /// Whether the opcode carries outgoing data and so may be INLINE (rxe `WR_INLINE_MASK`).
-    pub const fn allows_inline(self) -> bool {
-        matches!(
-            self,
-            WrOpcode::Send
-                | WrOpcode::SendWithImm
-                | WrOpcode::SendWithInv
-                | WrOpcode::RdmaWrite
-                | WrOpcode::RdmaWriteWithImm
-        )
-    }
-
-    /// Whether the opcode is an atomic operation.
-    pub const fn is_atomic(self) -> bool {
-        matches!(
-            self,
-            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
-        )
-    }
-}
-
-impl fmt::Display for WrOpcode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-bitflags! {
-    /// Send WR flags (`enum ibv_send_flags`, ibv_post_send(3)).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-    pub struct SendFlags: u32 {
-        /// Wait until earlier RDMA READs and atomics have completed before starting this WR
-        /// (the fence indicator, IBTA vol. 1 ch. 10).
-        const FENCE = 1 << 0;
-        /// Produce a completion even on success (needed unless the QP has `sq_sig_all`).
-        const SIGNALED = 1 << 1;
-        /// Set the solicited-event bit: the receiver's CQ fires a solicited event.
-        const SOLICITED = 1 << 2;
-        /// Copy the data at post time: the SGEs' lkeys are not checked and the buffers may be
-        /// reused at once. Total length at most `cap.max_inline_data`.
-        const INLINE = 1 << 3;
-    }
 }
 
 /// Where a UD send goes (`ibv_send_wr.wr.ud`): an address handle, the remote QPN and its Q_Key.
@@ -451,7 +344,7 @@ pub fn validate_recv_wr(wr: &RecvWr<'_>, max_sge: u32, max_msg_sz: u64) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::Handle;
+    use crate::verbs::table::Handle;
     use proptest::prelude::*;
     use std::vec;
     use std::vec::Vec;
@@ -577,7 +470,7 @@ mod tests {
                         e,
                         Cause::OpcodeNotSupported { .. } | Cause::UdAddressing { .. }
                     ));
-                    assert_eq!(e.errno(), crate::error::errno::EINVAL);
+                    assert_eq!(e.errno(), crate::verbs::error::errno::EINVAL);
                 }
             }
         }

@@ -22,18 +22,17 @@
 //! PSNs (packet sequence numbers) are 24-bit; QPNs are 24-bit and start at [`MIN_QPN`] (QPN 0 and 1
 //! are the special SMI/GSI QPs; rxe numbers user QPs from 16).
 
-use bitflags::bitflags;
-use core::fmt;
+use crate::verbs::ah::AhAttr;
+use crate::verbs::cq::{rxe_queue_capacity, CqHandle};
+use crate::verbs::device::{AtomicCap, Device, DeviceAttr, PathMtu};
+use crate::verbs::error::{Cause, Object};
+use crate::verbs::mr::AccessFlags;
+use crate::verbs::pd::PdHandle;
+use crate::verbs::recv_queue::RecvQueue;
+use crate::verbs::srq::SrqHandle;
+use crate::verbs::wr::{validate_send_wr, RecvWr, SendLimits, SendWr, SendWrInfo};
 
-use crate::ah::AhAttr;
-use crate::cq::{rxe_queue_capacity, CqHandle};
-use crate::device::{AtomicCap, Device, DeviceAttr, PathMtu};
-use crate::error::{Cause, Object};
-use crate::mr::AccessFlags;
-use crate::pd::PdHandle;
-use crate::recv_queue::RecvQueue;
-use crate::srq::SrqHandle;
-use crate::wr::{validate_send_wr, RecvWr, SendLimits, SendWr, SendWrInfo};
+pub use super::attr::{MigState, QpAttrMask, QpState, QpType};
 
 /// The first QPN given to a user QP (rxe `RXE_MIN_QP_INDEX`).
 pub const MIN_QPN: u32 = 16;
@@ -45,165 +44,6 @@ pub const PSN_MASK: u32 = 0x00ff_ffff;
 pub const MAX_TIMER_CODE: u8 = 31;
 /// Largest `retry_cnt`, `rnr_retry` (3 bits; `rnr_retry` 7 means "retry forever").
 pub const MAX_RETRY: u8 = 7;
-
-/// Transport service of a QP (`enum ibv_qp_type`; discriminants are the ibv values).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum QpType {
-    /// Reliable connected (`IBV_QPT_RC`).
-    Rc = 2,
-    /// Unreliable connected (`IBV_QPT_UC`).
-    Uc = 3,
-    /// Unreliable datagram (`IBV_QPT_UD`).
-    Ud = 4,
-}
-
-impl QpType {
-    /// All three types.
-    pub const ALL: [QpType; 3] = [QpType::Rc, QpType::Uc, QpType::Ud];
-}
-
-impl fmt::Display for QpType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            QpType::Rc => "RC",
-            QpType::Uc => "UC",
-            QpType::Ud => "UD",
-        })
-    }
-}
-
-/// QP state (`enum ibv_qp_state`, IBTA vol. 1 §10.3.1; discriminants are the ibv values).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum QpState {
-    /// Created or reset: no WR is accepted (`IBV_QPS_RESET`).
-    Reset = 0,
-    /// Initialized: receive WRs may be posted, nothing is processed (`IBV_QPS_INIT`).
-    Init = 1,
-    /// Ready to receive: incoming packets are processed (`IBV_QPS_RTR`).
-    Rtr = 2,
-    /// Ready to send (`IBV_QPS_RTS`).
-    Rts = 3,
-    /// Send queue drain(ing/ed): new send WRs are queued but not started (`IBV_QPS_SQD`).
-    Sqd = 4,
-    /// Send queue error (UC/UD only): a send WR failed; receives continue (`IBV_QPS_SQE`).
-    Sqe = 5,
-    /// Error: every WR completes with IBV_WC_WR_FLUSH_ERR (`IBV_QPS_ERR`).
-    Err = 6,
-}
-
-impl QpState {
-    /// All seven states.
-    pub const ALL: [QpState; 7] = [
-        QpState::Reset,
-        QpState::Init,
-        QpState::Rtr,
-        QpState::Rts,
-        QpState::Sqd,
-        QpState::Sqe,
-        QpState::Err,
-    ];
-
-    /// The state with ibv value `value`.
-    pub fn from_ibv(value: u32) -> Option<QpState> {
-        QpState::ALL.get(value as usize).copied()
-    }
-
-    /// Whether send WRs may be posted (RTS or later: RTS, SQD, SQE, ERR; rxe_post_send). In SQE
-    /// and ERR they complete with IBV_WC_WR_FLUSH_ERR.
-    pub const fn accepts_send(self) -> bool {
-        matches!(
-            self,
-            QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err
-        )
-    }
-
-    /// Whether receive WRs may be posted (any state but RESET; IBTA C10-97.2.1, rxe_post_recv).
-    pub const fn accepts_recv(self) -> bool {
-        !matches!(self, QpState::Reset)
-    }
-}
-
-impl fmt::Display for QpState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            QpState::Reset => "RESET",
-            QpState::Init => "INIT",
-            QpState::Rtr => "RTR",
-            QpState::Rts => "RTS",
-            QpState::Sqd => "SQD",
-            QpState::Sqe => "SQE",
-            QpState::Err => "ERR",
-        })
-    }
-}
-
-/// Path migration state (`enum ibv_mig_state`, IBTA vol. 1 ch. 17). RoCE does not migrate paths;
-/// the value is stored and reported only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[repr(u32)]
-pub enum MigState {
-    /// `IBV_MIG_MIGRATED`.
-    #[default]
-    Migrated = 0,
-    /// `IBV_MIG_REARM`.
-    Rearm = 1,
-    /// `IBV_MIG_ARMED`.
-    Armed = 2,
-}
-
-bitflags! {
-    /// Which [`QpAttr`] fields an ibv_modify_qp(3) call sets (`enum ibv_qp_attr_mask`; the bit
-    /// values are libibverbs').
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-    pub struct QpAttrMask: u32 {
-        /// `qp_state`: the new state.
-        const STATE = 1 << 0;
-        /// `cur_qp_state`: the state the caller assumes the QP is in.
-        const CUR_STATE = 1 << 1;
-        /// `en_sqd_async_notify`.
-        const EN_SQD_ASYNC_NOTIFY = 1 << 2;
-        /// `qp_access_flags`.
-        const ACCESS_FLAGS = 1 << 3;
-        /// `pkey_index`.
-        const PKEY_INDEX = 1 << 4;
-        /// `port_num`.
-        const PORT = 1 << 5;
-        /// `qkey`.
-        const QKEY = 1 << 6;
-        /// `ah_attr`: the primary path address vector.
-        const AV = 1 << 7;
-        /// `path_mtu`.
-        const PATH_MTU = 1 << 8;
-        /// `timeout`.
-        const TIMEOUT = 1 << 9;
-        /// `retry_cnt`.
-        const RETRY_CNT = 1 << 10;
-        /// `rnr_retry`.
-        const RNR_RETRY = 1 << 11;
-        /// `rq_psn`.
-        const RQ_PSN = 1 << 12;
-        /// `max_rd_atomic`.
-        const MAX_QP_RD_ATOMIC = 1 << 13;
-        /// `alt_ah_attr` and the other alternate path fields (not supported on RoCE).
-        const ALT_PATH = 1 << 14;
-        /// `min_rnr_timer`.
-        const MIN_RNR_TIMER = 1 << 15;
-        /// `sq_psn`.
-        const SQ_PSN = 1 << 16;
-        /// `max_dest_rd_atomic`.
-        const MAX_DEST_RD_ATOMIC = 1 << 17;
-        /// `path_mig_state`.
-        const PATH_MIG_STATE = 1 << 18;
-        /// `cap` (no transition accepts it).
-        const CAP = 1 << 19;
-        /// `dest_qp_num`.
-        const DEST_QPN = 1 << 20;
-        /// `rate_limit` (raw packet QPs only; no RC/UC/UD transition accepts it).
-        const RATE_LIMIT = 1 << 25;
-    }
-}
 
 /// QP capabilities (`struct ibv_qp_cap`): queue depths in WRs, SGEs per WR, inline bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -985,9 +825,9 @@ pub(crate) fn no_such_qp(qpn: u32) -> Cause {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gid::Gid;
-    use crate::table::Handle;
-    use crate::wr::{SendFlags, SendOp, Sge, UdDest};
+    use crate::verbs::gid::Gid;
+    use crate::verbs::table::Handle;
+    use crate::verbs::wr::{SendFlags, SendOp, Sge, UdDest};
     use proptest::prelude::*;
     use std::vec;
     use std::vec::Vec;

@@ -17,37 +17,13 @@
 //! This module records addresses and lengths only; the memory behind an MR (host pages, GPU
 //! memory) is attached by the layer that moves data.
 
-use bitflags::bitflags;
+use crate::verbs::error::{Cause, KeyError, KeyErrorKind, Object};
+use crate::verbs::pd::PdHandle;
+use crate::verbs::table::ObjectTable;
 
-use crate::error::{Cause, KeyError, KeyErrorKind, Object};
-use crate::pd::PdHandle;
-use crate::table::ObjectTable;
-
-bitflags! {
-    /// MR and QP access rights (`enum ibv_access_flags`, ibv_reg_mr(3), IBTA vol. 1 §10.6).
-    ///
-    /// Local read access is always granted. Rule (ibv_reg_mr(3), kernel `ib_check_mr_access`):
-    /// REMOTE_WRITE or REMOTE_ATOMIC require LOCAL_WRITE.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-    pub struct AccessFlags: u32 {
-        /// The HCA may write the region for local operations (receive buffers, RDMA READ
-        /// destinations, atomic results).
-        const LOCAL_WRITE = 1 << 0;
-        /// Peers may RDMA WRITE into the region.
-        const REMOTE_WRITE = 1 << 1;
-        /// Peers may RDMA READ from the region.
-        const REMOTE_READ = 1 << 2;
-        /// Peers may perform atomic operations on the region.
-        const REMOTE_ATOMIC = 1 << 3;
-    }
-}
+pub use super::attr::AccessFlags;
 
 impl AccessFlags {
-    /// All remote access rights.
-    pub const REMOTE: AccessFlags = AccessFlags::REMOTE_WRITE
-        .union(AccessFlags::REMOTE_READ)
-        .union(AccessFlags::REMOTE_ATOMIC);
-
     /// Checks the flags of ibv_reg_mr(3).
     ///
     /// # Errors
@@ -257,10 +233,10 @@ impl MrTable {
         Ok(mr)
     }
 
-    fn handle_of(&self, key: u32) -> Option<crate::table::Handle<MemoryRegion>> {
+    fn handle_of(&self, key: u32) -> Option<crate::verbs::table::Handle<MemoryRegion>> {
         let (generation, _) = self.table.get_by_index(key >> 8)?;
         ((generation & 0xff) == (key & 0xff))
-            .then(|| crate::table::Handle::from_raw(key >> 8, generation))
+            .then(|| crate::verbs::table::Handle::from_raw(key >> 8, generation))
     }
 
     /// Deregisters the region with this lkey: both keys stop resolving at once (ibv_dereg_mr(3)).
@@ -430,7 +406,7 @@ impl MrTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::Handle;
+    use crate::verbs::table::Handle;
     use proptest::prelude::*;
     use std::collections::HashMap;
     use std::vec::Vec;
@@ -462,7 +438,7 @@ mod tests {
         assert!(AccessFlags::from_bits_retain(1 << 20).check_mr().is_err());
         let mut t = table();
         let e = t.register(PD, 0x1000, 64, 0x1000, AccessFlags::REMOTE_WRITE);
-        assert_eq!(e.unwrap_err().errno(), crate::error::errno::EINVAL);
+        assert_eq!(e.unwrap_err().errno(), crate::verbs::error::errno::EINVAL);
         assert!(t.is_empty());
     }
 

@@ -15,8 +15,8 @@
 use alloc::collections::vec_deque;
 use alloc::collections::VecDeque;
 
-use crate::error::Cause;
-use crate::wr::{validate_recv_wr, RecvWr, Sge};
+use crate::verbs::error::Cause;
+use crate::verbs::wr::{validate_recv_wr, RecvWr, Sge};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RecvHeader {

@@ -14,21 +14,21 @@
 
 use alloc::collections::VecDeque;
 
-use crate::ah::{AddressHandle, AhAttr, AhHandle};
-use crate::cq::{CompletionQueue, CqHandle};
-use crate::device::{Device, DeviceAttr, PortAttr, PortState};
-use crate::error::{Cause, KeyError, Object, VerbsError};
-use crate::event::{AsyncEvent, AsyncEventType, EventElement};
-use crate::gid::GidEntry;
-use crate::mr::{AccessFlags, MemoryRegion, MrTable};
-use crate::pd::{Pd, PdHandle};
-use crate::qp::{
+use crate::verbs::ah::{AddressHandle, AhAttr, AhHandle};
+use crate::verbs::cq::{CompletionQueue, CqHandle};
+use crate::verbs::device::{Device, DeviceAttr, PortAttr, PortState};
+use crate::verbs::error::{Cause, KeyError, Object, VerbsError};
+use crate::verbs::event::{AsyncEvent, AsyncEventType, EventElement};
+use crate::verbs::gid::GidEntry;
+use crate::verbs::mr::{AccessFlags, MemoryRegion, MrTable};
+use crate::verbs::pd::{Pd, PdHandle};
+use crate::verbs::qp::{
     no_such_qp, ModifyOutcome, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, MAX_QPN, MIN_QPN,
 };
-use crate::srq::{Srq, SrqAttr, SrqAttrMask, SrqHandle};
-use crate::table::ObjectTable;
-use crate::wc::WorkCompletion;
-use crate::wr::{RecvWr, SendWr, SendWrInfo};
+use crate::verbs::srq::{Srq, SrqAttr, SrqAttrMask, SrqHandle};
+use crate::verbs::table::ObjectTable;
+use crate::verbs::wc::WorkCompletion;
+use crate::verbs::wr::{RecvWr, SendWr, SendWrInfo};
 
 /// Most async events kept unread; older events are dropped beyond it and counted
 /// ([`Context::events_lost`]).
@@ -685,7 +685,7 @@ impl Context {
         let (generation, _) = self.qps.get_by_index(qpn).ok_or(not_found)?;
         let qp = self
             .qps
-            .remove(crate::table::Handle::from_raw(qpn, generation))
+            .remove(crate::verbs::table::Handle::from_raw(qpn, generation))
             .ok_or(not_found)?;
         self.pd_ref(qp.pd(), -1);
         for cq in [qp.send_cq(), qp.recv_cq()] {
@@ -825,11 +825,11 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::errno;
-    use crate::gid::{Gid, GidType};
-    use crate::qp::{QpCap, QpType};
-    use crate::wc::WcOpcode;
-    use crate::wr::{SendFlags, SendOp, Sge, UdDest};
+    use crate::verbs::error::errno;
+    use crate::verbs::gid::{Gid, GidType};
+    use crate::verbs::qp::{QpCap, QpType};
+    use crate::verbs::wc::WcOpcode;
+    use crate::verbs::wr::{SendFlags, SendOp, Sge, UdDest};
 
     fn ctx() -> Context {
         Context::new(Device::soft_roce([2, 0, 0, 0, 0, 1], 1500))

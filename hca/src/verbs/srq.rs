@@ -10,13 +10,13 @@
 
 use bitflags::bitflags;
 
-use crate::cq::rxe_queue_capacity;
-use crate::device::DeviceAttr;
-use crate::error::Cause;
-use crate::pd::PdHandle;
-use crate::recv_queue::{RecvQueue, RecvWqe};
-use crate::table::Handle;
-use crate::wr::RecvWr;
+use crate::verbs::cq::rxe_queue_capacity;
+use crate::verbs::device::DeviceAttr;
+use crate::verbs::error::Cause;
+use crate::verbs::pd::PdHandle;
+use crate::verbs::recv_queue::{RecvQueue, RecvWqe};
+use crate::verbs::table::Handle;
+use crate::verbs::wr::RecvWr;
 
 /// Handle of an [`Srq`] in a [`crate::Context`].
 pub type SrqHandle = Handle<Srq>;
@@ -237,7 +237,7 @@ fn check_limit(limit: u32, max_wr: u32) -> Result<(), Cause> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wr::Sge;
+    use crate::verbs::wr::Sge;
 
     const PD: PdHandle = Handle::from_raw(1, 0);
 

@@ -7,8 +7,8 @@
 
 use core::fmt;
 
-use crate::cq::CqHandle;
-use crate::srq::SrqHandle;
+use crate::verbs::cq::CqHandle;
+use crate::verbs::srq::SrqHandle;
 
 /// Async event types (`enum ibv_event_type`; discriminants are the ibv values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -158,7 +158,7 @@ impl fmt::Display for AsyncEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::Handle;
+    use crate::verbs::table::Handle;
 
     #[test]
     fn values_and_strings() {

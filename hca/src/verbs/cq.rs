@@ -13,9 +13,9 @@
 
 use alloc::collections::VecDeque;
 
-use crate::error::Cause;
-use crate::table::Handle;
-use crate::wc::WorkCompletion;
+use crate::verbs::error::Cause;
+use crate::verbs::table::Handle;
+use crate::verbs::wc::WorkCompletion;
 
 /// Handle of a [`CompletionQueue`] in a [`crate::Context`].
 pub type CqHandle = Handle<CompletionQueue>;
@@ -115,7 +115,7 @@ impl CompletionQueue {
                 capacity: self.capacity,
             });
         }
-        let failed = wc.status != crate::wc::WcStatus::Success;
+        let failed = wc.status != crate::verbs::wc::WcStatus::Success;
         self.entries.push_back(wc);
         let fire = match self.notify {
             CqNotify::Disarmed => false,
@@ -198,7 +198,7 @@ fn check_cqe(cqe: u32, max_cqe: u32) -> Result<(), Cause> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wc::{WcOpcode, WcStatus};
+    use crate::verbs::wc::{WcOpcode, WcStatus};
     use proptest::prelude::*;
     use std::vec::Vec;
 

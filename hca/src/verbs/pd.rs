@@ -6,7 +6,7 @@
 //! name that MRs, QPs, SRQs and AHs carry. It cannot be deallocated while any of them still exists
 //! (`EBUSY`, ibv_dealloc_pd(3)).
 
-use crate::table::Handle;
+use crate::verbs::table::Handle;
 
 /// A protection domain. Its only state is how many objects (MRs, QPs, SRQs, AHs) refer to it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

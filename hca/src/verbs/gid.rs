@@ -14,7 +14,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
-use crate::error::{Cause, Object};
+use crate::verbs::error::{Cause, Object};
 
 /// A 128-bit Global Identifier in network byte order (IBTA vol. 1 §4.1.1): the wire crate's type,
 /// re-exported so that verbs and packets speak of the same GID.

@@ -8,8 +8,8 @@
 //! (`drivers/infiniband/sw/rxe/rxe_param.h`, Linux 6.x), so that programs tuned for rxe see the
 //! same limits.
 
-use crate::error::{Cause, Object};
-use crate::gid::{eui64_from_mac, Gid, GidEntry, GidTable, GidType};
+use crate::verbs::error::{Cause, Object};
+use crate::verbs::gid::{eui64_from_mac, Gid, GidEntry, GidTable, GidType};
 use alloc::vec;
 use alloc::vec::Vec;
 
@@ -105,7 +105,7 @@ impl Default for DeviceAttr {
             vendor_id: 0,
             vendor_part_id: 0,
             hw_ver: 0,
-            max_qp: RXE_DEFAULT_MAX - crate::qp::MIN_QPN,
+            max_qp: RXE_DEFAULT_MAX - crate::verbs::qp::MIN_QPN,
             max_qp_wr: RXE_DEFAULT_MAX,
             max_sge: 32,
             max_sge_rd: 32,

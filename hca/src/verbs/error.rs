@@ -8,14 +8,11 @@
 //!
 //! Memory-key checks made by the transport engine on every SGE and RETH do not fail a verb; they
 //! return a [`KeyError`] whose [`KeyErrorKind`] the engine maps to a work-completion status or a
-//! NAK (see [`crate::mr`]).
+//! NAK (see [`crate::verbs::mr`]).
 
 use core::fmt;
 
-use crate::mr::AccessFlags;
-use crate::qp::{QpAttrMask, QpState, QpType};
-use crate::wc::WcStatus;
-use crate::wr::WrOpcode;
+use crate::verbs::attr::{AccessFlags, QpAttrMask, QpState, QpType, WcStatus, WrOpcode};
 
 /// Linux `errno` values (`include/uapi/asm-generic/errno-base.h`, `errno.h`) as returned by
 /// libibverbs calls.
@@ -667,8 +664,8 @@ impl fmt::Display for VerbsError {
 
 impl core::error::Error for VerbsError {}
 
-/// Why a memory-key check failed; see [`crate::mr::MrTable::check_lkey`] and
-/// [`crate::mr::MrTable::check_rkey`].
+/// Why a memory-key check failed; see [`crate::verbs::mr::MrTable::check_lkey`] and
+/// [`crate::verbs::mr::MrTable::check_rkey`].
 ///
 /// The kinds follow the order rxe checks them in (`lookup_mr`, then `mr_check_range`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

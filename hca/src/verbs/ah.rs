@@ -7,11 +7,11 @@
 //! attributes (IBV_QP_AV); a UD QP names one per send WR through an **address handle** (AH,
 //! ibv_create_ah(3)), an address vector registered in a PD.
 
-use crate::device::Device;
-use crate::error::Cause;
-use crate::gid::{Gid, GidEntry};
-use crate::pd::PdHandle;
-use crate::table::Handle;
+use crate::verbs::device::Device;
+use crate::verbs::error::Cause;
+use crate::verbs::gid::{Gid, GidEntry};
+use crate::verbs::pd::PdHandle;
+use crate::verbs::table::Handle;
 
 /// Largest IPv6 flow label (20 bits).
 pub const MAX_FLOW_LABEL: u32 = 0x000f_ffff;
@@ -79,7 +79,7 @@ impl AhAttr {
             .gids
             .get(self.sgid_index.into())
             .ok_or(Cause::NoSuchObject {
-                object: crate::error::Object::Gid,
+                object: crate::verbs::error::Object::Gid,
                 id: self.sgid_index.into(),
             })?;
         if self.flow_label > MAX_FLOW_LABEL {
@@ -152,7 +152,7 @@ pub type AhHandle = Handle<AddressHandle>;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gid::GidType;
+    use crate::verbs::gid::GidType;
 
     fn device() -> Device {
         let mut d = Device::soft_roce([2, 0, 0, 0, 0, 1], 1500);
@@ -223,7 +223,7 @@ mod tests {
         })
         .is_ok());
         let mut small = device();
-        small.port.gids = crate::gid::GidTable::new(2);
+        small.port.gids = crate::verbs::gid::GidTable::new(2);
         let mut a = good();
         a.sgid_index = 2;
         assert!(matches!(a.check(&small), Err(Cause::OutOfRange { .. })));

@@ -27,19 +27,19 @@ use std::time::Duration;
 
 use gpu_p2p::Memory;
 
-use crate::ah::{AhAttr, AhHandle};
-use crate::cq::CqHandle;
-use crate::device::{DeviceAttr, PortAttr};
-use crate::event::AsyncEvent;
-use crate::gid::{Gid, GidEntry};
 use crate::link::Link;
-use crate::mr::{AccessFlags, MemoryRegion};
-use crate::pd::PdHandle;
-use crate::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr};
-use crate::srq::{SrqAttr, SrqAttrMask, SrqHandle};
 use crate::udp_device::{DeviceError, SoftDevice};
-use crate::wc::WorkCompletion;
-use crate::wr::{RecvWr, SendWr};
+use crate::verbs::ah::{AhAttr, AhHandle};
+use crate::verbs::cq::CqHandle;
+use crate::verbs::device::{DeviceAttr, PortAttr};
+use crate::verbs::event::AsyncEvent;
+use crate::verbs::gid::{Gid, GidEntry};
+use crate::verbs::mr::{AccessFlags, MemoryRegion};
+use crate::verbs::pd::PdHandle;
+use crate::verbs::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr};
+use crate::verbs::srq::{SrqAttr, SrqAttrMask, SrqHandle};
+use crate::verbs::wc::WorkCompletion;
+use crate::verbs::wr::{RecvWr, SendWr};
 
 /// The verbs of one opened device (libibverbs' `struct ibv_context` and the calls on it).
 ///
@@ -370,8 +370,8 @@ impl<L: Link> Verbs for SoftDevice<L> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qp::QpType;
     use crate::udp_device::{UdpDevice, UdpDeviceConfig};
+    use crate::verbs::qp::QpType;
     use core::net::{IpAddr, Ipv4Addr};
 
     /// The trait is object safe and a `dyn Verbs` drives a real device: a refused verb keeps its
@@ -392,7 +392,7 @@ mod tests {
             send_cq: cq,
             recv_cq: cq,
             srq: None,
-            cap: crate::qp::QpCap {
+            cap: crate::verbs::qp::QpCap {
                 max_send_wr: 4,
                 max_recv_wr: 4,
                 max_send_sge: 1,
