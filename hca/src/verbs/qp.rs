@@ -32,18 +32,9 @@ use crate::verbs::recv_queue::RecvQueue;
 use crate::verbs::srq::SrqHandle;
 use crate::verbs::wr::{validate_send_wr, RecvWr, SendLimits, SendWr, SendWrInfo};
 
-pub use super::attr::{MigState, QpAttrMask, QpState, QpType};
-
-/// The first QPN given to a user QP (rxe `RXE_MIN_QP_INDEX`).
-pub const MIN_QPN: u32 = 16;
-/// The largest QPN (24 bits, the BTH DestQP field).
-pub const MAX_QPN: u32 = 0x00ff_ffff;
-/// Mask of a 24-bit PSN (IBTA vol. 1 ch. 9, BTH).
-pub const PSN_MASK: u32 = 0x00ff_ffff;
-/// Largest `timeout`, `min_rnr_timer` code (5 bits).
-pub const MAX_TIMER_CODE: u8 = 31;
-/// Largest `retry_cnt`, `rnr_retry` (3 bits; `rnr_retry` 7 means "retry forever").
-pub const MAX_RETRY: u8 = 7;
+pub use super::attr::{
+    MigState, QpAttrMask, QpState, QpType, MAX_QPN, MAX_RETRY, MAX_TIMER_CODE, MIN_QPN, PSN_MASK,
+};
 
 /// QP capabilities (`struct ibv_qp_cap`): queue depths in WRs, SGEs per WR, inline bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

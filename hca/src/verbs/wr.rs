@@ -13,9 +13,9 @@
 //! WR and end in an error completion instead (see [`crate::verbs::mr`]).
 
 use crate::verbs::ah::AhHandle;
+use crate::verbs::attr::{QpType, MAX_QPN};
 use crate::verbs::device::AtomicCap;
 use crate::verbs::error::Cause;
-use crate::verbs::qp::{QpType, MAX_QPN};
 
 pub use super::attr::{SendFlags, WrOpcode};
 
