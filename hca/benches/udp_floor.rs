@@ -2,8 +2,8 @@
 //! two processes exchange, per message, the datagrams that send-lat exchanges (an 8-byte RC
 //! SEND and the ACK of the peer's previous one: 24 + 20 bytes of UDP payload in one GSO train,
 //! IP_TOS / IP_TTL control messages, a one-slot receive batch (recvmsg(2) with UDP_GRO,
-//! IP_RECVTOS and IP_RECVTTL), as an idle device polls) through [`UdpLink`] configured as
-//! [`hca::udp_device::UdpDevice`] configures it, and, for comparison, one 24-byte datagram per
+//! IP_RECVTOS and IP_RECVTTL), as an idle device polls) through [`RoceSocket`] configured as
+//! [`hca::soft::UdpDevice`] configures it, and, for comparison, one 24-byte datagram per
 //! message through a plain nonblocking [`UdpSocket`] (sendto(2) / recvfrom(2), no control
 //! messages: the shape of `sockperf ping-pong --nonblocked`). Both ends poll with
 //! sched_yield(2) between empty polls, as rdma-perf does. Prints the half round trip of each,
@@ -24,7 +24,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hca::link::udp::{SendDatagram, UdpLink, UdpLinkConfig};
+use hca::link::udp::{RoceSocket, RoceSocketConfig, SendDatagram};
 use roce::ipv4::Ecn;
 
 /// Bytes of UDP payload of an 8-byte RC SEND ONLY: BTH 12, payload 8, ICRC 4.
@@ -45,7 +45,7 @@ trait End {
 
 /// The RoCE shape through the link the device uses.
 struct LinkEnd {
-    link: UdpLink,
+    link: RoceSocket,
     batch: hca::link::udp::RecvBatch,
     src_port: Option<u16>,
     bytes: [u8; SEND_LEN + ACK_LEN],
@@ -56,13 +56,13 @@ struct LinkEnd {
 
 impl LinkEnd {
     fn bind(local: SocketAddr) -> LinkEnd {
-        // As UdpDevice::open sets the link up (udp_device::open_udp_link) by default.
-        let mut c = UdpLinkConfig::new(local);
+        // As UdpDevice::open sets the link up (soft::open_udp_link) by default.
+        let mut c = RoceSocketConfig::new(local);
         c.gso_ipv4 = true;
         c.recv_buffer_bytes = Some(4 << 20);
         c.send_buffer_bytes = Some(4 << 20);
         c.src_ports = 4;
-        let link = UdpLink::bind(c).expect("bind the UDP link");
+        let link = RoceSocket::bind(c).expect("bind the UDP link");
         // One slot, as a caller-driven device polls when idle (udp_io::IDLE_BATCH).
         let batch = link.new_recv_batch_of(1);
         let src_port = link.src_ports().first().copied();
@@ -233,9 +233,9 @@ fn main() {
     let mut port = 47000 + (std::process::id() % 1000) as u16 * 2;
     let one = std::env::var_os("ONE").is_some();
     let link_shape = if one {
-        "send-lat's SEND alone (ONE=1, no ACK) through UdpLink"
+        "send-lat's SEND alone (ONE=1, no ACK) through RoceSocket"
     } else {
-        "send-lat's datagrams (SEND + ACK train) through UdpLink"
+        "send-lat's datagrams (SEND + ACK train) through RoceSocket"
     };
     let each = if rounds > 1 {
         format!("median of {rounds} runs, each the mean of {n} messages")

@@ -43,13 +43,13 @@
 //! * The in-memory test fabric ([`fabric`], feature `fabric`, on by default): engines linked by a
 //!   virtual clock with seeded loss, duplication, reordering, delay, corruption and ECN marks.
 //! * Links ([`link`], feature `std`): the kernel UDP socket and the tools' out-of-band exchanges.
-//! * The UDP device ([`udp_device`], feature `std`): the engine on a UDP socket with a progress
+//! * The UDP device ([`soft`], feature `std`): the engine on a UDP socket with a progress
 //!   thread behind a thread-safe verbs API: soft-RoCE in user space, interoperable with Linux rxe.
 //!   The binaries `rdma-perf` (perftest's `ib_*_bw` / `ib_*_lat`) and `rdma-pingpong` (rdma-core's
 //!   `ibv_rc/uc/ud_pingpong`) run on it (feature `tools`, on by default).
 //!
 //! * [`verbs::Verbs`] (feature `std`): the one device API every backend implements, so programs
-//!   and the conformance suite run unchanged on any of them: [`udp_device::UdpDevice`], and
+//!   and the conformance suite run unchanged on any of them: [`soft::UdpDevice`], and
 //!   [`fabric::device::FabricDevice`] (software HCAs on the in-memory fabric, virtual clock).
 //! * [`ibverbs`] (feature `std`): the IB verbs path, [`verbs::Verbs`] over rdma-core's libibverbs
 //!   (loaded at run time) for real InfiniBand / RoCE HCAs and the kernel's rxe.
@@ -72,7 +72,7 @@ pub mod ibverbs;
 #[cfg(feature = "std")]
 pub mod link;
 #[cfg(feature = "std")]
-pub mod udp_device;
+pub mod soft;
 pub mod verbs;
 
 pub use engine::{

@@ -10,7 +10,7 @@ use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use hca::link::udp::{DropDirections, DropHook, SendDatagram, UdpLink, UdpLinkConfig};
+use hca::link::udp::{DropDirections, DropHook, RoceSocket, RoceSocketConfig, SendDatagram};
 use hca::link::LinkError;
 
 const N: u32 = 400;
@@ -22,16 +22,16 @@ const NONE: DropHook = DropHook {
     directions: DropDirections::Both,
 };
 
-fn link(drop: DropHook) -> UdpLink {
-    let mut c = UdpLinkConfig::new("127.0.0.1:0".parse().unwrap());
+fn link(drop: DropHook) -> RoceSocket {
+    let mut c = RoceSocketConfig::new("127.0.0.1:0".parse().unwrap());
     c.drop = Some(drop);
     c.recv_buffer_bytes = Some(4 << 20);
-    UdpLink::bind(c).unwrap()
+    RoceSocket::bind(c).unwrap()
 }
 
 /// Sends datagrams 0 .. N (each carrying its number) from `a` to `b`, one at a time, and returns
 /// the numbers `b` received.
-fn run(a: &mut UdpLink, b: &mut UdpLink) -> BTreeSet<u32> {
+fn run(a: &mut RoceSocket, b: &mut RoceSocket) -> BTreeSet<u32> {
     let dst: SocketAddr = b.local_addr();
     let mut batch = b.new_recv_batch();
     let mut got = BTreeSet::new();
@@ -145,9 +145,9 @@ fn environment_sets_the_hook_and_bad_values_are_refused() {
     // The only test in this binary that touches the environment; the others give `drop`
     // explicitly (NONE: rate 0), so they never read it.
     let bind = |drop| {
-        let mut c = UdpLinkConfig::new("127.0.0.1:0".parse().unwrap());
+        let mut c = RoceSocketConfig::new("127.0.0.1:0".parse().unwrap());
         c.drop = drop;
-        UdpLink::bind(c)
+        RoceSocket::bind(c)
     };
     std::env::set_var(DropHook::PPM_VAR, "1000000");
     std::env::set_var(DropHook::SEED_VAR, "3");

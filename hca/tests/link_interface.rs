@@ -7,7 +7,7 @@
 use std::net::Ipv4Addr;
 
 use hca::link::udp::ipv4_interface;
-use hca::udp_device::{UdpDevice, UdpDeviceConfig};
+use hca::soft::{UdpDevice, UdpDeviceConfig};
 use hca::PathMtu;
 
 #[test]

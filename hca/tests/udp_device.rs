@@ -1,4 +1,4 @@
-//! The software HCA over real UDP sockets (`hca::udp_device`): two devices on loopback
+//! The software HCA over real UDP sockets (`hca::soft`): two devices on loopback
 //! (127.0.0.1 and 127.0.0.2; `::1` with two ports) run every RC operation, UD SEND, and the
 //! shutdown and failure paths end to end, with data checked. Devices bind ephemeral ports (and
 //! tell each other with `set_peer_port`) so that test runs never collide. Every wait is bounded
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_p2p::{HostMemory, Memory};
-use hca::udp_device::{DeviceError, Progress, UdpDevice, UdpDeviceConfig, GID_INDEX};
+use hca::soft::{DeviceError, Progress, UdpDevice, UdpDeviceConfig, GID_INDEX};
 use hca::{
     AccessFlags, AhAttr, CqHandle, MemoryRegion, PathMtu, PdHandle, QpAttr, QpAttrMask, QpCap,
     QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode,

@@ -1,4 +1,4 @@
-//! File descriptors of UDP devices (`hca::udp_device`): what a device costs
+//! File descriptors of UDP devices (`hca::soft`): what a device costs
 //! ([`UdpDeviceConfig::src_ports`] documents one descriptor per sending socket) and what
 //! happens when the process runs out of them (`RLIMIT_NOFILE`, setrlimit(2)): a typed error
 //! naming the cause, never a panic, and nothing left open or running after a failed open.
@@ -12,7 +12,7 @@
 use std::net::IpAddr;
 use std::sync::Mutex;
 
-use hca::udp_device::{DeviceError, Progress, UdpDevice, UdpDeviceConfig};
+use hca::soft::{DeviceError, Progress, UdpDevice, UdpDeviceConfig};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 

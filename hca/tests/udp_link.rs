@@ -11,7 +11,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hca::link::udp::{RecvBatch, SendDatagram, UdpLink, UdpLinkConfig};
+use hca::link::udp::{RecvBatch, RoceSocket, RoceSocketConfig, SendDatagram};
 use hca::link::{LinkError, Waker};
 use roce::ipv4::Ecn;
 
@@ -19,13 +19,13 @@ fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
-fn link(local: &str, gso: bool, gro: bool) -> UdpLink {
-    let mut c = UdpLinkConfig::new(addr(local));
+fn link(local: &str, gso: bool, gro: bool) -> RoceSocket {
+    let mut c = RoceSocketConfig::new(addr(local));
     c.gso = gso;
     c.gso_ipv4 = gso;
     c.gro = gro;
     c.batch = 32;
-    UdpLink::bind(c).unwrap()
+    RoceSocket::bind(c).unwrap()
 }
 
 fn is_root() -> bool {
@@ -45,7 +45,7 @@ struct Got {
 }
 
 /// Receives until `n` datagrams arrived or 3 s passed.
-fn recv_n(link: &mut UdpLink, batch: &mut RecvBatch, n: usize) -> Vec<Got> {
+fn recv_n(link: &mut RoceSocket, batch: &mut RecvBatch, n: usize) -> Vec<Got> {
     let deadline = Instant::now() + Duration::from_secs(3);
     let mut out = Vec::new();
     while out.len() < n && Instant::now() < deadline {
@@ -66,7 +66,7 @@ fn recv_n(link: &mut UdpLink, batch: &mut RecvBatch, n: usize) -> Vec<Got> {
 }
 
 /// Sends all of `dgrams`, waiting for room when the socket buffer is full (bounded).
-fn send_all(link: &mut UdpLink, dgrams: &[SendDatagram<'_>]) {
+fn send_all(link: &mut RoceSocket, dgrams: &[SendDatagram<'_>]) {
     let deadline = Instant::now() + Duration::from_secs(3);
     let mut done = 0;
     while done < dgrams.len() {
@@ -192,11 +192,11 @@ fn ipv6_plain_and_gso_gro() {
 
 #[test]
 fn gso_is_off_for_ipv4_by_default() {
-    let l = UdpLink::bind(UdpLinkConfig::new(addr("127.0.0.1:0"))).unwrap();
+    let l = RoceSocket::bind(RoceSocketConfig::new(addr("127.0.0.1:0"))).unwrap();
     let o = l.offloads();
     eprintln!("probed offloads (IPv4 default config): {o:?}");
     assert!(!o.gso, "IPv4 GSO must be opt-in (identification numbering)");
-    let l6 = UdpLink::bind(UdpLinkConfig::new(addr("[::1]:0"))).unwrap();
+    let l6 = RoceSocket::bind(RoceSocketConfig::new(addr("[::1]:0"))).unwrap();
     eprintln!("probed offloads (IPv6 default config): {:?}", l6.offloads());
     assert_eq!(l6.offloads().gso, l6.offloads().gso_supported);
 }
@@ -211,11 +211,11 @@ fn ecn_dscp_and_hop_limit_round_trip() {
         [("127.0.0.1:0", "127.0.0.2:0"), ("[::1]:0", "[::1]:0")].map(|(a, b)| (a, b, k))
     });
     for (a_addr, b_addr, k) in cases {
-        let mut c = UdpLinkConfig::new(addr(a_addr));
+        let mut c = RoceSocketConfig::new(addr(a_addr));
         c.gso_ipv4 = true;
         c.batch = 32;
         c.src_ports = k;
-        let mut a = UdpLink::bind(c).unwrap();
+        let mut a = RoceSocket::bind(c).unwrap();
         let ports = a.src_ports();
         let src = |i: usize| (k > 0).then(|| ports[i % ports.len()]);
         let mut b = link(b_addr, true, true);
@@ -354,12 +354,12 @@ fn ipv6_zero_checksum_is_accepted() {
 #[test]
 fn bind_errors_name_the_address() {
     let a = link("127.0.0.2:0", false, false);
-    let e = UdpLink::bind(UdpLinkConfig::new(a.local_addr())).unwrap_err();
+    let e = RoceSocket::bind(RoceSocketConfig::new(a.local_addr())).unwrap_err();
     assert!(matches!(&e, LinkError::Bind { .. }), "{e}");
     assert_eq!(e.io_error().unwrap().kind(), std::io::ErrorKind::AddrInUse);
     assert!(e.to_string().contains(&a.local_addr().to_string()), "{e}");
     // 192.0.2.1 (TEST-NET-1, RFC 5737) is on no interface of a test machine.
-    let e = UdpLink::bind(UdpLinkConfig::new(addr("192.0.2.1:4791"))).unwrap_err();
+    let e = RoceSocket::bind(RoceSocketConfig::new(addr("192.0.2.1:4791"))).unwrap_err();
     assert_eq!(
         e.io_error().unwrap().kind(),
         std::io::ErrorKind::AddrNotAvailable,
@@ -376,10 +376,10 @@ fn bind_errors_name_the_address() {
 #[test]
 fn datagrams_leave_from_the_source_port_they_name() {
     for (a_addr, b_addr) in [("127.0.0.1:0", "127.0.0.2:0"), ("[::1]:0", "[::1]:0")] {
-        let mut c = UdpLinkConfig::new(addr(a_addr));
+        let mut c = RoceSocketConfig::new(addr(a_addr));
         c.gso_ipv4 = true;
         c.src_ports = 4;
-        let mut a = UdpLink::bind(c).unwrap();
+        let mut a = RoceSocket::bind(c).unwrap();
         let mut b = link(b_addr, true, true);
         let ports = a.src_ports();
         assert_eq!(ports.len(), 4);
@@ -431,9 +431,9 @@ fn datagrams_leave_from_the_source_port_they_name() {
             other => panic!("{other:?}"),
         }
     }
-    let mut c = UdpLinkConfig::new(addr("127.0.0.1:0"));
+    let mut c = RoceSocketConfig::new(addr("127.0.0.1:0"));
     c.src_ports = 65;
-    assert!(UdpLink::bind(c).is_err(), "65 sending sockets");
+    assert!(RoceSocket::bind(c).is_err(), "65 sending sockets");
 }
 
 /// A port of the entropy range that another socket holds is replaced by the next free one of
@@ -442,9 +442,9 @@ fn datagrams_leave_from_the_source_port_they_name() {
 #[test]
 fn a_taken_entropy_port_is_replaced_within_the_range() {
     let open = || {
-        let mut c = UdpLinkConfig::new(addr("127.0.0.3:0"));
+        let mut c = RoceSocketConfig::new(addr("127.0.0.3:0"));
         c.src_ports = 2;
-        UdpLink::bind(c).unwrap()
+        RoceSocket::bind(c).unwrap()
     };
     let first = open();
     let second = open();
@@ -537,10 +537,10 @@ fn wait_times_out_wakes_and_sees_data() {
 
 #[test]
 fn oversized_datagrams_are_dropped_and_counted() {
-    let mut c = UdpLinkConfig::new(addr("127.0.0.2:0"));
+    let mut c = RoceSocketConfig::new(addr("127.0.0.2:0"));
     c.gro = false;
     c.max_payload = 256;
-    let mut b = UdpLink::bind(c).unwrap();
+    let mut b = RoceSocket::bind(c).unwrap();
     let mut batch = b.new_recv_batch();
     assert_eq!(batch.slot_bytes(), 256);
     let s = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -590,9 +590,9 @@ fn ipv4_identification_on_the_wire() {
             eprintln!("skipped: could not configure the TUN device with ip(8)");
             return;
         }
-        let mut c = UdpLinkConfig::new(addr("10.77.0.1:4791"));
+        let mut c = RoceSocketConfig::new(addr("10.77.0.1:4791"));
         c.gso_ipv4 = true;
-        let mut l = UdpLink::bind(c).unwrap();
+        let mut l = RoceSocket::bind(c).unwrap();
         let dst = addr("10.77.0.2:4791");
         let body = [0x5au8; 100];
         let p = [IoSlice::new(&body)];
@@ -801,16 +801,16 @@ fn run(args: &[&str]) -> bool {
 fn a_full_sending_socket_holds_back_its_port_only() {
     for (a_addr, b_addr) in [("127.0.0.1:0", "127.0.0.2:0"), ("[::1]:0", "[::1]:0")] {
         in_throttled_namespace(move || {
-            let mut c = UdpLinkConfig::new(addr(a_addr));
+            let mut c = RoceSocketConfig::new(addr(a_addr));
             c.gso = false;
             c.src_ports = 2;
             // The kernel doubles it: room for a few datagrams of 1000 bytes.
             c.send_buffer_bytes = Some(4096);
-            let mut a = UdpLink::bind(c).unwrap();
-            let mut c = UdpLinkConfig::new(addr(b_addr));
+            let mut a = RoceSocket::bind(c).unwrap();
+            let mut c = RoceSocketConfig::new(addr(b_addr));
             c.recv_buffer_bytes = Some(4 << 20);
             c.gro = false;
-            let mut b = UdpLink::bind(c).unwrap();
+            let mut b = RoceSocket::bind(c).unwrap();
             let ports = a.src_ports();
             let bodies: Vec<Vec<u8>> = (0..400).map(|i| payload(i, 1000)).collect();
             let parts: Vec<[IoSlice<'_>; 1]> = bodies.iter().map(|x| [IoSlice::new(x)]).collect();

@@ -46,7 +46,7 @@ use std::io;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use hca::udp_device::DeviceError;
+use hca::soft::DeviceError;
 use hca::WcStatus;
 
 use crate::bootstrap::BusinessCard;

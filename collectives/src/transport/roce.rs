@@ -1,5 +1,5 @@
 //! The inter-node transport: the slot protocol over RDMA (RoCEv2) with the `hca` crate's verbs,
-//! on a software HCA over a kernel UDP socket ([`hca::udp_device::UdpDevice`]).
+//! on a software HCA over a kernel UDP socket ([`hca::soft::UdpDevice`]).
 //!
 //! # RDMA in one paragraph
 //! An RDMA device (HCA) moves bytes between *registered* memory of two hosts without the remote
@@ -137,7 +137,7 @@ use std::time::{Duration, Instant};
 use gpu_p2p::{HostMemory, HostPtr, Memory, MemoryError, MemoryKind};
 use hca::ibverbs::IbvDevice;
 use hca::link::LinkSpec;
-use hca::udp_device::{DeviceError, Progress, UdpDevice, UdpDeviceConfig};
+use hca::soft::{DeviceError, Progress, UdpDevice, UdpDeviceConfig};
 use hca::verbs::Verbs;
 use hca::{
     AccessFlags, AhAttr, CqHandle, Gid, MemoryRegion, PathMtu, PdHandle, QpAttr, QpAttrMask, QpCap,

@@ -6,7 +6,7 @@
 //! software HCA to it and returns its device handle. Nothing runs in the background: the fabric
 //! moves (packets are carried, timers fire, the virtual clock advances) only while a caller of
 //! [`Verbs::poll_cq`] or [`Verbs::wait_cq`] on any device of the group drives it, as a
-//! [`crate::udp_device::Progress::Caller`] device moves only while its program polls.
+//! [`crate::soft::Progress::Caller`] device moves only while its program polls.
 //!
 //! # Time
 //! [`Verbs::wait_cq`]'s `timeout` bounds both clocks: the wait ends when the virtual clock has
@@ -34,7 +34,7 @@ use roce::Gid;
 
 use super::{soft_hca_with, Fabric, Faults, NodeId};
 use crate::engine::{EngineConfig, Instant, SoftHca};
-use crate::udp_device::DeviceError;
+use crate::soft::DeviceError;
 use crate::verbs::ah::{AhAttr, AhHandle};
 use crate::verbs::cq::CqHandle;
 use crate::verbs::device::{DeviceAttr, PortAttr};
@@ -118,7 +118,7 @@ impl FabricGroup {
         eth_mtu: u32,
         config: EngineConfig,
     ) -> Result<FabricDevice, DeviceError> {
-        let local = SocketAddr::new(ip, crate::udp_device::ROCEV2_PORT);
+        let local = SocketAddr::new(ip, crate::soft::ROCEV2_PORT);
         if ip.is_unspecified() {
             return Err(DeviceError::Config {
                 device: format!("fabric:{local}"),
@@ -204,7 +204,7 @@ impl FabricDevice {
             Err(DeviceError::Closed {
                 device: format!(
                     "fabric:{}",
-                    SocketAddr::new(self.ip, crate::udp_device::ROCEV2_PORT)
+                    SocketAddr::new(self.ip, crate::soft::ROCEV2_PORT)
                 ),
             })
         } else {

@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use gpu_p2p::Memory;
 
-use crate::udp_device::DeviceError;
+use crate::soft::DeviceError;
 use crate::verbs::ah::{AhAttr, AhHandle};
 use crate::verbs::cq::CqHandle;
 use crate::verbs::device::{DeviceAttr, PortAttr};

@@ -1,7 +1,7 @@
 //! [`AnyLink`]: a link chosen at run time ([`LinkSpec`](super::LinkSpec)), for programs such as
 //! the tools whose `--link` picks the UDP socket or a VFIO NIC. Each method dispatches once per
 //! call (a batch), by a `match`; the per-packet work inside runs in the chosen link's own
-//! monomorphized code. Programs that know their link use `SoftDevice<UdpIo>` or
+//! monomorphized code. Programs that know their link use `SoftDevice<UdpLink>` or
 //! `SoftDevice<VfioLink>` directly.
 
 use std::net::SocketAddr;
@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::{Datagram, Instant, SoftHca};
-use crate::udp_device::{DeviceError, UdpDeviceConfig, VfioDeviceConfig};
+use crate::soft::{DeviceError, UdpDeviceConfig, VfioDeviceConfig};
 use crate::verbs::device::Device;
 
 use super::udp::{LinkCounters, LinkPoller};
 use super::vfio::{VfioLink, VfioLinkCounters, VfioPoller};
-use super::{FlushReport, Link, LinkWait, RecvState, UdpIo, Waker};
+use super::{FlushReport, Link, LinkWait, RecvState, UdpLink, Waker};
 
 /// One of the links (see the [module docs](self)).
 // One per device, inside its lock: the size of the larger variant costs nothing, a box would
@@ -23,7 +23,7 @@ use super::{FlushReport, Link, LinkWait, RecvState, UdpIo, Waker};
 #[derive(Debug)]
 pub enum AnyLink {
     /// A kernel UDP socket.
-    Udp(UdpIo),
+    Udp(UdpLink),
     /// A virtio-net NIC driven through VFIO.
     Vfio(VfioLink),
 }

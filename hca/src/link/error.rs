@@ -4,7 +4,7 @@ use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 
-/// A failed operation of a [`UdpLink`](super::udp::UdpLink) or a [`Waker`](super::wake::Waker):
+/// A failed operation of a [`RoceSocket`](super::udp::RoceSocket) or a [`Waker`](super::wake::Waker):
 /// one variant per operation, naming the link's local address (and the destination, for a send)
 /// and keeping the OS error (`errno` and its text) as the source.
 ///
@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 /// has the address: [`io::ErrorKind::AddrNotAvailable`]); see ip(7) and ipv6(7).
 #[derive(Debug)]
 pub enum LinkError {
-    /// The [`UdpLinkConfig`](super::udp::UdpLinkConfig) is unusable (unspecified address, batch
+    /// The [`RoceSocketConfig`](super::udp::RoceSocketConfig) is unusable (unspecified address, batch
     /// size 0 or above the limit, ...); nothing was opened.
     Config {
         /// The local address asked for.
@@ -53,7 +53,7 @@ pub enum LinkError {
         source: io::Error,
     },
     /// sendmmsg(2) refused datagram `index` of the slice passed to
-    /// [`UdpLink::send`](super::udp::UdpLink::send): the datagrams before it were sent, it was
+    /// [`RoceSocket::send`](super::udp::RoceSocket::send): the datagrams before it were sent, it was
     /// not (and will not be: the error is not transient), the ones after it were not tried.
     Send {
         /// The link's local address.
@@ -66,7 +66,7 @@ pub enum LinkError {
         /// `ENETUNREACH`, `EACCES`, ...).
         source: io::Error,
     },
-    /// Datagram `index` of the slice passed to [`UdpLink::send`](super::udp::UdpLink::send) is
+    /// Datagram `index` of the slice passed to [`RoceSocket::send`](super::udp::RoceSocket::send) is
     /// malformed and was not sent (the datagrams before it were).
     InvalidDatagram {
         /// The link's local address.

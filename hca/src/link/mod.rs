@@ -3,16 +3,16 @@
 //! The transport engine (`crate::engine`) is sans-I/O: it consumes received UDP payloads with their
 //! IP metadata and produces UDP payloads to send. A **link** moves those payloads:
 //! * [`udp`]: a kernel UDP socket on port 4791 (RoCEv2 over the host's IP stack, interoperable
-//!   with Linux rxe), with batched I/O, GSO/GRO, ECN and zero-copy gather; [`udp_io::UdpIo`] is
+//!   with Linux rxe), with batched I/O, GSO/GRO, ECN and zero-copy gather; [`udp::UdpLink`] is
 //!   that socket with the receive batches and transmit slots a device drives;
 //! * [`vfio`]: a virtio-net NIC this process drives itself through VFIO (kernel bypass);
 //! * [`oob`]: not a packet link but the out-of-band TCP exchanges with which RDMA test tools
 //!   (rdma-core's `ibv_*_pingpong`, perftest's `ib_*_bw` / `ib_*_lat`) trade QP numbers, PSNs,
 //!   GIDs and memory keys before any RDMA packet flows;
-//! * [`wake`]: waking a progress thread blocked in [`udp::UdpLink::wait`].
+//! * [`wake`]: waking a progress thread blocked in [`udp::RoceSocket::wait`].
 //!
 //! [`Link`] is what the device's progress engine
-//! ([`SoftDevice`](crate::udp_device::SoftDevice)) needs from a link, so that one engine, one
+//! ([`SoftDevice`](crate::soft::SoftDevice)) needs from a link, so that one engine, one
 //! progress thread and one verbs API run over either; [`LinkSpec`] is the link a tool's `--link`
 //! names (`udp:ADDRESS[:PORT]`, `vfio:PCI_ADDRESS`).
 //!
@@ -20,13 +20,11 @@
 
 #[cfg(all(feature = "std", target_os = "linux"))]
 pub mod any;
-mod cmsg;
 pub mod error;
 pub mod oob;
 pub mod spec;
-mod sys;
+pub(crate) mod sys;
 pub mod udp;
-pub mod udp_io;
 #[cfg(all(feature = "std", target_os = "linux"))]
 pub mod vfio;
 pub mod wake;
@@ -43,10 +41,9 @@ pub use error::LinkError;
 pub use oob::OobError;
 pub use spec::{LinkSpec, LinkSpecError};
 pub use udp::{
-    LinkCounters, LinkPoller, Offloads, Readiness, RecvBatch, RecvDatagram, SendDatagram, UdpLink,
-    UdpLinkConfig,
+    LinkCounters, LinkPoller, Offloads, Readiness, RecvBatch, RecvDatagram, RoceSocket,
+    RoceSocketConfig, SendDatagram, UdpLink,
 };
-pub use udp_io::UdpIo;
 pub use wake::Waker;
 
 /// What [`Link::recv`] found.
@@ -88,8 +85,8 @@ impl<E> Default for FlushReport<E> {
 /// implementations keep their buffers preallocated: nothing on this path allocates.
 pub trait Link: Send + 'static {
     /// The link's error (its `Display` names the link and what failed).
-    type Error: std::error::Error + Send + Sync + 'static + Into<crate::udp_device::DeviceError>;
-    /// How a device over this link is opened ([`SoftDevice::config`](crate::udp_device::SoftDevice::config)).
+    type Error: std::error::Error + Send + Sync + 'static + Into<crate::soft::DeviceError>;
+    /// How a device over this link is opened ([`SoftDevice::config`](crate::soft::SoftDevice::config)).
     type DeviceConfig: Clone + fmt::Debug + Send + Sync + 'static;
     /// What a sleeping progress thread waits on without holding the link (see [`LinkWait`]).
     type Poller: LinkWait<Error = Self::Error> + Send + Sync + 'static;

@@ -1,4 +1,4 @@
-//! Waking a progress thread that sleeps in [`UdpLink::wait`](super::udp::UdpLink::wait).
+//! Waking a progress thread that sleeps in [`RoceSocket::wait`](super::udp::RoceSocket::wait).
 //!
 //! A device's progress thread blocks in poll(2) on its socket while nothing is to be done. When
 //! the application posts a work request (or closes the device) the thread must wake up at once,

@@ -2,7 +2,7 @@
 //!
 //! A program (the tools, the collectives, the conformance suite) opens a device and then speaks
 //! verbs to it, whatever moves the packets: the software HCA over a kernel UDP socket
-//! ([`crate::udp_device::UdpDevice`]), the software HCA over NIC queues mapped through VFIO, or a
+//! ([`crate::soft::UdpDevice`]), the software HCA over NIC queues mapped through VFIO, or a
 //! real HCA through rdma-core's libibverbs. This trait is that API: the calls of libibverbs'
 //! `struct ibv_context` and its objects (ibv_alloc_pd(3), ibv_reg_mr(3), ibv_create_cq(3),
 //! ibv_create_qp(3), ibv_modify_qp(3), ibv_post_send(3), ibv_poll_cq(3), ...), with the same
@@ -28,7 +28,7 @@ use std::time::Duration;
 use gpu_p2p::Memory;
 
 use crate::link::Link;
-use crate::udp_device::{DeviceError, SoftDevice};
+use crate::soft::{DeviceError, SoftDevice};
 use crate::verbs::ah::{AhAttr, AhHandle};
 use crate::verbs::cq::CqHandle;
 use crate::verbs::device::{DeviceAttr, PortAttr};
@@ -370,7 +370,7 @@ impl<L: Link> Verbs for SoftDevice<L> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::udp_device::{UdpDevice, UdpDeviceConfig};
+    use crate::soft::{UdpDevice, UdpDeviceConfig};
     use crate::verbs::qp::QpType;
     use core::net::{IpAddr, Ipv4Addr};
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use hca::fabric::device::FabricGroup;
 use hca::fabric::Faults;
 use hca::ibverbs::IbvDevice;
-use hca::udp_device::{DeviceError, UdpDevice, UdpDeviceConfig};
+use hca::soft::{DeviceError, UdpDevice, UdpDeviceConfig};
 use hca::verbs::Verbs;
 
 use super::Devices;

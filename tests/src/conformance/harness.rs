@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_p2p::{HostMemory, Memory};
-use hca::udp_device::DeviceError;
+use hca::soft::DeviceError;
 use hca::verbs::Verbs;
 use hca::{
     AccessFlags, AhAttr, AhHandle, CqHandle, MemoryRegion, PathMtu, PdHandle, QpAttr, QpAttrMask,

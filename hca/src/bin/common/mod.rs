@@ -16,7 +16,7 @@ use hca::link::any::AnyConfig;
 use hca::link::oob::OobTimeouts;
 use hca::link::vfio::VfioLinkConfig;
 pub use hca::link::LinkSpec;
-use hca::udp_device::{AnyDevice, DeviceError, Progress, UdpDeviceConfig, VfioDeviceConfig};
+use hca::soft::{AnyDevice, DeviceError, Progress, UdpDeviceConfig, VfioDeviceConfig};
 use hca::verbs::Verbs;
 use hca::{
     AccessFlags, AhAttr, Gid, MemoryRegion, PathMtu, PdHandle, QpAttr, QpAttrMask, QpState, QpType,
@@ -132,7 +132,7 @@ impl Dev {
 /// The UDP port the peers of these tools send RoCEv2 packets to: 4791 (IBTA vol. 1 Annex
 /// A17.2.2). perftest's and ibv_*_pingpong's TCP exchanges carry a GID and a QPN but no UDP
 /// port, so a peer cannot learn any other.
-pub const ROCEV2_PORT: u16 = hca::udp_device::ROCEV2_PORT;
+pub const ROCEV2_PORT: u16 = hca::soft::ROCEV2_PORT;
 
 /// Parses a `--link` / `-d` value (see [`LinkSpec`]) for `rdma-perf` / `rdma-pingpong`.
 ///

@@ -38,7 +38,7 @@ use hca::link::oob::perftest::{
     BwReport, KeyFormat, PerftestConn, PerftestDest, PerftestListener, PerftestTest,
     DEFAULT_CACHE_LINE_SIZE, DEFAULT_CYCLE_BUFFER,
 };
-use hca::udp_device::Progress;
+use hca::soft::Progress;
 use hca::{
     AccessFlags, CqHandle, MemoryRegion, PathMtu, PdHandle, QpCap, QpInitAttr, QpType, RecvWr,
     SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,

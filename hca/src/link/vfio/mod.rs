@@ -24,7 +24,7 @@
 //! | `link` | [`VfioLink`]: the engine's progress over all of it, and memory registration that maps regions into the IOMMU. |
 //!
 //! [`VfioLink`] implements [`crate::link::Link`], so the same progress engine and verbs API that
-//! run over the UDP socket run over this NIC: [`crate::udp_device::VfioDevice`] (and the tools'
+//! run over the UDP socket run over this NIC: [`crate::soft::VfioDevice`] (and the tools'
 //! `--link vfio:PCI_ADDRESS`). [`VfioLink::poll`] remains for programs that drive the engine
 //! themselves (the `vfio_pingpong` example).
 //!

@@ -1,7 +1,7 @@
 //! A software RDMA device: the [`SoftHca`] engine, a link and a progress engine, behind a
 //! thread-safe verbs API (what `ibv_open_device` gives a program over Linux's soft-RoCE driver,
 //! rxe, but in user space). [`SoftDevice`] is generic over its [`Link`]: [`UdpDevice`] runs on a
-//! kernel UDP socket ([`UdpIo`] over a [`UdpLink`]), [`VfioDevice`] on a virtio-net NIC that the
+//! kernel UDP socket ([`UdpLink`] over a [`RoceSocket`]), [`VfioDevice`] on a virtio-net NIC that the
 //! process drives through VFIO ([`VfioLink`](crate::link::vfio::VfioLink)), and [`AnyDevice`] on
 //! either, chosen at run time (the tools' `--link`). The progress engine below is the same for
 //! all; the sections on addresses, GSO and windows describe the UDP device.
@@ -85,8 +85,8 @@ use std::time::Duration;
 use gpu_p2p::Memory;
 
 use crate::engine::{Counters, EngineConfig, SoftHca};
-use crate::link::udp::{self, Offloads, UdpLink, UdpLinkConfig};
-use crate::link::{Link, LinkError, UdpIo, Waker};
+use crate::link::udp::{self, Offloads, RoceSocket, RoceSocketConfig};
+use crate::link::{Link, LinkError, UdpLink, Waker};
 use crate::verbs::ah::{AhAttr, AhHandle};
 use crate::verbs::cq::CqHandle;
 use crate::verbs::device::{DeviceAttr, PathMtu, PortAttr};
@@ -153,7 +153,7 @@ pub struct UdpDeviceConfig {
     pub gso: bool,
     /// Also over IPv4. The kernel numbers the IPv4 identification of a train's segments 0, 1,
     /// 2, ... and the ICRC covers it, so the device recomputes the ICRC of every segment after
-    /// the first for its identification ([`UdpLink::gso_positions`]): peers that check the
+    /// the first for its identification ([`RoceSocket::gso_positions`]): peers that check the
     /// ICRC (rxe, RoCE NICs) accept them. Default true.
     pub gso_ipv4: bool,
     /// Ask for UDP GRO. Default true.
@@ -168,7 +168,7 @@ pub struct UdpDeviceConfig {
     pub window_budget: Option<u32>,
     /// Sockets that only send, each from its own UDP source port, for per-QP source-port
     /// entropy (ECMP): a QP's packets leave from the port its QPN (or flow label) selects, 0 ..=
-    /// 64 ([`UdpLinkConfig::src_ports`]). Default [`DEFAULT_SRC_PORTS`]; 0 sends everything from
+    /// 64 ([`RoceSocketConfig::src_ports`]). Default [`DEFAULT_SRC_PORTS`]; 0 sends everything from
     /// the bound port. Each costs one file descriptor.
     pub src_ports: usize,
 }
@@ -251,7 +251,7 @@ fn interface_mtu(ip: IpAddr) -> Option<u32> {
 
 /// Binds the socket of a UDP device and returns its link, the engine configuration (source port
 /// set to the bound port) and the window budget; see [`UdpDevice::open`].
-fn open_udp_link(config: &UdpDeviceConfig) -> Result<(UdpIo, EngineConfig, u32), DeviceError> {
+fn open_udp_link(config: &UdpDeviceConfig) -> Result<(UdpLink, EngineConfig, u32), DeviceError> {
     let want = config.socket_addr();
     let bad = |reason| {
         Err(DeviceError::Config {
@@ -269,7 +269,7 @@ fn open_udp_link(config: &UdpDeviceConfig) -> Result<(UdpIo, EngineConfig, u32),
     let Some(active_mtu) = PathMtu::from_link_mtu(link_mtu as usize) else {
         return bad("link MTU below the smallest RoCE path MTU (256) plus headers");
     };
-    let mut link_config = UdpLinkConfig::new(want);
+    let mut link_config = RoceSocketConfig::new(want);
     link_config.batch = config.batch;
     link_config.gso = config.gso;
     link_config.gro = config.gro;
@@ -277,14 +277,14 @@ fn open_udp_link(config: &UdpDeviceConfig) -> Result<(UdpIo, EngineConfig, u32),
     link_config.recv_buffer_bytes = config.socket_buffer_bytes;
     link_config.send_buffer_bytes = config.socket_buffer_bytes;
     link_config.src_ports = config.src_ports;
-    let link = UdpLink::bind(link_config)?;
+    let link = RoceSocket::bind(link_config)?;
     let mut engine_config = config.engine.clone();
     engine_config.udp_src_ports = link.src_ports();
     let window_budget = config.window_budget.unwrap_or_else(|| {
         let rcvbuf = link.socket_buffers().map_or(212_992, |(r, _)| r);
         (rcvbuf / 2 / (active_mtu.bytes() + 512)) as u32
     });
-    let io = UdpIo::new(link, config.peer_port, config.scope_id, link_mtu);
+    let io = UdpLink::new(link, config.peer_port, config.scope_id, link_mtu);
     Ok((io, engine_config, window_budget))
 }
 
@@ -542,7 +542,7 @@ pub struct SoftDevice<L: Link> {
 }
 
 /// A software RoCEv2 device on a kernel UDP socket (see the [module docs](self)).
-pub type UdpDevice = SoftDevice<UdpIo>;
+pub type UdpDevice = SoftDevice<UdpLink>;
 
 impl<L: Link> fmt::Debug for SoftDevice<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -29,7 +29,7 @@ use crate::link::{Link, LinkWait};
 
 use super::{lock, Shared};
 
-pub(crate) use crate::link::udp_io::MAX_TX_BATCH;
+pub(crate) use crate::link::udp::MAX_TX_BATCH;
 
 /// Longest sleep of an idle progress thread with no timer armed (it then re-checks `stop`; a
 /// wake ends any sleep at once).

@@ -1,4 +1,4 @@
-//! [`UdpIo`]: a [`UdpLink`] with the receive batches and transmit slots that a device's progress
+//! [`UdpLink`]: a [`RoceSocket`] with the receive batches and transmit slots that a device's progress
 //! engine drives through the [`Link`] trait.
 //!
 //! Receive: one recvmmsg(2) fills a batch of up to 64 datagrams (a batch of 4 when the caller's
@@ -21,8 +21,16 @@ use crate::engine::{Datagram, GatherTransmit, Instant, SoftHca, MAX_TX_SEGMENTS,
 use crate::verbs::device::{Device, DeviceAttr, PathMtu, PortAttr};
 use crate::verbs::gid::{Gid, GidEntry, GidType};
 
-use super::udp::{LinkCounters, LinkPoller, RecvBatch, RecvDatagram, SendDatagram, UdpLink};
-use super::{FlushReport, Link, LinkError, RecvState};
+use crate::link::{FlushReport, Link, LinkError, RecvState};
+
+mod cmsg;
+pub mod socket;
+
+pub use socket::{
+    ipv4_interface, DropDirections, DropHook, LinkCounters, LinkPoller, Offloads, Readiness,
+    RecvBatch, RecvDatagram, RecvIter, RoceSocket, RoceSocketConfig, SendDatagram, DEFAULT_BATCH,
+    DEFAULT_MAX_PAYLOAD, GRO_SLOT_BYTES, GSO_MAX_SEGMENTS, MAX_BATCH, MAX_SRC_PORTS, ROCEV2_PORT,
+};
 
 /// Most packets built and sent per round (one sendmmsg(2) call, or GSO trains of at most 64).
 pub const MAX_TX_BATCH: usize = 64;
@@ -35,13 +43,10 @@ const IDLE_BATCH: usize = 1;
 /// Bytes of one transmit slot: the largest UDP payload the engine builds.
 const SLOT: usize = MAX_UDP_PAYLOAD;
 
-/// The RoCEv2 port (IBTA vol. 1 Annex A17.2.2).
-const ROCEV2_PORT: u16 = super::udp::ROCEV2_PORT;
-
-/// A [`UdpLink`] with a device's batches; see the [module docs](self).
+/// A [`RoceSocket`] with a device's batches; see the [module docs](self).
 #[derive(Debug)]
-pub struct UdpIo {
-    link: UdpLink,
+pub struct UdpLink {
+    link: RoceSocket,
     rx: RecvBatch,
     /// A batch of [`IDLE_BATCH`] slots, cheaper to prepare, for caller rounds after an empty one.
     rx_idle: RecvBatch,
@@ -70,17 +75,17 @@ pub struct UdpIo {
     mtu: u32,
 }
 
-impl UdpIo {
+impl UdpLink {
     /// Wraps `link`: packets go to UDP port `peer_port` of their destination unless
-    /// [`UdpIo::set_peer_port`] says otherwise; `scope_id` is the interface of link-local
+    /// [`UdpLink::set_peer_port`] says otherwise; `scope_id` is the interface of link-local
     /// destinations; `mtu` the IP MTU of the path, bytes (the port's active MTU is the largest
     /// RoCE path MTU that fits it, [`PathMtu::from_link_mtu`]).
-    pub fn new(link: UdpLink, peer_port: u16, scope_id: u32, mtu: u32) -> UdpIo {
+    pub fn new(link: RoceSocket, peer_port: u16, scope_id: u32, mtu: u32) -> UdpLink {
         let rx = link.new_recv_batch();
         let rx_idle = link.new_recv_batch_of(IDLE_BATCH);
         let slots = link.config().batch.clamp(1, MAX_TX_BATCH);
         let local = link.local_addr();
-        UdpIo {
+        UdpLink {
             rx,
             rx_idle,
             small: false,
@@ -101,7 +106,7 @@ impl UdpIo {
     }
 
     /// The socket link.
-    pub fn link(&self) -> &UdpLink {
+    pub fn link(&self) -> &RoceSocket {
         &self.link
     }
 
@@ -249,11 +254,11 @@ fn datagram<'a>(d: &RecvDatagram<'a>, ipv6: bool) -> Datagram<'a> {
     }
 }
 
-impl Link for UdpIo {
+impl Link for UdpLink {
     type Error = LinkError;
     type Poller = LinkPoller;
     type Counters = LinkCounters;
-    type DeviceConfig = crate::udp_device::UdpDeviceConfig;
+    type DeviceConfig = crate::soft::UdpDeviceConfig;
 
     fn name(&self) -> String {
         format!("udp:{}", self.link.local_addr())
@@ -355,7 +360,7 @@ impl Link for UdpIo {
         let mut report = FlushReport::default();
         let n = self.meta.len();
         while self.sent < n {
-            let UdpIo {
+            let UdpLink {
                 link,
                 tx,
                 meta,

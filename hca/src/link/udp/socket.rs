@@ -12,12 +12,12 @@
 //!   unspecified address, since the address is the device's GID and is covered by the ICRC) and
 //!   port 4791 ([`ROCEV2_PORT`]; tests use high ports). Devices on one host bind distinct
 //!   addresses (127.0.0.1 and 127.0.0.2). IPv6 sockets are `IPV6_V6ONLY`.
-//! * **Non-blocking**, with [`UdpLink::wait`] (poll(2)) for a progress thread to block on when idle
+//! * **Non-blocking**, with [`RoceSocket::wait`] (poll(2)) for a progress thread to block on when idle
 //!   and a [`Waker`] to wake it.
 //! * **Zero UDP checksum over IPv6 accepted** (`UDP_NO_CHECK6_RX`, udp(7)): Linux rxe sends its
 //!   IPv6 packets with checksum 0 (RoCEv2 has the ICRC), which an IPv6 UDP socket otherwise drops
 //!   (RFC 8200 §8.1). Sending with checksum 0 (`UDP_NO_CHECK6_TX`) is an option
-//!   ([`UdpLinkConfig::zero_checksum_tx`]); it excludes GSO.
+//!   ([`RoceSocketConfig::zero_checksum_tx`]); it excludes GSO.
 //! * **ECN and DSCP**: received ones are read from `IP_RECVTOS` / `IPV6_RECVTCLASS` control
 //!   messages (ip(7), ipv6(7)), the hop limit from `IP_RECVTTL` / `IPV6_RECVHOPLIMIT`; sent ones
 //!   are set per datagram with `IP_TOS` / `IPV6_TCLASS` and `IP_TTL` / `IPV6_HOPLIMIT` control
@@ -31,7 +31,7 @@
 //!   connected. Checked on this kernel by capturing from a TUN device (see the crate's
 //!   `tests/udp_link.rs`): unconnected + DF gives ident 0, connected gives a per-socket counter,
 //!   no DF gives a hashed counter.
-//! * **Batched I/O**: recvmmsg(2) / sendmmsg(2), up to [`UdpLinkConfig::batch`] datagrams a call.
+//! * **Batched I/O**: recvmmsg(2) / sendmmsg(2), up to [`RoceSocketConfig::batch`] datagrams a call.
 //! * **UDP GSO** (`UDP_SEGMENT`, udp(7), Linux 4.18): several datagrams of one size (the last may
 //!   be shorter) to one destination with the same ECN / DSCP / hop limit go down as one "train" in
 //!   one message; the kernel (or the NIC) cuts it into datagrams. Probed at start; if a GSO send
@@ -40,7 +40,7 @@
 //!   **IPv4 caveat:** the kernel's segmentation (`inet_gso_segment`, `net/ipv4/af_inet.c`) numbers
 //!   the segments' IPv4 identification 0, 1, 2, ... from the train's first value (0): only the
 //!   first carries identification 0, so a peer that checks the ICRC of the others (rxe, RoCE
-//!   NICs) drops them. GSO is therefore off for IPv4 unless [`UdpLinkConfig::gso_ipv4`] says the
+//!   NICs) drops them. GSO is therefore off for IPv4 unless [`RoceSocketConfig::gso_ipv4`] says the
 //!   sender accounts for that; over IPv6 (no identification) it is on by default.
 //! * **UDP GRO** (`UDP_GRO`, Linux 5.0): the kernel may hand over several same-size datagrams of
 //!   one flow coalesced in one buffer with a `UDP_GRO` control message giving the segment size;
@@ -52,7 +52,7 @@
 //!   and the kernel structures live on the stack of the call).
 //!
 //! # Fault injection
-//! [`UdpLinkConfig::drop`] (or, when that is `None`, the environment: `ROCE_LINK_DROP_PPM`
+//! [`RoceSocketConfig::drop`] (or, when that is `None`, the environment: `ROCE_LINK_DROP_PPM`
 //! datagrams per million, `ROCE_LINK_DROP_SEED`, `ROCE_LINK_DROP_DIRECTIONS`) makes the link
 //! drop a fixed share of the datagrams it receives and of those it is asked to send (or of one
 //! kind only, [`DropDirections`]), chosen by a seeded generator: a lossy
@@ -65,11 +65,11 @@
 //! A UDP socket sends from its bound port. RoCEv2 lets senders vary the source port per flow so
 //! that ECMP spreads QPs over paths (IBTA vol. 1 Annex A17.2.3; rxe and RoCE NICs derive it from
 //! the QPN or the flow label), and the ICRC covers the UDP source port. With
-//! [`UdpLinkConfig::src_ports`] = k > 0 the link opens k more sockets that only send, each bound
+//! [`RoceSocketConfig::src_ports`] = k > 0 the link opens k more sockets that only send, each bound
 //! to the link's address and a port of RoCEv2's entropy range (0xC000 ..= 0xFFFF, evenly spaced;
 //! when one is taken, the next free one of the range, else a free ephemeral port), and [`SendDatagram::src_port`] picks the socket a
 //! datagram leaves from: the engine builds each QP's packets with one of
-//! [`UdpLink::src_ports`] ([`crate::engine::src_port_for`]). With k = 0 every datagram leaves from
+//! [`RoceSocket::src_ports`] ([`crate::engine::src_port_for`]). With k = 0 every datagram leaves from
 //! the bound port, which the engine must then use. Datagrams keep arriving on the bound socket
 //! only (peers send to port 4791); a sending socket's receive buffer is kept minimal.
 
@@ -83,9 +83,9 @@ use std::time::Duration;
 use roce::ipv4::Ecn;
 
 use super::cmsg;
-use super::error::LinkError;
-use super::sys::{self, MsgPlan, RecvResult, SockAddrBuf};
-use super::wake::Waker;
+use crate::link::error::LinkError;
+use crate::link::sys::{self, MsgPlan, RecvResult, SockAddrBuf};
+use crate::link::wake::Waker;
 
 /// The RoCEv2 UDP destination port, 4791 (IBTA vol. 1 Annex A17.2.2; IANA).
 pub const ROCEV2_PORT: u16 = roce::udp::ROCEV2_PORT;
@@ -93,7 +93,7 @@ pub const ROCEV2_PORT: u16 = roce::udp::ROCEV2_PORT;
 /// Default datagrams per recvmmsg(2) / sendmmsg(2) call.
 pub const DEFAULT_BATCH: usize = 32;
 
-/// Most datagrams per call ([`UdpLinkConfig::batch`] may not exceed it).
+/// Most datagrams per call ([`RoceSocketConfig::batch`] may not exceed it).
 pub const MAX_BATCH: usize = sys::MAX_BATCH;
 
 /// Default largest UDP payload received, in bytes: a 4096-byte PMTU payload plus 128 bytes for
@@ -105,7 +105,7 @@ pub const DEFAULT_MAX_PAYLOAD: usize = 4096 + 128;
 /// carry (its length must fit the 16-bit UDP length).
 pub const GRO_SLOT_BYTES: usize = 65536;
 
-/// Most extra sending sockets ([`UdpLinkConfig::src_ports`]).
+/// Most extra sending sockets ([`RoceSocketConfig::src_ports`]).
 pub const MAX_SRC_PORTS: usize = 64;
 
 /// First port of RoCEv2's source-port entropy range (`roce::udp::rocev2_src_port`: 0xC000 ..=
@@ -142,9 +142,9 @@ pub fn ipv4_interface(ip: std::net::Ipv4Addr) -> Option<String> {
     sys::ipv4_interface(ip).ok().flatten()
 }
 
-/// How to open a [`UdpLink`].
+/// How to open a [`RoceSocket`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UdpLinkConfig {
+pub struct RoceSocketConfig {
     /// Local address and port to bind: a specific IPv4 or IPv6 address (not `0.0.0.0` / `::`)
     /// and normally [`ROCEV2_PORT`]. Port 0 picks a free port (tests).
     pub local: SocketAddr,
@@ -170,7 +170,7 @@ pub struct UdpLinkConfig {
     /// `SO_SNDBUF` to ask for, bytes (likewise capped at `net.core.wmem_max`). Default `None`.
     pub send_buffer_bytes: Option<usize>,
     /// Drop a fixed share of the datagrams, seeded (see [`DropHook`]); a hook of rate 0 drops
-    /// nothing. Default `None`: [`UdpLink::bind`] then takes it from the environment
+    /// nothing. Default `None`: [`RoceSocket::bind`] then takes it from the environment
     /// ([`DropHook::from_env`]), which normally has none.
     pub drop: Option<DropHook>,
     /// Extra sockets that only send, 0 ..= [`MAX_SRC_PORTS`], each bound to `local`'s address
@@ -301,10 +301,10 @@ impl Dropper {
     }
 }
 
-impl UdpLinkConfig {
+impl RoceSocketConfig {
     /// The defaults for a link bound to `local`.
-    pub fn new(local: SocketAddr) -> UdpLinkConfig {
-        UdpLinkConfig {
+    pub fn new(local: SocketAddr) -> RoceSocketConfig {
+        RoceSocketConfig {
             local,
             batch: DEFAULT_BATCH,
             max_payload: DEFAULT_MAX_PAYLOAD,
@@ -339,7 +339,7 @@ pub struct Offloads {
 /// What a link has done, for diagnostics. Counts are of datagrams unless said otherwise.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LinkCounters {
-    /// Datagrams delivered by [`UdpLink::recv`] (after splitting GRO buffers).
+    /// Datagrams delivered by [`RoceSocket::recv`] (after splitting GRO buffers).
     pub rx_datagrams: u64,
     /// UDP payload bytes delivered.
     pub rx_bytes: u64,
@@ -366,7 +366,7 @@ pub struct LinkCounters {
     pub tx_calls: u64,
     /// GSO trains (messages of more than one datagram) sent.
     pub tx_gso_trains: u64,
-    /// Times [`UdpLink::send`] stopped because the socket buffer was full (`EAGAIN`, `ENOBUFS`).
+    /// Times [`RoceSocket::send`] stopped because the socket buffer was full (`EAGAIN`, `ENOBUFS`).
     pub tx_full: u64,
     /// Datagrams refused (returned as [`LinkError::Send`] or [`LinkError::InvalidDatagram`]).
     pub tx_errors: u64,
@@ -381,7 +381,7 @@ pub struct LinkCounters {
 pub struct SendDatagram<'a> {
     /// Destination address and UDP port (normally [`ROCEV2_PORT`]); same family as the link.
     pub dst: SocketAddr,
-    /// The UDP source port to send from: one of [`UdpLink::src_ports`] (or the bound port);
+    /// The UDP source port to send from: one of [`RoceSocket::src_ports`] (or the bound port);
     /// `None` for the bound port.
     pub src_port: Option<u16>,
     /// ECN codepoint of the IP header (RFC 3168).
@@ -450,7 +450,7 @@ struct MsgMeta {
     hop_limit: Option<u8>,
 }
 
-/// Receive buffers for [`UdpLink::recv`]: allocated once ([`UdpLink::new_recv_batch`]) and
+/// Receive buffers for [`RoceSocket::recv`]: allocated once ([`RoceSocket::new_recv_batch`]) and
 /// reused; after a receive it holds the datagrams until the next one.
 #[derive(Debug)]
 pub struct RecvBatch {
@@ -571,7 +571,7 @@ impl RecvBatch {
 
 /// A RoCEv2 UDP socket: see the [module docs](self).
 #[derive(Debug)]
-pub struct UdpLink {
+pub struct RoceSocket {
     fd: OwnedFd,
     local: SocketAddr,
     /// The sockets that only send, one per entropy source port (empty: the bound socket sends);
@@ -580,14 +580,14 @@ pub struct UdpLink {
     /// Which socket last refused a send for a full buffer: 0 the bound one, `i + 1` sender `i`;
     /// what a writable wait watches ([`LinkPoller`] shares it).
     blocked: Arc<AtomicUsize>,
-    config: UdpLinkConfig,
+    config: RoceSocketConfig,
     offloads: Offloads,
     counters: LinkCounters,
     plans: Vec<MsgPlan<SEND_CONTROL>>,
     dropper: Option<Dropper>,
 }
 
-impl UdpLink {
+impl RoceSocket {
     /// Opens and binds the socket, sets its options and probes GSO and GRO.
     ///
     /// Errors: [`LinkError::Config`] for an unspecified address, a batch of 0 or above
@@ -595,8 +595,8 @@ impl UdpLink {
     /// [`LinkError::SetOption`] naming a required option the kernel refused (GSO, GRO and
     /// `SO_RXQ_OVFL` are optional and only probed); [`LinkError::Bind`] (address in use, address
     /// not available on this host, ...). [`LinkError::Config`] also for a malformed
-    /// `ROCE_LINK_DROP_PPM` / `ROCE_LINK_DROP_SEED` when [`UdpLinkConfig::drop`] is `None`.
-    pub fn bind(mut config: UdpLinkConfig) -> Result<UdpLink, LinkError> {
+    /// `ROCE_LINK_DROP_PPM` / `ROCE_LINK_DROP_SEED` when [`RoceSocketConfig::drop`] is `None`.
+    pub fn bind(mut config: RoceSocketConfig) -> Result<RoceSocket, LinkError> {
         let local = config.local;
         let bad = |reason| Err(LinkError::Config { local, reason });
         if config.drop.is_none() {
@@ -685,7 +685,7 @@ impl UdpLink {
                 Sender::open(&config, bound, preferred)
             })
             .collect::<Result<Arc<[Sender]>, _>>()?;
-        Ok(UdpLink {
+        Ok(RoceSocket {
             fd,
             local: bound,
             senders,
@@ -711,7 +711,7 @@ impl UdpLink {
     }
 
     /// The UDP source ports datagrams can leave from ([`SendDatagram::src_port`]): those of the
-    /// sending sockets ([`UdpLinkConfig::src_ports`]), or the bound port alone when there are
+    /// sending sockets ([`RoceSocketConfig::src_ports`]), or the bound port alone when there are
     /// none. The engine's [`EngineConfig::udp_src_ports`](crate::engine::EngineConfig).
     pub fn src_ports(&self) -> Vec<u16> {
         if self.senders.is_empty() {
@@ -735,7 +735,7 @@ impl UdpLink {
     }
 
     /// The configuration the link was opened with.
-    pub fn config(&self) -> &UdpLinkConfig {
+    pub fn config(&self) -> &RoceSocketConfig {
         &self.config
     }
 
@@ -769,8 +769,8 @@ impl UdpLink {
         ))
     }
 
-    /// Receive buffers sized for this link: [`UdpLinkConfig::batch`] slots of
-    /// [`UdpLinkConfig::max_payload`] bytes, or of [`GRO_SLOT_BYTES`] when GRO is on (with GRO
+    /// Receive buffers sized for this link: [`RoceSocketConfig::batch`] slots of
+    /// [`RoceSocketConfig::max_payload`] bytes, or of [`GRO_SLOT_BYTES`] when GRO is on (with GRO
     /// a smaller slot would truncate coalesced buffers, losing their datagrams).
     pub fn new_recv_batch(&self) -> RecvBatch {
         let slot = if self.offloads.gro {
@@ -781,7 +781,7 @@ impl UdpLink {
         RecvBatch::new(self.config.batch, slot, self.local)
     }
 
-    /// As [`UdpLink::new_recv_batch`] with `slots` slots (1 ..= [`MAX_BATCH`]): a small batch
+    /// As [`RoceSocket::new_recv_batch`] with `slots` slots (1 ..= [`MAX_BATCH`]): a small batch
     /// costs less to prepare, for a caller that polls an idle socket in a loop.
     pub fn new_recv_batch_of(&self, slots: usize) -> RecvBatch {
         let slot = if self.offloads.gro {
@@ -873,7 +873,7 @@ impl UdpLink {
     }
 
     /// Sends `dgrams` in order, without blocking, in sendmmsg(2) calls of up to
-    /// [`UdpLinkConfig::batch`] messages, grouping runs of datagrams into GSO trains where
+    /// [`RoceSocketConfig::batch`] messages, grouping runs of datagrams into GSO trains where
     /// [`Offloads::gso`] allows (same destination, ECN, DSCP and hop limit, equal lengths but a
     /// shorter last one). Returns how many datagrams (from the front) the kernel accepted: fewer
     /// than `dgrams.len()` when the socket buffer filled up (wait for
@@ -1050,7 +1050,7 @@ impl UdpLink {
         Some(count)
     }
 
-    /// Where each datagram of `dgrams` will sit in its GSO train when [`UdpLink::send`] sends
+    /// Where each datagram of `dgrams` will sit in its GSO train when [`RoceSocket::send`] sends
     /// them: `positions[i]` is 0 for a datagram that starts a message (alone or a train's first
     /// segment), 1, 2, ... for the following segments. `positions` must be as long as `dgrams`.
     ///
@@ -1156,9 +1156,9 @@ impl UdpLink {
 
     /// A second handle on this link's socket that can only wait for it
     /// ([`LinkPoller::wait`]): a progress thread sleeps on it while other threads keep using the
-    /// link (`send` and `recv` need `&mut UdpLink`, which a sleeping thread would otherwise
+    /// link (`send` and `recv` need `&mut RoceSocket`, which a sleeping thread would otherwise
     /// hold). It duplicates the bound socket's descriptor (dup(2) with close-on-exec) and shares
-    /// the sending sockets ([`UdpLinkConfig::src_ports`]) without duplicating them: the sockets
+    /// the sending sockets ([`RoceSocketConfig::src_ports`]) without duplicating them: the sockets
     /// stay open until both are dropped, and a poller costs one descriptor however many sending
     /// sockets the link has.
     ///
@@ -1178,7 +1178,7 @@ impl UdpLink {
 }
 
 /// poll(2) on a link's socket (`fd`: readable), the socket that last refused a send (`out`:
-/// writable, if asked for) and, if given, a waker's eventfd; see [`UdpLink::wait`].
+/// writable, if asked for) and, if given, a waker's eventfd; see [`RoceSocket::wait`].
 fn wait_on(
     fd: BorrowedFd<'_>,
     out: BorrowedFd<'_>,
@@ -1229,8 +1229,8 @@ fn socket_fd<'a>(bound: &'a OwnedFd, senders: &'a [Sender], socket: usize) -> Bo
     }
 }
 
-/// A socket of a [`UdpLink`] that only sends, bound to the link's address and one entropy
-/// source port ([`UdpLinkConfig::src_ports`]).
+/// A socket of a [`RoceSocket`] that only sends, bound to the link's address and one entropy
+/// source port ([`RoceSocketConfig::src_ports`]).
 #[derive(Debug)]
 struct Sender {
     fd: OwnedFd,
@@ -1240,9 +1240,9 @@ struct Sender {
 /// A non-blocking UDP socket of `local`'s family with the options every socket of a link sends
 /// with: `IPV6_V6ONLY`; Don't Fragment (`IP_MTU_DISCOVER` / `IPV6_MTU_DISCOVER` =
 /// `PMTUDISC_DO`, which also gives every IPv4 packet identification 0: see the module docs);
-/// `UDP_NO_CHECK6_TX` when [`UdpLinkConfig::zero_checksum_tx`]; `SO_SNDBUF` when
-/// [`UdpLinkConfig::send_buffer_bytes`] asks. Not bound yet.
-fn send_socket(config: &UdpLinkConfig, local: SocketAddr) -> Result<OwnedFd, LinkError> {
+/// `UDP_NO_CHECK6_TX` when [`RoceSocketConfig::zero_checksum_tx`]; `SO_SNDBUF` when
+/// [`RoceSocketConfig::send_buffer_bytes`] asks. Not bound yet.
+fn send_socket(config: &RoceSocketConfig, local: SocketAddr) -> Result<OwnedFd, LinkError> {
     let fd =
         sys::udp_socket(local.is_ipv6()).map_err(|source| LinkError::Socket { local, source })?;
     let set = |level, name, value, option: &'static str| {
@@ -1283,7 +1283,7 @@ impl Sender {
     /// address and port `preferred`, else the first free one of the [`ENTROPY_PORT_TRIES`]
     /// entropy ports after it, else a free ephemeral port.
     fn open(
-        config: &UdpLinkConfig,
+        config: &RoceSocketConfig,
         bound: SocketAddr,
         preferred: u16,
     ) -> Result<Sender, LinkError> {
@@ -1322,8 +1322,8 @@ impl Sender {
     }
 }
 
-/// A duplicate of a [`UdpLink`]'s socket descriptor that can only wait for it: see
-/// [`UdpLink::poller`].
+/// A duplicate of a [`RoceSocket`]'s socket descriptor that can only wait for it: see
+/// [`RoceSocket::poller`].
 #[derive(Debug)]
 pub struct LinkPoller {
     fd: OwnedFd,
@@ -1333,7 +1333,7 @@ pub struct LinkPoller {
 }
 
 impl LinkPoller {
-    /// As [`UdpLink::wait`], without borrowing the link.
+    /// As [`RoceSocket::wait`], without borrowing the link.
     ///
     /// Errors: [`LinkError::Poll`]; [`LinkError::Waker`] if resetting the waker fails.
     pub fn wait(
@@ -1351,16 +1351,16 @@ impl LinkPoller {
     }
 }
 
-impl AsFd for UdpLink {
+impl AsFd for RoceSocket {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
 }
 
-/// What [`UdpLink::wait`] found.
+/// What [`RoceSocket::wait`] found.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Readiness {
-    /// Datagrams are waiting: call [`UdpLink::recv`].
+    /// Datagrams are waiting: call [`RoceSocket::recv`].
     pub readable: bool,
     /// The socket buffer has room (only reported if asked for).
     pub writable: bool,
@@ -1452,31 +1452,31 @@ mod tests {
 
     #[test]
     fn config_is_checked_before_any_syscall() {
-        let mut c = UdpLinkConfig::new("0.0.0.0:4791".parse().unwrap());
+        let mut c = RoceSocketConfig::new("0.0.0.0:4791".parse().unwrap());
         assert!(matches!(
-            UdpLink::bind(c.clone()),
+            RoceSocket::bind(c.clone()),
             Err(LinkError::Config { .. })
         ));
         c.local = "127.0.0.1:0".parse().unwrap();
         c.batch = 0;
         assert!(matches!(
-            UdpLink::bind(c.clone()),
+            RoceSocket::bind(c.clone()),
             Err(LinkError::Config { .. })
         ));
         c.batch = MAX_BATCH + 1;
         assert!(matches!(
-            UdpLink::bind(c.clone()),
+            RoceSocket::bind(c.clone()),
             Err(LinkError::Config { .. })
         ));
         c.batch = 4;
         c.max_payload = 70000;
         assert!(matches!(
-            UdpLink::bind(c.clone()),
+            RoceSocket::bind(c.clone()),
             Err(LinkError::Config { .. })
         ));
         c.max_payload = 100;
         c.zero_checksum_tx = true;
-        let e = UdpLink::bind(c).unwrap_err();
+        let e = RoceSocket::bind(c).unwrap_err();
         assert!(e.to_string().contains("IPv6 only"), "{e}");
     }
 }
