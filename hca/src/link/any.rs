@@ -9,12 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::{Datagram, Instant, SoftHca};
-use crate::soft::{DeviceError, UdpDeviceConfig, VfioDeviceConfig};
 use crate::verbs::device::Device;
 
 use super::udp::{LinkCounters, LinkPoller};
-use super::vfio::{VfioLink, VfioLinkCounters, VfioPoller};
-use super::{FlushReport, Link, LinkWait, RecvState, UdpLink, Waker};
+use super::vfio::{VfioError, VfioLink, VfioLinkCounters, VfioPoller};
+use super::{FlushReport, Link, LinkError, LinkWait, RecvState, UdpLink, Waker};
 
 /// One of the links (see the [module docs](self)).
 // One per device, inside its lock: the size of the larger variant costs nothing, a box would
@@ -46,19 +45,49 @@ pub enum AnyCounters {
     Vfio(VfioLinkCounters),
 }
 
-/// How a device over an [`AnyLink`] was opened.
-#[derive(Debug, Clone)]
-pub enum AnyConfig {
-    /// A UDP device.
-    Udp(UdpDeviceConfig),
-    /// A VFIO device.
-    Vfio(VfioDeviceConfig),
+/// The error of an [`AnyLink`]: its UDP socket's or its VFIO NIC's. `Display` is the link's own.
+#[derive(Debug)]
+pub enum AnyLinkError {
+    /// Of a UDP socket.
+    Udp(LinkError),
+    /// Of a VFIO NIC.
+    Vfio(VfioError),
+}
+
+impl std::fmt::Display for AnyLinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AnyLinkError::Udp(e) => e.fmt(f),
+            AnyLinkError::Vfio(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for AnyLinkError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            AnyLinkError::Udp(e) => e.source(),
+            AnyLinkError::Vfio(e) => e.source(),
+        }
+    }
+}
+
+impl From<LinkError> for AnyLinkError {
+    fn from(e: LinkError) -> Self {
+        AnyLinkError::Udp(e)
+    }
+}
+
+impl From<VfioError> for AnyLinkError {
+    fn from(e: VfioError) -> Self {
+        AnyLinkError::Vfio(e)
+    }
 }
 
 impl LinkWait for AnyPoller {
-    type Error = DeviceError;
+    type Error = AnyLinkError;
 
-    fn wait(&self, writable: bool, waker: &Waker, timeout: Duration) -> Result<(), DeviceError> {
+    fn wait(&self, writable: bool, waker: &Waker, timeout: Duration) -> Result<(), AnyLinkError> {
         match self {
             AnyPoller::Udp(p) => LinkWait::wait(p, writable, waker, timeout).map_err(Into::into),
             AnyPoller::Vfio(p) => LinkWait::wait(p, writable, waker, timeout).map_err(Into::into),
@@ -67,7 +96,7 @@ impl LinkWait for AnyPoller {
 }
 
 /// Converts a [`FlushReport`]'s error.
-fn report<E: Into<DeviceError>>(r: FlushReport<E>) -> FlushReport<DeviceError> {
+fn report<E: Into<AnyLinkError>>(r: FlushReport<E>) -> FlushReport<AnyLinkError> {
     FlushReport {
         dropped: r.dropped,
         blocked: r.blocked,
@@ -76,10 +105,9 @@ fn report<E: Into<DeviceError>>(r: FlushReport<E>) -> FlushReport<DeviceError> {
 }
 
 impl Link for AnyLink {
-    type Error = DeviceError;
+    type Error = AnyLinkError;
     type Poller = AnyPoller;
     type Counters = AnyCounters;
-    type DeviceConfig = AnyConfig;
 
     fn name(&self) -> String {
         match self {
@@ -116,14 +144,14 @@ impl Link for AnyLink {
         }
     }
 
-    fn recv(&mut self, idle: bool) -> Result<RecvState, DeviceError> {
+    fn recv(&mut self, idle: bool) -> Result<RecvState, AnyLinkError> {
         match self {
             AnyLink::Udp(l) => l.recv(idle).map_err(Into::into),
             AnyLink::Vfio(l) => l.recv(idle).map_err(Into::into),
         }
     }
 
-    fn deliver<F: FnMut(&Datagram<'_>)>(&mut self, f: F) -> Result<usize, DeviceError> {
+    fn deliver<F: FnMut(&Datagram<'_>)>(&mut self, f: F) -> Result<usize, AnyLinkError> {
         match self {
             AnyLink::Udp(l) => l.deliver(f).map_err(Into::into),
             AnyLink::Vfio(l) => l.deliver(f).map_err(Into::into),
@@ -151,14 +179,14 @@ impl Link for AnyLink {
         }
     }
 
-    fn flush(&mut self) -> FlushReport<DeviceError> {
+    fn flush(&mut self) -> FlushReport<AnyLinkError> {
         match self {
             AnyLink::Udp(l) => report(l.flush()),
             AnyLink::Vfio(l) => report(Link::flush(l)),
         }
     }
 
-    fn poller(&self) -> Result<AnyPoller, DeviceError> {
+    fn poller(&self) -> Result<AnyPoller, AnyLinkError> {
         match self {
             AnyLink::Udp(l) => l.poller().map(AnyPoller::Udp).map_err(Into::into),
             AnyLink::Vfio(l) => l.poller().map(AnyPoller::Vfio).map_err(Into::into),
@@ -196,14 +224,14 @@ impl Link for AnyLink {
         memory: &Arc<dyn gpu_p2p::Memory>,
         offset: usize,
         len: usize,
-    ) -> Result<(), DeviceError> {
+    ) -> Result<(), AnyLinkError> {
         match self {
             AnyLink::Udp(l) => l.map_memory(lkey, memory, offset, len).map_err(Into::into),
             AnyLink::Vfio(l) => l.map_memory(lkey, memory, offset, len).map_err(Into::into),
         }
     }
 
-    fn unmap_memory(&mut self, lkey: u32) -> Result<Option<(u64, u64)>, DeviceError> {
+    fn unmap_memory(&mut self, lkey: u32) -> Result<Option<(u64, u64)>, AnyLinkError> {
         match self {
             AnyLink::Udp(l) => l.unmap_memory(lkey).map_err(Into::into),
             AnyLink::Vfio(l) => l.unmap_memory(lkey).map_err(Into::into),

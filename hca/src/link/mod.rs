@@ -85,9 +85,7 @@ impl<E> Default for FlushReport<E> {
 /// implementations keep their buffers preallocated: nothing on this path allocates.
 pub trait Link: Send + 'static {
     /// The link's error (its `Display` names the link and what failed).
-    type Error: std::error::Error + Send + Sync + 'static + Into<crate::soft::DeviceError>;
-    /// How a device over this link is opened ([`SoftDevice::config`](crate::soft::SoftDevice::config)).
-    type DeviceConfig: Clone + fmt::Debug + Send + Sync + 'static;
+    type Error: std::error::Error + Send + Sync + 'static;
     /// What a sleeping progress thread waits on without holding the link (see [`LinkWait`]).
     type Poller: LinkWait<Error = Self::Error> + Send + Sync + 'static;
     /// The link's own counters.

@@ -75,8 +75,7 @@
 mod progress;
 
 use std::fmt;
-use std::io;
-use std::net::{IpAddr, SocketAddr, SocketAddrV6};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -85,12 +84,11 @@ use std::time::Duration;
 use gpu_p2p::Memory;
 
 use crate::engine::{Counters, EngineConfig, SoftHca};
-use crate::link::udp::{self, Offloads, RoceSocket, RoceSocketConfig};
-use crate::link::{Link, LinkError, UdpLink, Waker};
+use crate::link::udp::ROCEV2_PORT as UDP_ROCEV2_PORT;
+use crate::link::{Link, Waker};
 use crate::verbs::ah::{AhAttr, AhHandle};
 use crate::verbs::cq::CqHandle;
-use crate::verbs::device::{DeviceAttr, PathMtu, PortAttr};
-use crate::verbs::error::VerbsError;
+use crate::verbs::device::{DeviceAttr, PortAttr};
 use crate::verbs::event::AsyncEvent;
 use crate::verbs::gid::{Gid, GidEntry, GidType};
 use crate::verbs::mr::{AccessFlags, MemoryRegion};
@@ -102,13 +100,29 @@ use crate::verbs::wr::{RecvWr, SendWr};
 
 use progress::Io;
 
-#[cfg(all(feature = "std", target_os = "linux"))]
+#[cfg(target_os = "linux")]
+pub mod any;
+mod udp;
+mod verbs;
+#[cfg(target_os = "linux")]
 mod vfio;
-#[cfg(all(feature = "std", target_os = "linux"))]
+
+pub use crate::verbs::api::DeviceError;
+#[cfg(target_os = "linux")]
+pub use any::{AnyConfig, AnyDevice};
+pub use udp::{UdpDevice, UdpDeviceConfig, DEFAULT_SRC_PORTS};
+#[cfg(target_os = "linux")]
 pub use vfio::{VfioDevice, VfioDeviceConfig};
 
+/// What the software device needs of its [`Link`] beyond the link itself: how a device over it is
+/// opened ([`SoftDevice::config`]), and that the link's errors become [`DeviceError`]s.
+pub trait SoftLink: Link<Error: Into<DeviceError>> {
+    /// The configuration a device over this link was opened with.
+    type DeviceConfig: Clone + fmt::Debug + Send + Sync + 'static;
+}
+
 /// The RoCEv2 UDP port, 4791 (IBTA vol. 1 Annex A17.2.2): the default local and peer port.
-pub const ROCEV2_PORT: u16 = udp::ROCEV2_PORT;
+pub const ROCEV2_PORT: u16 = UDP_ROCEV2_PORT;
 
 /// The GID table index of the device's address (its only GID).
 pub const GID_INDEX: u32 = 0;
@@ -122,315 +136,6 @@ pub enum Progress {
     /// No thread: [`UdpDevice::poll_cq`], [`UdpDevice::wait_cq`] and [`UdpDevice::progress`]
     /// each drive one progress round.
     Caller,
-}
-
-/// How to open a [`UdpDevice`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UdpDeviceConfig {
-    /// The local IP address to bind: the device's GID. Not `0.0.0.0` / `::` (the GID must be an
-    /// address of this host).
-    pub local: IpAddr,
-    /// IPv6 scope (interface index) of a link-local `local` address, also used for link-local
-    /// destinations; 0 otherwise.
-    pub scope_id: u32,
-    /// The UDP port to bind, default [`ROCEV2_PORT`]; 0 picks a free port (tests).
-    pub port: u16,
-    /// The UDP port peers are sent to unless [`UdpDevice::set_peer_port`] says otherwise, default
-    /// [`ROCEV2_PORT`].
-    pub peer_port: u16,
-    /// Who drives the engine. Default [`Progress::Thread`].
-    pub progress: Progress,
-    /// The IP MTU of the path, bytes (the interface MTU): the port's active MTU is the largest
-    /// RoCE path MTU that fits it as rxe computes it (1500 gives 1024). `None` (default): see
-    /// [`UdpDeviceConfig::effective_link_mtu`].
-    pub link_mtu: Option<u32>,
-    /// Engine tunables ([`EngineConfig::udp_src_ports`] is overwritten with the link's ports).
-    pub engine: EngineConfig,
-    /// Datagrams per recvmmsg(2) / sendmmsg(2), 1 ..= 64. Default 64.
-    pub batch: usize,
-    /// Use UDP GSO (a train of up to 64 datagrams per message; see [`crate::link::udp`]).
-    /// Default true.
-    pub gso: bool,
-    /// Also over IPv4. The kernel numbers the IPv4 identification of a train's segments 0, 1,
-    /// 2, ... and the ICRC covers it, so the device recomputes the ICRC of every segment after
-    /// the first for its identification ([`RoceSocket::gso_positions`]): peers that check the
-    /// ICRC (rxe, RoCE NICs) accept them. Default true.
-    pub gso_ipv4: bool,
-    /// Ask for UDP GRO. Default true.
-    pub gro: bool,
-    /// `SO_RCVBUF` / `SO_SNDBUF` to ask for, bytes (capped by `net.core.rmem_max` /
-    /// `wmem_max`). Default 4 MiB: a window of 128 packets of 4 KiB must fit.
-    pub socket_buffer_bytes: Option<usize>,
-    /// Packets the peer can buffer for this device, shared among its RC / UC QPs as the window
-    /// of unacknowledged packets of each (see the [module docs](self#windows)). `None`
-    /// (default): half this device's socket receive buffer as the kernel granted it, over the
-    /// path MTU plus 512 bytes of per-datagram overhead (peers are assumed alike).
-    pub window_budget: Option<u32>,
-    /// Sockets that only send, each from its own UDP source port, for per-QP source-port
-    /// entropy (ECMP): a QP's packets leave from the port its QPN (or flow label) selects, 0 ..=
-    /// 64 ([`RoceSocketConfig::src_ports`]). Default [`DEFAULT_SRC_PORTS`]; 0 sends everything from
-    /// the bound port. Each costs one file descriptor.
-    pub src_ports: usize,
-}
-
-/// Default [`UdpDeviceConfig::src_ports`]: 4 flows. Each sending socket is a separate sendmmsg(2)
-/// and its own GSO trains, so more ports cost batching when many QPs send at once: `rdma-perf
-/// write-bw -s 65536 -q 64` over loopback kept 0.87-0.88 of its `-q 1` bandwidth with 4 ports
-/// (0.89-0.93 with none), 0.69-0.71 with 8 and 0.59-0.70 with 16. Raise it for fabrics with wider
-/// ECMP groups.
-pub const DEFAULT_SRC_PORTS: usize = 4;
-
-impl UdpDeviceConfig {
-    /// The defaults for a device on `local`.
-    pub fn new(local: IpAddr) -> UdpDeviceConfig {
-        UdpDeviceConfig {
-            local,
-            scope_id: 0,
-            port: ROCEV2_PORT,
-            peer_port: ROCEV2_PORT,
-            progress: Progress::Thread,
-            link_mtu: None,
-            engine: EngineConfig::default(),
-            batch: progress::MAX_TX_BATCH,
-            gso: true,
-            gso_ipv4: true,
-            gro: true,
-            socket_buffer_bytes: Some(4 << 20),
-            window_budget: None,
-            src_ports: DEFAULT_SRC_PORTS,
-        }
-    }
-
-    /// The socket address to bind.
-    pub fn socket_addr(&self) -> SocketAddr {
-        match self.local {
-            IpAddr::V6(ip) => SocketAddr::V6(SocketAddrV6::new(ip, self.port, 0, self.scope_id)),
-            ip => SocketAddr::new(ip, self.port),
-        }
-    }
-
-    /// The IP MTU in effect: [`UdpDeviceConfig::link_mtu`], else the MTU of the interface that
-    /// holds the address (an IPv4 address: its interface from getifaddrs(3); an IPv6 address:
-    /// from `/proc/net/if_inet6`; then `/sys/class/net/<if>/mtu`), else 65536 for an IPv4
-    /// loopback address (`lo`) and 1500 (Ethernet) for any other.
-    pub fn effective_link_mtu(&self) -> u32 {
-        if let Some(mtu) = self.link_mtu {
-            return mtu;
-        }
-        if let Some(mtu) = interface_mtu(self.local) {
-            return mtu;
-        }
-        if self.local.is_loopback() {
-            65536
-        } else {
-            1500
-        }
-    }
-}
-
-/// The MTU of the interface holding address `ip` (an IPv4 address's interface from getifaddrs(3),
-/// an IPv6 one's from procfs; the MTU from sysfs; `None` when they do not say).
-fn interface_mtu(ip: IpAddr) -> Option<u32> {
-    let name = match ip {
-        IpAddr::V4(v4) => udp::ipv4_interface(v4)?,
-        IpAddr::V6(v6) => {
-            let want: String = v6.octets().iter().map(|b| format!("{b:02x}")).collect();
-            let table = std::fs::read_to_string("/proc/net/if_inet6").ok()?;
-            table.lines().find_map(|line| {
-                let mut f = line.split_whitespace();
-                if f.next()? != want {
-                    return None;
-                }
-                f.nth(4).map(str::to_owned)
-            })?
-        }
-    };
-    let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok()?;
-    mtu.trim().parse().ok()
-}
-
-/// Binds the socket of a UDP device and returns its link, the engine configuration (source port
-/// set to the bound port) and the window budget; see [`UdpDevice::open`].
-fn open_udp_link(config: &UdpDeviceConfig) -> Result<(UdpLink, EngineConfig, u32), DeviceError> {
-    let want = config.socket_addr();
-    let bad = |reason| {
-        Err(DeviceError::Config {
-            device: format!("udp:{want}"),
-            reason,
-        })
-    };
-    if config.local.is_unspecified() {
-        return bad("the local address must be an address of this host, not 0.0.0.0 or ::");
-    }
-    if config.batch == 0 || config.batch > progress::MAX_TX_BATCH {
-        return bad("batch must be 1 ..= 64 datagrams");
-    }
-    let link_mtu = config.effective_link_mtu();
-    let Some(active_mtu) = PathMtu::from_link_mtu(link_mtu as usize) else {
-        return bad("link MTU below the smallest RoCE path MTU (256) plus headers");
-    };
-    let mut link_config = RoceSocketConfig::new(want);
-    link_config.batch = config.batch;
-    link_config.gso = config.gso;
-    link_config.gro = config.gro;
-    link_config.gso_ipv4 = config.gso_ipv4;
-    link_config.recv_buffer_bytes = config.socket_buffer_bytes;
-    link_config.send_buffer_bytes = config.socket_buffer_bytes;
-    link_config.src_ports = config.src_ports;
-    let link = RoceSocket::bind(link_config)?;
-    let mut engine_config = config.engine.clone();
-    engine_config.udp_src_ports = link.src_ports();
-    let window_budget = config.window_budget.unwrap_or_else(|| {
-        let rcvbuf = link.socket_buffers().map_or(212_992, |(r, _)| r);
-        (rcvbuf / 2 / (active_mtu.bytes() + 512)) as u32
-    });
-    let io = UdpLink::new(link, config.peer_port, config.scope_id, link_mtu);
-    Ok((io, engine_config, window_budget))
-}
-
-/// A software RoCEv2 device on a link chosen at run time ([`AnyLink`](crate::link::AnyLink): the tools' `--link`).
-#[cfg(all(feature = "std", target_os = "linux"))]
-pub type AnyDevice = SoftDevice<crate::link::AnyLink>;
-
-#[cfg(all(feature = "std", target_os = "linux"))]
-impl AnyDevice {
-    /// Opens a UDP device ([`UdpDevice::open`]) or a VFIO device ([`VfioDevice::open`]).
-    ///
-    /// # Errors
-    /// As those.
-    pub fn open(config: crate::link::any::AnyConfig) -> Result<AnyDevice, DeviceError> {
-        use crate::link::any::AnyConfig;
-        use crate::link::AnyLink;
-        match config {
-            AnyConfig::Udp(c) => {
-                let (io, engine_config, window_budget) = open_udp_link(&c)?;
-                let progress = c.progress;
-                SoftDevice::with_link(
-                    AnyLink::Udp(io),
-                    AnyConfig::Udp(c),
-                    engine_config,
-                    progress,
-                    Some(window_budget),
-                )
-            }
-            AnyConfig::Vfio(c) => {
-                let link = crate::link::vfio::VfioLink::open(&c.link)?;
-                let engine = c.engine.clone();
-                let progress = c.progress;
-                SoftDevice::with_link(
-                    AnyLink::Vfio(link),
-                    AnyConfig::Vfio(c),
-                    engine,
-                    progress,
-                    None,
-                )
-            }
-        }
-    }
-
-    /// The UDP link's GSO / GRO state (`None` on a VFIO link).
-    pub fn offloads(&self) -> Option<Offloads> {
-        match &lock(&self.shared.io).link {
-            crate::link::AnyLink::Udp(l) => Some(l.link().offloads()),
-            crate::link::AnyLink::Vfio(_) => None,
-        }
-    }
-}
-
-/// A failed device operation. `Display` gives one line naming the device (its bound address).
-#[derive(Debug)]
-pub enum DeviceError {
-    /// The socket could not be opened, bound or used (address in use, address not on this host,
-    /// a socket error while receiving).
-    Link(LinkError),
-    /// A verb was refused (bad argument, wrong state ...): the engine's error, with its errno.
-    Verbs(VerbsError),
-    /// The VFIO link failed: the NIC could not be opened (not bound to vfio-pci, no IOMMU
-    /// group, not a virtio-net function, ...) or driven.
-    #[cfg(all(feature = "std", target_os = "linux"))]
-    Vfio(crate::link::vfio::VfioError),
-    /// The device was closed: no new work is accepted.
-    Closed {
-        /// The device's link ([`SoftDevice::name`]).
-        device: String,
-    },
-    /// The configuration is unusable (nothing was opened).
-    Config {
-        /// The link asked for.
-        device: String,
-        /// What is wrong.
-        reason: &'static str,
-    },
-    /// The progress thread could not be started.
-    Thread {
-        /// The device's link.
-        device: String,
-        /// The OS error.
-        source: io::Error,
-    },
-    /// A backend-level failure of a device other than the UDP one: libibverbs.so.1 cannot be
-    /// loaded, no device has the name asked for, the device could not be opened, the device
-    /// is closed ([`crate::ibverbs`]).
-    Backend {
-        /// The device as the user named it (`verbs:rxe0`).
-        device: String,
-        /// What failed, with the OS's or the loader's text.
-        reason: String,
-    },
-}
-
-impl DeviceError {
-    /// The errno a libibverbs call would have returned for a refused verb, if this is one.
-    pub fn errno(&self) -> Option<i32> {
-        match self {
-            DeviceError::Verbs(e) => Some(e.errno()),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for DeviceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DeviceError::Link(e) => write!(f, "UDP device: {e}"),
-            DeviceError::Verbs(e) => write!(f, "{e}"),
-            #[cfg(all(feature = "std", target_os = "linux"))]
-            DeviceError::Vfio(e) => write!(f, "VFIO device: {e}"),
-            DeviceError::Closed { device } => write!(f, "device {device}: device is closed"),
-            DeviceError::Config { device, reason } => {
-                write!(f, "device {device}: bad configuration: {reason}")
-            }
-            DeviceError::Thread { device, source } => {
-                write!(f, "device {device}: cannot start progress thread: {source}")
-            }
-            DeviceError::Backend { device, reason } => write!(f, "device {device}: {reason}"),
-        }
-    }
-}
-
-impl std::error::Error for DeviceError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            DeviceError::Link(e) => Some(e),
-            DeviceError::Verbs(e) => Some(e),
-            #[cfg(all(feature = "std", target_os = "linux"))]
-            DeviceError::Vfio(e) => Some(e),
-            DeviceError::Thread { source, .. } => Some(source),
-            _ => None,
-        }
-    }
-}
-
-impl From<VerbsError> for DeviceError {
-    fn from(e: VerbsError) -> Self {
-        DeviceError::Verbs(e)
-    }
-}
-
-impl From<LinkError> for DeviceError {
-    fn from(e: LinkError) -> Self {
-        DeviceError::Link(e)
-    }
 }
 
 /// What the device's progress engine has done (the engine's and the link's own counters are
@@ -455,7 +160,7 @@ pub struct DeviceCounters {
 }
 
 /// State shared by the device handle, its progress thread and callers.
-pub(crate) struct Shared<L: Link> {
+pub(crate) struct Shared<L: SoftLink> {
     engine: Mutex<SoftHca>,
     /// Signalled after a round changed the engine, for [`UdpDevice::wait_cq`] (thread mode).
     cq_cv: Condvar,
@@ -501,7 +206,7 @@ const EMPTY_HINT_SLOTS: usize = 64;
 /// The least window a QP gets however many share the budget.
 const MIN_WINDOW: u32 = 16;
 
-impl<L: Link> Shared<L> {
+impl<L: SoftLink> Shared<L> {
     /// Shares the window budget among the RC / UC QPs now in the engine.
     fn share_window(&self, e: &mut SoftHca) {
         let ctx = e.context();
@@ -531,7 +236,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// behind a thread-safe verbs API; see the [module docs](self). `Send + Sync`: share it with an
 /// `Arc` and call verbs from any thread. [`UdpDevice`] runs on a kernel UDP socket,
 /// [`VfioDevice`] on a virtio-net NIC driven through VFIO.
-pub struct SoftDevice<L: Link> {
+pub struct SoftDevice<L: SoftLink> {
     shared: Arc<Shared<L>>,
     config: L::DeviceConfig,
     gid: Gid,
@@ -541,10 +246,7 @@ pub struct SoftDevice<L: Link> {
     thread_name: Option<String>,
 }
 
-/// A software RoCEv2 device on a kernel UDP socket (see the [module docs](self)).
-pub type UdpDevice = SoftDevice<UdpLink>;
-
-impl<L: Link> fmt::Debug for SoftDevice<L> {
+impl<L: SoftLink> fmt::Debug for SoftDevice<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SoftDevice")
             .field("link", &self.shared.name)
@@ -554,43 +256,7 @@ impl<L: Link> fmt::Debug for SoftDevice<L> {
     }
 }
 
-impl UdpDevice {
-    /// Opens a device: binds the socket (`config.local`, `config.port`), creates the engine with
-    /// the address's GID at index [`GID_INDEX`] and the port MTU from
-    /// [`UdpDeviceConfig::effective_link_mtu`], and starts the progress thread
-    /// ([`Progress::Thread`]).
-    ///
-    /// # Errors
-    /// [`DeviceError::Config`] (unspecified address, batch outside 1 ..= 64, link MTU too small
-    /// for the smallest RoCE MTU); [`DeviceError::Link`] from binding (`AddrInUse`,
-    /// `AddrNotAvailable`: the address is not on this host); [`DeviceError::Thread`].
-    pub fn open(config: UdpDeviceConfig) -> Result<UdpDevice, DeviceError> {
-        let (io, engine_config, window_budget) = open_udp_link(&config)?;
-        let progress = config.progress;
-        SoftDevice::with_link(io, config, engine_config, progress, Some(window_budget))
-    }
-
-    /// Sends packets for peer address `ip` to UDP port `port` instead of
-    /// [`UdpDeviceConfig::peer_port`] (two devices on one address, bound to two ports).
-    pub fn set_peer_port(&self, ip: IpAddr, port: u16) {
-        lock(&self.shared.io).link.set_peer_port(ip, port);
-    }
-
-    /// The GSO / GRO state of the socket.
-    pub fn offloads(&self) -> Offloads {
-        lock(&self.shared.io).link.link().offloads()
-    }
-
-    /// The UDP source ports the device sends from ([`UdpDeviceConfig::src_ports`]; the bound
-    /// port alone when that is 0): a QP's packets leave from
-    /// [`src_port_for`](crate::engine::src_port_for)`(ports, rocev2_src_port(qpn))`, or of its
-    /// flow label's port when its address vector has one.
-    pub fn src_ports(&self) -> Vec<u16> {
-        lock(&self.shared.io).link.link().src_ports()
-    }
-}
-
-impl<L: Link> SoftDevice<L> {
+impl<L: SoftLink> SoftDevice<L> {
     /// Runs the engine over an open `link`: creates the engine on the link's device
     /// ([`Link::device`]: attributes, active MTU, GID table) with `engine_config`, shares
     /// `window_budget` packets (default: 128 per QP's window, the configured maximum) among
@@ -1313,7 +979,7 @@ impl<L: Link> SoftDevice<L> {
     }
 }
 
-impl<L: Link> Drop for SoftDevice<L> {
+impl<L: SoftLink> Drop for SoftDevice<L> {
     /// As [`SoftDevice::close`].
     fn drop(&mut self) {
         self.close();

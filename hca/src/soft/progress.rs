@@ -25,11 +25,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::engine::Instant;
-use crate::link::{Link, LinkWait};
+use crate::link::LinkWait;
 
-use super::{lock, Shared};
-
-pub(crate) use crate::link::udp::MAX_TX_BATCH;
+use super::{lock, Shared, SoftLink};
 
 /// Longest sleep of an idle progress thread with no timer armed (it then re-checks `stop`; a
 /// wake ends any sleep at once).
@@ -91,13 +89,13 @@ pub(crate) struct Io<L> {
     idle: bool,
 }
 
-impl<L: Link> Io<L> {
+impl<L: SoftLink> Io<L> {
     pub(crate) fn new(link: L) -> Io<L> {
         Io { link, idle: false }
     }
 }
 
-impl<L: Link> Shared<L> {
+impl<L: SoftLink> Shared<L> {
     /// The engine's clock: nanoseconds since the device was opened.
     pub(crate) fn now(&self) -> Instant {
         Instant::from_nanos(self.origin.elapsed().as_nanos() as u64)

@@ -11,9 +11,9 @@
 //! registered unmapped and its payload copied.
 
 use crate::engine::EngineConfig;
-use crate::link::vfio::{VfioError, VfioLink, VfioLinkConfig};
+use crate::link::vfio::{VfioLink, VfioLinkConfig};
 
-use super::{DeviceError, Progress, SoftDevice};
+use super::{DeviceError, Progress, SoftDevice, SoftLink};
 
 /// A software RoCEv2 device on a VFIO-driven virtio-net NIC.
 pub type VfioDevice = SoftDevice<VfioLink>;
@@ -42,10 +42,8 @@ impl VfioDeviceConfig {
     }
 }
 
-impl From<VfioError> for DeviceError {
-    fn from(e: VfioError) -> Self {
-        DeviceError::Vfio(e)
-    }
+impl SoftLink for VfioLink {
+    type DeviceConfig = VfioDeviceConfig;
 }
 
 impl VfioDevice {
@@ -93,6 +91,7 @@ mod tests {
     use super::*;
     use crate::link::vfio::sys_fake as fake;
     use crate::link::vfio::PciAddress;
+    use crate::link::vfio::VfioError;
     use crate::link::Link;
     use crate::verbs::ah::AhAttr;
     use crate::verbs::cq::CqHandle;

@@ -23,15 +23,18 @@
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::fmt;
+use std::io;
 use std::time::Duration;
 
 use gpu_p2p::Memory;
 
-use crate::link::Link;
-use crate::soft::{DeviceError, SoftDevice};
+use crate::link::error::LinkError;
+#[cfg(target_os = "linux")]
+use crate::link::{any::AnyLinkError, vfio::VfioError};
 use crate::verbs::ah::{AhAttr, AhHandle};
 use crate::verbs::cq::CqHandle;
 use crate::verbs::device::{DeviceAttr, PortAttr};
+use crate::verbs::error::VerbsError;
 use crate::verbs::event::AsyncEvent;
 use crate::verbs::gid::{Gid, GidEntry};
 use crate::verbs::mr::{AccessFlags, MemoryRegion};
@@ -248,166 +251,115 @@ pub trait Verbs: Send + Sync + fmt::Debug {
     fn is_closed(&self) -> bool;
 }
 
-impl<L: Link> Verbs for SoftDevice<L> {
-    fn name(&self) -> String {
-        SoftDevice::name(self).to_owned()
-    }
-    fn query_device(&self) -> DeviceAttr {
-        SoftDevice::query_device(self)
-    }
-    fn query_port(&self) -> PortAttr {
-        SoftDevice::query_port(self)
-    }
-    fn query_gid(&self, index: u32) -> Result<GidEntry, DeviceError> {
-        SoftDevice::query_gid(self, index)
-    }
-    fn default_gid(&self) -> (u32, Gid) {
-        (self.gid_index(), self.gid())
-    }
-    fn alloc_pd(&self) -> Result<PdHandle, DeviceError> {
-        SoftDevice::alloc_pd(self)
-    }
-    fn dealloc_pd(&self, pd: PdHandle) -> Result<(), DeviceError> {
-        SoftDevice::dealloc_pd(self, pd)
-    }
-    fn reg_mr(
-        &self,
-        pd: PdHandle,
-        memory: Arc<dyn Memory>,
-        offset: usize,
-        length: usize,
-        iova: u64,
-        access: AccessFlags,
-    ) -> Result<MemoryRegion, DeviceError> {
-        SoftDevice::reg_mr_range(self, pd, memory, offset, length, iova, access)
-    }
-    fn dereg_mr(&self, lkey: u32) -> Result<(), DeviceError> {
-        SoftDevice::dereg_mr(self, lkey)
-    }
-    fn create_cq(&self, cqe: u32) -> Result<CqHandle, DeviceError> {
-        SoftDevice::create_cq(self, cqe)
-    }
-    fn destroy_cq(&self, cq: CqHandle) -> Result<(), DeviceError> {
-        SoftDevice::destroy_cq(self, cq)
-    }
-    fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize, DeviceError> {
-        SoftDevice::poll_cq(self, cq, out)
-    }
-    fn wait_cq(
-        &self,
-        cq: CqHandle,
-        n: usize,
-        timeout: Duration,
-    ) -> Result<Vec<WorkCompletion>, DeviceError> {
-        SoftDevice::wait_cq(self, cq, n, timeout)
-    }
-    fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<(), DeviceError> {
-        SoftDevice::req_notify_cq(self, cq, solicited_only)
-    }
-    fn create_srq(&self, pd: PdHandle, attr: &SrqAttr) -> Result<SrqHandle, DeviceError> {
-        SoftDevice::create_srq(self, pd, attr)
-    }
-    fn modify_srq(
-        &self,
-        srq: SrqHandle,
-        attr: &SrqAttr,
-        mask: SrqAttrMask,
-    ) -> Result<(), DeviceError> {
-        SoftDevice::modify_srq(self, srq, attr, mask)
-    }
-    fn destroy_srq(&self, srq: SrqHandle) -> Result<(), DeviceError> {
-        SoftDevice::destroy_srq(self, srq)
-    }
-    fn post_srq_recv(&self, srq: SrqHandle, wr: &RecvWr<'_>) -> Result<(), DeviceError> {
-        SoftDevice::post_srq_recv(self, srq, wr)
-    }
-    fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle, DeviceError> {
-        SoftDevice::create_ah(self, pd, attr)
-    }
-    fn destroy_ah(&self, ah: AhHandle) -> Result<(), DeviceError> {
-        SoftDevice::destroy_ah(self, ah)
-    }
-    fn create_qp(&self, pd: PdHandle, init: &QpInitAttr) -> Result<u32, DeviceError> {
-        SoftDevice::create_qp(self, pd, init)
-    }
-    fn query_qp(&self, qpn: u32) -> Result<(QpAttr, QpInitAttr), DeviceError> {
-        SoftDevice::query_qp(self, qpn)
-    }
-    fn modify_qp(
-        &self,
-        qpn: u32,
-        attr: &QpAttr,
-        mask: QpAttrMask,
-    ) -> Result<ModifyOutcome, DeviceError> {
-        SoftDevice::modify_qp(self, qpn, attr, mask)
-    }
-    fn destroy_qp(&self, qpn: u32) -> Result<(), DeviceError> {
-        SoftDevice::destroy_qp(self, qpn)
-    }
-    fn post_send(&self, qpn: u32, wr: &SendWr<'_>) -> Result<(), DeviceError> {
-        SoftDevice::post_send(self, qpn, wr)
-    }
-    fn post_send_list(&self, qpn: u32, wrs: &[SendWr<'_>]) -> Result<(), (usize, DeviceError)> {
-        SoftDevice::post_send_list(self, qpn, wrs)
-    }
-    fn post_recv(&self, qpn: u32, wr: &RecvWr<'_>) -> Result<(), DeviceError> {
-        SoftDevice::post_recv(self, qpn, wr)
-    }
-    fn post_recv_list(&self, qpn: u32, wrs: &[RecvWr<'_>]) -> Result<(), (usize, DeviceError)> {
-        SoftDevice::post_recv_list(self, qpn, wrs)
-    }
-    fn poll_event(&self) -> Option<AsyncEvent> {
-        SoftDevice::poll_event(self)
-    }
-    fn close(&self) {
-        SoftDevice::close(self)
-    }
-    fn is_closed(&self) -> bool {
-        SoftDevice::is_closed(self)
+/// A failed device operation. `Display` gives one line naming the device (its bound address).
+#[derive(Debug)]
+pub enum DeviceError {
+    /// The socket could not be opened, bound or used (address in use, address not on this host,
+    /// a socket error while receiving).
+    Link(LinkError),
+    /// A verb was refused (bad argument, wrong state ...): the engine's error, with its errno.
+    Verbs(VerbsError),
+    /// The VFIO link failed: the NIC could not be opened (not bound to vfio-pci, no IOMMU
+    /// group, not a virtio-net function, ...) or driven.
+    #[cfg(target_os = "linux")]
+    Vfio(VfioError),
+    /// The device was closed: no new work is accepted.
+    Closed {
+        /// The device's link ([`SoftDevice::name`]).
+        device: String,
+    },
+    /// The configuration is unusable (nothing was opened).
+    Config {
+        /// The link asked for.
+        device: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// The progress thread could not be started.
+    Thread {
+        /// The device's link.
+        device: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// A backend-level failure of a device other than the UDP one: libibverbs.so.1 cannot be
+    /// loaded, no device has the name asked for, the device could not be opened, the device
+    /// is closed ([`crate::ibverbs`]).
+    Backend {
+        /// The device as the user named it (`verbs:rxe0`).
+        device: String,
+        /// What failed, with the OS's or the loader's text.
+        reason: String,
+    },
+}
+
+impl DeviceError {
+    /// The errno a libibverbs call would have returned for a refused verb, if this is one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            DeviceError::Verbs(e) => Some(e.errno()),
+            _ => None,
+        }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::soft::{UdpDevice, UdpDeviceConfig};
-    use crate::verbs::qp::QpType;
-    use core::net::{IpAddr, Ipv4Addr};
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceError::Link(e) => write!(f, "UDP device: {e}"),
+            DeviceError::Verbs(e) => write!(f, "{e}"),
+            #[cfg(target_os = "linux")]
+            DeviceError::Vfio(e) => write!(f, "VFIO device: {e}"),
+            DeviceError::Closed { device } => write!(f, "device {device}: device is closed"),
+            DeviceError::Config { device, reason } => {
+                write!(f, "device {device}: bad configuration: {reason}")
+            }
+            DeviceError::Thread { device, source } => {
+                write!(f, "device {device}: cannot start progress thread: {source}")
+            }
+            DeviceError::Backend { device, reason } => write!(f, "device {device}: {reason}"),
+        }
+    }
+}
 
-    /// The trait is object safe and a `dyn Verbs` drives a real device: a refused verb keeps its
-    /// errno through the trait.
-    #[test]
-    fn udp_device_through_dyn_verbs() {
-        let mut config = UdpDeviceConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST));
-        config.port = 0;
-        let dev: Arc<dyn Verbs> = Arc::new(UdpDevice::open(config).expect("open loopback device"));
-        assert!(dev.name().starts_with("udp:127.0.0.1"));
-        let (index, gid) = dev.default_gid();
-        assert_eq!(dev.query_gid(index).expect("default GID").gid, gid);
-        let pd = dev.alloc_pd().expect("pd");
-        let cq = dev.create_cq(16).expect("cq");
-        assert_eq!(dev.create_cq(0).unwrap_err().errno(), Some(libc::EINVAL));
-        let init = QpInitAttr {
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            cap: crate::verbs::qp::QpCap {
-                max_send_wr: 4,
-                max_recv_wr: 4,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            sq_sig_all: false,
-        };
-        let qpn = dev.create_qp(pd, &init).expect("qp");
-        assert_eq!(dev.dealloc_pd(pd).unwrap_err().errno(), Some(libc::EBUSY));
-        dev.destroy_qp(qpn).expect("destroy qp");
-        dev.destroy_cq(cq).expect("destroy cq");
-        dev.dealloc_pd(pd).expect("dealloc pd");
-        dev.close();
-        assert!(dev.is_closed());
-        assert!(dev.alloc_pd().is_err());
+impl std::error::Error for DeviceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DeviceError::Link(e) => Some(e),
+            DeviceError::Verbs(e) => Some(e),
+            #[cfg(target_os = "linux")]
+            DeviceError::Vfio(e) => Some(e),
+            DeviceError::Thread { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl From<VerbsError> for DeviceError {
+    fn from(e: VerbsError) -> Self {
+        DeviceError::Verbs(e)
+    }
+}
+
+impl From<LinkError> for DeviceError {
+    fn from(e: LinkError) -> Self {
+        DeviceError::Link(e)
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl From<VfioError> for DeviceError {
+    fn from(e: VfioError) -> Self {
+        DeviceError::Vfio(e)
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl From<AnyLinkError> for DeviceError {
+    fn from(e: AnyLinkError) -> Self {
+        match e {
+            AnyLinkError::Udp(e) => DeviceError::Link(e),
+            AnyLinkError::Vfio(e) => DeviceError::Vfio(e),
+        }
     }
 }

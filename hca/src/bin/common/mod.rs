@@ -12,10 +12,10 @@ use std::time::Duration;
 use gpu_p2p::HostMemory;
 use hca::ibverbs::IbvDevice;
 
-use hca::link::any::AnyConfig;
 use hca::link::oob::OobTimeouts;
 use hca::link::vfio::VfioLinkConfig;
 pub use hca::link::LinkSpec;
+use hca::soft::AnyConfig;
 use hca::soft::{AnyDevice, DeviceError, Progress, UdpDeviceConfig, VfioDeviceConfig};
 use hca::verbs::Verbs;
 use hca::{

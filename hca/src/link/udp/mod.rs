@@ -258,7 +258,6 @@ impl Link for UdpLink {
     type Error = LinkError;
     type Poller = LinkPoller;
     type Counters = LinkCounters;
-    type DeviceConfig = crate::soft::UdpDeviceConfig;
 
     fn name(&self) -> String {
         format!("udp:{}", self.link.local_addr())

@@ -1237,7 +1237,6 @@ impl crate::link::Link for VfioLink {
     type Error = VfioError;
     type Poller = VfioPoller;
     type Counters = VfioLinkCounters;
-    type DeviceConfig = crate::soft::VfioDeviceConfig;
 
     fn name(&self) -> String {
         format!("vfio:{}", self.nic.name())

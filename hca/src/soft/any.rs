@@ -1,0 +1,68 @@
+//! [`AnyDevice`]: the software device on a link chosen at run time (the tools' `--link`):
+//! [`AnyLink`] over a UDP socket or a VFIO NIC, opened from an [`AnyConfig`].
+
+use crate::link::any::AnyLink;
+use crate::link::udp::Offloads;
+use crate::verbs::api::DeviceError;
+
+use super::udp::{open_udp_link, UdpDeviceConfig};
+use super::vfio::VfioDeviceConfig;
+use super::{lock, SoftDevice, SoftLink};
+
+/// How to open an [`AnyDevice`]: the configuration of a UDP device or of a VFIO device.
+#[derive(Debug, Clone)]
+pub enum AnyConfig {
+    /// A device on a kernel UDP socket ([`super::UdpDevice::open`]).
+    Udp(UdpDeviceConfig),
+    /// A device on a virtio-net NIC driven through VFIO ([`super::VfioDevice::open`]).
+    Vfio(VfioDeviceConfig),
+}
+
+impl SoftLink for AnyLink {
+    type DeviceConfig = AnyConfig;
+}
+
+/// A software RoCEv2 device on a link chosen at run time ([`AnyLink`](crate::link::AnyLink): the tools' `--link`).
+pub type AnyDevice = SoftDevice<crate::link::AnyLink>;
+
+impl AnyDevice {
+    /// Opens a UDP device ([`UdpDevice::open`]) or a VFIO device ([`VfioDevice::open`]).
+    ///
+    /// # Errors
+    /// As those.
+    pub fn open(config: AnyConfig) -> Result<AnyDevice, DeviceError> {
+        match config {
+            AnyConfig::Udp(c) => {
+                let (io, engine_config, window_budget) = open_udp_link(&c)?;
+                let progress = c.progress;
+                SoftDevice::with_link(
+                    AnyLink::Udp(io),
+                    AnyConfig::Udp(c),
+                    engine_config,
+                    progress,
+                    Some(window_budget),
+                )
+            }
+            AnyConfig::Vfio(c) => {
+                let link = crate::link::vfio::VfioLink::open(&c.link)?;
+                let engine = c.engine.clone();
+                let progress = c.progress;
+                SoftDevice::with_link(
+                    AnyLink::Vfio(link),
+                    AnyConfig::Vfio(c),
+                    engine,
+                    progress,
+                    None,
+                )
+            }
+        }
+    }
+
+    /// The UDP link's GSO / GRO state (`None` on a VFIO link).
+    pub fn offloads(&self) -> Option<Offloads> {
+        match &lock(&self.shared.io).link {
+            crate::link::AnyLink::Udp(l) => Some(l.link().offloads()),
+            crate::link::AnyLink::Vfio(_) => None,
+        }
+    }
+}
