@@ -71,6 +71,8 @@ pub mod fabric;
 pub mod ibverbs;
 #[cfg(feature = "std")]
 pub mod link;
+#[cfg(all(feature = "std", target_os = "linux"))]
+pub mod open;
 #[cfg(feature = "std")]
 pub mod soft;
 pub mod verbs;

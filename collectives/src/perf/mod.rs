@@ -214,13 +214,13 @@ pub struct PerfArgs {
     pub link: Option<String>,
 }
 
-/// `--link`: `udp`, or a [`hca::link::LinkSpec`] of the UDP or verbs kind, in canonical form.
+/// `--link`: `udp`, or a [`hca::open::DeviceSpec`] of the UDP or verbs kind, in canonical form.
 fn link_arg(s: &str) -> Result<String, String> {
     if s == "udp" {
         return Ok(s.to_owned());
     }
-    match s.parse::<hca::link::LinkSpec>() {
-        Ok(l @ (hca::link::LinkSpec::Udp { .. } | hca::link::LinkSpec::Verbs(_))) => {
+    match s.parse::<hca::open::DeviceSpec>() {
+        Ok(l @ (hca::open::DeviceSpec::Udp { .. } | hca::open::DeviceSpec::Verbs(_))) => {
             Ok(l.to_string())
         }
         Ok(l) => Err(format!(

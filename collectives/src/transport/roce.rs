@@ -136,7 +136,7 @@ use std::time::{Duration, Instant};
 
 use gpu_p2p::{HostMemory, HostPtr, Memory, MemoryError, MemoryKind};
 use hca::ibverbs::IbvDevice;
-use hca::link::LinkSpec;
+use hca::open::DeviceSpec;
 use hca::soft::{DeviceError, Progress, UdpDevice, UdpDeviceConfig};
 use hca::verbs::Verbs;
 use hca::{
@@ -231,9 +231,9 @@ impl RoceEnv {
             }
         }
         if let Some(v) = get("COLL_ROCE_LINK").filter(|v| v.trim() != "udp") {
-            match v.trim().parse::<LinkSpec>() {
-                Ok(LinkSpec::Verbs(name)) => env.verbs = Some(name),
-                Ok(LinkSpec::Udp { ip, port }) => {
+            match v.trim().parse::<DeviceSpec>() {
+                Ok(DeviceSpec::Verbs(name)) => env.verbs = Some(name),
+                Ok(DeviceSpec::Udp { ip, port }) => {
                     env.addrs = vec![ip];
                     env.port = port;
                 }

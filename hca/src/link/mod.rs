@@ -13,7 +13,7 @@
 //!
 //! [`Link`] is what the device's progress engine
 //! ([`SoftDevice`](crate::soft::SoftDevice)) needs from a link, so that one engine, one
-//! progress thread and one verbs API run over either; [`LinkSpec`] is the link a tool's `--link`
+//! progress thread and one verbs API run over either; [`crate::open::DeviceSpec`] is what a tool's `--link`
 //! names (`udp:ADDRESS[:PORT]`, `vfio:PCI_ADDRESS`).
 //!
 //! All system calls are in one private `sys` module, the only place with `unsafe` code.
@@ -22,7 +22,6 @@
 pub mod any;
 pub mod error;
 pub mod oob;
-pub mod spec;
 pub(crate) mod sys;
 pub mod udp;
 #[cfg(all(feature = "std", target_os = "linux"))]
@@ -39,7 +38,6 @@ use crate::verbs::device::Device;
 pub use any::AnyLink;
 pub use error::LinkError;
 pub use oob::OobError;
-pub use spec::{LinkSpec, LinkSpecError};
 pub use udp::{
     LinkCounters, LinkPoller, Offloads, Readiness, RecvBatch, RecvDatagram, RoceSocket,
     RoceSocketConfig, SendDatagram, UdpLink,

@@ -58,6 +58,14 @@ impl AnyDevice {
         }
     }
 
+    /// On a UDP link: sends packets for peer address `ip` to UDP port `port` instead of the
+    /// configured peer port ([`super::UdpDevice::set_peer_port`]); nothing on a VFIO link.
+    pub fn set_peer_port(&self, ip: std::net::IpAddr, port: u16) {
+        if let AnyLink::Udp(l) = &mut lock(&self.shared.io).link {
+            l.set_peer_port(ip, port);
+        }
+    }
+
     /// The UDP link's GSO / GRO state (`None` on a VFIO link).
     pub fn offloads(&self) -> Option<Offloads> {
         match &lock(&self.shared.io).link {

@@ -132,6 +132,19 @@ impl<L: SoftLink> Verbs for SoftDevice<L> {
     fn poll_event(&self) -> Option<AsyncEvent> {
         SoftDevice::poll_event(self)
     }
+    fn progress(&self) -> usize {
+        SoftDevice::progress(self)
+    }
+    fn progress_while(&self, f: &mut dyn FnMut()) {
+        SoftDevice::progress_during(self, f)
+    }
+    fn stats(&self) -> Option<Vec<(&'static str, String)>> {
+        Some(vec![
+            ("engine", format!("{:?}", self.counters())),
+            ("link", format!("{:?}", self.link_counters())),
+            ("progress", format!("{:?}", self.device_counters())),
+        ])
+    }
     fn close(&self) {
         SoftDevice::close(self)
     }

@@ -71,6 +71,29 @@ pub trait Verbs: Send + Sync + fmt::Debug {
     /// examples' `-x` / `-g`), and its GID.
     fn default_gid(&self) -> (u32, Gid);
 
+    /// Drives one progress round of a device whose program drives progress (the software HCA
+    /// opened with caller-driven progress: receive, fire due timers, send) and returns the
+    /// datagrams it received. Devices that progress by themselves (a hardware HCA, the software
+    /// HCA with its progress thread) do nothing and return 0 (the default).
+    fn progress(&self) -> usize {
+        0
+    }
+
+    /// Runs `f`, a blocking call (an out-of-band exchange, a sleep), while the device keeps
+    /// making progress: a caller-driven software HCA runs a helper thread for the duration;
+    /// other devices just run `f` (the default). Generic callers use
+    /// [`progress_during`](dyn Verbs::progress_during).
+    fn progress_while(&self, f: &mut dyn FnMut()) {
+        f()
+    }
+
+    /// The device's own counters for diagnostics (the tools' `--stats`), as `(name, value)`
+    /// lines; `None` for a device that keeps its counters elsewhere (a hardware HCA: sysfs,
+    /// `/sys/class/infiniband/DEVICE/ports/1/counters`), the default.
+    fn stats(&self) -> Option<Vec<(&'static str, String)>> {
+        None
+    }
+
     /// ibv_alloc_pd(3).
     ///
     /// # Errors
@@ -249,6 +272,25 @@ pub trait Verbs: Send + Sync + fmt::Debug {
 
     /// Whether [`Verbs::close`] has run.
     fn is_closed(&self) -> bool;
+}
+
+impl dyn Verbs + '_ {
+    /// [`Verbs::progress_while`] for a call that returns a value: runs `f` while the device keeps
+    /// making progress and returns what `f` returned.
+    pub fn progress_during<R>(&self, f: impl FnOnce() -> R) -> R {
+        let mut f = Some(f);
+        let mut out = None;
+        self.progress_while(&mut || {
+            if let Some(f) = f.take() {
+                out = Some(f());
+            }
+        });
+        match out {
+            Some(r) => r,
+            // A backend that did not run `f` broke the contract: run it here.
+            None => (f.take().expect("f runs exactly once"))(),
+        }
+    }
 }
 
 /// A failed device operation. `Display` gives one line naming the device (its bound address).

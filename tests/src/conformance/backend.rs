@@ -1,13 +1,13 @@
 //! Opening the devices a suite run uses, from `--link` specs.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use hca::fabric::device::FabricGroup;
 use hca::fabric::Faults;
-use hca::ibverbs::IbvDevice;
-use hca::soft::{DeviceError, UdpDevice, UdpDeviceConfig};
+use hca::open::{open_soft, DeviceSpec, DeviceSpecError, OpenOptions};
+use hca::soft::{AnyDevice, DeviceError};
 use hca::verbs::Verbs;
 
 use super::Devices;
@@ -74,47 +74,35 @@ pub const SPEC_HELP: &str = "fabric (two software HCAs on the in-memory fabric, 
     10.0.0.2), udp:ADDRESS[:PORT] (the software HCA on a UDP socket; port 0 or none: a free \
     port), verbs:DEVICE (an RDMA device through libibverbs, e.g. verbs:rxe0, verbs:mlx5_0)";
 
-enum Spec {
-    Fabric,
-    Udp(SocketAddr),
-    Verbs(String),
-}
-
-fn parse(spec: &str) -> Result<Spec, BackendError> {
+fn parse(spec: &str) -> Result<DeviceSpec, BackendError> {
     let bad = |reason: &str| BackendError::BadSpec {
         spec: spec.to_owned(),
         reason: reason.to_owned(),
     };
-    if spec == "fabric" {
-        return Ok(Spec::Fabric);
-    }
-    if let Some(rest) = spec.strip_prefix("udp:") {
-        if let Ok(ip) = rest.parse::<IpAddr>() {
-            return Ok(Spec::Udp(SocketAddr::new(ip, 0)));
+    match spec.parse::<DeviceSpec>() {
+        Ok(s @ (DeviceSpec::Fabric | DeviceSpec::Udp { .. } | DeviceSpec::Verbs(_))) => Ok(s),
+        Err(DeviceSpecError::BadUdpAddress { .. }) => {
+            Err(bad("expected udp:ADDRESS or udp:ADDRESS:PORT ([V6]:PORT)"))
         }
-        return rest
-            .parse::<SocketAddr>()
-            .map(Spec::Udp)
-            .map_err(|_| bad("expected udp:ADDRESS or udp:ADDRESS:PORT ([V6]:PORT)"));
+        Err(DeviceSpecError::BadVerbsDevice { .. }) => Err(bad("expected verbs:DEVICE")),
+        _ => Err(bad(&format!("expected one of: {SPEC_HELP}"))),
     }
-    if let Some(name) = spec.strip_prefix("verbs:") {
-        if name.is_empty() {
-            return Err(bad("expected verbs:DEVICE"));
-        }
-        return Ok(Spec::Verbs(name.to_owned()));
-    }
-    Err(bad(&format!("expected one of: {SPEC_HELP}")))
 }
 
-fn open_udp(spec: &str, addr: SocketAddr) -> Result<Arc<UdpDevice>, BackendError> {
-    let mut c = UdpDeviceConfig::new(addr.ip());
-    c.port = addr.port();
-    UdpDevice::open(c)
-        .map(Arc::new)
-        .map_err(|source| BackendError::Open {
-            spec: spec.to_owned(),
-            source,
-        })
+/// Devices of a run: a `udp:` name without a port binds a free one (the suite's devices run
+/// beside others on the same addresses).
+fn options() -> OpenOptions {
+    OpenOptions {
+        default_udp_port: 0,
+        ..OpenOptions::default()
+    }
+}
+
+fn open_udp(text: &str, spec: &DeviceSpec) -> Result<Arc<AnyDevice>, BackendError> {
+    open_soft(spec, &options()).map_err(|source| BackendError::Open {
+        spec: text.to_owned(),
+        source,
+    })
 }
 
 /// Opens the devices of a run: `a` from `link`, `b` from `link2` or, without it, the same
@@ -127,32 +115,38 @@ pub fn open_pair(link: &str, link2: Option<&str>) -> Result<DevicePair, BackendE
     let a_spec = parse(link)?;
     let b_spec = link2.map(parse).transpose()?;
     match (a_spec, b_spec) {
-        (Spec::Fabric, None | Some(Spec::Fabric)) => {
+        (DeviceSpec::Fabric, None | Some(DeviceSpec::Fabric)) => {
             let group = FabricGroup::new(0x5eed, Faults::none());
             let open = |ip: Ipv4Addr| {
-                group
-                    .add_device(IpAddr::V4(ip), 1500)
-                    .map_err(|source| BackendError::Open {
+                let options = OpenOptions {
+                    fabric: Some((group.clone(), IpAddr::V4(ip))),
+                    ..options()
+                };
+                hca::open::open(&DeviceSpec::Fabric, &options).map_err(|source| {
+                    BackendError::Open {
                         spec: link.to_owned(),
                         source,
-                    })
+                    }
+                })
             };
-            let a: Arc<dyn Verbs> = Arc::new(open(Ipv4Addr::new(10, 0, 0, 1))?);
-            let b: Arc<dyn Verbs> = Arc::new(open(Ipv4Addr::new(10, 0, 0, 2))?);
+            let a = open(Ipv4Addr::new(10, 0, 0, 1))?;
+            let b = open(Ipv4Addr::new(10, 0, 0, 2))?;
             Ok(pair(a, Some(b)))
         }
-        (Spec::Udp(aa), b) => {
+        (a_spec @ DeviceSpec::Udp { ip: a_ip, .. }, b) => {
             // Each device finds its peer by IP address (`set_peer_port` below): two devices on
             // one address would send each other's packets to one of them.
-            if let Some(Spec::Udp(ba)) = &b {
-                if ba.ip() == aa.ip() {
-                    return Err(BackendError::SameAddress { ip: aa.ip() });
+            if let Some(DeviceSpec::Udp { ip: b_ip, .. }) = &b {
+                if *b_ip == a_ip {
+                    return Err(BackendError::SameAddress { ip: a_ip });
                 }
             }
-            let a = open_udp(link, aa)?;
+            let a = open_udp(link, &a_spec)?;
             let b = match b {
                 None => None,
-                Some(Spec::Udp(ba)) => Some(open_udp(link2.unwrap_or_default(), ba)?),
+                Some(b_spec @ DeviceSpec::Udp { .. }) => {
+                    Some(open_udp(link2.unwrap_or_default(), &b_spec)?)
+                }
                 Some(_) => {
                     return Err(BackendError::BadSpec {
                         spec: link2.unwrap_or_default().to_owned(),
@@ -170,19 +164,19 @@ pub fn open_pair(link: &str, link2: Option<&str>) -> Result<DevicePair, BackendE
             }
             Ok(pair(a, b.map(|b| b as Arc<dyn Verbs>)))
         }
-        (Spec::Verbs(name), b) => {
-            let open = |spec: &str, name: &str| {
-                IbvDevice::open(name)
-                    .map(|d| Arc::new(d) as Arc<dyn Verbs>)
-                    .map_err(|source| BackendError::Open {
-                        spec: spec.to_owned(),
-                        source,
-                    })
+        (a_spec @ DeviceSpec::Verbs(_), b) => {
+            let open = |text: &str, spec: &DeviceSpec| {
+                hca::open::open(spec, &options()).map_err(|source| BackendError::Open {
+                    spec: text.to_owned(),
+                    source,
+                })
             };
-            let a = open(link, &name)?;
+            let a = open(link, &a_spec)?;
             let b = match b {
                 None => None,
-                Some(Spec::Verbs(bname)) => Some(open(link2.unwrap_or_default(), &bname)?),
+                Some(b_spec @ DeviceSpec::Verbs(_)) => {
+                    Some(open(link2.unwrap_or_default(), &b_spec)?)
+                }
                 Some(_) => {
                     return Err(BackendError::BadSpec {
                         spec: link2.unwrap_or_default().to_owned(),
@@ -192,9 +186,13 @@ pub fn open_pair(link: &str, link2: Option<&str>) -> Result<DevicePair, BackendE
             };
             Ok(pair(a, b))
         }
-        (Spec::Fabric, Some(_)) => Err(BackendError::BadSpec {
+        (DeviceSpec::Fabric, Some(_)) => Err(BackendError::BadSpec {
             spec: link2.unwrap_or_default().to_owned(),
             reason: "fabric gives both devices; give no --link2".into(),
+        }),
+        _ => Err(BackendError::BadSpec {
+            spec: link.to_owned(),
+            reason: format!("expected one of: {SPEC_HELP}"),
         }),
     }
 }

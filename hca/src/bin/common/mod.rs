@@ -10,13 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_p2p::HostMemory;
-use hca::ibverbs::IbvDevice;
-
 use hca::link::oob::OobTimeouts;
-use hca::link::vfio::VfioLinkConfig;
-pub use hca::link::LinkSpec;
-use hca::soft::AnyConfig;
-use hca::soft::{AnyDevice, DeviceError, Progress, UdpDeviceConfig, VfioDeviceConfig};
+pub use hca::open::DeviceSpec;
+use hca::open::{open, OpenOptions};
+use hca::soft::{DeviceError, Progress};
 use hca::verbs::Verbs;
 use hca::{
     AccessFlags, AhAttr, Gid, MemoryRegion, PathMtu, PdHandle, QpAttr, QpAttrMask, QpState, QpType,
@@ -63,12 +60,10 @@ impl From<ProgressArg> for Progress {
 }
 
 /// The device of the tools, as `--link` says: the verbs of any backend through [`Verbs`]
-/// (`Deref`), plus the software device's own extras (caller-driven progress, counters, IOMMU
-/// mapping of host memory) when it is one (`udp:` / `vfio:`; `None` for `verbs:`).
+/// (`Deref`), progress included ([`Verbs::progress`], [`Verbs::progress_while`]).
 #[derive(Debug, Clone)]
 pub struct Dev {
     verbs: Arc<dyn Verbs>,
-    soft: Option<Arc<AnyDevice>>,
 }
 
 impl std::ops::Deref for Dev {
@@ -106,26 +101,17 @@ impl Dev {
     /// software device with caller-driven progress needs a helper thread for it; a hardware
     /// device progresses by itself.
     pub fn progress_during<R>(&self, f: impl FnOnce() -> R) -> R {
-        match &self.soft {
-            Some(soft) => soft.progress_during(f),
-            None => f(),
-        }
+        self.verbs.progress_during(f)
     }
 
     /// Keeps a software device answering for `linger` after a run, as TCP's TIME-WAIT does: the
     /// ACK of the peer's last message may be lost (its send then completes only when it arrives),
     /// and only a QP that still exists can acknowledge the peer's retransmission of it (a
-    /// duplicate request is ACKed again, IBTA vol. 1 §9.7.5.1). A hardware device's QP answers
-    /// by itself until it is destroyed; nothing to do there.
+    /// duplicate request is ACKed again, IBTA vol. 1 §9.7.5.1). Any device's QPs answer only
+    /// while they exist (a hardware HCA's too), so every device lingers; a caller-driven
+    /// software device keeps its engine running meanwhile.
     pub fn linger(&self, linger: std::time::Duration) {
-        if self.soft.is_some() {
-            self.progress_during(|| std::thread::sleep(linger));
-        }
-    }
-
-    /// One progress round of a caller-driven software device; 0 (nothing to do) otherwise.
-    pub fn progress(&self) -> usize {
-        self.soft.as_ref().map_or(0, |s| s.progress())
+        self.progress_during(|| std::thread::sleep(linger));
     }
 }
 
@@ -134,15 +120,15 @@ impl Dev {
 /// port, so a peer cannot learn any other.
 pub const ROCEV2_PORT: u16 = hca::soft::ROCEV2_PORT;
 
-/// Parses a `--link` / `-d` value (see [`LinkSpec`]) for `rdma-perf` / `rdma-pingpong`.
+/// Parses a `--link` / `-d` value (see [`DeviceSpec`]) for `rdma-perf` / `rdma-pingpong`.
 ///
 /// # Errors
-/// One line: the [`hca::link::LinkSpecError`]; for a bare word such as `mlx5_0` (perftest's
+/// One line: the [`hca::open::DeviceSpecError`]; for a bare word such as `mlx5_0` (perftest's
 /// `-d` habit) it suggests `--link verbs:mlx5_0`; a `udp:ADDRESS:PORT` whose port is not
 /// [`ROCEV2_PORT`] is refused, since the peer would send to 4791 all the same and the run would
 /// end in "transport retry counter exceeded".
-pub fn parse_link(text: &str) -> Result<LinkSpec, Fail> {
-    let spec: LinkSpec = text.parse().map_err(|e: hca::link::LinkSpecError| {
+pub fn parse_link(text: &str) -> Result<DeviceSpec, Fail> {
+    let spec: DeviceSpec = text.parse().map_err(|e: hca::open::DeviceSpecError| {
         let device_name = !text.is_empty()
             && text
                 .chars()
@@ -157,13 +143,21 @@ pub fn parse_link(text: &str) -> Result<LinkSpec, Fail> {
         }
     })?;
     match spec {
-        LinkSpec::Udp { ip, port } if port != ROCEV2_PORT => fail!(
+        DeviceSpec::Udp {
+            ip,
+            port: Some(port),
+        } if port != ROCEV2_PORT => fail!(
             "bad link \"{text}\": port {port} cannot work: perftest and ibv_*_pingpong peers \
              always send to UDP port {ROCEV2_PORT} (their exchange carries no port); give each \
              side its own address instead, e.g. udp:{} here and udp:{} on the other side",
             example_ip(ip, 0),
             example_ip(ip, 1)
         ),
+        DeviceSpec::Fabric => fail!(
+            "bad link \"{text}\": the in-memory fabric has no peer outside this process; give \
+             udp:ADDRESS, vfio:PCI_ADDRESS or verbs:DEVICE"
+        ),
+        DeviceSpec::Udp { ip, port: None } => Ok(DeviceSpec::udp(ip)),
         spec => Ok(spec),
     }
 }
@@ -317,83 +311,42 @@ pub fn route_source(host: &str, port: u16) -> Result<IpAddr, Fail> {
 /// below any local ACK timeout the tools set (perftest's default 14: 67 ms).
 const CALLER_ACK_DELAY: std::time::Duration = std::time::Duration::from_micros(20);
 
-/// Opens the device on `spec` (`vfio` gives the options of a VFIO link; other links ignore
-/// them; `progress` and `window_budget` apply to the software device only).
+/// Opens the device on `spec` through [`hca::open::open`] (`vfio` gives the options of a VFIO
+/// link; other links ignore them; `progress` and `window_budget` apply to the software device
+/// only).
 pub fn open_device(
-    spec: LinkSpec,
+    spec: DeviceSpec,
     progress: Progress,
     window_budget: Option<u32>,
     vfio: &VfioArgs,
 ) -> Result<Dev, Fail> {
-    let config = match spec {
-        LinkSpec::Udp { ip, port } => {
-            let mut c = UdpDeviceConfig::new(ip);
-            c.port = port;
-            c.scope_id = link_local_scope(ip);
-            c.progress = progress;
-            c.window_budget = window_budget;
-            if progress == Progress::Caller {
-                c.engine.ack_delay = CALLER_ACK_DELAY;
-            }
-            AnyConfig::Udp(c)
-        }
-        LinkSpec::Vfio(pci) => {
-            let mut link = VfioLinkConfig::new(pci);
-            link.ipv4 = vfio.ip;
-            link.static_neighbours = vfio.neigh.clone();
-            link.interrupts = vfio.interrupts;
-            let mut c = VfioDeviceConfig::new(link);
-            c.progress = progress;
-            AnyConfig::Vfio(c)
-        }
-        LinkSpec::Verbs(name) => {
-            // IbvDevice's errors name the device already (`device verbs:rxe0: ...`).
-            let dev = IbvDevice::open(&name).map_err(|e| Fail(format!("cannot open {e}")))?;
-            return Ok(Dev {
-                verbs: Arc::new(dev),
-                soft: None,
-            });
-        }
-        _ => return fail!("cannot open device {spec}: this tool does not drive that link"),
+    let mut options = OpenOptions {
+        progress,
+        window_budget,
+        vfio_ipv4: vfio.ip,
+        vfio_neighbours: vfio.neigh.clone(),
+        vfio_interrupts: vfio.interrupts,
+        ..OpenOptions::default()
     };
-    let soft = Arc::new(
-        AnyDevice::open(config).map_err(|e| Fail(format!("cannot open device {spec}: {e}")))?,
-    );
-    Ok(Dev {
-        verbs: soft.clone(),
-        soft: Some(soft),
-    })
-}
-
-/// The interface index (IPv6 scope) of the interface that holds the link-local address `ip`
-/// (`fe80::/10`), from `/proc/net/if_inet6`; 0 for any other address or when none holds it. A
-/// socket cannot bind a link-local address, nor reach a link-local peer, without it.
-pub fn link_local_scope(ip: IpAddr) -> u32 {
-    let IpAddr::V6(v6) = ip else {
-        return 0;
-    };
-    if v6.segments()[0] & 0xffc0 != 0xfe80 {
-        return 0;
+    if progress == Progress::Caller && matches!(spec, DeviceSpec::Udp { .. }) {
+        options.engine.ack_delay = CALLER_ACK_DELAY;
     }
-    let want: String = v6.octets().iter().map(|b| format!("{b:02x}")).collect();
-    let table = std::fs::read_to_string("/proc/net/if_inet6").unwrap_or_default();
-    table
-        .lines()
-        .find_map(|line| {
-            let mut f = line.split_whitespace();
-            (f.next()? == want).then(|| u32::from_str_radix(f.next()?, 16).ok())?
-        })
-        .unwrap_or(0)
+    let verbs = open(&spec, &options).map_err(|e| match spec {
+        // IbvDevice's errors name the device already (`device verbs:rxe0: ...`).
+        DeviceSpec::Verbs(_) => Fail(format!("cannot open {e}")),
+        _ => Fail(format!("cannot open device {spec}: {e}")),
+    })?;
+    Ok(Dev { verbs })
 }
 
 /// `--stats`: the software device's counters, to stderr (a hardware device keeps its own in
 /// sysfs: `/sys/class/infiniband/DEVICE/ports/1/counters` and `hw_counters`).
 pub fn print_stats(dev: &Dev) {
-    match &dev.soft {
-        Some(soft) => {
-            eprintln!("engine: {:?}", soft.counters());
-            eprintln!("link: {:?}", soft.link_counters());
-            eprintln!("progress: {:?}", soft.device_counters());
+    match dev.stats() {
+        Some(lines) => {
+            for (name, value) in lines {
+                eprintln!("{name}: {value}");
+            }
         }
         None => eprintln!(
             "{}: no software counters (see /sys/class/infiniband/<device>/ports/1/counters)",
@@ -630,7 +583,7 @@ mod tests {
     fn link_specs() {
         assert_eq!(
             parse_link("udp:127.0.0.2").unwrap(),
-            LinkSpec::udp("127.0.0.2".parse().unwrap())
+            DeviceSpec::udp("127.0.0.2".parse().unwrap())
         );
         assert_eq!(parse_link("::1").unwrap().to_string(), "udp:::1");
         assert_eq!(
@@ -653,7 +606,16 @@ mod tests {
             "udp:[::1]:4791",
         ] {
             let s = parse_link(ok).unwrap();
-            assert!(matches!(s, LinkSpec::Udp { port: 4791, .. }), "{ok}");
+            assert!(
+                matches!(
+                    s,
+                    DeviceSpec::Udp {
+                        port: Some(4791),
+                        ..
+                    }
+                ),
+                "{ok}"
+            );
         }
         let e = parse_link("udp:127.0.0.1:5000").unwrap_err();
         assert!(e.0.contains("port 5000 cannot work"), "{e}");
@@ -672,7 +634,7 @@ mod tests {
         assert!(!parse_link("mlx5/0").unwrap_err().0.contains("verbs:mlx5"));
         assert_eq!(
             parse_link("verbs:mlx5_0").unwrap(),
-            LinkSpec::Verbs("mlx5_0".into())
+            DeviceSpec::Verbs("mlx5_0".into())
         );
     }
 
@@ -705,28 +667,6 @@ mod tests {
                 "{bad}"
             );
         }
-    }
-
-    #[test]
-    fn link_local_scope_is_the_interface_index() {
-        // Not link-local: no scope.
-        assert_eq!(link_local_scope("::1".parse().unwrap()), 0);
-        assert_eq!(link_local_scope("10.0.0.1".parse().unwrap()), 0);
-        // A link-local address of this host (if it has one) is on the interface listed with it.
-        let table = std::fs::read_to_string("/proc/net/if_inet6").unwrap_or_default();
-        for line in table.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() < 6 || !f[0].starts_with("fe80") {
-                continue;
-            }
-            let bytes: Vec<u8> = (0..16)
-                .map(|i| u8::from_str_radix(&f[0][2 * i..2 * i + 2], 16).unwrap())
-                .collect();
-            let ip = IpAddr::from(<[u8; 16]>::try_from(bytes).unwrap());
-            assert_eq!(link_local_scope(ip), u32::from_str_radix(f[1], 16).unwrap());
-        }
-        // One that no interface holds.
-        assert_eq!(link_local_scope("fe80::dead:beef:1".parse().unwrap()), 0);
     }
 
     #[test]

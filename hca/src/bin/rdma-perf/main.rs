@@ -44,7 +44,7 @@ use hca::{
     SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use common::{fail, Fail, LinkSpec, ProgressArg};
+use common::{fail, DeviceSpec, Fail, ProgressArg};
 use report::{Bw, RESULT_FMT, RESULT_FMT_G, RESULT_FMT_LAT, RESULT_FMT_LAT_DUR, RESULT_LINE};
 
 /// perftest's `MAX_SIZE`: the largest message of `-a`, 8 MiB.
@@ -204,7 +204,7 @@ struct Params {
     gbits: bool,
     /// `-x`; `None`: the device's GID.
     gid_index: Option<i64>,
-    link: Option<LinkSpec>,
+    link: Option<DeviceSpec>,
     vfio: common::VfioArgs,
     qp_type: QpType,
     tx_depth: u32,
@@ -414,7 +414,7 @@ impl Res {
 /// Opens the device of `spec` and checks `-x` and `-m` against it.
 fn open_checked(
     p: &Params,
-    spec: &LinkSpec,
+    spec: &DeviceSpec,
 ) -> Result<(common::Dev, i64, hca::Gid, PathMtu), Fail> {
     let dev = common::open_device(spec.clone(), p.progress, p.window_budget, &p.vfio)?;
     let gid_index = p.gid_index.unwrap_or(i64::from(dev.gid_index()));
@@ -467,7 +467,7 @@ fn run(p: &Params) -> Result<(), Fail> {
     };
     let spec = match (p.link.clone(), local_ip) {
         (Some(s), _) => s,
-        (None, Some(ip)) => LinkSpec::udp(match ip {
+        (None, Some(ip)) => DeviceSpec::udp(match ip {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
             v4 => v4,
         }),
@@ -669,7 +669,7 @@ fn verb_name(v: Verb) -> &'static str {
 }
 
 /// `ctx_print_test_info`.
-fn print_test_info(p: &Params, spec: &LinkSpec, mtu: PathMtu, res: &Res) {
+fn print_test_info(p: &Params, spec: &DeviceSpec, mtu: PathMtu, res: &Res) {
     let out_reads = res.out_reads;
     let is_client = p.server.is_some();
     println!("{RESULT_LINE}");

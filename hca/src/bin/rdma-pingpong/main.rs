@@ -33,7 +33,7 @@ use hca::{
     RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use common::{fail, Fail, LinkSpec, ProgressArg};
+use common::{fail, DeviceSpec, Fail, ProgressArg};
 
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
@@ -189,7 +189,7 @@ fn run(cli: &Cli) -> Result<(), Fail> {
         Some(host) => {
             let spec = match spec {
                 Some(s) => s,
-                None => LinkSpec::udp(common::route_source(host, cli.port)?),
+                None => DeviceSpec::udp(common::route_source(host, cli.port)?),
             };
             let ctx = setup(cli, spec, qp_type, size)?;
             let me = local_dest(&ctx, my_psn)?;
@@ -237,7 +237,7 @@ fn run(cli: &Cli) -> Result<(), Fail> {
                         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(local, IpAddr::V4),
                         v4 => v4,
                     };
-                    let spec = LinkSpec::udp(ip);
+                    let spec = DeviceSpec::udp(ip);
                     let ctx = setup(cli, spec, qp_type, size)?;
                     let me = local_dest(&ctx, my_psn)?;
                     print_dest("local address: ", &me);
@@ -259,7 +259,7 @@ fn run(cli: &Cli) -> Result<(), Fail> {
 
 /// `pp_init_ctx` and the initial receives: buffer (filled with 0x7b), PD, MR, CQ of rx_depth + 1,
 /// QP (1 send WR, rx_depth receive WRs) in INIT, rx_depth receives posted.
-fn setup(cli: &Cli, spec: LinkSpec, qp_type: QpType, size: usize) -> Result<Ctx, Fail> {
+fn setup(cli: &Cli, spec: DeviceSpec, qp_type: QpType, size: usize) -> Result<Ctx, Fail> {
     let dev = common::open_device(spec, cli.progress.into(), None, &cli.vfio)?;
     let gid_idx = cli.gid_idx.unwrap_or(i64::from(dev.gid_index()));
     common::check_gid_index(&dev, gid_idx)?;
