@@ -93,11 +93,12 @@ mod tests {
     use crate::link::vfio::PciAddress;
     use crate::link::vfio::VfioError;
     use crate::link::Link;
-    use crate::verbs::ah::AhAttr;
+    use crate::verbs::connect::{self, ConnectAttr};
+
     use crate::verbs::cq::CqHandle;
     use crate::verbs::gid::Gid;
     use crate::verbs::mr::{AccessFlags, MemoryRegion};
-    use crate::verbs::qp::{QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType};
+    use crate::verbs::qp::{QpCap, QpInitAttr, QpState, QpType};
     use crate::verbs::wc::WcStatus;
     use crate::verbs::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
     use crate::PathMtu;
@@ -162,52 +163,26 @@ mod tests {
     }
 
     fn connect(s: &Side, peer_qpn: u32, peer: Ipv4Addr) {
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
-            ..QpAttr::default()
+        let a = ConnectAttr {
+            access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            path_mtu: PathMtu::Mtu1024,
+            remote_qpn: peer_qpn,
+            remote_psn: 7,
+            local_psn: 7,
+            max_dest_rd_atomic: 4,
+            min_rnr_timer: 1,
+            // GID index 2: the IPv4 GID after the two link-local ones.
+            ah_attr: ConnectAttr::av(Gid::from(peer), 2, 64, 0),
+            timeout: 10,
+            retry_cnt: 3,
+            rnr_retry: 3,
+            max_rd_atomic: 4,
+            ..ConnectAttr::default()
         };
-        let init = QpAttrMask::STATE
-            | QpAttrMask::PKEY_INDEX
-            | QpAttrMask::PORT
-            | QpAttrMask::ACCESS_FLAGS;
-        s.dev.modify_qp(s.qpn, &a, init).unwrap();
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = PathMtu::Mtu1024;
-        a.dest_qp_num = peer_qpn;
-        a.rq_psn = 7;
-        a.max_dest_rd_atomic = 4;
-        a.min_rnr_timer = 1;
-        // GID index 2: the IPv4 GID after the two link-local ones.
-        a.ah_attr = AhAttr {
-            dgid: Gid::from(peer),
-            sgid_index: 2,
-            hop_limit: 64,
-            port_num: 1,
-            ..AhAttr::default()
-        };
-        let rtr = QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER;
-        s.dev.modify_qp(s.qpn, &a, rtr).unwrap();
-        a.qp_state = QpState::Rts;
-        a.sq_psn = 7;
-        a.timeout = 10;
-        a.retry_cnt = 3;
-        a.rnr_retry = 3;
-        a.max_rd_atomic = 4;
-        let rts = QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC;
-        s.dev.modify_qp(s.qpn, &a, rts).unwrap();
+        connect::bring_up(&a, QpState::Reset, QpState::Rts, |qp, mask| {
+            s.dev.modify_qp(s.qpn, qp, mask).map(|_| ())
+        })
+        .unwrap();
     }
 
     fn pair() -> (Side, Side) {

@@ -825,6 +825,7 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verbs::connect::{self, ConnectAttr};
     use crate::verbs::error::errno;
     use crate::verbs::gid::{Gid, GidType};
     use crate::verbs::qp::{QpCap, QpType};
@@ -1072,23 +1073,15 @@ mod tests {
         let pd2 = c.alloc_pd().unwrap();
         let cq = c.create_cq(4).unwrap();
         let qpn = c.create_qp(pd, &qp_init(cq, QpType::Ud)).unwrap();
-        let mut a = QpAttr {
+        let a = ConnectAttr {
+            qp_type: QpType::Ud,
             qkey: 0x11,
-            port_num: 1,
-            ..QpAttr::default()
+            ..ConnectAttr::default()
         };
-        a.qp_state = QpState::Init;
-        c.modify_qp(
-            qpn,
-            &a,
-            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
-        )
+        connect::bring_up(&a, QpState::Reset, QpState::Rts, |qp, mask| {
+            c.modify_qp(qpn, qp, mask).map(|_| ())
+        })
         .unwrap();
-        a.qp_state = QpState::Rtr;
-        c.modify_qp(qpn, &a, QpAttrMask::STATE).unwrap();
-        a.qp_state = QpState::Rts;
-        c.modify_qp(qpn, &a, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
-            .unwrap();
         let ah_attr = AhAttr {
             dgid: Gid::link_local_from_mac([2, 0, 0, 0, 0, 2]),
             sgid_index: 1,

@@ -23,6 +23,7 @@ pub mod ah;
 #[cfg(feature = "std")]
 pub mod api;
 pub mod attr;
+pub mod connect;
 pub mod context;
 pub mod cq;
 pub mod device;

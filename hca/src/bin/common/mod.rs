@@ -14,10 +14,9 @@ use hca::link::oob::OobTimeouts;
 pub use hca::open::DeviceSpec;
 use hca::open::{open, OpenOptions};
 use hca::soft::{DeviceError, Progress};
+use hca::verbs::connect::{self, ConnectAttr};
 use hca::verbs::Verbs;
-use hca::{
-    AccessFlags, AhAttr, Gid, MemoryRegion, PathMtu, PdHandle, QpAttr, QpAttrMask, QpState, QpType,
-};
+use hca::{AccessFlags, AhAttr, Gid, MemoryRegion, PathMtu, PdHandle, QpState, QpType};
 
 /// A one-line error for the user; `main` prints it after the tool's name and exits with 1.
 #[derive(Debug)]
@@ -472,7 +471,8 @@ pub struct Remote {
     pub gid: Gid,
 }
 
-/// RESET -> INIT with the tool's access flags (and Q_Key for UD).
+/// RESET -> INIT with the tool's access flags (and Q_Key for UD), through the one bring-up
+/// ([`hca::verbs::connect`]).
 pub fn qp_to_init(
     dev: &Dev,
     qpn: u32,
@@ -480,89 +480,54 @@ pub fn qp_to_init(
     access: AccessFlags,
     qkey: u32,
 ) -> Result<(), Fail> {
-    let attr = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: access,
+    let attr = ConnectAttr {
+        qp_type,
+        access,
         qkey,
-        ..QpAttr::default()
+        ..ConnectAttr::default()
     };
-    let base = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
-    let mask = match qp_type {
-        QpType::Ud => base | QpAttrMask::QKEY,
-        _ => base | QpAttrMask::ACCESS_FLAGS,
-    };
-    dev.modify_qp(qpn, &attr, mask)
-        .map_err(|e| Fail(format!("Failed to modify QP to INIT: {e}")))?;
-    Ok(())
+    modify_through(dev, qpn, &attr, QpState::Reset, QpState::Init)
 }
 
 /// The address vector to `gid` from the device's GID at `sgid_index`.
 pub fn av_to(gid: Gid, sgid_index: u8, hop_limit: u8, traffic_class: u8) -> AhAttr {
-    AhAttr {
-        dgid: gid,
-        sgid_index,
-        hop_limit,
-        traffic_class,
-        port_num: 1,
-        ..AhAttr::default()
-    }
+    ConnectAttr::av(gid, sgid_index, hop_limit, traffic_class)
 }
 
-/// INIT -> RTR -> RTS as `pp_connect_ctx` / perftest's `ctx_connect` do.
+/// INIT -> RTR -> RTS as `pp_connect_ctx` / perftest's `ctx_connect` do, through the one
+/// bring-up ([`hca::verbs::connect`]).
 pub fn qp_to_rts(dev: &Dev, qpn: u32, a: &ConnectAttrs, remote: &Remote) -> Result<(), Fail> {
-    let mut attr = QpAttr {
-        qp_state: QpState::Rtr,
+    let attr = ConnectAttr {
+        qp_type: a.qp_type,
         path_mtu: a.mtu,
-        dest_qp_num: remote.qpn,
-        rq_psn: remote.psn,
+        ah_attr: av_to(remote.gid, a.sgid_index, a.hop_limit, a.traffic_class),
+        remote_qpn: remote.qpn,
+        remote_psn: remote.psn,
+        local_psn: a.my_psn,
         max_dest_rd_atomic: a.max_dest_rd_atomic,
         min_rnr_timer: a.min_rnr_timer,
-        ah_attr: av_to(remote.gid, a.sgid_index, a.hop_limit, a.traffic_class),
-        ..QpAttr::default()
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        max_rd_atomic: a.max_rd_atomic,
+        ..ConnectAttr::default()
     };
-    let rtr = match a.qp_type {
-        QpType::Rc => {
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER
-        }
-        QpType::Uc => {
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-        }
-        QpType::Ud => QpAttrMask::STATE,
-    };
-    dev.modify_qp(qpn, &attr, rtr)
-        .map_err(|e| Fail(format!("Failed to modify QP to RTR: {e}")))?;
-    attr.qp_state = QpState::Rts;
-    attr.sq_psn = a.my_psn;
-    attr.timeout = a.timeout;
-    attr.retry_cnt = a.retry_cnt;
-    attr.rnr_retry = a.rnr_retry;
-    attr.max_rd_atomic = a.max_rd_atomic;
-    let rts = match a.qp_type {
-        QpType::Rc => {
-            QpAttrMask::STATE
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC
-        }
-        _ => QpAttrMask::STATE | QpAttrMask::SQ_PSN,
-    };
-    dev.modify_qp(qpn, &attr, rts)
-        .map_err(|e| Fail(format!("Failed to modify QP to RTS: {e}")))?;
-    Ok(())
+    modify_through(dev, qpn, &attr, QpState::Init, QpState::Rts)
+}
+
+/// Runs [`connect::bring_up`] on `dev`'s QP `qpn`; a refusal is the C tools' line
+/// (`Failed to modify QP to RTR: ...`).
+fn modify_through(
+    dev: &Dev,
+    qpn: u32,
+    attr: &ConnectAttr,
+    from: QpState,
+    to: QpState,
+) -> Result<(), Fail> {
+    connect::bring_up(attr, from, to, |qp, mask| {
+        dev.modify_qp(qpn, qp, mask).map(|_| ())
+    })
+    .map_err(|e| Fail(e.to_string()))
 }
 
 #[cfg(test)]

@@ -12,10 +12,10 @@ use super::sys_fake as fake;
 use super::virtio::{feature, status};
 use super::*;
 use crate::engine::{EngineConfig, SoftHca};
-use crate::verbs::ah::AhAttr;
+use crate::verbs::connect::{self, ConnectAttr};
 use crate::verbs::gid::Gid;
 use crate::verbs::mr::{AccessFlags, MemoryRegion};
-use crate::verbs::qp::{QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType};
+use crate::verbs::qp::{QpCap, QpInitAttr, QpState, QpType};
 use crate::verbs::wc::{WcOpcode, WcStatus, WorkCompletion};
 use crate::verbs::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
 use crate::{CqHandle, PathMtu, PdHandle};
@@ -429,67 +429,26 @@ fn side(addr: &str, ip: Ipv4Addr) -> Side {
 }
 
 fn connect(me: &mut Side, peer_qpn: u32, dgid: Gid, sgid_index: u8, my_psn: u32, peer_psn: u32) {
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
-        ..QpAttr::default()
+    let a = ConnectAttr {
+        access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        path_mtu: PathMtu::Mtu1024,
+        remote_qpn: peer_qpn,
+        remote_psn: peer_psn,
+        local_psn: my_psn,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 1,
+        ah_attr: ConnectAttr::av(dgid, sgid_index, 64, 0),
+        timeout: 10,
+        retry_cnt: 3,
+        rnr_retry: 3,
+        max_rd_atomic: 4,
+        ..ConnectAttr::default()
     };
-    me.hca
-        .modify_qp(
-            me.qpn,
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS,
-        )
-        .unwrap();
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = PathMtu::Mtu1024;
-    a.dest_qp_num = peer_qpn;
-    a.rq_psn = peer_psn;
-    a.max_dest_rd_atomic = 4;
-    a.min_rnr_timer = 1;
-    a.ah_attr = AhAttr {
-        dgid,
-        sgid_index,
-        hop_limit: 64,
-        port_num: 1,
-        ..AhAttr::default()
-    };
-    me.hca
-        .modify_qp(
-            me.qpn,
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
-        )
-        .unwrap();
-    a.qp_state = QpState::Rts;
-    a.sq_psn = my_psn;
-    a.timeout = 10;
-    a.retry_cnt = 3;
-    a.rnr_retry = 3;
-    a.max_rd_atomic = 4;
-    me.hca
-        .modify_qp(
-            me.qpn,
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC,
-        )
-        .unwrap();
+    let qpn = me.qpn;
+    connect::bring_up(&a, QpState::Reset, QpState::Rts, |qp, mask| {
+        me.hca.modify_qp(qpn, qp, mask).map(|_| ())
+    })
+    .unwrap();
 }
 
 /// Two links on a fake hub, RC QPs connected through IPv4 (sgid 2) or link-local IPv6 (sgid 1).
