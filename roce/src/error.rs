@@ -133,6 +133,16 @@ pub enum Error {
 /// Result with this crate's [`Error`].
 pub type Result<T> = core::result::Result<T, Error>;
 
+/// The length check of every header view: `Ok` when a buffer of `got` bytes holds the `need` bytes
+/// that `layer` requires, else [`Error::Truncated`] with all three.
+pub(crate) fn check_len(layer: Layer, need: usize, got: usize) -> Result<()> {
+    if got < need {
+        Err(Error::Truncated { layer, need, got })
+    } else {
+        Ok(())
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {

@@ -36,6 +36,7 @@ extern crate std;
 mod macros;
 
 mod error;
+mod wire_field;
 
 pub mod arp;
 pub mod checksum;
