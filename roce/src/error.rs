@@ -18,6 +18,8 @@ pub enum Layer {
     Ipv6,
     /// UDP header (RFC 768).
     Udp,
+    /// IPv6 Neighbor Discovery (RFC 4861) in ICMPv6 (RFC 4443): the message, its checksum, its options.
+    Ndisc,
     /// Base Transport Header (IBTA vol. 1 §9.2).
     Bth,
     /// RDMA Extended Transport Header (§9.3.3).
@@ -53,6 +55,7 @@ impl fmt::Display for Layer {
             Layer::Ipv4 => "IPv4",
             Layer::Ipv6 => "IPv6",
             Layer::Udp => "UDP",
+            Layer::Ndisc => "ICMPv6 Neighbor Discovery",
             Layer::Bth => "BTH",
             Layer::Reth => "RETH",
             Layer::Aeth => "AETH",

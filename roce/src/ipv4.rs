@@ -42,6 +42,8 @@ enum_with_unknown! {
         Tcp = 6,
         /// UDP (RFC 768); RoCEv2 is carried in UDP.
         Udp = 17,
+        /// ICMPv6 (RFC 4443), an IPv6 Next Header value: carries Neighbor Discovery ([`crate::ndisc`]).
+        Icmpv6 = 58,
     }
 }
 
