@@ -57,10 +57,11 @@ mod field {
     pub const TPA: Range<usize> = 24..28;
 }
 
-/// Length of an ARP packet for Ethernet and IPv4, in bytes (8 fixed bytes + 2 × (6 + 4)).
+/// Length of an ARP packet for Ethernet and IPv4, in bytes: 28, 8 fixed bytes + 2 × (6 + 4) (RFC 826).
 pub const HEADER_LEN: usize = field::TPA.end;
 
-/// A zero-copy view of an Ethernet/IPv4 ARP packet.
+/// A zero-copy view of an Ethernet/IPv4 ARP packet (RFC 826), 28 bytes; Ethernet padding after it is
+/// allowed in the buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
@@ -195,7 +196,7 @@ impl<T: AsRef<[u8]>> AsRef<[u8]> for Packet<T> {
     }
 }
 
-/// A parsed ARP packet. Only Ethernet/IPv4 is supported (the shape leaves room for others).
+/// A parsed ARP packet (RFC 826). Only Ethernet/IPv4 is supported (the shape leaves room for others).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Repr {
     /// ARP for IPv4 over Ethernet (RFC 826).

@@ -162,14 +162,17 @@ mod field {
     pub const VLAN_ETHERTYPE: Range<usize> = 16..18;
 }
 
-/// Length of an untagged Ethernet II header, in bytes (two addresses and the EtherType).
+/// Length of an untagged Ethernet II header, in bytes: 14, two 6-byte addresses and the 2-byte
+/// EtherType (IEEE 802.3 clause 3.2).
 pub const HEADER_LEN: usize = field::ETHERTYPE.end;
-/// Length of one IEEE 802.1Q tag (TPID and TCI), in bytes.
+/// Length of one IEEE 802.1Q tag (2-byte TPID and 2-byte TCI), in bytes: 4 (IEEE 802.1Q-2018 §9.3).
 pub const VLAN_TAG_LEN: usize = field::VLAN_ETHERTYPE.end - HEADER_LEN;
-/// Length of an Ethernet II header with one 802.1Q tag, in bytes.
+/// Length of an Ethernet II header with one 802.1Q tag, in bytes: 18.
 pub const VLAN_HEADER_LEN: usize = field::VLAN_ETHERTYPE.end;
 
-/// A zero-copy view of an Ethernet II frame (without FCS), optionally with one 802.1Q tag.
+/// A zero-copy view of an Ethernet II frame (IEEE 802.3 clause 3.2.6; without FCS), optionally with one
+/// 802.1Q tag (IEEE 802.1Q-2018 §9.3): a 14- or 18-byte header, then the payload to the end of the
+/// buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame<T: AsRef<[u8]>> {
     buffer: T,
@@ -328,7 +331,8 @@ impl<T: AsRef<[u8]>> AsRef<[u8]> for Frame<T> {
     }
 }
 
-/// The parsed Ethernet II header, with its optional 802.1Q tag.
+/// The parsed Ethernet II header (IEEE 802.3 clause 3.2.6), with its optional 802.1Q tag (IEEE
+/// 802.1Q-2018 §9.6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Repr {
     /// Source MAC address.

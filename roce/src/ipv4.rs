@@ -105,7 +105,7 @@ pub(crate) mod field {
     pub const DST_ADDR: Range<usize> = 16..20;
 }
 
-/// Length of an IPv4 header without options, in bytes (IHL = 5).
+/// Length of an IPv4 header without options, in bytes: 20 (IHL = 5; RFC 791 §3.1).
 pub const HEADER_LEN: usize = field::DST_ADDR.end;
 /// The largest payload an IPv4 header without options can describe, in bytes (65535 − 20).
 pub const MAX_PAYLOAD_LEN: usize = u16::MAX as usize - HEADER_LEN;
@@ -114,7 +114,8 @@ const FLAG_DF: u16 = 0x4000;
 const FLAG_MF: u16 = 0x2000;
 const FRAG_OFFSET_MASK: u16 = 0x1fff;
 
-/// A zero-copy view of an IPv4 packet (header, options and payload).
+/// A zero-copy view of an IPv4 packet (RFC 791 §3.1): the header (20 to 60 bytes with options), then
+/// the payload up to Total Length.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
@@ -383,7 +384,8 @@ impl<T: AsRef<[u8]>> AsRef<[u8]> for Packet<T> {
     }
 }
 
-/// A parsed IPv4 header, as far as RoCEv2 needs it. Options are skipped on parse and not emitted.
+/// A parsed IPv4 header (RFC 791 §3.1), as far as RoCEv2 needs it. Options are skipped on parse and
+/// not emitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Repr {
     /// Source address.

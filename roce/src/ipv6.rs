@@ -44,14 +44,15 @@ pub(crate) mod field {
     pub const DST_ADDR: Range<usize> = 24..40;
 }
 
-/// Length of the IPv6 fixed header, in bytes.
+/// Length of the IPv6 fixed header, in bytes: 40 (RFC 8200 §3).
 pub const HEADER_LEN: usize = field::DST_ADDR.end;
 /// The largest payload the 16-bit Payload Length can describe, in bytes.
 pub const MAX_PAYLOAD_LEN: usize = u16::MAX as usize;
 /// Mask of the 20-bit flow label.
 pub const FLOW_LABEL_MASK: u32 = 0x000f_ffff;
 
-/// A zero-copy view of an IPv6 packet (fixed header and payload).
+/// A zero-copy view of an IPv6 packet (RFC 8200 §3): the 40-byte fixed header, then Payload Length
+/// bytes of payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
@@ -225,7 +226,7 @@ impl<T: AsRef<[u8]>> AsRef<[u8]> for Packet<T> {
     }
 }
 
-/// A parsed IPv6 fixed header.
+/// A parsed IPv6 fixed header (RFC 8200 §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Repr {
     /// Source address (source GID).

@@ -84,7 +84,7 @@ pub(crate) mod field {
     pub const CHECKSUM: Range<usize> = 6..8;
 }
 
-/// Length of the UDP header, in bytes.
+/// Length of the UDP header, in bytes: 8 (RFC 768).
 pub const HEADER_LEN: usize = field::CHECKSUM.end;
 /// The largest payload the 16-bit Length field can describe, in bytes (65535 − 8).
 pub const MAX_PAYLOAD_LEN: usize = u16::MAX as usize - HEADER_LEN;
@@ -166,7 +166,7 @@ impl ChecksumMode {
     }
 }
 
-/// A zero-copy view of a UDP datagram (header and payload).
+/// A zero-copy view of a UDP datagram (RFC 768): the 8-byte header, then the payload up to Length.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
@@ -350,7 +350,7 @@ impl<T: AsRef<[u8]>> AsRef<[u8]> for Packet<T> {
     }
 }
 
-/// A parsed UDP header.
+/// A parsed UDP header (RFC 768).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Repr {
     /// Source port (flow entropy for RoCEv2, [`rocev2_src_port`]).
