@@ -29,7 +29,9 @@
 //! * A **NAK** carries a [`NakCode`] (table 43): PSN sequence error (retry from the NAK's PSN), or a
 //!   fatal error the requester reports in its completion.
 
-use crate::{Error, Layer, Result};
+use crate::error::check_len;
+use crate::wire_field::{read_u24, write_u24};
+use crate::{Layer, Result};
 
 mod field {
     use core::ops::Range;
@@ -39,9 +41,6 @@ mod field {
 
 /// Length of the AETH in bytes (IBTA vol. 1 §9.3.5).
 pub const HEADER_LEN: usize = field::MSN.end;
-
-/// Mask of the 24-bit MSN.
-const MSN_MASK: u32 = 0x00ff_ffff;
 
 /// Mask of the 5-bit syndrome value (credit code, timer code or NAK code).
 const VALUE_MASK: u8 = 0x1f;
@@ -231,7 +230,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Wraps `buffer` after [`Packet::check_len`].
     ///
     /// # Errors
-    /// [`Error::Truncated`] if `buffer` is shorter than 4 bytes.
+    /// [`Error::Truncated`](crate::Error::Truncated) if `buffer` is shorter than 4 bytes.
     pub fn new_checked(buffer: T) -> Result<Packet<T>> {
         let packet = Packet::new_unchecked(buffer);
         packet.check_len()?;
@@ -241,18 +240,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Checks that the buffer holds a whole AETH (4 bytes).
     ///
     /// # Errors
-    /// [`Error::Truncated`] with `layer: Aeth` if it does not.
+    /// [`Error::Truncated`](crate::Error::Truncated) with `layer: Aeth` if it does not.
     pub fn check_len(&self) -> Result<()> {
-        let got = self.buffer.as_ref().len();
-        if got < HEADER_LEN {
-            Err(Error::Truncated {
-                layer: Layer::Aeth,
-                need: HEADER_LEN,
-                got,
-            })
-        } else {
-            Ok(())
-        }
+        check_len(Layer::Aeth, HEADER_LEN, self.buffer.as_ref().len())
     }
 
     /// Returns the underlying buffer.
@@ -272,8 +262,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Message sequence number (24 bits, in the low bits of the `u32`).
     pub fn msn(&self) -> u32 {
-        let d = self.buffer.as_ref();
-        u32::from_be_bytes([0, d[1], d[2], d[3]])
+        read_u24(self.buffer.as_ref(), field::MSN)
     }
 }
 
@@ -290,8 +279,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the MSN; bits above the low 24 are dropped.
     pub fn set_msn(&mut self, value: u32) {
-        let b = (value & MSN_MASK).to_be_bytes();
-        self.buffer.as_mut()[field::MSN].copy_from_slice(&b[1..]);
+        write_u24(self.buffer.as_mut(), field::MSN, value);
     }
 }
 
@@ -309,7 +297,7 @@ impl Repr {
     /// [`Syndrome::Reserved`]; the responder/completer decides what to do with them).
     ///
     /// # Errors
-    /// [`Error::Truncated`] if the buffer is shorter than 4 bytes (only reachable through
+    /// [`Error::Truncated`](crate::Error::Truncated) if the buffer is shorter than 4 bytes (only reachable through
     /// [`Packet::new_unchecked`]).
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Repr> {
         packet.check_len()?;
@@ -337,6 +325,7 @@ impl Repr {
 #[cfg(test)]
 mod test {
     use super::*;
+    use crate::Error;
     use proptest::prelude::*;
 
     // scapy 2.5: raw(AETH(syndrome=0x61, msn=0x123456)) (contrib/roce.py); a NAK "invalid request".
@@ -527,7 +516,7 @@ mod test {
 
     proptest! {
         #[test]
-        fn round_trip(syndrome in syndrome_strategy(), msn in 0u32..=MSN_MASK) {
+        fn round_trip(syndrome in syndrome_strategy(), msn in 0u32..=crate::wire_field::U24_MASK) {
             let repr = Repr { syndrome, msn };
             let mut buf = [0u8; HEADER_LEN];
             repr.emit(&mut Packet::new_unchecked(&mut buf[..]));

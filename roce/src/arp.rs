@@ -20,8 +20,9 @@
 
 use core::net::Ipv4Addr;
 
-use crate::error::{Error, Layer, Result};
+use crate::error::{check_len, Error, Layer, Result};
 use crate::ethernet::{Address, EtherType};
+use crate::wire_field::{read_array, read_u16, write_array, write_u16};
 
 enum_with_unknown! {
     /// ARP hardware type (IANA "Hardware Types" registry; RFC 826 `ar$hrd`).
@@ -56,10 +57,11 @@ mod field {
     pub const TPA: Range<usize> = 24..28;
 }
 
-/// Length of an ARP packet for Ethernet and IPv4, in bytes (8 fixed bytes + 2 × (6 + 4)).
-pub const HEADER_LEN: usize = 28;
+/// Length of an ARP packet for Ethernet and IPv4, in bytes: 28, 8 fixed bytes + 2 × (6 + 4) (RFC 826).
+pub const HEADER_LEN: usize = field::TPA.end;
 
-/// A zero-copy view of an Ethernet/IPv4 ARP packet.
+/// A zero-copy view of an Ethernet/IPv4 ARP packet (RFC 826), 28 bytes; Ethernet padding after it is
+/// allowed in the buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
@@ -87,15 +89,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// # Errors
     /// [`Error::Truncated`] (layer `Arp`).
     pub fn check_len(&self) -> Result<()> {
-        let len = self.buffer.as_ref().len();
-        if len < HEADER_LEN {
-            return Err(Error::Truncated {
-                layer: Layer::Arp,
-                need: HEADER_LEN,
-                got: len,
-            });
-        }
-        Ok(())
+        check_len(Layer::Arp, HEADER_LEN, self.buffer.as_ref().len())
     }
 
     /// Returns the underlying buffer.
@@ -103,30 +97,14 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer
     }
 
-    fn u16_at(&self, start: usize) -> u16 {
-        let d = self.buffer.as_ref();
-        u16::from_be_bytes([d[start], d[start + 1]])
-    }
-
-    fn mac_at(&self, start: usize) -> Address {
-        let mut a = [0u8; 6];
-        a.copy_from_slice(&self.buffer.as_ref()[start..start + 6]);
-        Address(a)
-    }
-
-    fn ipv4_at(&self, start: usize) -> Ipv4Addr {
-        let d = self.buffer.as_ref();
-        Ipv4Addr::new(d[start], d[start + 1], d[start + 2], d[start + 3])
-    }
-
     /// Hardware type (bytes 0..2); 1 for Ethernet.
     pub fn hardware_type(&self) -> Hardware {
-        Hardware::from(self.u16_at(field::HTYPE.start))
+        Hardware::from(read_u16(self.buffer.as_ref(), field::HTYPE))
     }
 
     /// Protocol type (bytes 2..4), an EtherType; 0x0800 for IPv4.
     pub fn protocol_type(&self) -> EtherType {
-        EtherType::from(self.u16_at(field::PTYPE.start))
+        EtherType::from(read_u16(self.buffer.as_ref(), field::PTYPE))
     }
 
     /// Hardware address length in bytes (byte 4); 6 for Ethernet.
@@ -141,43 +119,39 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Operation (bytes 6..8).
     pub fn operation(&self) -> Operation {
-        Operation::from(self.u16_at(field::OPER.start))
+        Operation::from(read_u16(self.buffer.as_ref(), field::OPER))
     }
 
     /// Sender hardware (MAC) address, bytes 8..14 (Ethernet/IPv4 layout).
     pub fn source_hardware_addr(&self) -> Address {
-        self.mac_at(field::SHA.start)
+        Address(read_array(self.buffer.as_ref(), field::SHA))
     }
 
     /// Sender protocol (IPv4) address, bytes 14..18 (Ethernet/IPv4 layout).
     pub fn source_protocol_addr(&self) -> Ipv4Addr {
-        self.ipv4_at(field::SPA.start)
+        Ipv4Addr::from(read_array::<4>(self.buffer.as_ref(), field::SPA))
     }
 
     /// Target hardware (MAC) address, bytes 18..24 (Ethernet/IPv4 layout); zero in a request.
     pub fn target_hardware_addr(&self) -> Address {
-        self.mac_at(field::THA.start)
+        Address(read_array(self.buffer.as_ref(), field::THA))
     }
 
     /// Target protocol (IPv4) address, bytes 24..28 (Ethernet/IPv4 layout).
     pub fn target_protocol_addr(&self) -> Ipv4Addr {
-        self.ipv4_at(field::TPA.start)
+        Ipv4Addr::from(read_array::<4>(self.buffer.as_ref(), field::TPA))
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    fn set_u16_at(&mut self, start: usize, value: u16) {
-        self.buffer.as_mut()[start..start + 2].copy_from_slice(&value.to_be_bytes());
-    }
-
     /// Sets the hardware type (bytes 0..2).
     pub fn set_hardware_type(&mut self, value: Hardware) {
-        self.set_u16_at(field::HTYPE.start, value.into());
+        write_u16(self.buffer.as_mut(), field::HTYPE, value.into());
     }
 
     /// Sets the protocol type (bytes 2..4).
     pub fn set_protocol_type(&mut self, value: EtherType) {
-        self.set_u16_at(field::PTYPE.start, value.into());
+        write_u16(self.buffer.as_mut(), field::PTYPE, value.into());
     }
 
     /// Sets the hardware address length, in bytes (byte 4).
@@ -192,27 +166,27 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the operation (bytes 6..8).
     pub fn set_operation(&mut self, value: Operation) {
-        self.set_u16_at(field::OPER.start, value.into());
+        write_u16(self.buffer.as_mut(), field::OPER, value.into());
     }
 
     /// Sets the sender MAC address (bytes 8..14).
     pub fn set_source_hardware_addr(&mut self, addr: Address) {
-        self.buffer.as_mut()[field::SHA].copy_from_slice(&addr.0);
+        write_array(self.buffer.as_mut(), field::SHA, addr.0);
     }
 
     /// Sets the sender IPv4 address (bytes 14..18).
     pub fn set_source_protocol_addr(&mut self, addr: Ipv4Addr) {
-        self.buffer.as_mut()[field::SPA].copy_from_slice(&addr.octets());
+        write_array(self.buffer.as_mut(), field::SPA, addr.octets());
     }
 
     /// Sets the target MAC address (bytes 18..24).
     pub fn set_target_hardware_addr(&mut self, addr: Address) {
-        self.buffer.as_mut()[field::THA].copy_from_slice(&addr.0);
+        write_array(self.buffer.as_mut(), field::THA, addr.0);
     }
 
     /// Sets the target IPv4 address (bytes 24..28).
     pub fn set_target_protocol_addr(&mut self, addr: Ipv4Addr) {
-        self.buffer.as_mut()[field::TPA].copy_from_slice(&addr.octets());
+        write_array(self.buffer.as_mut(), field::TPA, addr.octets());
     }
 }
 
@@ -222,7 +196,7 @@ impl<T: AsRef<[u8]>> AsRef<[u8]> for Packet<T> {
     }
 }
 
-/// A parsed ARP packet. Only Ethernet/IPv4 is supported (the shape leaves room for others).
+/// A parsed ARP packet (RFC 826). Only Ethernet/IPv4 is supported (the shape leaves room for others).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Repr {
     /// ARP for IPv4 over Ethernet (RFC 826).

@@ -26,7 +26,9 @@
 
 /// AtomicETH: the header of COMPARE SWAP and FETCH ADD requests (IBTA vol. 1 §9.3.4), 28 bytes.
 pub mod request {
-    use crate::{Error, Layer, Result};
+    use crate::error::check_len;
+    use crate::wire_field::{read_u32, read_u64, write_u32, write_u64};
+    use crate::{Layer, Result};
 
     mod field {
         use core::ops::Range;
@@ -45,19 +47,6 @@ pub mod request {
         buffer: T,
     }
 
-    fn be64(d: &[u8], at: usize) -> u64 {
-        u64::from_be_bytes([
-            d[at],
-            d[at + 1],
-            d[at + 2],
-            d[at + 3],
-            d[at + 4],
-            d[at + 5],
-            d[at + 6],
-            d[at + 7],
-        ])
-    }
-
     impl<T: AsRef<[u8]>> Packet<T> {
         /// Wraps `buffer` without checking its length; getters and setters panic if it is shorter
         /// than [`HEADER_LEN`] (28 bytes). Use [`Packet::new_checked`] for untrusted input.
@@ -68,7 +57,7 @@ pub mod request {
         /// Wraps `buffer` after [`Packet::check_len`].
         ///
         /// # Errors
-        /// [`Error::Truncated`] if `buffer` is shorter than 28 bytes.
+        /// [`Error::Truncated`](crate::Error::Truncated) if `buffer` is shorter than 28 bytes.
         pub fn new_checked(buffer: T) -> Result<Packet<T>> {
             let packet = Packet::new_unchecked(buffer);
             packet.check_len()?;
@@ -78,18 +67,9 @@ pub mod request {
         /// Checks that the buffer holds a whole AtomicETH (28 bytes).
         ///
         /// # Errors
-        /// [`Error::Truncated`] with `layer: AtomicEth` if it does not.
+        /// [`Error::Truncated`](crate::Error::Truncated) with `layer: AtomicEth` if it does not.
         pub fn check_len(&self) -> Result<()> {
-            let got = self.buffer.as_ref().len();
-            if got < HEADER_LEN {
-                Err(Error::Truncated {
-                    layer: Layer::AtomicEth,
-                    need: HEADER_LEN,
-                    got,
-                })
-            } else {
-                Ok(())
-            }
+            check_len(Layer::AtomicEth, HEADER_LEN, self.buffer.as_ref().len())
         }
 
         /// Returns the underlying buffer.
@@ -100,45 +80,44 @@ pub mod request {
         /// Remote virtual address of the 64-bit target word. It must be 8-byte aligned (IBTA vol. 1
         /// §9.4, atomic operations); the responder checks that, not this parser.
         pub fn virtual_address(&self) -> u64 {
-            be64(self.buffer.as_ref(), field::VA.start)
+            read_u64(self.buffer.as_ref(), field::VA)
         }
 
         /// R_Key (32 bits) of the remote memory region.
         pub fn rkey(&self) -> u32 {
-            let d = self.buffer.as_ref();
-            u32::from_be_bytes([d[8], d[9], d[10], d[11]])
+            read_u32(self.buffer.as_ref(), field::RKEY)
         }
 
         /// Swap data (COMPARE SWAP) or add data (FETCH ADD), 64 bits.
         pub fn swap_add_data(&self) -> u64 {
-            be64(self.buffer.as_ref(), field::SWAP_ADD.start)
+            read_u64(self.buffer.as_ref(), field::SWAP_ADD)
         }
 
         /// Compare data (COMPARE SWAP; unused by FETCH ADD), 64 bits.
         pub fn compare_data(&self) -> u64 {
-            be64(self.buffer.as_ref(), field::COMPARE.start)
+            read_u64(self.buffer.as_ref(), field::COMPARE)
         }
     }
 
     impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         /// Sets the remote virtual address.
         pub fn set_virtual_address(&mut self, value: u64) {
-            self.buffer.as_mut()[field::VA].copy_from_slice(&value.to_be_bytes());
+            write_u64(self.buffer.as_mut(), field::VA, value);
         }
 
         /// Sets the R_Key.
         pub fn set_rkey(&mut self, value: u32) {
-            self.buffer.as_mut()[field::RKEY].copy_from_slice(&value.to_be_bytes());
+            write_u32(self.buffer.as_mut(), field::RKEY, value);
         }
 
         /// Sets the swap (COMPARE SWAP) or add (FETCH ADD) operand.
         pub fn set_swap_add_data(&mut self, value: u64) {
-            self.buffer.as_mut()[field::SWAP_ADD].copy_from_slice(&value.to_be_bytes());
+            write_u64(self.buffer.as_mut(), field::SWAP_ADD, value);
         }
 
         /// Sets the compare operand.
         pub fn set_compare_data(&mut self, value: u64) {
-            self.buffer.as_mut()[field::COMPARE].copy_from_slice(&value.to_be_bytes());
+            write_u64(self.buffer.as_mut(), field::COMPARE, value);
         }
     }
 
@@ -159,7 +138,7 @@ pub mod request {
         /// Parses an AtomicETH. Every bit pattern is valid (alignment is the responder's check).
         ///
         /// # Errors
-        /// [`Error::Truncated`] if the buffer is shorter than 28 bytes (only reachable through
+        /// [`Error::Truncated`](crate::Error::Truncated) if the buffer is shorter than 28 bytes (only reachable through
         /// [`Packet::new_unchecked`]).
         pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Repr> {
             packet.check_len()?;
@@ -192,7 +171,9 @@ pub mod request {
 /// AtomicAckETH: the header of ATOMIC ACKNOWLEDGE responses, after the AETH (IBTA vol. 1 §9.3.6),
 /// 8 bytes.
 pub mod ack {
-    use crate::{Error, Layer, Result};
+    use crate::error::check_len;
+    use crate::wire_field::{read_u64, write_u64};
+    use crate::{Layer, Result};
 
     mod field {
         use core::ops::Range;
@@ -218,7 +199,7 @@ pub mod ack {
         /// Wraps `buffer` after [`Packet::check_len`].
         ///
         /// # Errors
-        /// [`Error::Truncated`] if `buffer` is shorter than 8 bytes.
+        /// [`Error::Truncated`](crate::Error::Truncated) if `buffer` is shorter than 8 bytes.
         pub fn new_checked(buffer: T) -> Result<Packet<T>> {
             let packet = Packet::new_unchecked(buffer);
             packet.check_len()?;
@@ -228,18 +209,9 @@ pub mod ack {
         /// Checks that the buffer holds a whole AtomicAckETH (8 bytes).
         ///
         /// # Errors
-        /// [`Error::Truncated`] with `layer: AtomicAckEth` if it does not.
+        /// [`Error::Truncated`](crate::Error::Truncated) with `layer: AtomicAckEth` if it does not.
         pub fn check_len(&self) -> Result<()> {
-            let got = self.buffer.as_ref().len();
-            if got < HEADER_LEN {
-                Err(Error::Truncated {
-                    layer: Layer::AtomicAckEth,
-                    need: HEADER_LEN,
-                    got,
-                })
-            } else {
-                Ok(())
-            }
+            check_len(Layer::AtomicAckEth, HEADER_LEN, self.buffer.as_ref().len())
         }
 
         /// Returns the underlying buffer.
@@ -249,15 +221,14 @@ pub mod ack {
 
         /// The original remote data: the 64-bit word's value before the atomic operation.
         pub fn orig_remote_data(&self) -> u64 {
-            let d = self.buffer.as_ref();
-            u64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+            read_u64(self.buffer.as_ref(), field::ORIG)
         }
     }
 
     impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         /// Sets the original remote data.
         pub fn set_orig_remote_data(&mut self, value: u64) {
-            self.buffer.as_mut()[field::ORIG].copy_from_slice(&value.to_be_bytes());
+            write_u64(self.buffer.as_mut(), field::ORIG, value);
         }
     }
 
@@ -273,7 +244,7 @@ pub mod ack {
         /// Parses an AtomicAckETH. Every bit pattern is valid.
         ///
         /// # Errors
-        /// [`Error::Truncated`] if the buffer is shorter than 8 bytes (only reachable through
+        /// [`Error::Truncated`](crate::Error::Truncated) if the buffer is shorter than 8 bytes (only reachable through
         /// [`Packet::new_unchecked`]).
         pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Repr> {
             packet.check_len()?;

@@ -26,10 +26,12 @@
 //!
 //! Reserved bits are transmitted as 0 and ignored on receive (IBTA §9.2).
 
+use crate::error::check_len;
 use crate::opcode::Opcode;
+use crate::wire_field::{read_u16, read_u24, write_u16, write_u24};
 use crate::{Error, Layer, Result};
 
-mod field {
+pub(crate) mod field {
     use core::ops::Range;
     pub const OPCODE: usize = 0;
     /// SE (bit 7), MigReq (bit 6), PadCnt (bits 5:4), TVer (bits 3:0).
@@ -59,9 +61,6 @@ pub const HEADER_LEN: usize = field::PSN.end;
 
 /// The only transport header version IBTA defines (§9.2: TVer = 0).
 pub const TVER: u8 = 0;
-
-/// Mask of a 24-bit QP number or PSN.
-const MASK_24: u32 = 0x00ff_ffff;
 
 /// A zero-copy view of a BTH (IBTA vol. 1 §9.2) at the start of `buffer`; the bytes after the first 12
 /// are the [`payload`](Packet::payload) (extended headers, payload, pad, and ICRC if the buffer holds it).
@@ -105,16 +104,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// # Errors
     /// [`Error::Truncated`] with `layer: Bth` if it does not.
     pub fn check_len(&self) -> Result<()> {
-        let got = self.buffer.as_ref().len();
-        if got < HEADER_LEN {
-            Err(Error::Truncated {
-                layer: Layer::Bth,
-                need: HEADER_LEN,
-                got,
-            })
-        } else {
-            Ok(())
-        }
+        check_len(Layer::Bth, HEADER_LEN, self.buffer.as_ref().len())
     }
 
     /// Returns the underlying buffer.
@@ -149,8 +139,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// P_Key, partition key (bytes 2-3).
     pub fn pkey(&self) -> u16 {
-        let d = self.buffer.as_ref();
-        u16::from_be_bytes([d[2], d[3]])
+        read_u16(self.buffer.as_ref(), field::PKEY)
     }
 
     /// FECN (byte 4 bit 7).
@@ -170,8 +159,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// DestQP, destination QP number (24 bits, bytes 5-7).
     pub fn dest_qpn(&self) -> u32 {
-        let d = self.buffer.as_ref();
-        u32::from_be_bytes([0, d[5], d[6], d[7]])
+        read_u24(self.buffer.as_ref(), field::DEST_QP)
     }
 
     /// AckReq (byte 8 bit 7).
@@ -186,8 +174,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// PSN, packet sequence number (24 bits, bytes 9-11).
     pub fn psn(&self) -> u32 {
-        let d = self.buffer.as_ref();
-        u32::from_be_bytes([0, d[9], d[10], d[11]])
+        read_u24(self.buffer.as_ref(), field::PSN)
     }
 
     /// The bytes after the BTH: extended headers, payload, pad (and the ICRC if the buffer includes it).
@@ -236,7 +223,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the P_Key.
     pub fn set_pkey(&mut self, value: u16) {
-        self.buffer.as_mut()[field::PKEY].copy_from_slice(&value.to_be_bytes());
+        write_u16(self.buffer.as_mut(), field::PKEY, value);
     }
 
     /// Sets FECN.
@@ -258,8 +245,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets DestQP; bits above the low 24 are dropped.
     pub fn set_dest_qpn(&mut self, value: u32) {
-        let b = (value & MASK_24).to_be_bytes();
-        self.buffer.as_mut()[field::DEST_QP].copy_from_slice(&b[1..]);
+        write_u24(self.buffer.as_mut(), field::DEST_QP, value);
     }
 
     /// Sets AckReq.
@@ -276,8 +262,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the PSN; bits above the low 24 are dropped.
     pub fn set_psn(&mut self, value: u32) {
-        let b = (value & MASK_24).to_be_bytes();
-        self.buffer.as_mut()[field::PSN].copy_from_slice(&b[1..]);
+        write_u24(self.buffer.as_mut(), field::PSN, value);
     }
 
     /// The bytes after the BTH, writable.
@@ -369,12 +354,12 @@ impl Repr {
             | with_bit(0, field::MIG_REQ_BIT, self.mig_req)
             | ((self.pad_cnt << field::PAD_CNT_SHIFT) & field::PAD_CNT_MASK)
             | TVER;
-        h[field::PKEY].copy_from_slice(&self.pkey.to_be_bytes());
+        write_u16(&mut h, field::PKEY, self.pkey);
         h[field::ECN] =
             with_bit(0, field::FECN_BIT, self.fecn) | with_bit(0, field::BECN_BIT, self.becn);
-        h[field::DEST_QP].copy_from_slice(&(self.dest_qpn & MASK_24).to_be_bytes()[1..]);
+        write_u24(&mut h, field::DEST_QP, self.dest_qpn);
         h[field::ACK_REQ] = with_bit(0, field::ACK_REQ_BIT, self.ack_req);
-        h[field::PSN].copy_from_slice(&(self.psn & MASK_24).to_be_bytes()[1..]);
+        write_u24(&mut h, field::PSN, self.psn);
         packet.buffer.as_mut()[..HEADER_LEN].copy_from_slice(&h);
     }
 }
@@ -568,8 +553,8 @@ mod test {
             any::<(bool, bool, bool, bool, bool)>(),
             0u8..4,
             any::<u16>(),
-            0u32..=MASK_24,
-            0u32..=MASK_24,
+            0u32..=crate::wire_field::U24_MASK,
+            0u32..=crate::wire_field::U24_MASK,
         )
             .prop_map(
                 |(

@@ -1,4 +1,5 @@
-//! The Internet checksum (RFC 1071) used by the IPv4 header and by UDP.
+//! The Internet checksum (RFC 1071) used by the IPv4 header, by UDP and by ICMPv6 (RFC 4443 §2.3,
+//! [`crate::ndisc`]).
 //!
 //! The checksum is the 16-bit ones-complement of the ones-complement sum of the data taken as
 //! big-endian 16-bit words (an odd trailing byte is padded on the right with a zero byte). This module
@@ -152,10 +153,10 @@ pub fn pseudo_header_v4(src: Ipv4Addr, dst: Ipv4Addr, protocol: u8, length: u32)
     fold(sum)
 }
 
-/// The ones-complement sum of the IPv6 pseudo header that UDP checksums cover (RFC 8200 §8.1):
-/// source address (16 bytes), destination address (16 bytes), the upper-layer packet length as a
-/// 32-bit value (the UDP length, in bytes), three zero bytes and the `next_header` value (17 for UDP).
-/// Not inverted.
+/// The ones-complement sum of the IPv6 pseudo header that UDP and ICMPv6 checksums cover (RFC 8200
+/// §8.1, RFC 4443 §2.3): source address (16 bytes), destination address (16 bytes), the upper-layer
+/// packet length as a 32-bit value (the UDP length or the ICMPv6 message length, in bytes), three
+/// zero bytes and the `next_header` value (17 for UDP, 58 for ICMPv6). Not inverted.
 pub fn pseudo_header_v6(src: Ipv6Addr, dst: Ipv6Addr, next_header: u8, length: u32) -> u16 {
     let mut sum = u64::from(data(&src.octets()));
     sum += u64::from(data(&dst.octets()));

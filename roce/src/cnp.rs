@@ -16,7 +16,9 @@
 //! `cnp()` builds the same bytes. Receivers ignore the reserved bytes, FECN/BECN and the PSN.
 
 use crate::bth;
+use crate::error::check_len;
 use crate::opcode::Opcode;
+use crate::wire_field::U24_MASK;
 use crate::{Error, Layer, Result};
 
 /// The CNP opcode (Annex A17.9.3): 0x81, transport class `100` (CN).
@@ -27,9 +29,6 @@ pub const PAYLOAD_LEN: usize = 16;
 
 /// Length in bytes of a CNP from the start of the BTH to the ICRC, exclusive: 12 + 16 = 28.
 pub const BUFFER_LEN: usize = bth::HEADER_LEN + PAYLOAD_LEN;
-
-/// Mask of a 24-bit QP number.
-const QPN_MASK: u32 = 0x00ff_ffff;
 
 /// A CNP (Annex A17.9.3): everything it says is which QP to throttle, in which partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,7 +52,7 @@ impl Repr {
             pkey: self.pkey,
             fecn: false,
             becn: true,
-            dest_qpn: self.dest_qpn & QPN_MASK,
+            dest_qpn: self.dest_qpn & U24_MASK,
             ack_req: false,
             psn: 0,
         }
@@ -73,13 +72,7 @@ impl Repr {
                 what: "BTH opcode is not CNP (0x81)",
             });
         }
-        if payload.len() < PAYLOAD_LEN {
-            return Err(Error::Truncated {
-                layer: Layer::Cnp,
-                need: PAYLOAD_LEN,
-                got: payload.len(),
-            });
-        }
+        check_len(Layer::Cnp, PAYLOAD_LEN, payload.len())?;
         if payload.len() > PAYLOAD_LEN {
             return Err(Error::BadLength(Layer::Cnp));
         }
@@ -203,7 +196,7 @@ mod test {
 
     proptest! {
         #[test]
-        fn round_trip(dest_qpn in 0u32..=QPN_MASK, pkey: u16) {
+        fn round_trip(dest_qpn in 0u32..=U24_MASK, pkey: u16) {
             let repr = Repr { dest_qpn, pkey };
             let mut buf = [0xa5u8; BUFFER_LEN];
             repr.emit(&mut bth::Packet::new_unchecked(&mut buf[..]));

@@ -15,7 +15,9 @@
 //! * **reserved**: 8 bits, transmitted as 0, ignored on receive;
 //! * **SrcQP**: the sending QP number (24 bits), reported to the receiver as `wc.src_qp`.
 
-use crate::{Error, Layer, Result};
+use crate::error::check_len;
+use crate::wire_field::{read_u24, read_u32, write_u24, write_u32};
+use crate::{Layer, Result};
 
 mod field {
     use core::ops::Range;
@@ -26,9 +28,6 @@ mod field {
 
 /// Length of the DETH in bytes (IBTA vol. 1 §9.3.2).
 pub const HEADER_LEN: usize = field::SRC_QP.end;
-
-/// Mask of a 24-bit QP number.
-const QPN_MASK: u32 = 0x00ff_ffff;
 
 /// A zero-copy view of a DETH (IBTA vol. 1 §9.3.2) at the start of `buffer`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,7 +45,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Wraps `buffer` after [`Packet::check_len`].
     ///
     /// # Errors
-    /// [`Error::Truncated`] if `buffer` is shorter than 8 bytes.
+    /// [`Error::Truncated`](crate::Error::Truncated) if `buffer` is shorter than 8 bytes.
     pub fn new_checked(buffer: T) -> Result<Packet<T>> {
         let packet = Packet::new_unchecked(buffer);
         packet.check_len()?;
@@ -56,18 +55,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Checks that the buffer holds a whole DETH (8 bytes).
     ///
     /// # Errors
-    /// [`Error::Truncated`] with `layer: Deth` if it does not.
+    /// [`Error::Truncated`](crate::Error::Truncated) with `layer: Deth` if it does not.
     pub fn check_len(&self) -> Result<()> {
-        let got = self.buffer.as_ref().len();
-        if got < HEADER_LEN {
-            Err(Error::Truncated {
-                layer: Layer::Deth,
-                need: HEADER_LEN,
-                got,
-            })
-        } else {
-            Ok(())
-        }
+        check_len(Layer::Deth, HEADER_LEN, self.buffer.as_ref().len())
     }
 
     /// Returns the underlying buffer.
@@ -77,8 +67,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Q_Key (32 bits).
     pub fn qkey(&self) -> u32 {
-        let d = self.buffer.as_ref();
-        u32::from_be_bytes([d[0], d[1], d[2], d[3]])
+        read_u32(self.buffer.as_ref(), field::QKEY)
     }
 
     /// The reserved byte (byte 4); transmitted as 0, ignored on receive.
@@ -88,15 +77,14 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Source QP number (24 bits, in the low bits of the `u32`).
     pub fn src_qpn(&self) -> u32 {
-        let d = self.buffer.as_ref();
-        u32::from_be_bytes([0, d[5], d[6], d[7]])
+        read_u24(self.buffer.as_ref(), field::SRC_QP)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the Q_Key.
     pub fn set_qkey(&mut self, value: u32) {
-        self.buffer.as_mut()[field::QKEY].copy_from_slice(&value.to_be_bytes());
+        write_u32(self.buffer.as_mut(), field::QKEY, value);
     }
 
     /// Sets the reserved byte (senders write 0).
@@ -106,8 +94,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the source QP number; bits above the low 24 are dropped.
     pub fn set_src_qpn(&mut self, value: u32) {
-        let b = (value & QPN_MASK).to_be_bytes();
-        self.buffer.as_mut()[field::SRC_QP].copy_from_slice(&b[1..]);
+        write_u24(self.buffer.as_mut(), field::SRC_QP, value);
     }
 }
 
@@ -124,7 +111,7 @@ impl Repr {
     /// Parses a DETH; the reserved byte is ignored, as IBTA §9.3.2 requires of receivers.
     ///
     /// # Errors
-    /// [`Error::Truncated`] if the buffer is shorter than 8 bytes (only reachable through
+    /// [`Error::Truncated`](crate::Error::Truncated) if the buffer is shorter than 8 bytes (only reachable through
     /// [`Packet::new_unchecked`]).
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Repr> {
         packet.check_len()?;
@@ -154,6 +141,7 @@ impl Repr {
 #[cfg(test)]
 mod test {
     use super::*;
+    use crate::Error;
     use proptest::prelude::*;
 
     // Written by hand from IBTA vol. 1 §9.3.2 (scapy's contrib/roce.py has no DETH):
@@ -229,7 +217,7 @@ mod test {
 
     proptest! {
         #[test]
-        fn round_trip(qkey: u32, src_qpn in 0u32..=QPN_MASK) {
+        fn round_trip(qkey: u32, src_qpn in 0u32..=crate::wire_field::U24_MASK) {
             let repr = Repr { qkey, src_qpn };
             let mut buf = [0xa5u8; HEADER_LEN];
             repr.emit(&mut Packet::new_unchecked(&mut buf[..]));

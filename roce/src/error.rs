@@ -18,6 +18,8 @@ pub enum Layer {
     Ipv6,
     /// UDP header (RFC 768).
     Udp,
+    /// IPv6 Neighbor Discovery (RFC 4861) in ICMPv6 (RFC 4443): the message, its checksum, its options.
+    Ndisc,
     /// Base Transport Header (IBTA vol. 1 §9.2).
     Bth,
     /// RDMA Extended Transport Header (§9.3.3).
@@ -53,6 +55,7 @@ impl fmt::Display for Layer {
             Layer::Ipv4 => "IPv4",
             Layer::Ipv6 => "IPv6",
             Layer::Udp => "UDP",
+            Layer::Ndisc => "ICMPv6 Neighbor Discovery",
             Layer::Bth => "BTH",
             Layer::Reth => "RETH",
             Layer::Aeth => "AETH",
@@ -132,6 +135,16 @@ pub enum Error {
 
 /// Result with this crate's [`Error`].
 pub type Result<T> = core::result::Result<T, Error>;
+
+/// The length check of every header view: `Ok` when a buffer of `got` bytes holds the `need` bytes
+/// that `layer` requires, else [`Error::Truncated`] with all three.
+pub(crate) fn check_len(layer: Layer, need: usize, got: usize) -> Result<()> {
+    if got < need {
+        Err(Error::Truncated { layer, need, got })
+    } else {
+        Ok(())
+    }
+}
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -30,7 +30,8 @@
 
 use core::fmt;
 
-use crate::error::{Error, Layer, Result};
+use crate::error::{check_len, Layer, Result};
+use crate::wire_field::{read_array, read_u16, write_array, write_u16};
 
 /// A 48-bit IEEE 802 MAC address (IEEE 802-2014 §8), in transmission byte order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -161,14 +162,17 @@ mod field {
     pub const VLAN_ETHERTYPE: Range<usize> = 16..18;
 }
 
-/// Length of an untagged Ethernet II header, in bytes (two addresses and the EtherType).
-pub const HEADER_LEN: usize = 14;
-/// Length of one IEEE 802.1Q tag (TPID and TCI), in bytes.
-pub const VLAN_TAG_LEN: usize = 4;
-/// Length of an Ethernet II header with one 802.1Q tag, in bytes.
-pub const VLAN_HEADER_LEN: usize = HEADER_LEN + VLAN_TAG_LEN;
+/// Length of an untagged Ethernet II header, in bytes: 14, two 6-byte addresses and the 2-byte
+/// EtherType (IEEE 802.3 clause 3.2).
+pub const HEADER_LEN: usize = field::ETHERTYPE.end;
+/// Length of one IEEE 802.1Q tag (2-byte TPID and 2-byte TCI), in bytes: 4 (IEEE 802.1Q-2018 §9.3).
+pub const VLAN_TAG_LEN: usize = field::VLAN_ETHERTYPE.end - HEADER_LEN;
+/// Length of an Ethernet II header with one 802.1Q tag, in bytes: 18.
+pub const VLAN_HEADER_LEN: usize = field::VLAN_ETHERTYPE.end;
 
-/// A zero-copy view of an Ethernet II frame (without FCS), optionally with one 802.1Q tag.
+/// A zero-copy view of an Ethernet II frame (IEEE 802.3 clause 3.2.6; without FCS), optionally with one
+/// 802.1Q tag (IEEE 802.1Q-2018 §9.3): a 14- or 18-byte header, then the payload to the end of the
+/// buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame<T: AsRef<[u8]>> {
     buffer: T,
@@ -184,7 +188,7 @@ impl<T: AsRef<[u8]>> Frame<T> {
     /// EtherType says 0x8100) fits.
     ///
     /// # Errors
-    /// [`Error::Truncated`] (layer `Ethernet` or `Vlan`).
+    /// [`Error::Truncated`](crate::Error::Truncated) (layer `Ethernet` or `Vlan`).
     pub fn new_checked(buffer: T) -> Result<Frame<T>> {
         let frame = Self::new_unchecked(buffer);
         frame.check_len()?;
@@ -195,22 +199,12 @@ impl<T: AsRef<[u8]>> Frame<T> {
     /// tag too. After this every getter is safe.
     ///
     /// # Errors
-    /// [`Error::Truncated`] with layer `Ethernet` (under 14 bytes) or `Vlan` (tagged, under 18 bytes).
+    /// [`Error::Truncated`](crate::Error::Truncated) with layer `Ethernet` (under 14 bytes) or `Vlan` (tagged, under 18 bytes).
     pub fn check_len(&self) -> Result<()> {
         let len = self.buffer.as_ref().len();
-        if len < HEADER_LEN {
-            return Err(Error::Truncated {
-                layer: Layer::Ethernet,
-                need: HEADER_LEN,
-                got: len,
-            });
-        }
-        if self.ethertype() == EtherType::Vlan && len < VLAN_HEADER_LEN {
-            return Err(Error::Truncated {
-                layer: Layer::Vlan,
-                need: VLAN_HEADER_LEN,
-                got: len,
-            });
+        check_len(Layer::Ethernet, HEADER_LEN, len)?;
+        if self.ethertype() == EtherType::Vlan {
+            check_len(Layer::Vlan, VLAN_HEADER_LEN, len)?;
         }
         Ok(())
     }
@@ -222,26 +216,18 @@ impl<T: AsRef<[u8]>> Frame<T> {
 
     /// The destination MAC address (bytes 0..6).
     pub fn dst_addr(&self) -> Address {
-        let mut a = [0u8; 6];
-        a.copy_from_slice(&self.buffer.as_ref()[field::DESTINATION]);
-        Address(a)
+        Address(read_array(self.buffer.as_ref(), field::DESTINATION))
     }
 
     /// The source MAC address (bytes 6..12).
     pub fn src_addr(&self) -> Address {
-        let mut a = [0u8; 6];
-        a.copy_from_slice(&self.buffer.as_ref()[field::SOURCE]);
-        Address(a)
+        Address(read_array(self.buffer.as_ref(), field::SOURCE))
     }
 
     /// The EtherType field at bytes 12..14: the payload's type for an untagged frame, or
     /// [`EtherType::Vlan`] (the TPID) for a tagged one. See [`Frame::payload_ethertype`].
     pub fn ethertype(&self) -> EtherType {
-        let d = self.buffer.as_ref();
-        EtherType::from(u16::from_be_bytes([
-            d[field::ETHERTYPE.start],
-            d[field::ETHERTYPE.start + 1],
-        ]))
+        EtherType::from(read_u16(self.buffer.as_ref(), field::ETHERTYPE))
     }
 
     /// Whether the frame carries an 802.1Q tag (EtherType field 0x8100).
@@ -254,19 +240,29 @@ impl<T: AsRef<[u8]>> Frame<T> {
         if !self.has_vlan_tag() {
             return None;
         }
-        let d = self.buffer.as_ref();
-        Some(VlanTag::from_tci(u16::from_be_bytes([
-            d[field::VLAN_TCI.start],
-            d[field::VLAN_TCI.start + 1],
-        ])))
+        Some(VlanTag::from_tci(read_u16(
+            self.buffer.as_ref(),
+            field::VLAN_TCI,
+        )))
     }
 
     /// The EtherType of the payload: bytes 16..18 of a tagged frame, bytes 12..14 otherwise. A second
     /// tag is not looked through: it comes back as [`EtherType::Vlan`].
     pub fn payload_ethertype(&self) -> EtherType {
-        let at = self.payload_offset() - 2;
-        let d = self.buffer.as_ref();
-        EtherType::from(u16::from_be_bytes([d[at], d[at + 1]]))
+        EtherType::from(read_u16(
+            self.buffer.as_ref(),
+            self.payload_ethertype_field(),
+        ))
+    }
+
+    /// Where the payload's EtherType is: [`field::VLAN_ETHERTYPE`] in a tagged frame,
+    /// [`field::ETHERTYPE`] otherwise.
+    fn payload_ethertype_field(&self) -> core::ops::Range<usize> {
+        if self.has_vlan_tag() {
+            field::VLAN_ETHERTYPE
+        } else {
+            field::ETHERTYPE
+        }
     }
 
     /// Length of the header including the tag, in bytes: 14, or 18 with an 802.1Q tag. Also the offset
@@ -295,35 +291,31 @@ impl<T: AsRef<[u8]>> Frame<T> {
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
     /// Sets the destination MAC address (bytes 0..6).
     pub fn set_dst_addr(&mut self, addr: Address) {
-        self.buffer.as_mut()[field::DESTINATION].copy_from_slice(&addr.0);
+        write_array(self.buffer.as_mut(), field::DESTINATION, addr.0);
     }
 
     /// Sets the source MAC address (bytes 6..12).
     pub fn set_src_addr(&mut self, addr: Address) {
-        self.buffer.as_mut()[field::SOURCE].copy_from_slice(&addr.0);
+        write_array(self.buffer.as_mut(), field::SOURCE, addr.0);
     }
 
     /// Sets the EtherType field at bytes 12..14 (the TPID position in a tagged frame).
     pub fn set_ethertype(&mut self, ethertype: EtherType) {
-        self.buffer.as_mut()[field::ETHERTYPE].copy_from_slice(&u16::from(ethertype).to_be_bytes());
+        write_u16(self.buffer.as_mut(), field::ETHERTYPE, ethertype.into());
     }
 
     /// Writes an 802.1Q tag: TPID 0x8100 at bytes 12..14 and the TCI at bytes 14..16. Write the
     /// payload's EtherType afterwards with [`Frame::set_payload_ethertype`].
     pub fn set_vlan_tag(&mut self, tag: VlanTag) {
         self.set_ethertype(EtherType::Vlan);
-        self.buffer.as_mut()[field::VLAN_TCI].copy_from_slice(&tag.tci().to_be_bytes());
+        write_u16(self.buffer.as_mut(), field::VLAN_TCI, tag.tci());
     }
 
     /// Sets the payload's EtherType: at bytes 16..18 when the EtherType field already says 0x8100
     /// (call [`Frame::set_vlan_tag`] first), at bytes 12..14 otherwise.
     pub fn set_payload_ethertype(&mut self, ethertype: EtherType) {
-        let range = if self.has_vlan_tag() {
-            field::VLAN_ETHERTYPE
-        } else {
-            field::ETHERTYPE
-        };
-        self.buffer.as_mut()[range].copy_from_slice(&u16::from(ethertype).to_be_bytes());
+        let field = self.payload_ethertype_field();
+        write_u16(self.buffer.as_mut(), field, ethertype.into());
     }
 
     /// The payload after the header and optional tag, mutable.
@@ -339,7 +331,8 @@ impl<T: AsRef<[u8]>> AsRef<[u8]> for Frame<T> {
     }
 }
 
-/// The parsed Ethernet II header, with its optional 802.1Q tag.
+/// The parsed Ethernet II header (IEEE 802.3 clause 3.2.6), with its optional 802.1Q tag (IEEE
+/// 802.1Q-2018 §9.6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Repr {
     /// Source MAC address.
@@ -358,33 +351,25 @@ impl Repr {
     /// it never panics.
     ///
     /// # Errors
-    /// [`Error::Truncated`] as [`Frame::check_len`].
+    /// [`Error::Truncated`](crate::Error::Truncated) as [`Frame::check_len`].
     pub fn parse<T: AsRef<[u8]>>(frame: &Frame<T>) -> Result<Repr> {
         frame.check_len()?;
         let d = frame.buffer.as_ref();
-        // Read from fixed arrays (no per-field bounds checks), the EtherType field decoded once.
-        let (Some(h), Some(tag)) = (
-            d.first_chunk::<HEADER_LEN>(),
-            d.get(HEADER_LEN..).and_then(<[u8]>::first_chunk::<4>),
-        ) else {
+        // Read from a fixed array (no per-field bounds checks), the EtherType field decoded once.
+        let Some(h) = d.first_chunk::<VLAN_HEADER_LEN>() else {
             return Self::parse_short(frame);
         };
-        let be16 = |at: usize| u16::from_be_bytes([h[at], h[at + 1]]);
-        let mut dst_addr = [0u8; 6];
-        dst_addr.copy_from_slice(&h[field::DESTINATION]);
-        let mut src_addr = [0u8; 6];
-        src_addr.copy_from_slice(&h[field::SOURCE]);
-        let ethertype = EtherType::from(be16(field::ETHERTYPE.start));
+        let ethertype = EtherType::from(read_u16(h, field::ETHERTYPE));
         let (vlan, ethertype) = if ethertype == EtherType::Vlan {
-            let tci = u16::from_be_bytes([tag[0], tag[1]]);
-            let inner = EtherType::from(u16::from_be_bytes([tag[2], tag[3]]));
+            let tci = read_u16(h, field::VLAN_TCI);
+            let inner = EtherType::from(read_u16(h, field::VLAN_ETHERTYPE));
             (Some(VlanTag::from_tci(tci)), inner)
         } else {
             (None, ethertype)
         };
         Ok(Repr {
-            src_addr: Address(src_addr),
-            dst_addr: Address(dst_addr),
+            src_addr: Address(read_array(h, field::SOURCE)),
+            dst_addr: Address(read_array(h, field::DESTINATION)),
             vlan,
             ethertype,
         })
@@ -422,11 +407,14 @@ impl Repr {
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, frame: &mut Frame<T>) {
         frame.set_dst_addr(self.dst_addr);
         frame.set_src_addr(self.src_addr);
-        let ethertype = u16::from(self.ethertype).to_be_bytes();
         match self.vlan {
             Some(tag) => {
                 frame.set_vlan_tag(tag);
-                frame.buffer.as_mut()[field::VLAN_ETHERTYPE].copy_from_slice(&ethertype);
+                write_u16(
+                    frame.buffer.as_mut(),
+                    field::VLAN_ETHERTYPE,
+                    self.ethertype.into(),
+                );
             }
             None => frame.set_ethertype(self.ethertype),
         }
@@ -438,6 +426,7 @@ mod test {
     extern crate std;
 
     use super::*;
+    use crate::Error;
     use proptest::prelude::*;
 
     /// The head of the scapy RoCEv2 vector (see udp.rs): Ether(dst=src=24:8a:07:a8:fa:22) / IP ...

@@ -73,42 +73,45 @@ pub const ICRC_LEN: usize = 4;
 /// rxe's seed `0xdebb20e3` (`!0xdebb20e3`).
 const MASKED_LRH_CRC: u32 = 0x2144_DF1C;
 
-/// Byte offsets of the masked fields, relative to the start of each header.
+/// Byte offsets of the masked fields, relative to the start of each header: names for the ICRC's
+/// use of the header modules' own `field` tables and lengths, which stay their only home.
 mod field {
+    use crate::{bth, ipv4, ipv6, udp};
+
     /// IPv4 fixed header length in bytes (RFC 791 §3.1, IHL = 5).
-    pub const IPV4_FIXED_LEN: usize = 20;
+    pub const IPV4_FIXED_LEN: usize = ipv4::HEADER_LEN;
     /// IPv4 Type of Service (DSCP + ECN, RFC 2474 / RFC 3168).
-    pub const IPV4_TOS: usize = 1;
+    pub const IPV4_TOS: usize = ipv4::field::DSCP_ECN;
     /// IPv4 Time to Live.
-    pub const IPV4_TTL: usize = 8;
+    pub const IPV4_TTL: usize = ipv4::field::TTL;
     /// IPv4 Protocol.
-    pub const IPV4_PROTOCOL: usize = 9;
+    pub const IPV4_PROTOCOL: usize = ipv4::field::PROTOCOL;
     /// IPv4 header checksum, 2 bytes.
-    pub const IPV4_CHECKSUM: usize = 10;
+    pub const IPV4_CHECKSUM: usize = ipv4::field::CHECKSUM.start;
 
     /// IPv6 header length in bytes (RFC 8200 §3).
-    pub const IPV6_LEN: usize = 40;
+    pub const IPV6_LEN: usize = ipv6::HEADER_LEN;
     /// IPv6 version (high nibble) and the high nibble of the Traffic Class (low nibble).
-    pub const IPV6_VERSION_TC: usize = 0;
+    pub const IPV6_VERSION_TC: usize = ipv6::field::VER_TC_FLOW.start;
     /// IPv6 Traffic Class (low nibble) and Flow Label: bytes 1, 2 and 3 (RFC 8200 §3).
-    pub const IPV6_TC_FLOW: usize = 1;
+    pub const IPV6_TC_FLOW: usize = ipv6::field::VER_TC_FLOW.start + 1;
     /// IPv6 Next Header.
-    pub const IPV6_NEXT_HEADER: usize = 6;
+    pub const IPV6_NEXT_HEADER: usize = ipv6::field::NXT_HDR;
     /// IPv6 Hop Limit.
-    pub const IPV6_HOP_LIMIT: usize = 7;
+    pub const IPV6_HOP_LIMIT: usize = ipv6::field::HOP_LIMIT;
 
     /// UDP header length in bytes (RFC 768).
-    pub const UDP_LEN: usize = 8;
+    pub const UDP_LEN: usize = udp::HEADER_LEN;
     /// UDP checksum, 2 bytes.
-    pub const UDP_CHECKSUM: usize = 6;
+    pub const UDP_CHECKSUM: usize = udp::field::CHECKSUM.start;
 
     /// BTH length in bytes (IBTA vol. 1 §9.2).
-    pub const BTH_LEN: usize = 12;
+    pub const BTH_LEN: usize = bth::HEADER_LEN;
     /// BTH byte 4: FECN, BECN, Resv6a (IBTA "Resv8a" before RoCE).
-    pub const BTH_RESV8A: usize = 4;
+    pub const BTH_RESV8A: usize = bth::field::ECN;
 
     /// IP protocol number / IPv6 Next Header value of UDP (IANA).
-    pub const PROTO_UDP: u8 = 17;
+    pub const PROTO_UDP: u8 = ipv4::IpProtocol::Udp.to_raw();
 }
 
 /// UDP header + BTH, in bytes.

@@ -12,7 +12,9 @@
 //! +---------------+
 //! ```
 
-use crate::{Error, Layer, Result};
+use crate::error::check_len;
+use crate::wire_field::{read_u32, write_u32};
+use crate::{Layer, Result};
 
 mod field {
     use core::ops::Range;
@@ -38,7 +40,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Wraps `buffer` after [`Packet::check_len`].
     ///
     /// # Errors
-    /// [`Error::Truncated`] if `buffer` is shorter than 4 bytes.
+    /// [`Error::Truncated`](crate::Error::Truncated) if `buffer` is shorter than 4 bytes.
     pub fn new_checked(buffer: T) -> Result<Packet<T>> {
         let packet = Packet::new_unchecked(buffer);
         packet.check_len()?;
@@ -48,18 +50,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Checks that the buffer holds a whole IETH (4 bytes).
     ///
     /// # Errors
-    /// [`Error::Truncated`] with `layer: Ieth` if it does not.
+    /// [`Error::Truncated`](crate::Error::Truncated) with `layer: Ieth` if it does not.
     pub fn check_len(&self) -> Result<()> {
-        let got = self.buffer.as_ref().len();
-        if got < HEADER_LEN {
-            Err(Error::Truncated {
-                layer: Layer::Ieth,
-                need: HEADER_LEN,
-                got,
-            })
-        } else {
-            Ok(())
-        }
+        check_len(Layer::Ieth, HEADER_LEN, self.buffer.as_ref().len())
     }
 
     /// Returns the underlying buffer.
@@ -69,15 +62,14 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// The R_Key to invalidate (32 bits).
     pub fn rkey(&self) -> u32 {
-        let d = self.buffer.as_ref();
-        u32::from_be_bytes([d[0], d[1], d[2], d[3]])
+        read_u32(self.buffer.as_ref(), field::RKEY)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the R_Key to invalidate.
     pub fn set_rkey(&mut self, value: u32) {
-        self.buffer.as_mut()[field::RKEY].copy_from_slice(&value.to_be_bytes());
+        write_u32(self.buffer.as_mut(), field::RKEY, value);
     }
 }
 
@@ -92,7 +84,7 @@ impl Repr {
     /// Parses an IETH. Every bit pattern is valid.
     ///
     /// # Errors
-    /// [`Error::Truncated`] if the buffer is shorter than 4 bytes (only reachable through
+    /// [`Error::Truncated`](crate::Error::Truncated) if the buffer is shorter than 4 bytes (only reachable through
     /// [`Packet::new_unchecked`]).
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Repr> {
         packet.check_len()?;
@@ -118,6 +110,7 @@ impl Repr {
 #[cfg(test)]
 mod test {
     use super::*;
+    use crate::Error;
     use proptest::prelude::*;
 
     // Written by hand from IBTA vol. 1 §9.3.8 (scapy's contrib/roce.py has no IETH); tshark's

@@ -21,7 +21,9 @@
 //! byte swap anywhere (as in Linux rxe, `immdt_imm()`). Use [`Repr::from_host_order`] /
 //! [`Repr::to_host_order`] (or [`Packet::imm_data_host_order`]) for the numeric value `x`.
 
-use crate::{Error, Layer, Result};
+use crate::error::check_len;
+use crate::wire_field::{read_array, write_array};
+use crate::{Layer, Result};
 
 mod field {
     use core::ops::Range;
@@ -47,7 +49,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Wraps `buffer` after [`Packet::check_len`].
     ///
     /// # Errors
-    /// [`Error::Truncated`] if `buffer` is shorter than 4 bytes.
+    /// [`Error::Truncated`](crate::Error::Truncated) if `buffer` is shorter than 4 bytes.
     pub fn new_checked(buffer: T) -> Result<Packet<T>> {
         let packet = Packet::new_unchecked(buffer);
         packet.check_len()?;
@@ -57,18 +59,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Checks that the buffer holds a whole ImmDt (4 bytes).
     ///
     /// # Errors
-    /// [`Error::Truncated`] with `layer: ImmDt` if it does not.
+    /// [`Error::Truncated`](crate::Error::Truncated) with `layer: ImmDt` if it does not.
     pub fn check_len(&self) -> Result<()> {
-        let got = self.buffer.as_ref().len();
-        if got < HEADER_LEN {
-            Err(Error::Truncated {
-                layer: Layer::ImmDt,
-                need: HEADER_LEN,
-                got,
-            })
-        } else {
-            Ok(())
-        }
+        check_len(Layer::ImmDt, HEADER_LEN, self.buffer.as_ref().len())
     }
 
     /// Returns the underlying buffer.
@@ -79,8 +72,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// The immediate data as a `u32` in network byte order (verbs `__be32`): its in-memory bytes are
     /// the 4 wire bytes. See the module docs.
     pub fn imm_data(&self) -> u32 {
-        let d = self.buffer.as_ref();
-        u32::from_ne_bytes([d[0], d[1], d[2], d[3]])
+        u32::from_ne_bytes(read_array(self.buffer.as_ref(), field::IMM))
     }
 
     /// The immediate data as a host-order number: the 4 wire bytes read big-endian
@@ -94,7 +86,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the immediate data from a `u32` in network byte order (verbs `__be32`): its in-memory bytes
     /// are written unchanged.
     pub fn set_imm_data(&mut self, value: u32) {
-        self.buffer.as_mut()[field::IMM].copy_from_slice(&value.to_ne_bytes());
+        write_array(self.buffer.as_mut(), field::IMM, value.to_ne_bytes());
     }
 }
 
@@ -122,7 +114,7 @@ impl Repr {
     /// Parses an ImmDt header. Every bit pattern is valid.
     ///
     /// # Errors
-    /// [`Error::Truncated`] if the buffer is shorter than 4 bytes (only reachable through
+    /// [`Error::Truncated`](crate::Error::Truncated) if the buffer is shorter than 4 bytes (only reachable through
     /// [`Packet::new_unchecked`]).
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Repr> {
         packet.check_len()?;
@@ -148,6 +140,7 @@ impl Repr {
 #[cfg(test)]
 mod test {
     use super::*;
+    use crate::Error;
     use proptest::prelude::*;
 
     // Written by hand from IBTA vol. 1 §9.3.7 (scapy's contrib/roce.py has no ImmDt): the application

@@ -30,7 +30,8 @@
 use core::net::Ipv4Addr;
 
 use crate::checksum;
-use crate::error::{Error, Layer, Result};
+use crate::error::{check_len, Error, Layer, Result};
+use crate::wire_field::{read_array, read_u16, write_array, write_u16};
 
 enum_with_unknown! {
     /// The IPv4 Protocol / IPv6 Next Header field (IANA "Assigned Internet Protocol Numbers").
@@ -41,6 +42,8 @@ enum_with_unknown! {
         Tcp = 6,
         /// UDP (RFC 768); RoCEv2 is carried in UDP.
         Udp = 17,
+        /// ICMPv6 (RFC 4443), an IPv6 Next Header value: carries Neighbor Discovery ([`crate::ndisc`]).
+        Icmpv6 = 58,
     }
 }
 
@@ -87,7 +90,7 @@ impl From<Ecn> for u8 {
     }
 }
 
-mod field {
+pub(crate) mod field {
     use core::ops::Range;
 
     pub const VER_IHL: usize = 0;
@@ -102,8 +105,8 @@ mod field {
     pub const DST_ADDR: Range<usize> = 16..20;
 }
 
-/// Length of an IPv4 header without options, in bytes (IHL = 5).
-pub const HEADER_LEN: usize = 20;
+/// Length of an IPv4 header without options, in bytes: 20 (IHL = 5; RFC 791 §3.1).
+pub const HEADER_LEN: usize = field::DST_ADDR.end;
 /// The largest payload an IPv4 header without options can describe, in bytes (65535 − 20).
 pub const MAX_PAYLOAD_LEN: usize = u16::MAX as usize - HEADER_LEN;
 
@@ -111,7 +114,8 @@ const FLAG_DF: u16 = 0x4000;
 const FLAG_MF: u16 = 0x2000;
 const FRAG_OFFSET_MASK: u16 = 0x1fff;
 
-/// A zero-copy view of an IPv4 packet (header, options and payload).
+/// A zero-copy view of an IPv4 packet (RFC 791 §3.1): the header (20 to 60 bytes with options), then
+/// the payload up to Total Length.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
@@ -142,36 +146,17 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// * [`Error::BadLength`] when IHL < 5 or Total Length < IHL × 4.
     pub fn check_len(&self) -> Result<()> {
         let len = self.buffer.as_ref().len();
-        if len < HEADER_LEN {
-            return Err(Error::Truncated {
-                layer: Layer::Ipv4,
-                need: HEADER_LEN,
-                got: len,
-            });
-        }
+        check_len(Layer::Ipv4, HEADER_LEN, len)?;
         let header_len = usize::from(self.header_len());
         if header_len < HEADER_LEN {
             return Err(Error::BadLength(Layer::Ipv4));
         }
-        if len < header_len {
-            return Err(Error::Truncated {
-                layer: Layer::Ipv4,
-                need: header_len,
-                got: len,
-            });
-        }
+        check_len(Layer::Ipv4, header_len, len)?;
         let total_len = usize::from(self.total_len());
         if total_len < header_len {
             return Err(Error::BadLength(Layer::Ipv4));
         }
-        if len < total_len {
-            return Err(Error::Truncated {
-                layer: Layer::Ipv4,
-                need: total_len,
-                got: len,
-            });
-        }
-        Ok(())
+        check_len(Layer::Ipv4, total_len, len)
     }
 
     /// Returns the underlying buffer.
@@ -179,9 +164,8 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer
     }
 
-    fn u16_at(&self, start: usize) -> u16 {
-        let d = self.buffer.as_ref();
-        u16::from_be_bytes([d[start], d[start + 1]])
+    fn u16_at(&self, field: core::ops::Range<usize>) -> u16 {
+        read_u16(self.buffer.as_ref(), field)
     }
 
     /// The version field (high 4 bits of byte 0); 4 for IPv4.
@@ -206,32 +190,32 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Total Length: header plus payload, in bytes (bytes 2..4).
     pub fn total_len(&self) -> u16 {
-        self.u16_at(field::LENGTH.start)
+        self.u16_at(field::LENGTH)
     }
 
     /// Identification (bytes 4..6).
     pub fn ident(&self) -> u16 {
-        self.u16_at(field::IDENT.start)
+        self.u16_at(field::IDENT)
     }
 
     /// The 3 flag bits (high bits of bytes 6..8): bit 2 reserved, bit 1 DF, bit 0 MF.
     pub fn flags(&self) -> u8 {
-        (self.u16_at(field::FLG_OFF.start) >> 13) as u8
+        (self.u16_at(field::FLG_OFF) >> 13) as u8
     }
 
     /// The Don't Fragment flag.
     pub fn dont_frag(&self) -> bool {
-        self.u16_at(field::FLG_OFF.start) & FLAG_DF != 0
+        self.u16_at(field::FLG_OFF) & FLAG_DF != 0
     }
 
     /// The More Fragments flag.
     pub fn more_frags(&self) -> bool {
-        self.u16_at(field::FLG_OFF.start) & FLAG_MF != 0
+        self.u16_at(field::FLG_OFF) & FLAG_MF != 0
     }
 
     /// The fragment offset in **bytes** (the 13-bit field counts 8-byte units; this is field × 8).
     pub fn frag_offset(&self) -> u16 {
-        (self.u16_at(field::FLG_OFF.start) & FRAG_OFFSET_MASK) << 3
+        (self.u16_at(field::FLG_OFF) & FRAG_OFFSET_MASK) << 3
     }
 
     /// Time to Live (byte 8), the IPv4 hop limit.
@@ -246,19 +230,17 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// The header checksum field (bytes 10..12).
     pub fn checksum(&self) -> u16 {
-        self.u16_at(field::CHECKSUM.start)
+        self.u16_at(field::CHECKSUM)
     }
 
     /// Source address (bytes 12..16).
     pub fn src_addr(&self) -> Ipv4Addr {
-        let d = self.buffer.as_ref();
-        Ipv4Addr::new(d[12], d[13], d[14], d[15])
+        Ipv4Addr::from(read_array::<4>(self.buffer.as_ref(), field::SRC_ADDR))
     }
 
     /// Destination address (bytes 16..20).
     pub fn dst_addr(&self) -> Ipv4Addr {
-        let d = self.buffer.as_ref();
-        Ipv4Addr::new(d[16], d[17], d[18], d[19])
+        Ipv4Addr::from(read_array::<4>(self.buffer.as_ref(), field::DST_ADDR))
     }
 
     /// Whether the header checksum verifies: the ones-complement sum of the `header_len` header bytes,
@@ -287,8 +269,8 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    fn set_u16_at(&mut self, start: usize, value: u16) {
-        self.buffer.as_mut()[start..start + 2].copy_from_slice(&value.to_be_bytes());
+    fn set_u16_at(&mut self, field: core::ops::Range<usize>, value: u16) {
+        write_u16(self.buffer.as_mut(), field, value);
     }
 
     /// Sets the version (high 4 bits of byte 0).
@@ -317,38 +299,38 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the Total Length, in bytes.
     pub fn set_total_len(&mut self, len: u16) {
-        self.set_u16_at(field::LENGTH.start, len);
+        self.set_u16_at(field::LENGTH, len);
     }
 
     /// Sets the Identification.
     pub fn set_ident(&mut self, ident: u16) {
-        self.set_u16_at(field::IDENT.start, ident);
+        self.set_u16_at(field::IDENT, ident);
     }
 
     /// Clears the three flags and the fragment offset.
     pub fn clear_flags(&mut self) {
-        self.set_u16_at(field::FLG_OFF.start, 0);
+        self.set_u16_at(field::FLG_OFF, 0);
     }
 
     /// Sets or clears Don't Fragment.
     pub fn set_dont_frag(&mut self, value: bool) {
-        let raw = self.u16_at(field::FLG_OFF.start);
+        let raw = self.u16_at(field::FLG_OFF);
         let raw = if value { raw | FLAG_DF } else { raw & !FLAG_DF };
-        self.set_u16_at(field::FLG_OFF.start, raw);
+        self.set_u16_at(field::FLG_OFF, raw);
     }
 
     /// Sets or clears More Fragments.
     pub fn set_more_frags(&mut self, value: bool) {
-        let raw = self.u16_at(field::FLG_OFF.start);
+        let raw = self.u16_at(field::FLG_OFF);
         let raw = if value { raw | FLAG_MF } else { raw & !FLAG_MF };
-        self.set_u16_at(field::FLG_OFF.start, raw);
+        self.set_u16_at(field::FLG_OFF, raw);
     }
 
     /// Sets the fragment offset, in **bytes** (stored ÷ 8; use a multiple of 8).
     pub fn set_frag_offset(&mut self, offset: u16) {
-        let raw = self.u16_at(field::FLG_OFF.start);
+        let raw = self.u16_at(field::FLG_OFF);
         let raw = (raw & !FRAG_OFFSET_MASK) | ((offset >> 3) & FRAG_OFFSET_MASK);
-        self.set_u16_at(field::FLG_OFF.start, raw);
+        self.set_u16_at(field::FLG_OFF, raw);
     }
 
     /// Sets the Time to Live.
@@ -363,17 +345,17 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the header checksum field.
     pub fn set_checksum(&mut self, checksum: u16) {
-        self.set_u16_at(field::CHECKSUM.start, checksum);
+        self.set_u16_at(field::CHECKSUM, checksum);
     }
 
     /// Sets the source address.
     pub fn set_src_addr(&mut self, addr: Ipv4Addr) {
-        self.buffer.as_mut()[field::SRC_ADDR].copy_from_slice(&addr.octets());
+        write_array(self.buffer.as_mut(), field::SRC_ADDR, addr.octets());
     }
 
     /// Sets the destination address.
     pub fn set_dst_addr(&mut self, addr: Ipv4Addr) {
-        self.buffer.as_mut()[field::DST_ADDR].copy_from_slice(&addr.octets());
+        write_array(self.buffer.as_mut(), field::DST_ADDR, addr.octets());
     }
 
     /// Computes the header checksum over `header_len` bytes (options included) and stores it. Call it
@@ -402,7 +384,8 @@ impl<T: AsRef<[u8]>> AsRef<[u8]> for Packet<T> {
     }
 }
 
-/// A parsed IPv4 header, as far as RoCEv2 needs it. Options are skipped on parse and not emitted.
+/// A parsed IPv4 header (RFC 791 §3.1), as far as RoCEv2 needs it. Options are skipped on parse and
+/// not emitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Repr {
     /// Source address.
@@ -463,25 +446,25 @@ impl Repr {
         if !checksum_ok {
             return Err(Error::BadChecksum(Layer::Ipv4));
         }
-        let flg_off = u16::from_be_bytes([h[field::FLG_OFF.start], h[field::FLG_OFF.start + 1]]);
+        let flg_off = read_u16(h, field::FLG_OFF);
         if flg_off & (FLAG_MF | FRAG_OFFSET_MASK) != 0 {
             return Err(Error::Malformed {
                 layer: Layer::Ipv4,
                 what: "fragment (RoCEv2 is never fragmented)",
             });
         }
-        let total_len = u16::from_be_bytes([h[field::LENGTH.start], h[field::LENGTH.start + 1]]);
-        let addr = |at: usize| Ipv4Addr::new(h[at], h[at + 1], h[at + 2], h[at + 3]);
+        let total_len = read_u16(h, field::LENGTH);
+        let addr = |field| Ipv4Addr::from(read_array::<4>(h, field));
         Ok(Repr {
-            src_addr: addr(field::SRC_ADDR.start),
-            dst_addr: addr(field::DST_ADDR.start),
+            src_addr: addr(field::SRC_ADDR),
+            dst_addr: addr(field::DST_ADDR),
             protocol: IpProtocol::from(h[field::PROTOCOL]),
             // `check_len` guarantees Total Length >= the header length.
             payload_len: usize::from(total_len).saturating_sub(header_len),
             hop_limit: h[field::TTL],
             dscp: h[field::DSCP_ECN] >> 2,
             ecn: Ecn::from_bits(h[field::DSCP_ECN]),
-            ident: u16::from_be_bytes([h[field::IDENT.start], h[field::IDENT.start + 1]]),
+            ident: read_u16(h, field::IDENT),
             dont_frag: flg_off & FLAG_DF != 0,
         })
     }
@@ -508,16 +491,20 @@ impl Repr {
         let mut h = [0u8; HEADER_LEN];
         h[field::VER_IHL] = 0x40 | (HEADER_LEN / 4) as u8;
         h[field::DSCP_ECN] = (self.dscp << 2) | self.ecn.bits();
-        h[field::LENGTH].copy_from_slice(&((HEADER_LEN + self.payload_len) as u16).to_be_bytes());
-        h[field::IDENT].copy_from_slice(&self.ident.to_be_bytes());
+        write_u16(
+            &mut h,
+            field::LENGTH,
+            (HEADER_LEN + self.payload_len) as u16,
+        );
+        write_u16(&mut h, field::IDENT, self.ident);
         let flags = if self.dont_frag { FLAG_DF } else { 0 };
-        h[field::FLG_OFF].copy_from_slice(&flags.to_be_bytes());
+        write_u16(&mut h, field::FLG_OFF, flags);
         h[field::TTL] = self.hop_limit;
         h[field::PROTOCOL] = self.protocol.into();
-        h[field::SRC_ADDR].copy_from_slice(&self.src_addr.octets());
-        h[field::DST_ADDR].copy_from_slice(&self.dst_addr.octets());
+        write_array(&mut h, field::SRC_ADDR, self.src_addr.octets());
+        write_array(&mut h, field::DST_ADDR, self.dst_addr.octets());
         let sum = checksum::data(&h);
-        h[field::CHECKSUM].copy_from_slice(&(!sum).to_be_bytes());
+        write_u16(&mut h, field::CHECKSUM, !sum);
         packet.buffer.as_mut()[..HEADER_LEN].copy_from_slice(&h);
     }
 }

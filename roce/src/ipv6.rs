@@ -28,10 +28,11 @@
 
 use core::net::Ipv6Addr;
 
-use crate::error::{Error, Layer, Result};
+use crate::error::{check_len, Error, Layer, Result};
 pub use crate::ipv4::{Ecn, IpProtocol};
+use crate::wire_field::{read_array, read_u16, read_u32, write_array, write_u16, write_u32};
 
-mod field {
+pub(crate) mod field {
     use core::ops::Range;
 
     /// Version (4 bits), Traffic Class (8 bits), Flow Label (20 bits).
@@ -43,14 +44,15 @@ mod field {
     pub const DST_ADDR: Range<usize> = 24..40;
 }
 
-/// Length of the IPv6 fixed header, in bytes.
-pub const HEADER_LEN: usize = 40;
+/// Length of the IPv6 fixed header, in bytes: 40 (RFC 8200 §3).
+pub const HEADER_LEN: usize = field::DST_ADDR.end;
 /// The largest payload the 16-bit Payload Length can describe, in bytes.
 pub const MAX_PAYLOAD_LEN: usize = u16::MAX as usize;
 /// Mask of the 20-bit flow label.
 pub const FLOW_LABEL_MASK: u32 = 0x000f_ffff;
 
-/// A zero-copy view of an IPv6 packet (fixed header and payload).
+/// A zero-copy view of an IPv6 packet (RFC 8200 §3): the 40-byte fixed header, then Payload Length
+/// bytes of payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
@@ -80,22 +82,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// 40 + Payload Length.
     pub fn check_len(&self) -> Result<()> {
         let len = self.buffer.as_ref().len();
-        if len < HEADER_LEN {
-            return Err(Error::Truncated {
-                layer: Layer::Ipv6,
-                need: HEADER_LEN,
-                got: len,
-            });
-        }
-        let total = HEADER_LEN + usize::from(self.payload_len());
-        if len < total {
-            return Err(Error::Truncated {
-                layer: Layer::Ipv6,
-                need: total,
-                got: len,
-            });
-        }
-        Ok(())
+        check_len(Layer::Ipv6, HEADER_LEN, len)?;
+        check_len(
+            Layer::Ipv6,
+            HEADER_LEN + usize::from(self.payload_len()),
+            len,
+        )
     }
 
     /// Returns the underlying buffer.
@@ -104,8 +96,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     fn first_word(&self) -> u32 {
-        let d = self.buffer.as_ref();
-        u32::from_be_bytes([d[0], d[1], d[2], d[3]])
+        read_u32(self.buffer.as_ref(), field::VER_TC_FLOW)
     }
 
     /// The version field (high 4 bits of byte 0); 6 for IPv6.
@@ -135,8 +126,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Payload Length: bytes after the 40-byte header (bytes 4..6).
     pub fn payload_len(&self) -> u16 {
-        let d = self.buffer.as_ref();
-        u16::from_be_bytes([d[field::LENGTH.start], d[field::LENGTH.start + 1]])
+        read_u16(self.buffer.as_ref(), field::LENGTH)
     }
 
     /// Next Header (byte 6): the protocol of the payload, UDP for RoCEv2.
@@ -151,16 +141,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Source address (bytes 8..24): the source GID in RoCEv2.
     pub fn src_addr(&self) -> Ipv6Addr {
-        let mut a = [0u8; 16];
-        a.copy_from_slice(&self.buffer.as_ref()[field::SRC_ADDR]);
-        Ipv6Addr::from(a)
+        Ipv6Addr::from(read_array::<16>(self.buffer.as_ref(), field::SRC_ADDR))
     }
 
     /// Destination address (bytes 24..40): the destination GID in RoCEv2.
     pub fn dst_addr(&self) -> Ipv6Addr {
-        let mut a = [0u8; 16];
-        a.copy_from_slice(&self.buffer.as_ref()[field::DST_ADDR]);
-        Ipv6Addr::from(a)
+        Ipv6Addr::from(read_array::<16>(self.buffer.as_ref(), field::DST_ADDR))
     }
 
     /// The payload: the Payload Length bytes after the header (padding after them excluded). Needs a
@@ -174,7 +160,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     fn set_first_word(&mut self, mask: u32, value: u32) {
         let word = (self.first_word() & !mask) | (value & mask);
-        self.buffer.as_mut()[field::VER_TC_FLOW].copy_from_slice(&word.to_be_bytes());
+        write_u32(self.buffer.as_mut(), field::VER_TC_FLOW, word);
     }
 
     /// Sets the version (4 bits).
@@ -204,7 +190,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the Payload Length, in bytes.
     pub fn set_payload_len(&mut self, len: u16) {
-        self.buffer.as_mut()[field::LENGTH].copy_from_slice(&len.to_be_bytes());
+        write_u16(self.buffer.as_mut(), field::LENGTH, len);
     }
 
     /// Sets the Next Header.
@@ -219,12 +205,12 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the source address.
     pub fn set_src_addr(&mut self, addr: Ipv6Addr) {
-        self.buffer.as_mut()[field::SRC_ADDR].copy_from_slice(&addr.octets());
+        write_array(self.buffer.as_mut(), field::SRC_ADDR, addr.octets());
     }
 
     /// Sets the destination address.
     pub fn set_dst_addr(&mut self, addr: Ipv6Addr) {
-        self.buffer.as_mut()[field::DST_ADDR].copy_from_slice(&addr.octets());
+        write_array(self.buffer.as_mut(), field::DST_ADDR, addr.octets());
     }
 
     /// The payload (Payload Length bytes after the header), mutable. Needs a checked view.
@@ -240,7 +226,7 @@ impl<T: AsRef<[u8]>> AsRef<[u8]> for Packet<T> {
     }
 }
 
-/// A parsed IPv6 fixed header.
+/// A parsed IPv6 fixed header (RFC 8200 §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Repr {
     /// Source address (source GID).
@@ -268,14 +254,7 @@ impl Repr {
     /// [`Error::Truncated`] (layer `Ipv6`) when the header or the declared payload does not fit;
     /// [`Error::BadVersion`] when the version is not 6.
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Repr> {
-        let len = packet.buffer.as_ref().len();
-        if len < HEADER_LEN {
-            return Err(Error::Truncated {
-                layer: Layer::Ipv6,
-                need: HEADER_LEN,
-                got: len,
-            });
-        }
+        check_len(Layer::Ipv6, HEADER_LEN, packet.buffer.as_ref().len())?;
         if packet.version() != 6 {
             return Err(Error::BadVersion {
                 layer: Layer::Ipv6,

@@ -21,6 +21,9 @@
 //! * a plain `Repr` struct with `parse`, `buffer_len` and `emit`;
 //! * open enums (`Unknown(raw)`) for every field whose values are named, so that no input can panic.
 //!
+//! Beside the RoCEv2 headers, [`arp`] and [`ndisc`] (IPv6 Neighbor Discovery) give a link that
+//! writes its own Ethernet frames the means to learn its peers' MAC addresses.
+//!
 //! [`packet`] builds and parses a whole frame in one call. The crate is `#![no_std]`; the `std` feature
 //! (default) adds the classic pcap writer in [`pcap`].
 #![no_std]
@@ -36,12 +39,14 @@ extern crate std;
 mod macros;
 
 mod error;
+mod wire_field;
 
 pub mod arp;
 pub mod checksum;
 pub mod ethernet;
 pub mod ipv4;
 pub mod ipv6;
+pub mod ndisc;
 pub mod udp;
 
 pub mod aeth;

@@ -17,7 +17,9 @@
 //! * **DMA length**: the length in bytes of the whole message (WRITE) or of the data to read (READ),
 //!   not of this packet's payload; 0 to 2^31 bytes.
 
-use crate::{Error, Layer, Result};
+use crate::error::check_len;
+use crate::wire_field::{read_u32, read_u64, write_u32, write_u64};
+use crate::{Layer, Result};
 
 mod field {
     use core::ops::Range;
@@ -45,7 +47,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Wraps `buffer` after [`Packet::check_len`].
     ///
     /// # Errors
-    /// [`Error::Truncated`] if `buffer` is shorter than 16 bytes.
+    /// [`Error::Truncated`](crate::Error::Truncated) if `buffer` is shorter than 16 bytes.
     pub fn new_checked(buffer: T) -> Result<Packet<T>> {
         let packet = Packet::new_unchecked(buffer);
         packet.check_len()?;
@@ -55,18 +57,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Checks that the buffer holds a whole RETH (16 bytes).
     ///
     /// # Errors
-    /// [`Error::Truncated`] with `layer: Reth` if it does not.
+    /// [`Error::Truncated`](crate::Error::Truncated) with `layer: Reth` if it does not.
     pub fn check_len(&self) -> Result<()> {
-        let got = self.buffer.as_ref().len();
-        if got < HEADER_LEN {
-            Err(Error::Truncated {
-                layer: Layer::Reth,
-                need: HEADER_LEN,
-                got,
-            })
-        } else {
-            Ok(())
-        }
+        check_len(Layer::Reth, HEADER_LEN, self.buffer.as_ref().len())
     }
 
     /// Returns the underlying buffer.
@@ -76,37 +69,34 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Remote virtual address (64 bits): first byte the operation reads or writes.
     pub fn virtual_address(&self) -> u64 {
-        let d = self.buffer.as_ref();
-        u64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+        read_u64(self.buffer.as_ref(), field::VA)
     }
 
     /// R_Key (32 bits) of the remote memory region.
     pub fn rkey(&self) -> u32 {
-        let d = self.buffer.as_ref();
-        u32::from_be_bytes([d[8], d[9], d[10], d[11]])
+        read_u32(self.buffer.as_ref(), field::RKEY)
     }
 
     /// DMA length in bytes (32 bits): length of the whole RDMA message, not of this packet.
     pub fn dma_len(&self) -> u32 {
-        let d = self.buffer.as_ref();
-        u32::from_be_bytes([d[12], d[13], d[14], d[15]])
+        read_u32(self.buffer.as_ref(), field::DMA_LEN)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the remote virtual address.
     pub fn set_virtual_address(&mut self, value: u64) {
-        self.buffer.as_mut()[field::VA].copy_from_slice(&value.to_be_bytes());
+        write_u64(self.buffer.as_mut(), field::VA, value);
     }
 
     /// Sets the R_Key.
     pub fn set_rkey(&mut self, value: u32) {
-        self.buffer.as_mut()[field::RKEY].copy_from_slice(&value.to_be_bytes());
+        write_u32(self.buffer.as_mut(), field::RKEY, value);
     }
 
     /// Sets the DMA length in bytes.
     pub fn set_dma_len(&mut self, value: u32) {
-        self.buffer.as_mut()[field::DMA_LEN].copy_from_slice(&value.to_be_bytes());
+        write_u32(self.buffer.as_mut(), field::DMA_LEN, value);
     }
 }
 
@@ -125,7 +115,7 @@ impl Repr {
     /// Parses a RETH. Every bit pattern is valid.
     ///
     /// # Errors
-    /// [`Error::Truncated`] if the buffer is shorter than 16 bytes (only reachable through
+    /// [`Error::Truncated`](crate::Error::Truncated) if the buffer is shorter than 16 bytes (only reachable through
     /// [`Packet::new_unchecked`]).
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Repr> {
         packet.check_len()?;
@@ -156,6 +146,7 @@ impl Repr {
 #[cfg(test)]
 mod test {
     use super::*;
+    use crate::Error;
     use proptest::prelude::*;
 
     // Written by hand from IBTA vol. 1 §9.3.3 (scapy's contrib/roce.py has no RETH):

@@ -37,8 +37,9 @@
 use core::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::checksum::{self, Accumulator};
-use crate::error::{Error, Layer, Result};
+use crate::error::{check_len, Error, Layer, Result};
 use crate::ipv4::IpProtocol;
+use crate::wire_field::{read_u16, write_u16};
 
 /// The IANA-assigned UDP destination port of RoCEv2 (IBTA Annex A17).
 pub const ROCEV2_PORT: u16 = 4791;
@@ -74,7 +75,7 @@ pub const fn rocev2_src_port_from_flow_label(flow_label: u32) -> u16 {
     ROCEV2_SRC_PORT_MIN | (low ^ high) as u16
 }
 
-mod field {
+pub(crate) mod field {
     use core::ops::Range;
 
     pub const SRC_PORT: Range<usize> = 0..2;
@@ -83,8 +84,8 @@ mod field {
     pub const CHECKSUM: Range<usize> = 6..8;
 }
 
-/// Length of the UDP header, in bytes.
-pub const HEADER_LEN: usize = 8;
+/// Length of the UDP header, in bytes: 8 (RFC 768).
+pub const HEADER_LEN: usize = field::CHECKSUM.end;
 /// The largest payload the 16-bit Length field can describe, in bytes (65535 − 8).
 pub const MAX_PAYLOAD_LEN: usize = u16::MAX as usize - HEADER_LEN;
 
@@ -165,7 +166,7 @@ impl ChecksumMode {
     }
 }
 
-/// A zero-copy view of a UDP datagram (header and payload).
+/// A zero-copy view of a UDP datagram (RFC 768): the 8-byte header, then the payload up to Length.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
@@ -196,25 +197,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// [`Error::BadLength`] when Length < 8.
     pub fn check_len(&self) -> Result<()> {
         let len = self.buffer.as_ref().len();
-        if len < HEADER_LEN {
-            return Err(Error::Truncated {
-                layer: Layer::Udp,
-                need: HEADER_LEN,
-                got: len,
-            });
-        }
+        check_len(Layer::Udp, HEADER_LEN, len)?;
         let udp_len = usize::from(self.len());
         if udp_len < HEADER_LEN {
             return Err(Error::BadLength(Layer::Udp));
         }
-        if len < udp_len {
-            return Err(Error::Truncated {
-                layer: Layer::Udp,
-                need: udp_len,
-                got: len,
-            });
-        }
-        Ok(())
+        check_len(Layer::Udp, udp_len, len)
     }
 
     /// Returns the underlying buffer.
@@ -222,24 +210,19 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer
     }
 
-    fn u16_at(&self, start: usize) -> u16 {
-        let d = self.buffer.as_ref();
-        u16::from_be_bytes([d[start], d[start + 1]])
-    }
-
     /// Source port (bytes 0..2).
     pub fn src_port(&self) -> u16 {
-        self.u16_at(field::SRC_PORT.start)
+        read_u16(self.buffer.as_ref(), field::SRC_PORT)
     }
 
     /// Destination port (bytes 2..4); [`ROCEV2_PORT`] for RoCEv2.
     pub fn dst_port(&self) -> u16 {
-        self.u16_at(field::DST_PORT.start)
+        read_u16(self.buffer.as_ref(), field::DST_PORT)
     }
 
     /// Length: header plus payload, in bytes (bytes 4..6).
     pub fn len(&self) -> u16 {
-        self.u16_at(field::LENGTH.start)
+        read_u16(self.buffer.as_ref(), field::LENGTH)
     }
 
     /// Whether the payload is empty (Length is 8 or less).
@@ -249,7 +232,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// The checksum field (bytes 6..8); 0 means "not computed".
     pub fn checksum(&self) -> u16 {
-        self.u16_at(field::CHECKSUM.start)
+        read_u16(self.buffer.as_ref(), field::CHECKSUM)
     }
 
     /// The payload: bytes 8..Length. Needs a checked view.
@@ -297,28 +280,24 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    fn set_u16_at(&mut self, start: usize, value: u16) {
-        self.buffer.as_mut()[start..start + 2].copy_from_slice(&value.to_be_bytes());
-    }
-
     /// Sets the source port.
     pub fn set_src_port(&mut self, port: u16) {
-        self.set_u16_at(field::SRC_PORT.start, port);
+        write_u16(self.buffer.as_mut(), field::SRC_PORT, port);
     }
 
     /// Sets the destination port.
     pub fn set_dst_port(&mut self, port: u16) {
-        self.set_u16_at(field::DST_PORT.start, port);
+        write_u16(self.buffer.as_mut(), field::DST_PORT, port);
     }
 
     /// Sets Length (header plus payload, in bytes).
     pub fn set_len(&mut self, len: u16) {
-        self.set_u16_at(field::LENGTH.start, len);
+        write_u16(self.buffer.as_mut(), field::LENGTH, len);
     }
 
     /// Sets the checksum field.
     pub fn set_checksum(&mut self, checksum: u16) {
-        self.set_u16_at(field::CHECKSUM.start, checksum);
+        write_u16(self.buffer.as_mut(), field::CHECKSUM, checksum);
     }
 
     fn fill_checksum_with(&mut self, pseudo: u16) {
@@ -371,7 +350,7 @@ impl<T: AsRef<[u8]>> AsRef<[u8]> for Packet<T> {
     }
 }
 
-/// A parsed UDP header.
+/// A parsed UDP header (RFC 768).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Repr {
     /// Source port (flow entropy for RoCEv2, [`rocev2_src_port`]).
@@ -424,9 +403,13 @@ impl Repr {
         );
         // One 8-byte store (the checksum zero for now): no per-field bounds checks.
         let mut h = [0u8; HEADER_LEN];
-        h[field::SRC_PORT].copy_from_slice(&self.src_port.to_be_bytes());
-        h[field::DST_PORT].copy_from_slice(&self.dst_port.to_be_bytes());
-        h[field::LENGTH].copy_from_slice(&((HEADER_LEN + self.payload_len) as u16).to_be_bytes());
+        write_u16(&mut h, field::SRC_PORT, self.src_port);
+        write_u16(&mut h, field::DST_PORT, self.dst_port);
+        write_u16(
+            &mut h,
+            field::LENGTH,
+            (HEADER_LEN + self.payload_len) as u16,
+        );
         packet.buffer.as_mut()[..HEADER_LEN].copy_from_slice(&h);
         match checksum {
             ChecksumMode::Zero => {}

@@ -9,32 +9,16 @@
 //! Neighbor Discovery); then UDP to port 4791 with a consistent length (the RoCEv2 datagram goes
 //! to the engine, which checks the ICRC: it covers the UDP payload and the invariant IP and UDP
 //! fields, so the UDP checksum is not verified again), or ICMPv6 Neighbor Solicitation /
-//! Advertisement with hop limit 255, a valid checksum and a target address (RFC 4861 §7.1).
+//! Advertisement with hop limit 255, a valid checksum and a target address (RFC 4861 §7.1; the
+//! message itself is `roce::ndisc`'s to read and write).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use roce::ethernet::{self, Address, EtherType};
 use roce::ipv4::{self, Ecn, IpProtocol};
-use roce::{arp, checksum, ipv6, udp};
+use roce::{arp, ipv6, ndisc, udp};
 
 use crate::engine::{Datagram, Transmit, IPV4_IDENT};
-
-/// ICMPv6 next header value (RFC 4443).
-const IPPROTO_ICMPV6: u8 = 58;
-/// ICMPv6 Neighbor Solicitation (RFC 4861 §4.3).
-const ND_NEIGHBOR_SOLICIT: u8 = 135;
-/// ICMPv6 Neighbor Advertisement (RFC 4861 §4.4).
-const ND_NEIGHBOR_ADVERT: u8 = 136;
-/// NDP option: Source Link-Layer Address.
-const ND_OPT_SOURCE_LL: u8 = 1;
-/// NDP option: Target Link-Layer Address.
-const ND_OPT_TARGET_LL: u8 = 2;
-/// NA flags (first byte after the ICMPv6 header): Solicited, Override.
-const NA_SOLICITED: u8 = 0x40;
-const NA_OVERRIDE: u8 = 0x20;
-/// Bytes of an NS or NA with one link-layer address option: ICMPv6 header (4), reserved/flags (4),
-/// target (16), option (8).
-const ND_LEN: usize = 32;
 
 /// This host's addresses on the link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,23 +183,12 @@ fn classify_ipv4<'a>(payload: &'a [u8], me: &LocalAddrs) -> Received<'a> {
 
 /// The solicited-node multicast address of `ip` (RFC 4291 §2.7.1): ff02::1:ffXX:XXXX.
 pub(crate) fn solicited_node(ip: &Ipv6Addr) -> Ipv6Addr {
-    let o = ip.octets();
-    Ipv6Addr::new(
-        0xff02,
-        0,
-        0,
-        0,
-        0,
-        1,
-        0xff00 | u16::from(o[13]),
-        u16::from_be_bytes([o[14], o[15]]),
-    )
+    ndisc::solicited_node_addr(ip)
 }
 
 /// The Ethernet multicast address of an IPv6 multicast address (RFC 2464 §7): 33:33 + low 32 bits.
 pub(crate) fn ipv6_multicast_mac(ip: &Ipv6Addr) -> [u8; 6] {
-    let o = ip.octets();
-    [0x33, 0x33, o[12], o[13], o[14], o[15]]
+    ndisc::multicast_mac(ip).0
 }
 
 fn classify_ipv6<'a>(payload: &'a [u8], src_mac: [u8; 6], me: &LocalAddrs) -> Received<'a> {
@@ -245,9 +218,7 @@ fn classify_ipv6<'a>(payload: &'a [u8], src_mac: [u8; 6], me: &LocalAddrs) -> Re
             }),
             Err(why) => Received::Ignored(why),
         },
-        IpProtocol::Unknown(IPPROTO_ICMPV6)
-            if for_us || ip.dst_addr == solicited_node(&me.ipv6_ll) =>
-        {
+        IpProtocol::Icmpv6 if for_us || ip.dst_addr == solicited_node(&me.ipv6_ll) => {
             classify_ndp(&ip, l4, src_mac, me)
         }
         _ if !for_us => Received::Ignored(Ignored::NotForUs),
@@ -261,65 +232,38 @@ fn classify_ndp<'a>(
     src_mac: [u8; 6],
     me: &LocalAddrs,
 ) -> Received<'a> {
-    let Some(&ty) = icmp.first() else {
-        return Received::Ignored(Ignored::Malformed);
-    };
-    if ty != ND_NEIGHBOR_SOLICIT && ty != ND_NEIGHBOR_ADVERT {
-        return Received::Ignored(Ignored::Unsupported);
+    match icmp.first().copied().map(ndisc::Message::from) {
+        None => return Received::Ignored(Ignored::Malformed),
+        Some(ndisc::Message::NeighborSolicit | ndisc::Message::NeighborAdvert) => {}
+        Some(_) => return Received::Ignored(Ignored::Unsupported),
     }
-    // RFC 4861 §7.1.1 / §7.1.2: hop limit 255 (not forwarded), code 0, checksum valid, at least
-    // 24 bytes, target not multicast.
-    if ip.hop_limit != 255 || icmp.len() < 24 || icmp[1] != 0 {
-        return Received::Ignored(Ignored::Malformed);
-    }
-    let pseudo =
-        checksum::pseudo_header_v6(ip.src_addr, ip.dst_addr, IPPROTO_ICMPV6, icmp.len() as u32);
-    if checksum::combine(&[pseudo, checksum::data(icmp)]) != 0xffff {
-        return Received::Ignored(Ignored::Malformed);
-    }
-    let mut t = [0u8; 16];
-    t.copy_from_slice(&icmp[8..24]);
-    let target = Ipv6Addr::from(t);
-    if target.is_multicast() {
-        return Received::Ignored(Ignored::Malformed);
-    }
-    let ll_opt = |want: u8| -> Result<Option<[u8; 6]>, Ignored> {
-        let mut opts = &icmp[24..];
-        while !opts.is_empty() {
-            let len = usize::from(*opts.get(1).ok_or(Ignored::Malformed)?) * 8;
-            if len == 0 || len > opts.len() {
-                return Err(Ignored::Malformed);
+    // RFC 4861 §7.1.1 / §7.1.2: at least 24 bytes, hop limit 255 (not forwarded), code 0,
+    // checksum valid, target not multicast, no option of length 0.
+    let parsed = ndisc::Packet::new_checked(icmp).and_then(|p| ndisc::Repr::parse(ip, &p));
+    match parsed {
+        Ok(ndisc::Repr::NeighborSolicit {
+            target_addr,
+            source_ll_addr,
+        }) => {
+            if !me.owns_v6(&target_addr) {
+                return Received::Ignored(Ignored::NotForUs);
             }
-            if opts[0] == want && len >= 8 {
-                let mut mac = [0u8; 6];
-                mac.copy_from_slice(&opts[2..8]);
-                return Ok(Some(mac));
-            }
-            opts = &opts[len..];
-        }
-        Ok(None)
-    };
-    if ty == ND_NEIGHBOR_SOLICIT {
-        if !me.owns_v6(&target) {
-            return Received::Ignored(Ignored::NotForUs);
-        }
-        match ll_opt(ND_OPT_SOURCE_LL) {
-            Ok(sender_ll) => Received::NeighborSolicit {
+            Received::NeighborSolicit {
                 src_ip: ip.src_addr,
                 src_mac,
-                sender_ll,
-                target,
-            },
-            Err(why) => Received::Ignored(why),
+                sender_ll: source_ll_addr.map(|a| a.0),
+                target: target_addr,
+            }
         }
-    } else {
-        match ll_opt(ND_OPT_TARGET_LL) {
-            Ok(mac) => Received::NeighborAdvert {
-                target,
-                mac: mac.unwrap_or(src_mac),
-            },
-            Err(why) => Received::Ignored(why),
-        }
+        Ok(ndisc::Repr::NeighborAdvert {
+            target_addr,
+            target_ll_addr,
+            ..
+        }) => Received::NeighborAdvert {
+            target: target_addr,
+            mac: target_ll_addr.map_or(src_mac, |a| a.0),
+        },
+        Err(_) => Received::Ignored(Ignored::Malformed),
     }
 }
 
@@ -446,9 +390,6 @@ pub(crate) fn write_arp(
     Some(ARP_FRAME_LEN)
 }
 
-/// Bytes of a Neighbor Solicitation / Advertisement frame with one link-layer address option.
-pub(crate) const ND_FRAME_LEN: usize = ethernet::HEADER_LEN + ipv6::HEADER_LEN + ND_LEN;
-
 /// Writes a Neighbor Solicitation for `target` (to its solicited-node multicast address, with
 /// this host's link-layer address) into `buf`; returns its length.
 pub(crate) fn write_neighbor_solicit(
@@ -457,16 +398,11 @@ pub(crate) fn write_neighbor_solicit(
     target: &Ipv6Addr,
 ) -> Option<usize> {
     let dst = solicited_node(target);
-    write_nd(
-        buf,
-        me,
-        ipv6_multicast_mac(&dst),
-        dst,
-        ND_NEIGHBOR_SOLICIT,
-        0,
-        target,
-        ND_OPT_SOURCE_LL,
-    )
+    let ns = ndisc::Repr::NeighborSolicit {
+        target_addr: *target,
+        source_ll_addr: Some(Address(me.mac)),
+    };
+    write_nd(buf, me, ipv6_multicast_mac(&dst), dst, &ns)
 }
 
 /// Writes a solicited Neighbor Advertisement of this host's `target` address to `dst_ip` at
@@ -478,45 +414,33 @@ pub(crate) fn write_neighbor_advert(
     dst_mac: [u8; 6],
     target: &Ipv6Addr,
 ) -> Option<usize> {
+    let na = |flags| ndisc::Repr::NeighborAdvert {
+        flags,
+        target_addr: *target,
+        target_ll_addr: Some(Address(me.mac)),
+    };
     if dst_ip.is_unspecified() {
         // RFC 4861 §7.2.4: a solicitation from the unspecified address is answered to all-nodes,
         // unsolicited.
-        let all = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
-        return write_nd(
-            buf,
-            me,
-            ipv6_multicast_mac(&all),
-            all,
-            ND_NEIGHBOR_ADVERT,
-            NA_OVERRIDE,
-            target,
-            ND_OPT_TARGET_LL,
-        );
+        let all = ndisc::ALL_NODES;
+        let flags = ndisc::NeighborFlags::OVERRIDE;
+        return write_nd(buf, me, ipv6_multicast_mac(&all), all, &na(flags));
     }
-    write_nd(
-        buf,
-        me,
-        dst_mac,
-        *dst_ip,
-        ND_NEIGHBOR_ADVERT,
-        NA_SOLICITED | NA_OVERRIDE,
-        target,
-        ND_OPT_TARGET_LL,
-    )
+    let flags = ndisc::NeighborFlags::SOLICITED | ndisc::NeighborFlags::OVERRIDE;
+    write_nd(buf, me, dst_mac, *dst_ip, &na(flags))
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Writes the Ethernet and IPv6 headers and the Neighbor Discovery message `nd` (its checksum
+/// included) from this host's link-local address to `dst_ip` at `dst_mac`; returns the length.
 fn write_nd(
     buf: &mut [u8],
     me: &LocalAddrs,
     dst_mac: [u8; 6],
     dst_ip: Ipv6Addr,
-    ty: u8,
-    flags: u8,
-    target: &Ipv6Addr,
-    opt: u8,
+    nd: &ndisc::Repr,
 ) -> Option<usize> {
-    let frame = buf.get_mut(..ND_FRAME_LEN)?;
+    let len = ethernet::HEADER_LEN + ipv6::HEADER_LEN + nd.buffer_len();
+    let frame = buf.get_mut(..len)?;
     let (eth_buf, rest) = frame.split_at_mut(ethernet::HEADER_LEN);
     let (ip_buf, icmp) = rest.split_at_mut(ipv6::HEADER_LEN);
     ethernet::Repr {
@@ -529,25 +453,20 @@ fn write_nd(
     ipv6::Repr {
         src_addr: me.ipv6_ll,
         dst_addr: dst_ip,
-        next_header: IpProtocol::Unknown(IPPROTO_ICMPV6),
-        payload_len: ND_LEN,
-        hop_limit: 255,
+        next_header: IpProtocol::Icmpv6,
+        payload_len: nd.buffer_len(),
+        hop_limit: ndisc::HOP_LIMIT,
         dscp: 0,
         ecn: Ecn::NotEct,
         flow_label: 0,
     }
     .emit(&mut ipv6::Packet::new_unchecked(ip_buf));
-    icmp.fill(0);
-    icmp[0] = ty;
-    icmp[4] = flags;
-    icmp[8..24].copy_from_slice(&target.octets());
-    icmp[24] = opt;
-    icmp[25] = 1;
-    icmp[26..32].copy_from_slice(&me.mac);
-    let pseudo = checksum::pseudo_header_v6(me.ipv6_ll, dst_ip, IPPROTO_ICMPV6, ND_LEN as u32);
-    let sum = !checksum::combine(&[pseudo, checksum::data(icmp)]);
-    icmp[2..4].copy_from_slice(&sum.to_be_bytes());
-    Some(ND_FRAME_LEN)
+    nd.emit(
+        &me.ipv6_ll,
+        &dst_ip,
+        &mut ndisc::Packet::new_unchecked(icmp),
+    );
+    Some(len)
 }
 
 #[cfg(test)]
@@ -643,6 +562,46 @@ mod tests {
             classify(&buf[..n], &a),
             Received::Ignored(Ignored::Malformed)
         ));
+    }
+
+    #[test]
+    fn neighbor_discovery_wire_bytes() {
+        // The ICMPv6 messages after the Ethernet and IPv6 headers, checksums computed independently
+        // (the golden bytes of roce::ndisc's tests use the same two hosts).
+        const NS: [u8; 32] = [
+            0x87, 0x00, 0x85, 0x9a, 0x00, 0x00, 0x00, 0x00, 0xfe, 0x80, 0x00, 0x00, 0x00, 0x00,
+            0x00, 0x00, 0x50, 0x54, 0x00, 0xff, 0xfe, 0xab, 0xcd, 0xef, 0x01, 0x01, 0x52, 0x54,
+            0x00, 0x12, 0x34, 0x56,
+        ];
+        const NA: [u8; 32] = [
+            0x88, 0x00, 0x39, 0x97, 0x60, 0x00, 0x00, 0x00, 0xfe, 0x80, 0x00, 0x00, 0x00, 0x00,
+            0x00, 0x00, 0x50, 0x54, 0x00, 0xff, 0xfe, 0xab, 0xcd, 0xef, 0x02, 0x01, 0x52, 0x54,
+            0x00, 0xab, 0xcd, 0xef,
+        ];
+        let (a, b) = (me(), peer());
+        let headers = ethernet::HEADER_LEN + ipv6::HEADER_LEN;
+        let frame_len = headers + NS.len();
+        let mut buf = [0xa5u8; 128];
+        let n = write_neighbor_solicit(&mut buf, &a, &b.ipv6_ll).unwrap();
+        assert_eq!(n, frame_len);
+        assert_eq!(&buf[..6], &[0x33, 0x33, 0xff, 0xab, 0xcd, 0xef]);
+        assert_eq!(&buf[6..12], &a.mac);
+        assert_eq!(&buf[12..14], &[0x86, 0xdd]);
+        // IPv6: version 6, payload 32 bytes, next header 58, hop limit 255, to ff02::1:ffab:cdef.
+        assert_eq!(&buf[14..22], &[0x60, 0, 0, 0, 0, 32, 58, 255]);
+        assert_eq!(&buf[38..54], &solicited_node(&b.ipv6_ll).octets());
+        assert_eq!(buf[headers..n], NS);
+        let n = write_neighbor_advert(&mut buf, &b, &a.ipv6_ll, a.mac, &b.ipv6_ll).unwrap();
+        assert_eq!(n, frame_len);
+        assert_eq!(&buf[..6], &a.mac);
+        assert_eq!(buf[headers..n], NA);
+        // To all-nodes, unsolicited, when the solicitation came from `::`.
+        let n =
+            write_neighbor_advert(&mut buf, &b, &Ipv6Addr::UNSPECIFIED, a.mac, &b.ipv6_ll).unwrap();
+        assert_eq!(&buf[..6], &[0x33, 0x33, 0, 0, 0, 1]);
+        assert_eq!(buf[headers + 4], 0x20, "Override only");
+        assert_eq!(buf[headers..headers + 2], [0x88, 0]);
+        assert_eq!(n, frame_len);
     }
 
     #[test]
