@@ -8,10 +8,9 @@
 
 mod common;
 
-use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
+use common::crafted_packets::*;
 use common::*;
 use gpu_p2p::{HostMemory, Memory};
 use hca::{
@@ -19,164 +18,17 @@ use hca::{
     WcStatus,
 };
 use proptest::prelude::*;
-use roce::aeth::{AckCredit, NakCode, RnrTimer, Syndrome};
+use roce::aeth::{NakCode, RnrTimer, Syndrome};
 use roce::packet::{ExtReprs, TransportRepr};
 use roce::{aeth, atomic_eth, bth, reth, Opcode};
 
 // ---- crafting packets ----
-
-/// The link metadata of a packet from `from` to `to`.
-fn tx_between(from: &Peer, to: &Peer) -> hca::Transmit {
-    hca::Transmit {
-        src_ip: from.ip,
-        dst_ip: to.ip,
-        src_port: 0xc000,
-        dst_port: 4791,
-        ecn: roce::ipv4::Ecn::NotEct,
-        dscp: 0,
-        hop_limit: 64,
-        flow_label: 0,
-        len: 0,
-    }
-}
-
-/// A packet with link metadata `tx` and a valid ICRC, or `None` if these headers cannot be built
-/// (a payload on an opcode that carries none).
-fn try_build(tx: hca::Transmit, transport: TransportRepr, payload: &[u8]) -> Option<Pkt> {
-    let ip = match (tx.src_ip, tx.dst_ip) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => roce::packet::IpRepr::Ipv4(roce::ipv4::Repr {
-            src_addr: s,
-            dst_addr: d,
-            protocol: roce::ipv4::IpProtocol::Udp,
-            payload_len: 0,
-            hop_limit: tx.hop_limit,
-            dscp: tx.dscp,
-            ecn: tx.ecn,
-            ident: hca::engine::IPV4_IDENT,
-            dont_frag: true,
-        }),
-        _ => return None,
-    };
-    let repr = roce::packet::PacketRepr {
-        ip,
-        udp_src_port: tx.src_port,
-        udp_checksum: false,
-        transport,
-    };
-    let mut out = vec![0u8; payload.len() + 128];
-    let len = roce::packet::build_udp_payload(&repr, &[payload], &mut out).ok()?;
-    out.truncate(len);
-    Some(Pkt {
-        tx: hca::Transmit { len, ..tx },
-        data: out,
-    })
-}
-
-/// A packet from `from` to `to`'s QP with a valid ICRC (the receiver must judge its content).
-fn craft(from: &Peer, to: &Peer, opcode: Opcode, psn: u32, ext: ExtReprs, payload: &[u8]) -> Pkt {
-    let transport = TransportRepr {
-        bth: bth::Repr {
-            opcode,
-            solicited: false,
-            mig_req: false,
-            pad_cnt: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qpn: to.qpn,
-            ack_req: true,
-            psn,
-        },
-        ext,
-    };
-    try_build(tx_between(from, to), transport, payload).expect("well-formed headers")
-}
-
-fn reth_ext(va: u64, rkey: u32, dma_len: u32) -> ExtReprs {
-    ExtReprs {
-        reth: Some(reth::Repr {
-            virtual_address: va,
-            rkey,
-            dma_len,
-        }),
-        ..ExtReprs::default()
-    }
-}
-
-fn aeth_ext(syndrome: Syndrome) -> ExtReprs {
-    ExtReprs {
-        aeth: Some(aeth::Repr { syndrome, msn: 1 }),
-        ..ExtReprs::default()
-    }
-}
-
-fn ack() -> Syndrome {
-    Syndrome::Ack {
-        credit: AckCredit::INVALID,
-    }
-}
-
-fn atomic_ext(va: u64, rkey: u32) -> ExtReprs {
-    ExtReprs {
-        atomic_eth: Some(atomic_eth::request::Repr {
-            virtual_address: va,
-            rkey,
-            swap_add_data: 1,
-            compare_data: 0,
-        }),
-        ..ExtReprs::default()
-    }
-}
-
-/// What an engine answered: (opcode, PSN, AETH syndrome) of each packet, and the packets.
-fn answers(
-    f: &mut hca::fabric::Fabric,
-    p: &Peer,
-    now: hca::Instant,
-) -> Vec<(Opcode, u32, Option<Syndrome>)> {
-    transmit(f, p, now)
-        .iter()
-        .map(|k| (k.opcode(), k.psn(), k.aeth().map(|a| a.syndrome)))
-        .collect()
-}
-
-fn state(f: &hca::fabric::Fabric, p: &Peer) -> QpState {
-    f.node(p.node).context().qp(p.qpn).unwrap().state()
-}
-
-fn drops(f: &hca::fabric::Fabric, p: &Peer, r: DropReason) -> u64 {
-    f.node(p.node).counters().drops(r)
-}
-
-fn nak(code: NakCode) -> Option<Syndrome> {
-    Some(Syndrome::Nak(code))
-}
-
-/// Registers `len` more bytes on `p`'s node with `access`; returns the region and its memory.
-fn extra_mr(
-    f: &mut hca::fabric::Fabric,
-    p: &Peer,
-    len: usize,
-    iova: u64,
-    access: AccessFlags,
-) -> (hca::MemoryRegion, Arc<HostMemory>) {
-    let mem = Arc::new(HostMemory::new(len).unwrap());
-    let mr = f
-        .node_mut(p.node)
-        .reg_mr(p.pd, mem.clone(), iova, access)
-        .unwrap();
-    (mr, mem)
-}
 
 fn read_mem(mem: &HostMemory, off: usize, len: usize) -> Vec<u8> {
     let mut v = vec![0; len];
     mem.read(off, &mut v).unwrap();
     v
 }
-
-const PMTU: usize = 1024;
-/// The PSN B expects first from A (`Opts::default().a_psn`).
-const A_PSN: u32 = 100;
 
 // ---- hostile requests into the responder ----
 
@@ -846,49 +698,6 @@ fn requests_to_a_qp_in_err_and_responses_to_a_qp_in_rtr_are_dropped() {
     assert_eq!(drops(&f, &c, DropReason::QpState), before + 1);
 }
 
-/// Brings `me` to RTR only, connected to `peer`.
-fn bring_up_to_rtr(f: &mut hca::fabric::Fabric, me: &Peer, peer: &Peer, peer_psn: u32) {
-    let h = f.node_mut(me.node);
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE,
-        ..QpAttr::default()
-    };
-    h.modify_qp(
-        me.qpn,
-        &a,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = hca::PathMtu::Mtu1024;
-    a.dest_qp_num = peer.qpn;
-    a.rq_psn = peer_psn;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 1;
-    a.ah_attr = hca::AhAttr {
-        dgid: hca::Gid::from(peer.ip),
-        sgid_index: 2,
-        hop_limit: 64,
-        port_num: 1,
-        ..hca::AhAttr::default()
-    };
-    h.modify_qp(
-        me.qpn,
-        &a,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
-    .unwrap();
-}
-
 #[test]
 fn cnp_for_an_unknown_qp_is_dropped_and_counted() {
     let (mut f, a, b) = pair(&Opts::default());
@@ -923,25 +732,6 @@ fn cnp_for_an_unknown_qp_is_dropped_and_counted() {
 }
 
 // ---- hostile responses into the completer ----
-
-/// A posts one 64-byte RDMA WRITE (PSN `A_PSN`) and transmits it; B never sees it.
-fn a_with_one_write() -> (hca::fabric::Fabric, Peer, Peer) {
-    let (mut f, a, b) = pair(&Opts::default());
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, 64)],
-            SendOp::RdmaWrite {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
-    assert_eq!(transmit(&mut f, &a, t_us(0)).len(), 1);
-    (f, a, b)
-}
 
 #[test]
 fn read_response_with_no_read_outstanding_is_dropped() {
@@ -1168,28 +958,6 @@ fn atomic_acknowledge_with_a_nak_syndrome_is_dropped() {
     assert_eq!(drops(&f, &a, DropReason::UnexpectedResponse), 1);
     assert!(poll(&mut f, &a).is_empty());
     assert_eq!(a.read(64, 8), vec![0; 8]);
-}
-
-/// A posts a READ of `len` bytes into byte 4096 of its region and transmits the request.
-fn a_with_one_read(len: u32, pmtu: hca::PathMtu) -> (hca::fabric::Fabric, Peer, Peer) {
-    let (mut f, a, b) = pair(&Opts {
-        pmtu,
-        ..Opts::default()
-    });
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(4096, len)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
-    assert_eq!(transmit(&mut f, &a, t_us(0)).len(), 1);
-    (f, a, b)
 }
 
 #[test]
@@ -1879,7 +1647,7 @@ fn ud_destination_qpn_over_24_bits_is_refused() {
         1,
         &sg,
         SendOp::UdSend {
-            dest: hca::wr::UdDest {
+            dest: hca::UdDest {
                 ah,
                 remote_qpn: 1 << 24,
                 remote_qkey: 0x1111_1111,

@@ -5,8 +5,9 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
+use common::work_requests::write;
 use common::*;
-use hca::{Instant, RateControl, SendOp};
+use hca::{Instant, RateControl};
 use roce::ipv4::Ecn;
 use roce::Opcode;
 
@@ -18,17 +19,6 @@ impl RateControl for Recorder {
     }
 }
 
-fn write_wr(a: &Peer, b: &Peer, id: u64) -> (u64, Vec<hca::Sge>, SendOp) {
-    (
-        id,
-        vec![a.sge(0, 8)],
-        SendOp::RdmaWrite {
-            remote_addr: b.addr(0),
-            rkey: b.mr.rkey(),
-        },
-    )
-}
-
 #[test]
 fn data_packets_are_ecn_capable_and_ce_marks_are_answered_with_a_rate_limited_cnp() {
     let (mut f, a, b) = pair(&Opts::default());
@@ -36,7 +26,7 @@ fn data_packets_are_ecn_capable_and_ce_marks_are_answered_with_a_rate_limited_cn
     f.node_mut(a.node)
         .set_rate_control(Box::new(Recorder(seen.clone())));
     for i in 0..3 {
-        let (id, sg, op) = write_wr(&a, &b, i);
+        let (id, sg, op) = write(&a, i, (0, 8), &b, 0);
         post_send(&mut f, &a, &send_wr(id, &sg, op));
     }
     let mut pkts = transmit(&mut f, &a, t_us(0));
@@ -59,7 +49,7 @@ fn data_packets_are_ecn_capable_and_ce_marks_are_answered_with_a_rate_limited_cn
     let c = f.node(b.node).counters();
     assert_eq!((c.cnp_sent, c.cnp_suppressed), (1, 2));
     // After the interval, the next CE mark gets a CNP again.
-    let (id, sg, op) = write_wr(&a, &b, 9);
+    let (id, sg, op) = write(&a, 9, (0, 8), &b, 0);
     post_send(&mut f, &a, &send_wr(id, &sg, op));
     let mut late = transmit(&mut f, &a, t_us(100));
     late[0].tx.ecn = Ecn::Ce;
@@ -87,7 +77,7 @@ fn ce_marks_under_a_fabric_produce_cnps_and_traffic_completes() {
     };
     let (mut f, a, b) = pair(&o);
     for i in 0..50 {
-        let (id, sg, op) = write_wr(&a, &b, i);
+        let (id, sg, op) = write(&a, i, (0, 8), &b, 0);
         post_send(&mut f, &a, &send_wr(id, &sg, op));
     }
     let wcs = run_for_completions(&mut f, &a, 50, std::time::Duration::from_millis(10));

@@ -7,12 +7,6 @@ use std::time::Duration;
 use common::*;
 use hca::{SendOp, WcFlags, WcOpcode, WcStatus};
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
 #[test]
 fn rc_send_multi_packet_lands_in_the_receive_buffer() {
     let o = Opts::default();

@@ -6,57 +6,12 @@ mod common;
 
 use std::time::Duration;
 
+use common::work_requests::*;
 use common::*;
-use hca::event::AsyncEventType;
+use hca::AsyncEventType;
 use hca::{QpState, SendOp, WcOpcode, WcStatus};
 use roce::aeth::{NakCode, Syndrome};
 use roce::Opcode;
-
-fn write(
-    p: &Peer,
-    wr_id: u64,
-    local: (u64, u32),
-    remote: &Peer,
-    remote_off: u64,
-) -> (u64, Vec<hca::Sge>, SendOp) {
-    (
-        wr_id,
-        vec![p.sge(local.0, local.1)],
-        SendOp::RdmaWrite {
-            remote_addr: remote.addr(remote_off),
-            rkey: remote.mr.rkey(),
-        },
-    )
-}
-
-/// The READ twin of [`write`]: `local.1` bytes from `remote_off` of `remote` into `local.0`.
-fn read(
-    p: &Peer,
-    wr_id: u64,
-    local: (u64, u32),
-    remote: &Peer,
-    remote_off: u64,
-) -> (u64, Vec<hca::Sge>, SendOp) {
-    (
-        wr_id,
-        vec![p.sge(local.0, local.1)],
-        SendOp::RdmaRead {
-            remote_addr: remote.addr(remote_off),
-            rkey: remote.mr.rkey(),
-        },
-    )
-}
-
-fn post(f: &mut hca::fabric::Fabric, p: &Peer, (wr_id, sg, op): (u64, Vec<hca::Sge>, SendOp)) {
-    post_send(f, p, &send_wr(wr_id, &sg, op));
-}
-
-fn opts_with_psn(a_psn: u32) -> Opts {
-    Opts {
-        a_psn,
-        ..Opts::default()
-    }
-}
 
 #[test]
 fn duplicate_write_after_read_is_acked_with_the_writes_psn_not_the_reads() {

@@ -5,25 +5,11 @@ mod common;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use common::uc_ud::*;
 use common::*;
-use hca::ah::AhAttr;
-use hca::{Gid, QpState, QpType, SendOp, UdDest, WcFlags, WcOpcode, WcStatus};
+
+use hca::{QpState, SendOp, UdDest, WcFlags, WcOpcode, WcStatus};
 use roce::Opcode;
-
-fn uc() -> Opts {
-    Opts {
-        qp_type: QpType::Uc,
-        ..Opts::default()
-    }
-}
-
-fn ud(ipv6: bool) -> Opts {
-    Opts {
-        qp_type: QpType::Ud,
-        ipv6,
-        ..Opts::default()
-    }
-}
 
 #[test]
 fn uc_send_and_write_complete_when_sent_without_acks() {
@@ -96,33 +82,6 @@ fn uc_lost_packet_drops_the_rest_of_that_message_only() {
         1,
         "the LAST of the broken message"
     );
-}
-
-/// A UD address handle on `from` for `to`.
-fn ah_to(f: &mut hca::fabric::Fabric, from: &Peer, to: &Peer) -> hca::AhHandle {
-    f.node_mut(from.node)
-        .create_ah(
-            from.pd,
-            &AhAttr {
-                dgid: Gid::from(to.ip),
-                sgid_index: 2,
-                hop_limit: 17,
-                traffic_class: 0x20,
-                ..AhAttr::default()
-            },
-        )
-        .unwrap()
-}
-
-fn ud_send(ah: hca::AhHandle, to: &Peer, qkey: u32) -> SendOp {
-    SendOp::UdSend {
-        dest: UdDest {
-            ah,
-            remote_qpn: to.qpn,
-            remote_qkey: qkey,
-        },
-        imm_data: None,
-    }
 }
 
 fn ud_receive_grh_layout(ipv6: bool) {

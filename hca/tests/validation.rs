@@ -28,10 +28,6 @@ fn setup() -> (hca::fabric::Fabric, Peer, Peer, Pkt) {
     (f, a, b, pkt)
 }
 
-fn drops(f: &hca::fabric::Fabric, p: &Peer, r: DropReason) -> u64 {
-    f.node(p.node).counters().drops(r)
-}
-
 #[test]
 fn each_validation_step_drops_and_counts() {
     let (mut f, _a, b, pkt) = setup();
