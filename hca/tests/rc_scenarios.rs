@@ -876,23 +876,6 @@ fn cq_overrun_moves_the_qp_to_err_and_raises_cq_err() {
 }
 
 #[test]
-fn corrupted_packets_are_caught_by_the_icrc() {
-    let (mut f, a, b) = pair(&Opts::default());
-    post(&mut f, &a, write(&a, 1, (0, 64), &b, 0));
-    let pkts = transmit(&mut f, &a, t_us(0));
-    for bit in [0usize, 100, 300, 8 * pkts[0].data.len() - 1] {
-        let mut bad = pkts[0].clone();
-        bad.data[bit / 8] ^= 1 << (bit % 8);
-        deliver(&mut f, &b, &bad, t_us(1));
-    }
-    let c = f.node(b.node).counters();
-    assert_eq!(c.total_drops(), 4, "{c:?}");
-    assert!(c.icrc_errors >= 2);
-    assert_eq!(c.rcvd_pkts, 0);
-    assert!(transmit(&mut f, &b, t_us(1)).is_empty());
-}
-
-#[test]
 fn sqd_drains_then_raises_sq_drained() {
     let (mut f, a, b) = pair(&Opts::default());
     post(&mut f, &a, write(&a, 1, (0, 8), &b, 0));
