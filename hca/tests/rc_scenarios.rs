@@ -320,63 +320,6 @@ fn finite_rnr_retry_ends_in_rnr_retry_exc_err() {
 }
 
 #[test]
-fn write_with_a_wrong_rkey_is_rem_access_err_and_flushes_every_later_wr() {
-    let (mut f, a, b) = pair(&Opts::default());
-    post_recv(&mut f, &a, 70, &[a.sge(0, 64)]);
-    post_recv(&mut f, &a, 71, &[a.sge(0, 64)]);
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, 100)],
-            SendOp::RdmaWrite {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey() ^ 0x55,
-            },
-        ),
-    );
-    post(&mut f, &a, write(&a, 2, (0, 100), &b, 0));
-    post_send(&mut f, &a, &send_wr(3, &[a.sge(0, 10)], SendOp::Send));
-    let wcs = run_for_completions(&mut f, &a, 5, Duration::from_millis(10));
-    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
-    assert_eq!(
-        got,
-        [
-            (1, WcStatus::RemAccessErr),
-            (2, WcStatus::WrFlushErr),
-            (3, WcStatus::WrFlushErr),
-            (70, WcStatus::WrFlushErr),
-            (71, WcStatus::WrFlushErr),
-        ]
-    );
-    assert!(wcs[3].opcode == WcOpcode::Recv);
-    assert_eq!(
-        f.node(a.node).context().qp(a.qpn).unwrap().state(),
-        QpState::Err
-    );
-    assert_eq!(
-        f.node(b.node).context().qp(b.qpn).unwrap().state(),
-        QpState::Err
-    );
-    assert_eq!(
-        f.node_mut(b.node).poll_event().map(|e| e.event_type),
-        Some(AsyncEventType::QpAccessErr)
-    );
-    // A WR posted in ERR completes at once with a flush error.
-    post_send(&mut f, &a, &send_wr(4, &[a.sge(0, 10)], SendOp::Send));
-    post_recv(&mut f, &a, 72, &[a.sge(0, 64)]);
-    let late: Vec<_> = poll(&mut f, &a)
-        .iter()
-        .map(|w| (w.wr_id, w.status))
-        .collect();
-    assert_eq!(
-        late,
-        [(4, WcStatus::WrFlushErr), (72, WcStatus::WrFlushErr)]
-    );
-}
-
-#[test]
 fn out_of_sequence_requests_get_one_psn_sequence_nak_per_gap() {
     let (mut f, a, b) = pair(&opts_with_psn(40));
     for i in 0..5 {
@@ -849,70 +792,6 @@ fn srq_feeds_receives() {
         [100, 101, 102]
     );
     assert_eq!(b.read(8192, 9), b"hello srq");
-}
-
-#[test]
-fn cq_overrun_moves_the_qp_to_err_and_raises_cq_err() {
-    let o = Opts {
-        cq_depth: 1,
-        ..Opts::default()
-    };
-    let (mut f, a, b) = pair(&o);
-    for i in 0..3 {
-        post(&mut f, &a, write(&a, i, (0, 8), &b, 0));
-    }
-    let _ = f.run_until(|_| false, Duration::from_millis(1));
-    let events: Vec<_> = std::iter::from_fn(|| f.node_mut(a.node).poll_event())
-        .map(|e| e.event_type)
-        .collect();
-    assert!(events.contains(&AsyncEventType::CqErr), "{events:?}");
-    assert!(events.contains(&AsyncEventType::QpFatal), "{events:?}");
-    assert_eq!(
-        f.node(a.node).context().qp(a.qpn).unwrap().state(),
-        QpState::Err
-    );
-    assert!(f.node(a.node).counters().cq_overrun_lost > 0);
-    assert_eq!(poll(&mut f, &a).len(), 1, "the CQ kept what it held");
-}
-
-#[test]
-fn sqd_drains_then_raises_sq_drained() {
-    let (mut f, a, b) = pair(&Opts::default());
-    post(&mut f, &a, write(&a, 1, (0, 8), &b, 0));
-    let first = transmit(&mut f, &a, t_us(0));
-    let attr = hca::QpAttr {
-        qp_state: QpState::Sqd,
-        en_sqd_async_notify: true,
-        ..hca::QpAttr::default()
-    };
-    f.node_mut(a.node)
-        .modify_qp(
-            a.qpn,
-            &attr,
-            hca::QpAttrMask::STATE | hca::QpAttrMask::EN_SQD_ASYNC_NOTIFY,
-        )
-        .unwrap();
-    post(&mut f, &a, write(&a, 2, (0, 8), &b, 0));
-    assert!(
-        transmit(&mut f, &a, t_us(1)).is_empty(),
-        "SQD starts nothing new"
-    );
-    assert_eq!(f.node_mut(a.node).poll_event(), None, "still draining");
-    deliver(&mut f, &b, &first[0], t_us(1));
-    let ack = transmit(&mut f, &b, t_us(1));
-    deliver(&mut f, &a, &ack[0], t_us(2));
-    assert_eq!(
-        f.node_mut(a.node).poll_event().map(|e| e.event_type),
-        Some(AsyncEventType::SqDrained)
-    );
-    let attr = hca::QpAttr {
-        qp_state: QpState::Rts,
-        ..hca::QpAttr::default()
-    };
-    f.node_mut(a.node)
-        .modify_qp(a.qpn, &attr, hca::QpAttrMask::STATE)
-        .unwrap();
-    assert_eq!(transmit(&mut f, &a, t_us(3)).len(), 1, "resumed");
 }
 
 #[test]
