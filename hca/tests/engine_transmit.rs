@@ -1,4 +1,5 @@
-//! Zero-copy transmit (`SoftHca::poll_transmit_gather`): payloads leave from MR memory in place,
+//! Transmit (`engine/tx.rs`, `engine/net.rs`): building packets into the caller's buffer, and
+//! zero-copy transmit (`SoftHca::poll_transmit_gather`): payloads leave from MR memory in place,
 //! the ICRC covers the bytes the link will send, and copying stays for what cannot be gathered.
 
 mod common;
@@ -373,4 +374,23 @@ fn reseal_for_a_gso_segment_identification() {
     assert_eq!(f.node_mut(b.node).counters().icrc_errors, 1);
     assert_eq!(poll(&mut f, &b).len(), 1);
     assert_eq!(b.read(0, 1001), pattern(1001, 8));
+}
+
+// ---- the copying form ----
+
+#[test]
+fn a_small_transmit_buffer_loses_nothing() {
+    let (mut f, a, _b) = pair(&Opts::default());
+    post_send(&mut f, &a, &send_wr(1, &[a.sge(0, 2000)], SendOp::Send));
+    let mut small = [0u8; 100];
+    assert!(f
+        .node_mut(a.node)
+        .poll_transmit(t_us(0), &mut small)
+        .is_none());
+    assert_eq!(f.node(a.node).counters().send_err, 1);
+    assert_eq!(
+        transmit(&mut f, &a, t_us(0)).len(),
+        2,
+        "both packets, later"
+    );
 }
