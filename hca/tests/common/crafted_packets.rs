@@ -83,6 +83,7 @@ pub fn craft(
     try_build(tx_between(from, to), transport, payload).expect("well-formed headers")
 }
 
+/// A RETH (RDMA WRITE / READ request).
 pub fn reth_ext(va: u64, rkey: u32, dma_len: u32) -> ExtReprs {
     ExtReprs {
         reth: Some(reth::Repr {
@@ -94,6 +95,7 @@ pub fn reth_ext(va: u64, rkey: u32, dma_len: u32) -> ExtReprs {
     }
 }
 
+/// An AETH with `syndrome` and MSN 1.
 pub fn aeth_ext(syndrome: Syndrome) -> ExtReprs {
     ExtReprs {
         aeth: Some(aeth::Repr { syndrome, msn: 1 }),
@@ -101,12 +103,14 @@ pub fn aeth_ext(syndrome: Syndrome) -> ExtReprs {
     }
 }
 
+/// The syndrome of a plain ACK (no credits).
 pub fn ack() -> Syndrome {
     Syndrome::Ack {
         credit: AckCredit::INVALID,
     }
 }
 
+/// An AtomicETH adding 1 (or swapping in 1 where the word is 0).
 pub fn atomic_ext(va: u64, rkey: u32) -> ExtReprs {
     ExtReprs {
         atomic_eth: Some(atomic_eth::request::Repr {
@@ -131,10 +135,12 @@ pub fn answers(
         .collect()
 }
 
+/// The AETH syndrome of a NAK with `code`, as `answers` reports it.
 pub fn nak(code: NakCode) -> Option<Syndrome> {
     Some(Syndrome::Nak(code))
 }
 
+/// The path MTU of `Opts::default()`, bytes.
 pub const PMTU: usize = 1024;
 
 /// The PSN B expects first from A (`Opts::default().a_psn`).

@@ -512,10 +512,12 @@ pub fn t_us(us: u64) -> hca::Instant {
     hca::Instant::from_micros(us)
 }
 
+/// The state of `p`'s QP.
 pub fn state(f: &hca::fabric::Fabric, p: &Peer) -> QpState {
     f.node(p.node).context().qp(p.qpn).unwrap().state()
 }
 
+/// Packets `p`'s engine dropped for `r`.
 pub fn drops(f: &hca::fabric::Fabric, p: &Peer, r: DropReason) -> u64 {
     f.node(p.node).counters().drops(r)
 }
@@ -536,6 +538,7 @@ pub fn extra_mr(
     (mr, mem)
 }
 
+/// `len` bytes of a pattern that differs with `seed`.
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))

@@ -4,6 +4,7 @@ use hca::{AhAttr, Gid, QpType, SendOp, UdDest};
 
 use super::{Opts, Peer};
 
+/// Default options for a UC connection.
 pub fn uc() -> Opts {
     Opts {
         qp_type: QpType::Uc,
@@ -11,6 +12,7 @@ pub fn uc() -> Opts {
     }
 }
 
+/// Default options for UD QPs (IPv6 addresses with `ipv6`).
 pub fn ud(ipv6: bool) -> Opts {
     Opts {
         qp_type: QpType::Ud,
@@ -35,6 +37,7 @@ pub fn ah_to(f: &mut hca::fabric::Fabric, from: &Peer, to: &Peer) -> hca::AhHand
         .unwrap()
 }
 
+/// A UD SEND to `to`'s QP with `qkey`, through `ah`.
 pub fn ud_send(ah: hca::AhHandle, to: &Peer, qkey: u32) -> SendOp {
     SendOp::UdSend {
         dest: UdDest {
