@@ -235,7 +235,7 @@ impl RoceEnv {
                 Ok(DeviceSpec::Verbs(name)) => env.verbs = Some(name),
                 Ok(DeviceSpec::Udp { ip, port }) => {
                     env.addrs = vec![ip];
-                    env.port = port;
+                    env.port = port.unwrap_or(hca::soft::ROCEV2_PORT);
                 }
                 _ => {
                     return Err(env_error(

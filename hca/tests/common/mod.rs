@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_p2p::{HostMemory, Memory};
-use hca::engine::EngineConfig;
 use hca::fabric::{self, Fabric, Faults, NodeId};
-use hca::verbs::ah::AhAttr;
 use hca::{
-    AccessFlags, CqHandle, Gid, MemoryRegion, PathMtu, PdHandle, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion,
+    AccessFlags, AhAttr, CqHandle, DropReason, EngineConfig, Gid, MemoryRegion, PathMtu, PdHandle,
+    QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
+    WorkCompletion,
 };
 
 /// IOVA where side A's MR starts (different from B's so address bugs show).
@@ -241,6 +240,49 @@ pub fn bring_up(fabric: &mut Fabric, me: &Peer, peer: &Peer, my_psn: u32, peer_p
     h.modify_qp(me.qpn, &a, rts_mask).unwrap();
 }
 
+/// Brings `me` to RTR only, connected to `peer`.
+pub fn bring_up_to_rtr(f: &mut hca::fabric::Fabric, me: &Peer, peer: &Peer, peer_psn: u32) {
+    let h = f.node_mut(me.node);
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: AccessFlags::REMOTE_WRITE,
+        ..QpAttr::default()
+    };
+    h.modify_qp(
+        me.qpn,
+        &a,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    a.qp_state = QpState::Rtr;
+    a.path_mtu = hca::PathMtu::Mtu1024;
+    a.dest_qp_num = peer.qpn;
+    a.rq_psn = peer_psn;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 1;
+    a.ah_attr = hca::AhAttr {
+        dgid: hca::Gid::from(peer.ip),
+        sgid_index: 2,
+        hop_limit: 64,
+        port_num: 1,
+        ..hca::AhAttr::default()
+    };
+    h.modify_qp(
+        me.qpn,
+        &a,
+        QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER,
+    )
+    .unwrap();
+}
+
 /// A fabric with two connected sides.
 pub fn pair(o: &Opts) -> (Fabric, Peer, Peer) {
     let mut fabric = Fabric::new(o.seed, o.faults);
@@ -249,6 +291,55 @@ pub fn pair(o: &Opts) -> (Fabric, Peer, Peer) {
     bring_up(&mut fabric, &a, &b, o.a_psn, o.b_psn, o);
     bring_up(&mut fabric, &b, &a, o.b_psn, o.a_psn, o);
     (fabric, a, b)
+}
+
+/// The default options with A's first PSN `a_psn`.
+pub fn opts_with_psn(a_psn: u32) -> Opts {
+    Opts {
+        a_psn,
+        ..Opts::default()
+    }
+}
+
+/// A posts one 64-byte RDMA WRITE (PSN `A_PSN`) and transmits it; B never sees it.
+pub fn a_with_one_write() -> (hca::fabric::Fabric, Peer, Peer) {
+    let (mut f, a, b) = pair(&Opts::default());
+    post_send(
+        &mut f,
+        &a,
+        &send_wr(
+            1,
+            &[a.sge(0, 64)],
+            SendOp::RdmaWrite {
+                remote_addr: b.addr(0),
+                rkey: b.mr.rkey(),
+            },
+        ),
+    );
+    assert_eq!(transmit(&mut f, &a, t_us(0)).len(), 1);
+    (f, a, b)
+}
+
+/// A posts a READ of `len` bytes into byte 4096 of its region and transmits the request.
+pub fn a_with_one_read(len: u32, pmtu: hca::PathMtu) -> (hca::fabric::Fabric, Peer, Peer) {
+    let (mut f, a, b) = pair(&Opts {
+        pmtu,
+        ..Opts::default()
+    });
+    post_send(
+        &mut f,
+        &a,
+        &send_wr(
+            1,
+            &[a.sge(4096, len)],
+            SendOp::RdmaRead {
+                remote_addr: b.addr(0),
+                rkey: b.mr.rkey(),
+            },
+        ),
+    );
+    assert_eq!(transmit(&mut f, &a, t_us(0)).len(), 1);
+    (f, a, b)
 }
 
 pub fn send_wr<'a>(wr_id: u64, sg: &'a [Sge], op: SendOp) -> SendWr<'a> {
@@ -306,6 +397,9 @@ pub fn run_for_completions(
     got
 }
 
+pub mod crafted_packets;
+pub mod uc_ud;
+pub mod work_requests;
 pub mod workload;
 
 /// A packet taken from an engine by hand (scenario tests drive the link themselves).
@@ -416,4 +510,37 @@ pub fn deliver_all(f: &mut Fabric, to: &Peer, pkts: &[Pkt], now: hca::Instant) {
 
 pub fn t_us(us: u64) -> hca::Instant {
     hca::Instant::from_micros(us)
+}
+
+/// The state of `p`'s QP.
+pub fn state(f: &hca::fabric::Fabric, p: &Peer) -> QpState {
+    f.node(p.node).context().qp(p.qpn).unwrap().state()
+}
+
+/// Packets `p`'s engine dropped for `r`.
+pub fn drops(f: &hca::fabric::Fabric, p: &Peer, r: DropReason) -> u64 {
+    f.node(p.node).counters().drops(r)
+}
+
+/// Registers `len` more bytes on `p`'s node with `access`; returns the region and its memory.
+pub fn extra_mr(
+    f: &mut hca::fabric::Fabric,
+    p: &Peer,
+    len: usize,
+    iova: u64,
+    access: AccessFlags,
+) -> (hca::MemoryRegion, Arc<HostMemory>) {
+    let mem = Arc::new(HostMemory::new(len).unwrap());
+    let mr = f
+        .node_mut(p.node)
+        .reg_mr(p.pd, mem.clone(), iova, access)
+        .unwrap();
+    (mr, mem)
+}
+
+/// `len` bytes of a pattern that differs with `seed`.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }

@@ -1,4 +1,5 @@
-//! Zero-copy transmit (`SoftHca::poll_transmit_gather`): payloads leave from MR memory in place,
+//! Transmit (`engine/tx.rs`, `engine/net.rs`): building packets into the caller's buffer, and
+//! zero-copy transmit (`SoftHca::poll_transmit_gather`): payloads leave from MR memory in place,
 //! the ICRC covers the bytes the link will send, and copying stays for what cannot be gathered.
 
 mod common;
@@ -48,12 +49,6 @@ fn flatten(g: &GatherTransmit, head: &[u8]) -> Pkt {
     }
 }
 
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
 fn counters(f: &mut Fabric, p: &Peer) -> (u64, u64) {
     let c = f.node_mut(p.node).counters();
     (c.tx_gathered_pkts, c.tx_copied_pkts)
@@ -88,11 +83,11 @@ impl Memory for CopyOnly {
 fn rc_send_payload_is_gathered_and_read_when_the_packet_is_built() {
     let (mut f, a, b) = pair(&Opts::default());
     post_recv(&mut f, &b, 7, &[b.sge(0, 4096)]);
-    a.write(0, &pattern(1, 3000));
+    a.write(0, &pattern(3000, 1));
     post_send(&mut f, &a, &send_wr(1, &[a.sge(0, 3000)], SendOp::Send));
     // Changed after the post, before the packets are built: the HCA reads the buffer when it
     // sends (IBTA vol. 1 §10.7), so the new bytes go out.
-    let new = pattern(9, 3000);
+    let new = pattern(3000, 9);
     a.write(0, &new);
     let pkts = transmit_gather(&mut f, &a, t_us(1));
     assert_eq!(pkts.len(), 3, "3000 bytes at PMTU 1024");
@@ -139,7 +134,7 @@ fn rc_send_payload_is_gathered_and_read_when_the_packet_is_built() {
 fn gathered_and_copied_packets_are_byte_identical() {
     let run = |gather: bool| {
         let (mut f, a, _b) = pair(&Opts::default());
-        a.write(0, &pattern(3, 8192));
+        a.write(0, &pattern(8192, 3));
         let sges = [a.sge(100, 1500), a.sge(5000, 1003)];
         post_send(
             &mut f,
@@ -178,7 +173,7 @@ fn sge_boundaries_split_segments_and_too_many_pieces_are_copied() {
     let (mut f, a, b) = pair(&Opts::default());
     post_recv(&mut f, &b, 1, &[b.sge(0, 8192)]);
     post_recv(&mut f, &b, 2, &[b.sge(0, 8192)]);
-    a.write(0, &pattern(5, 1 << 16));
+    a.write(0, &pattern(1 << 16, 5));
     // 500 + 700 bytes: packet 1 holds 500 from the first SGE and 524 from the second.
     let two = [a.sge(0, 500), a.sge(8192, 700)];
     post_send(&mut f, &a, &send_wr(1, &two, SendOp::Send));
@@ -216,7 +211,7 @@ fn memory_the_cpu_cannot_address_and_inline_data_are_copied() {
     post_recv(&mut f, &b, 1, &[b.sge(0, 4096)]);
     post_recv(&mut f, &b, 2, &[b.sge(4096, 4096)]);
     let dev = Arc::new(CopyOnly(HostMemory::new(4096).unwrap()));
-    dev.write(0, &pattern(7, 2000)).unwrap();
+    dev.write(0, &pattern(2000, 7)).unwrap();
     let h = f.node_mut(a.node);
     let mr = h
         .reg_mr(a.pd, dev.clone(), 0x9000_0000, AccessFlags::LOCAL_WRITE)
@@ -243,7 +238,7 @@ fn memory_the_cpu_cannot_address_and_inline_data_are_copied() {
     let pkts: Vec<Pkt> = pkts.into_iter().map(|p| p.pkt).collect();
     deliver_all(&mut f, &b, &pkts, t_us(2));
     assert_eq!(poll(&mut f, &b).len(), 2);
-    assert_eq!(b.read(0, 2000), pattern(7, 2000));
+    assert_eq!(b.read(0, 2000), pattern(2000, 7));
     assert_eq!(b.read(4096, 8), b"inline!!");
 }
 
@@ -255,7 +250,7 @@ fn uc_and_ud_sends_are_copied_because_they_complete_when_built() {
             ..Opts::default()
         };
         let (mut f, a, b) = pair(&o);
-        a.write(0, &pattern(2, 512));
+        a.write(0, &pattern(512, 2));
         let op = if qp_type == QpType::Ud {
             let ah = f
                 .node_mut(a.node)
@@ -294,7 +289,7 @@ fn uc_and_ud_sends_are_copied_because_they_complete_when_built() {
 #[test]
 fn read_responses_are_gathered_from_the_responders_mr() {
     let (mut f, a, b) = pair(&Opts::default());
-    b.write(4096, &pattern(4, 2500));
+    b.write(4096, &pattern(2500, 4));
     post_send(
         &mut f,
         &a,
@@ -324,13 +319,13 @@ fn read_responses_are_gathered_from_the_responders_mr() {
     deliver_all(&mut f, &a, &resp, t_us(4));
     let wcs = poll(&mut f, &a);
     assert_eq!((wcs.len(), wcs[0].status), (1, WcStatus::Success));
-    assert_eq!(a.read(0, 2500), pattern(4, 2500));
+    assert_eq!(a.read(0, 2500), pattern(2500, 4));
 }
 
 #[test]
 fn a_gathered_packet_keeps_its_memory_alive_after_dereg() {
     let (mut f, a, _b) = pair(&Opts::default());
-    a.write(0, &pattern(6, 600));
+    a.write(0, &pattern(600, 6));
     post_send(&mut f, &a, &send_wr(1, &[a.sge(0, 600)], SendOp::Send));
     let mut pkts = transmit_gather(&mut f, &a, t_us(1));
     assert_eq!(pkts.len(), 1);
@@ -340,7 +335,7 @@ fn a_gathered_packet_keeps_its_memory_alive_after_dereg() {
     let p = pkts.pop().unwrap();
     assert!(weak.upgrade().is_some(), "the packet holds the memory");
     let seg = p.g.segments().next().unwrap();
-    assert_eq!(seg.bytes(), &pattern(6, 600)[..]);
+    assert_eq!(seg.bytes(), &pattern(600, 6)[..]);
     drop(p);
     assert!(weak.upgrade().is_none(), "released with the packet");
 }
@@ -349,7 +344,7 @@ fn a_gathered_packet_keeps_its_memory_alive_after_dereg() {
 fn reseal_for_a_gso_segment_identification() {
     let (mut f, a, b) = pair(&Opts::default());
     post_recv(&mut f, &b, 1, &[b.sge(0, 4096)]);
-    a.write(0, &pattern(8, 1001));
+    a.write(0, &pattern(1001, 8));
     post_send(&mut f, &a, &send_wr(1, &[a.sge(0, 1001)], SendOp::Send));
     let mut pkts = transmit_gather(&mut f, &a, t_us(1));
     let p = &mut pkts[0];
@@ -378,5 +373,24 @@ fn reseal_for_a_gso_segment_identification() {
     deliver_with(&mut f, &resealed, 5);
     assert_eq!(f.node_mut(b.node).counters().icrc_errors, 1);
     assert_eq!(poll(&mut f, &b).len(), 1);
-    assert_eq!(b.read(0, 1001), pattern(8, 1001));
+    assert_eq!(b.read(0, 1001), pattern(1001, 8));
+}
+
+// ---- the copying form ----
+
+#[test]
+fn a_small_transmit_buffer_loses_nothing() {
+    let (mut f, a, _b) = pair(&Opts::default());
+    post_send(&mut f, &a, &send_wr(1, &[a.sge(0, 2000)], SendOp::Send));
+    let mut small = [0u8; 100];
+    assert!(f
+        .node_mut(a.node)
+        .poll_transmit(t_us(0), &mut small)
+        .is_none());
+    assert_eq!(f.node(a.node).counters().send_err, 1);
+    assert_eq!(
+        transmit(&mut f, &a, t_us(0)).len(),
+        2,
+        "both packets, later"
+    );
 }

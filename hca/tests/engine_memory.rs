@@ -1,10 +1,11 @@
-//! Device memory behind the staging pipeline as a memory region of the software HCA: the path the
-//! software engine takes to GPU memory (`gpu_p2p::staging`), checked end to end without a GPU.
-//! The "device" is `gpu_p2p::staging::HostStagingDevice` (host memory with a copy-engine thread,
-//! small chunks so every transfer spans several pipelined chunks); the engine reaches it only
-//! through `Memory::read` / `write` / atomics of `Staged`, as it would reach CUDA memory wrapped in
-//! `Staged<CudaStaging>`. An RDMA WRITE lands in it, an RDMA READ and a SEND are served from it, the
-//! atomics act on it, and the staging log shows that the bytes went through the slots.
+//! MR memory (`engine/memory.rs`): device memory behind the staging pipeline as a memory region of
+//! the software HCA, the path the software engine takes to GPU memory (`gpu_p2p::staging`),
+//! checked end to end without a GPU. The "device" is `gpu_p2p::staging::HostStagingDevice` (host
+//! memory with a copy-engine thread, small chunks so every transfer spans several pipelined
+//! chunks); the engine reaches it only through `Memory::read` / `write` / atomics of `Staged`, as
+//! it would reach CUDA memory wrapped in `Staged<CudaStaging>`. An RDMA WRITE lands in it, an RDMA
+//! READ and a SEND are served from it, the atomics act on it, and the staging log shows that the
+//! bytes went through the slots; a failing copy is an error, never silent data.
 
 mod common;
 
