@@ -34,10 +34,11 @@ use gpu_p2p::{HostMemory, Memory};
 use hca::link::oob::pingpong::{client_exchange, PingpongDest, PingpongServer};
 use hca::link::oob::OobTimeouts;
 use hca::link::vfio::{PciAddress, VfioLink, VfioLinkConfig};
+use hca::verbs::connect::{self, ConnectAttr};
 use hca::{
-    AccessFlags, AhAttr, AsyncEventType, CqHandle, EngineConfig, MemoryRegion, PathMtu, PdHandle,
-    QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
-    SoftHca, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AsyncEventType, CqHandle, EngineConfig, MemoryRegion, PathMtu, PdHandle, QpCap,
+    QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, SoftHca, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 
 const PAGE: usize = 4096;
@@ -327,19 +328,14 @@ fn setup(a: &Args) -> Result<Ctx, String> {
             },
         )
         .map_err(|e| format!("Couldn't create QP: {e}"))?;
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
-        ..QpAttr::default()
+    let init = ConnectAttr {
+        access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        ..ConnectAttr::default()
     };
-    hca.modify_qp(
-        qpn,
-        &init,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .map_err(|e| format!("Failed to modify QP to INIT: {e}"))?;
+    connect::bring_up(&init, QpState::Reset, QpState::Init, |qp, mask| {
+        hca.modify_qp(qpn, qp, mask).map(|_| ())
+    })
+    .map_err(|e| e.to_string())?;
     while hca.poll_event().is_some() {}
     Ok(Ctx {
         link,
@@ -357,54 +353,25 @@ fn setup(a: &Args) -> Result<Ctx, String> {
 /// `pp_connect_ctx`: RTR (max_dest_rd_atomic 1, min_rnr_timer 12, hop limit 1), RTS (timeout 14,
 /// retry 7, RNR retry 7, max_rd_atomic 1).
 fn connect(ctx: &mut Ctx, a: &Args, my_psn: u32, remote: &PingpongDest) -> Result<(), String> {
-    let mut attr = QpAttr {
-        qp_state: QpState::Rtr,
+    let attr = ConnectAttr {
         path_mtu: a.mtu,
-        dest_qp_num: remote.qpn,
-        rq_psn: remote.psn,
+        ah_attr: ConnectAttr::av(remote.gid, a.gid_idx as u8, 1, 0),
+        remote_qpn: remote.qpn,
+        remote_psn: remote.psn,
+        local_psn: my_psn,
         max_dest_rd_atomic: 1,
         min_rnr_timer: 12,
-        ah_attr: AhAttr {
-            dgid: remote.gid,
-            sgid_index: a.gid_idx as u8,
-            hop_limit: 1,
-            port_num: 1,
-            ..AhAttr::default()
-        },
-        ..QpAttr::default()
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 1,
+        ..ConnectAttr::default()
     };
-    ctx.hca
-        .modify_qp(
-            ctx.qpn,
-            &attr,
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
-        )
-        .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
-    attr.qp_state = QpState::Rts;
-    attr.sq_psn = my_psn;
-    attr.timeout = 14;
-    attr.retry_cnt = 7;
-    attr.rnr_retry = 7;
-    attr.max_rd_atomic = 1;
-    ctx.hca
-        .modify_qp(
-            ctx.qpn,
-            &attr,
-            QpAttrMask::STATE
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC,
-        )
-        .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
-    Ok(())
+    let qpn = ctx.qpn;
+    connect::bring_up(&attr, QpState::Init, QpState::Rts, |qp, mask| {
+        ctx.hca.modify_qp(qpn, qp, mask).map(|_| ())
+    })
+    .map_err(|e| e.to_string())
 }
 
 fn print_dest(label: &str, d: &PingpongDest) {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::crafted_packets::*;
 use common::work_requests::*;
 use common::*;
+use hca::verbs::connect::{self, ConnectAttr};
 use hca::{
     AsyncEventType, DropReason, QpAttr, QpAttrMask, QpState, SendFlags, SendOp, SendWr, WcOpcode,
     WcStatus,
@@ -29,22 +30,13 @@ fn post_send_is_refused_in_reset_init_and_rtr_and_flushed_in_err() {
         assert_eq!(e.errno(), hca::errno::EINVAL, "{e}");
     };
     refused(&mut f); // RESET
-    let attr = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        ..QpAttr::default()
-    };
-    f.node_mut(a.node)
-        .modify_qp(
-            a.qpn,
-            &attr,
-            QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS,
-        )
-        .unwrap();
+    connect::bring_up(
+        &ConnectAttr::default(),
+        QpState::Reset,
+        QpState::Init,
+        |qp, mask| f.node_mut(a.node).modify_qp(a.qpn, qp, mask).map(|_| ()),
+    )
+    .unwrap();
     refused(&mut f); // INIT
     let attr = QpAttr {
         qp_state: QpState::Reset,

@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use gpu_p2p::{HostMemory, Memory};
 use hca::soft::{DeviceError, Progress, UdpDevice, UdpDeviceConfig, GID_INDEX};
+use hca::verbs::connect::{self, ConnectAttr};
 use hca::{
-    AccessFlags, AhAttr, CqHandle, MemoryRegion, PathMtu, PdHandle, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode,
-    WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, CqHandle, MemoryRegion, PathMtu, PdHandle, QpCap, QpInitAttr, QpState,
+    QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 
 /// Generous bound on any single wait: a loaded CI machine may be slow, a hang is a failure.
@@ -182,79 +183,35 @@ fn bring_up_to(
     qp_type: QpType,
     c: Conn,
 ) {
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE
-            | AccessFlags::REMOTE_READ
-            | AccessFlags::REMOTE_ATOMIC,
+    let all = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    let a = ConnectAttr {
+        qp_type,
+        access: if qp_type == QpType::Uc {
+            AccessFlags::REMOTE_WRITE
+        } else {
+            all
+        },
         qkey: 0x1111_1111,
-        ..QpAttr::default()
+        path_mtu: c.mtu,
+        ah_attr: AhAttr {
+            flow_label: c.flow_label,
+            ..ConnectAttr::av(dgid, GID_INDEX as u8, 64, c.traffic_class)
+        },
+        remote_qpn: dest_qpn,
+        remote_psn: peer_psn,
+        local_psn: my_psn,
+        max_dest_rd_atomic: 16,
+        min_rnr_timer: 12,
+        timeout: c.timeout,
+        retry_cnt: c.retry_cnt,
+        rnr_retry: 7,
+        max_rd_atomic: 16,
+        ..ConnectAttr::default()
     };
-    let base = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
-    let init_mask = match qp_type {
-        QpType::Ud => base | QpAttrMask::QKEY,
-        QpType::Uc => {
-            a.qp_access_flags = AccessFlags::REMOTE_WRITE;
-            base | QpAttrMask::ACCESS_FLAGS
-        }
-        QpType::Rc => base | QpAttrMask::ACCESS_FLAGS,
-    };
-    me.dev.modify_qp(me.qpn, &a, init_mask).unwrap();
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = c.mtu;
-    a.dest_qp_num = dest_qpn;
-    a.rq_psn = peer_psn;
-    a.max_dest_rd_atomic = 16;
-    a.min_rnr_timer = 12;
-    a.ah_attr = AhAttr {
-        dgid,
-        sgid_index: GID_INDEX as u8,
-        hop_limit: 64,
-        port_num: 1,
-        flow_label: c.flow_label,
-        traffic_class: c.traffic_class,
-        ..AhAttr::default()
-    };
-    let rtr_mask = match qp_type {
-        QpType::Rc => {
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER
-        }
-        QpType::Uc => {
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-        }
-        QpType::Ud => QpAttrMask::STATE,
-    };
-    me.dev.modify_qp(me.qpn, &a, rtr_mask).unwrap();
-    a.qp_state = QpState::Rts;
-    a.sq_psn = my_psn;
-    a.timeout = c.timeout;
-    a.retry_cnt = c.retry_cnt;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 16;
-    let rts_mask = match qp_type {
-        QpType::Rc => {
-            QpAttrMask::STATE
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC
-        }
-        _ => QpAttrMask::STATE | QpAttrMask::SQ_PSN,
-    };
-    me.dev.modify_qp(me.qpn, &a, rts_mask).unwrap();
+    connect::bring_up(&a, QpState::Reset, QpState::Rts, |qp, mask| {
+        me.dev.modify_qp(me.qpn, qp, mask).map(|_| ())
+    })
+    .unwrap();
 }
 
 /// Two devices, each told the other's port, with one QP each, connected.

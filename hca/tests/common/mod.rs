@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use gpu_p2p::{HostMemory, Memory};
 use hca::fabric::{self, Fabric, Faults, NodeId};
+use hca::verbs::connect::{self, ConnectAttr};
 use hca::{
-    AccessFlags, AhAttr, CqHandle, DropReason, EngineConfig, Gid, MemoryRegion, PathMtu, PdHandle,
-    QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
-    WorkCompletion,
+    AccessFlags, CqHandle, DropReason, EngineConfig, Gid, MemoryRegion, PathMtu, PdHandle, QpCap,
+    QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, WorkCompletion,
 };
 
 /// IOVA where side A's MR starts (different from B's so address bugs show).
@@ -164,122 +164,51 @@ pub fn side(fabric: &mut Fabric, n: u8, iova: u64, o: &Opts) -> Peer {
 
 /// Brings `me` to RTS, connected (RC/UC) to `peer`.
 pub fn bring_up(fabric: &mut Fabric, me: &Peer, peer: &Peer, my_psn: u32, peer_psn: u32, o: &Opts) {
-    let h = fabric.node_mut(me.node);
     let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: if o.qp_type == QpType::Uc {
+    let a = ConnectAttr {
+        qp_type: o.qp_type,
+        access: if o.qp_type == QpType::Uc {
             AccessFlags::REMOTE_WRITE
         } else {
             access
         },
         qkey: 0x1111_1111,
-        ..QpAttr::default()
+        path_mtu: o.pmtu,
+        ah_attr: ConnectAttr::av(Gid::from(peer.ip), 2, 64, 0),
+        remote_qpn: peer.qpn,
+        remote_psn: peer_psn,
+        local_psn: my_psn,
+        max_dest_rd_atomic: o.max_rd_atomic,
+        min_rnr_timer: o.min_rnr_timer,
+        timeout: o.timeout,
+        retry_cnt: o.retry_cnt,
+        rnr_retry: o.rnr_retry,
+        max_rd_atomic: o.max_rd_atomic,
+        ..ConnectAttr::default()
     };
-    let init_mask = match o.qp_type {
-        QpType::Ud => {
-            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY
-        }
-        _ => {
-            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS
-        }
-    };
-    h.modify_qp(me.qpn, &a, init_mask).unwrap();
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = o.pmtu;
-    a.dest_qp_num = peer.qpn;
-    a.rq_psn = peer_psn;
-    a.max_dest_rd_atomic = o.max_rd_atomic;
-    a.min_rnr_timer = o.min_rnr_timer;
-    a.ah_attr = AhAttr {
-        dgid: Gid::from(peer.ip),
-        sgid_index: 2,
-        hop_limit: 64,
-        port_num: 1,
-        ..AhAttr::default()
-    };
-    let rtr_mask = match o.qp_type {
-        QpType::Rc => {
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER
-        }
-        QpType::Uc => {
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-        }
-        QpType::Ud => QpAttrMask::STATE,
-    };
-    h.modify_qp(me.qpn, &a, rtr_mask).unwrap();
-    a.qp_state = QpState::Rts;
-    a.sq_psn = my_psn;
-    a.timeout = o.timeout;
-    a.retry_cnt = o.retry_cnt;
-    a.rnr_retry = o.rnr_retry;
-    a.max_rd_atomic = o.max_rd_atomic;
-    let rts_mask = match o.qp_type {
-        QpType::Rc => {
-            QpAttrMask::STATE
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC
-        }
-        _ => QpAttrMask::STATE | QpAttrMask::SQ_PSN,
-    };
-    h.modify_qp(me.qpn, &a, rts_mask).unwrap();
+    let h = fabric.node_mut(me.node);
+    connect::bring_up(&a, QpState::Reset, QpState::Rts, |qp, mask| {
+        h.modify_qp(me.qpn, qp, mask).map(|_| ())
+    })
+    .unwrap();
 }
 
 /// Brings `me` to RTR only, connected to `peer`.
 pub fn bring_up_to_rtr(f: &mut hca::fabric::Fabric, me: &Peer, peer: &Peer, peer_psn: u32) {
+    let a = ConnectAttr {
+        access: AccessFlags::REMOTE_WRITE,
+        path_mtu: hca::PathMtu::Mtu1024,
+        ah_attr: ConnectAttr::av(hca::Gid::from(peer.ip), 2, 64, 0),
+        remote_qpn: peer.qpn,
+        remote_psn: peer_psn,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 1,
+        ..ConnectAttr::default()
+    };
     let h = f.node_mut(me.node);
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE,
-        ..QpAttr::default()
-    };
-    h.modify_qp(
-        me.qpn,
-        &a,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = hca::PathMtu::Mtu1024;
-    a.dest_qp_num = peer.qpn;
-    a.rq_psn = peer_psn;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 1;
-    a.ah_attr = hca::AhAttr {
-        dgid: hca::Gid::from(peer.ip),
-        sgid_index: 2,
-        hop_limit: 64,
-        port_num: 1,
-        ..hca::AhAttr::default()
-    };
-    h.modify_qp(
-        me.qpn,
-        &a,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
+    connect::bring_up(&a, QpState::Reset, QpState::Rtr, |qp, mask| {
+        h.modify_qp(me.qpn, qp, mask).map(|_| ())
+    })
     .unwrap();
 }
 

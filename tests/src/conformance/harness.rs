@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use gpu_p2p::{HostMemory, Memory};
 use hca::soft::DeviceError;
+use hca::verbs::connect::{self, ConnectAttr};
 use hca::verbs::Verbs;
 use hca::{
     AccessFlags, AhAttr, AhHandle, CqHandle, MemoryRegion, PathMtu, PdHandle, QpAttr, QpAttrMask,
@@ -340,23 +341,26 @@ impl Side {
         self.modify(qi, &attr, QpAttrMask::STATE)
     }
 
+    /// Runs the one bring-up ([`connect::bring_up`]) of QP `qi` from `from` to `to` through
+    /// [`Side::modify`] (whose error names the QP and the state).
+    fn bring_up(
+        &self,
+        qi: usize,
+        attr: &ConnectAttr,
+        from: QpState,
+        to: QpState,
+    ) -> Result<(), String> {
+        connect::bring_up(attr, from, to, |qp, mask| self.modify(qi, qp, mask))
+            .map_err(|e| e.source)
+    }
+
     /// RESET -> INIT of an RC QP (receives may be posted from INIT on, ibv_post_recv(3)).
     pub(crate) fn set_init(&self, qi: usize) -> Result<(), String> {
-        let a = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: AccessFlags::REMOTE_WRITE,
-            ..QpAttr::default()
+        let a = ConnectAttr {
+            access: AccessFlags::REMOTE_WRITE,
+            ..ConnectAttr::default()
         };
-        self.modify(
-            qi,
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS,
-        )
+        self.bring_up(qi, &a, QpState::Reset, QpState::Init)
     }
 
     /// RESET -> INIT -> RTR -> RTS of an RC / UC QP connected to `peer`'s QP `pi` (IBTA vol. 1
@@ -364,83 +368,39 @@ impl Side {
     pub(crate) fn connect(&self, qi: usize, peer: &Side, pi: usize, c: Conn) -> Result<(), String> {
         let qp_type = self.dev.query_qp(self.qps[qi]).ctx("query_qp")?.1.qp_type;
         let rc = qp_type == QpType::Rc;
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: if rc {
+        let (sgid_index, _) = self.dev.default_gid();
+        let a = ConnectAttr {
+            qp_type,
+            access: if rc {
                 AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC
             } else {
                 AccessFlags::REMOTE_WRITE
             },
-            ..QpAttr::default()
+            path_mtu: PathMtu::Mtu1024,
+            ah_attr: ConnectAttr::av(peer.dev.default_gid().1, sgid_index as u8, 64, 0),
+            remote_qpn: peer.qps[pi],
+            remote_psn: psn(peer.label, pi),
+            local_psn: psn(self.label, qi),
+            max_dest_rd_atomic: 4,
+            min_rnr_timer: c.min_rnr_timer,
+            timeout: c.timeout,
+            retry_cnt: c.retry_cnt,
+            rnr_retry: c.rnr_retry,
+            max_rd_atomic: 4,
+            ..ConnectAttr::default()
         };
-        self.modify(
-            qi,
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS,
-        )?;
-        let (sgid_index, _) = self.dev.default_gid();
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = PathMtu::Mtu1024;
-        a.dest_qp_num = peer.qps[pi];
-        a.rq_psn = psn(peer.label, pi);
-        a.ah_attr = AhAttr {
-            dgid: peer.dev.default_gid().1,
-            sgid_index: sgid_index as u8,
-            hop_limit: 64,
-            port_num: 1,
-            ..AhAttr::default()
-        };
-        let mut mask = QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN;
-        if rc {
-            a.max_dest_rd_atomic = 4;
-            a.min_rnr_timer = c.min_rnr_timer;
-            mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
-        }
-        self.modify(qi, &a, mask)?;
-        a.qp_state = QpState::Rts;
-        a.sq_psn = psn(self.label, qi);
-        let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
-        if rc {
-            a.timeout = c.timeout;
-            a.retry_cnt = c.retry_cnt;
-            a.rnr_retry = c.rnr_retry;
-            a.max_rd_atomic = 4;
-            mask |= QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC;
-        }
-        self.modify(qi, &a, mask)
+        self.bring_up(qi, &a, QpState::Reset, QpState::Rts)
     }
 
     /// RESET -> INIT -> RTR -> RTS of a UD QP with Q_Key [`QKEY`].
     pub(crate) fn ud_up(&self, qi: usize) -> Result<(), String> {
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
+        let a = ConnectAttr {
+            qp_type: QpType::Ud,
             qkey: QKEY,
-            ..QpAttr::default()
+            local_psn: psn(self.label, qi),
+            ..ConnectAttr::default()
         };
-        self.modify(
-            qi,
-            &a,
-            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
-        )?;
-        a.qp_state = QpState::Rtr;
-        self.modify(qi, &a, QpAttrMask::STATE)?;
-        a.qp_state = QpState::Rts;
-        a.sq_psn = psn(self.label, qi);
-        self.modify(qi, &a, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+        self.bring_up(qi, &a, QpState::Reset, QpState::Rts)
     }
 
     /// An address handle to `peer`'s device (its default GID), hop limit 64.
