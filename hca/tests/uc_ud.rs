@@ -335,3 +335,34 @@ fn ud_send_with_immediate() {
     assert_eq!(wb[0].imm_data, Some(77));
     assert!(wb[0].wc_flags.contains(WcFlags::GRH | WcFlags::WITH_IMM));
 }
+
+#[test]
+fn ud_receive_wqe_whose_sge_fails_its_lkey_check_is_loc_qp_op_err_and_the_qp_enters_err() {
+    // rxe ERR_MALFORMED_WQE (class A): the receive WQE completes in error and the QP enters ERR;
+    // UD acknowledges nothing, so no NAK goes out.
+    let (mut f, a, b) = pair(&ud(false));
+    let ah = ah_to(&mut f, &a, &b);
+    let bad = hca::Sge {
+        lkey: b.mr.lkey() ^ 1,
+        ..b.sge(0, 4096)
+    };
+    post_recv(&mut f, &b, 1, &[bad]);
+    post_send(
+        &mut f,
+        &a,
+        &send_wr(1, &[a.sge(0, 10)], ud_send(ah, &b, 0x1111_1111)),
+    );
+    let pkts = transmit(&mut f, &a, t_us(0));
+    deliver(&mut f, &b, &pkts[0], t_us(1));
+    assert!(transmit(&mut f, &b, t_us(1)).is_empty(), "no NAK on UD");
+    let wb = poll(&mut f, &b);
+    assert_eq!(
+        wb.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::LocQpOpErr)]
+    );
+    assert_eq!(
+        f.node(b.node).context().qp(b.qpn).unwrap().state(),
+        QpState::Err
+    );
+    assert!(b.read(0, 4096).iter().all(|&x| x == 0));
+}
