@@ -1747,3 +1747,136 @@ fn delayed_acks_cause_no_retransmission_in_a_ping_pong() {
     assert_eq!(f.node_mut(a.node).counters().completer_retry_err, 0);
     assert_eq!(f.node_mut(b.node).counters().completer_retry_err, 0);
 }
+
+// ---- UC through the responder's states ----
+
+fn uc() -> Opts {
+    Opts {
+        qp_type: hca::QpType::Uc,
+        ..Opts::default()
+    }
+}
+
+#[test]
+fn uc_errors_drop_the_rest_of_the_message_silently_and_the_qp_stays_in_rts() {
+    // IBTA vol. 1 §9.8.4 (rxe `drop_msg`): where RC would NAK, UC drops the rest of the message
+    // and resynchronises on the next FIRST or ONLY; nothing is ever acknowledged, even with
+    // AckReq set (every crafted packet has it), and PSNs are not duplicates or sequence errors.
+    let (mut f, a, b) = pair(&uc());
+    let dropped = |f: &hca::fabric::Fabric| drops(f, &b, DropReason::RequestDropped);
+    let none = ExtReprs::default;
+    post_recv(&mut f, &b, 1, &[b.sge(0, 64)]);
+    // Longer than the receive buffer: dropped, the receive WQE kept for the next message.
+    let p = craft(&a, &b, Opcode::UcSendOnly, A_PSN, none(), &[1; 100]);
+    deliver(&mut f, &b, &p, t_us(1));
+    assert_eq!(dropped(&f), 1);
+    assert!(poll(&mut f, &b).is_empty());
+    let p = craft(&a, &b, Opcode::UcSendOnly, A_PSN, none(), &[2; 10]);
+    deliver(&mut f, &b, &p, t_us(2));
+    let wb = poll(&mut f, &b);
+    assert_eq!(
+        wb.iter()
+            .map(|w| (w.wr_id, w.status, w.byte_len))
+            .collect::<Vec<_>>(),
+        [(1, WcStatus::Success, 10)]
+    );
+    // The dropped message had filled the buffer before it overflowed.
+    assert_eq!(b.read(0, 64), [vec![2; 10], vec![1; 54]].concat());
+    // No receive WQE: dropped, no RNR NAK.
+    let p = craft(&a, &b, Opcode::UcSendOnly, A_PSN + 1, none(), &[3; 10]);
+    deliver(&mut f, &b, &p, t_us(3));
+    assert_eq!(dropped(&f), 2);
+    // A WRITE whose RETH range runs past the region: UC checks each packet as it writes it, so
+    // the FIRST lands and the MIDDLE outside the region drops the rest of the message.
+    let end = 1usize << 20;
+    let va = b.addr((end - PMTU) as u64);
+    let rkey = b.mr.rkey();
+    let write = [
+        craft(
+            &a,
+            &b,
+            Opcode::UcRdmaWriteFirst,
+            A_PSN + 1,
+            reth_ext(va, rkey, 3 * PMTU as u32),
+            &[4; PMTU],
+        ),
+        craft(
+            &a,
+            &b,
+            Opcode::UcRdmaWriteMiddle,
+            A_PSN + 2,
+            none(),
+            &[5; PMTU],
+        ),
+        craft(
+            &a,
+            &b,
+            Opcode::UcRdmaWriteLast,
+            A_PSN + 3,
+            none(),
+            &[6; PMTU],
+        ),
+    ];
+    deliver_all(&mut f, &b, &write, t_us(4));
+    assert_eq!(b.read(end - PMTU, PMTU), vec![4; PMTU]);
+    assert_eq!(dropped(&f), 4);
+    // The next ONLY, at any PSN, starts afresh.
+    let ext = reth_ext(b.addr(4096), rkey, 16);
+    let p = craft(&a, &b, Opcode::UcRdmaWriteOnly, A_PSN + 9, ext, &[7; 16]);
+    deliver(&mut f, &b, &p, t_us(5));
+    assert_eq!(b.read(4096, 16), vec![7; 16]);
+    // A WRITE the QP's access flags do not allow: dropped, memory untouched.
+    let attr = QpAttr {
+        qp_state: QpState::Rts,
+        qp_access_flags: AccessFlags::empty(),
+        ..QpAttr::default()
+    };
+    f.node_mut(b.node)
+        .modify_qp(b.qpn, &attr, QpAttrMask::STATE | QpAttrMask::ACCESS_FLAGS)
+        .unwrap();
+    let ext = reth_ext(b.addr(8192), rkey, 16);
+    let p = craft(&a, &b, Opcode::UcRdmaWriteOnly, A_PSN + 10, ext, &[8; 16]);
+    deliver(&mut f, &b, &p, t_us(6));
+    assert_eq!(dropped(&f), 5);
+    assert_eq!(b.read(8192, 16), vec![0; 16]);
+    // Nothing answered any of it.
+    assert!(transmit(&mut f, &b, t_us(7)).is_empty());
+    assert!(poll(&mut f, &b).is_empty());
+    let c = f.node(b.node).counters();
+    assert_eq!(
+        (c.duplicate_request, c.out_of_seq_request, c.send_rnr_err),
+        (0, 0, 0)
+    );
+    assert_eq!(state(&f, &b), QpState::Rts);
+}
+
+#[test]
+fn ud_receive_wqe_whose_sge_fails_its_lkey_check_is_loc_qp_op_err_and_the_qp_enters_err() {
+    // rxe ERR_MALFORMED_WQE (class A): the receive WQE completes in error and the QP enters ERR;
+    // UD acknowledges nothing, so no NAK goes out.
+    let (mut f, a, b) = pair(&ud(false));
+    let ah = ah_to(&mut f, &a, &b);
+    let bad = hca::Sge {
+        lkey: b.mr.lkey() ^ 1,
+        ..b.sge(0, 4096)
+    };
+    post_recv(&mut f, &b, 1, &[bad]);
+    post_send(
+        &mut f,
+        &a,
+        &send_wr(1, &[a.sge(0, 10)], ud_send(ah, &b, 0x1111_1111)),
+    );
+    let pkts = transmit(&mut f, &a, t_us(0));
+    deliver(&mut f, &b, &pkts[0], t_us(1));
+    assert!(transmit(&mut f, &b, t_us(1)).is_empty(), "no NAK on UD");
+    let wb = poll(&mut f, &b);
+    assert_eq!(
+        wb.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::LocQpOpErr)]
+    );
+    assert_eq!(
+        f.node(b.node).context().qp(b.qpn).unwrap().state(),
+        QpState::Err
+    );
+    assert!(b.read(0, 4096).iter().all(|&x| x == 0));
+}

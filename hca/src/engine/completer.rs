@@ -27,9 +27,10 @@ use roce::Psn;
 
 use super::counters::{bump, DropReason};
 use super::recv::RxPacket;
-use super::send_queue::WqeState;
+use super::send_queue::{SendWqe, WqeState};
 use super::transport::{Env, QpTransport};
 use crate::verbs::wc::WcStatus;
+use crate::verbs::wr::WrOpcode;
 
 /// What retiring acknowledged WQEs found.
 enum Retire {
@@ -40,6 +41,64 @@ enum Retire {
     ImplicitNak(bool),
 }
 
+/// What a response says, as [`CompState::CheckAck`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AckKind {
+    /// ACK: every PSN up to and including the packet's is acknowledged.
+    Ack,
+    /// RNR NAK with the responder's RNR timer (IBTA vol. 1 table 45), in nanoseconds.
+    RnrNak { wait_ns: u64 },
+    /// NAK PSN sequence error: the packet's PSN is the one the responder expects.
+    SeqNak,
+    /// Any other NAK, as the WC status the failed WQE completes with.
+    Nak(WcStatus),
+    /// RDMA READ response or ATOMIC ACKNOWLEDGE: data for the READ / atomic owning the PSN.
+    Data,
+}
+
+/// The states of a response in the completer (rxe `enum comp_state`), in the order a response
+/// goes through them; each has one function that returns the next.
+///
+/// rxe walks the send queue one WQE per pass (GET_WQE, CHECK_PSN, CHECK_ACK, WRITE_SEND,
+/// COMP_ACK / COMP_WQE, back to GET_WQE); here [`CompState::CompAck`] retires every WQE a
+/// cumulative acknowledgement covers in one pass, and [`CompState::GetWqe`] onwards handles the
+/// one WQE a READ response or ATOMIC ACKNOWLEDGE is for. The local ACK timeout and the end of an
+/// RNR wait are timers ([`QpTransport::on_timer`]), not packets, and do not enter this machine.
+#[derive(Debug, Clone, Copy)]
+enum CompState {
+    /// The PSN is one sent and not yet acknowledged (rxe COMPST_CHECK_PSN).
+    CheckPsn,
+    /// What the response says: ACK, RNR NAK, NAK, or data (rxe COMPST_CHECK_ACK).
+    CheckAck,
+    /// Retire the WQEs the response acknowledges, explicitly or implicitly (rxe COMPST_COMP_ACK).
+    CompAck(AckKind),
+    /// The front WQE is the in-flight READ / atomic the response answers (rxe COMPST_GET_WQE).
+    GetWqe,
+    /// Place an RDMA READ response's payload (rxe COMPST_READ).
+    Read(SendWqe),
+    /// Place an ATOMIC ACKNOWLEDGE's original value (rxe COMPST_ATOMIC).
+    Atomic(SendWqe),
+    /// The front WQE got its whole response: complete it (rxe COMPST_COMP_WQE).
+    CompWqe,
+    /// Advance the oldest unacknowledged PSN past the response; reload the retry counters and
+    /// restart the ACK timer (rxe COMPST_UPDATE_COMP).
+    UpdateComp,
+    /// Go-back-N from `from`, counted against `retry_cnt` unless `progress` (rxe
+    /// COMPST_ERROR_RETRY).
+    ErrorRetry { from: Psn, progress: bool },
+    /// Wait the RNR NAK's timer, then go back to its PSN (rxe COMPST_RNR_RETRY).
+    RnrRetry { wait_ns: u64 },
+    /// The WQE owning the PSN (else the oldest in flight) fails with `status`; the QP enters ERR
+    /// (rxe COMPST_ERROR; the retry states fail the oldest WQE themselves when their counter
+    /// runs out).
+    Error(WcStatus),
+    /// Finished with the packet (rxe COMPST_DONE).
+    Done,
+    /// The packet is dropped and counted under the reason: without effect, or after the retry a
+    /// response for a later request started.
+    Drop(DropReason),
+}
+
 impl QpTransport {
     /// PSNs sent and not yet acknowledged.
     fn outstanding(&self) -> u32 {
@@ -47,117 +106,181 @@ impl QpTransport {
     }
 
     /// Handles a response packet (ACKNOWLEDGE, ATOMIC ACKNOWLEDGE, RDMA READ response) on an RC
-    /// QP in RTS or SQD. Returns the reason if it was dropped.
+    /// QP in RTS or SQD by running it through the completer's states (rxe `rxe_completer`).
+    /// Returns the reason if it was dropped.
     pub(crate) fn on_response(
         &mut self,
         env: &mut Env<'_>,
         pkt: &RxPacket<'_>,
     ) -> Result<(), DropReason> {
-        let psn = pkt.psn;
+        let mut state = CompState::CheckPsn;
+        // Every transition moves down the list of states (the retry and error states end in
+        // Done), so a packet takes fewer than 16 steps.
+        for _ in 0..16 {
+            state = match state {
+                CompState::CheckPsn => self.comp_check_psn(pkt),
+                CompState::CheckAck => self.comp_check_ack(env, pkt),
+                CompState::CompAck(kind) => self.comp_ack(env, pkt, kind),
+                CompState::GetWqe => self.comp_get_wqe(pkt),
+                CompState::Read(wqe) => self.comp_read(env, pkt, &wqe),
+                CompState::Atomic(wqe) => self.comp_atomic(env, pkt, &wqe),
+                CompState::CompWqe => {
+                    self.finish_front(env);
+                    CompState::UpdateComp
+                }
+                CompState::UpdateComp => {
+                    self.comp.psn = pkt.psn.next();
+                    self.on_progress(env);
+                    CompState::Done
+                }
+                CompState::ErrorRetry { from, progress } => {
+                    self.retry_counted(env, from, progress);
+                    if pkt.info.operation == Operation::Acknowledge {
+                        CompState::Done
+                    } else {
+                        // A response for a later request: the retry asks for the lost one
+                        // again, and this one is not used.
+                        CompState::Drop(DropReason::UnexpectedResponse)
+                    }
+                }
+                CompState::RnrRetry { wait_ns } => {
+                    self.on_rnr_nak(env, pkt.psn, wait_ns);
+                    CompState::Done
+                }
+                CompState::Error(status) => {
+                    self.fail_psn(env, pkt.psn, status);
+                    CompState::Done
+                }
+                CompState::Done => return Ok(()),
+                CompState::Drop(reason) => return Err(reason),
+            };
+        }
+        Err(DropReason::UnexpectedResponse)
+    }
+
+    /// IBTA vol. 1 §9.7.5.2 (rxe `check_psn`): a response names a PSN sent and not yet
+    /// acknowledged; a NAK PSN sequence error may name one past the last sent (a reordered
+    /// duplicate made the responder NAK). Anything else (a stale duplicate, a response to nothing)
+    /// is dropped without effect.
+    fn comp_check_psn(&self, pkt: &RxPacket<'_>) -> CompState {
         let outstanding = self.outstanding();
-        match pkt.info.operation {
-            Operation::Acknowledge => {
-                let aeth = pkt.ext.aeth.ok_or(DropReason::Length)?;
-                match aeth.syndrome {
-                    Syndrome::Ack { .. } => {
-                        if !psn.in_window(self.comp.psn, outstanding) {
-                            return Err(DropReason::UnexpectedResponse);
-                        }
-                        self.retire_or_retry(env, psn);
-                    }
-                    Syndrome::RnrNak { timer } => {
-                        if !psn.in_window(self.comp.psn, outstanding) {
-                            return Err(DropReason::UnexpectedResponse);
-                        }
-                        bump!(env.counters.rcvd_rnr_err);
-                        if !self.retire_or_retry(env, psn.wrapping_sub(1)) {
-                            return Ok(());
-                        }
-                        self.on_rnr_nak(env, psn, u64::from(timer.to_micros()) * 1_000);
-                    }
-                    Syndrome::Nak(NakCode::PsnSequenceError) => {
-                        // The NAK names the PSN the responder expects; it may be one past the
-                        // last sent (a reordered duplicate made the responder NAK).
-                        if !psn.in_window(self.comp.psn, outstanding + 1) {
-                            return Err(DropReason::UnexpectedResponse);
-                        }
-                        bump!(env.counters.rcvd_seq_err);
-                        let progress = match self.retire(env, psn.wrapping_sub(1), None) {
-                            Retire::Progress(p) => p,
-                            Retire::ImplicitNak(p) => {
-                                self.retry_counted(env, self.comp.psn, p);
-                                return Ok(());
-                            }
-                        };
-                        if psn != self.req.sent_end {
-                            self.retry_counted(env, psn, progress);
-                        }
-                    }
-                    Syndrome::Nak(code) => {
-                        if !psn.in_window(self.comp.psn, outstanding) {
-                            return Err(DropReason::UnexpectedResponse);
-                        }
-                        let status = match code {
-                            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-                            NakCode::RemoteAccessError => WcStatus::RemAccessErr,
-                            NakCode::RemoteOperationalError => WcStatus::RemOpErr,
-                            // RD-only or reserved codes: the responder spoke nonsense.
-                            _ => WcStatus::BadRespErr,
-                        };
-                        let _ = self.retire(env, psn.wrapping_sub(1), None);
-                        self.fail_psn(env, psn, status);
-                    }
-                    Syndrome::Reserved(_) => return Err(DropReason::UnexpectedResponse),
+        let window = match pkt.info.operation {
+            Operation::Acknowledge => match pkt.ext.aeth {
+                None => return CompState::Drop(DropReason::Length),
+                Some(aeth) if aeth.syndrome == Syndrome::Nak(NakCode::PsnSequenceError) => {
+                    outstanding + 1
                 }
-                Ok(())
-            }
-            Operation::RdmaReadResponse | Operation::AtomicAcknowledge => {
-                if !psn.in_window(self.comp.psn, outstanding) {
-                    return Err(DropReason::UnexpectedResponse);
-                }
-                if let Some(aeth) = pkt.ext.aeth {
-                    if !aeth.syndrome.is_ack() {
-                        return Err(DropReason::UnexpectedResponse);
-                    }
-                }
-                // Responses come in PSN order: one for `psn` acknowledges everything before it.
-                match self.retire(env, psn.wrapping_sub(1), Some(psn)) {
-                    Retire::Progress(_) => {}
-                    Retire::ImplicitNak(p) => {
-                        self.retry_counted(env, self.comp.psn, p);
-                        return Err(DropReason::UnexpectedResponse);
-                    }
-                }
-                if psn != self.comp.psn {
-                    // A gap (an earlier response was lost): the local ACK timeout will resend
-                    // from `comp.psn`, as rxe does.
-                    return Err(DropReason::UnexpectedResponse);
-                }
-                let Some(front) = self.sq.front().copied() else {
-                    return Err(DropReason::UnexpectedResponse);
-                };
-                if front.state != WqeState::InFlight || !front.owns(psn) {
-                    return Err(DropReason::UnexpectedResponse);
-                }
-                if pkt.info.operation == Operation::AtomicAcknowledge {
-                    self.atomic_response(env, pkt, &front)
-                } else {
-                    self.read_response(env, pkt, &front)
-                }
-            }
-            _ => Err(DropReason::UnexpectedResponse),
+                Some(_) => outstanding,
+            },
+            Operation::RdmaReadResponse | Operation::AtomicAcknowledge => outstanding,
+            _ => return CompState::Drop(DropReason::UnexpectedResponse),
+        };
+        if pkt.psn.in_window(self.comp.psn, window) {
+            CompState::CheckAck
+        } else {
+            CompState::Drop(DropReason::UnexpectedResponse)
         }
     }
 
-    /// An ACK-type acknowledgement of `upto`: retires what it covers, or retransmits if it
-    /// reveals a lost READ / atomic response. Returns false if the latter happened.
-    fn retire_or_retry(&mut self, env: &mut Env<'_>, upto: Psn) -> bool {
-        match self.retire(env, upto, None) {
-            Retire::Progress(_) => true,
-            Retire::ImplicitNak(progress) => {
-                self.retry_counted(env, self.comp.psn, progress);
-                false
+    /// What the response says (rxe `check_ack`), from the AETH syndrome (IBTA vol. 1 §9.3.5
+    /// tables 42-43, §9.7.5.2): an ACK; an RNR NAK (§9.7.5.2.8); a NAK PSN sequence error; a NAK
+    /// invalid request, remote access error or remote operational error (IBV_WC_REM_INV_REQ_ERR,
+    /// REM_ACCESS_ERR, REM_OP_ERR; RD-only or reserved NAK codes are IBV_WC_BAD_RESP_ERR); a
+    /// reserved syndrome is dropped. A READ response or ATOMIC ACKNOWLEDGE carrying an AETH must
+    /// carry an ACK.
+    fn comp_check_ack(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> CompState {
+        let syndrome = pkt.ext.aeth.map(|a| a.syndrome);
+        let kind = match pkt.info.operation {
+            Operation::Acknowledge => match syndrome {
+                Some(Syndrome::Ack { .. }) => AckKind::Ack,
+                Some(Syndrome::RnrNak { timer }) => {
+                    bump!(env.counters.rcvd_rnr_err);
+                    AckKind::RnrNak {
+                        wait_ns: u64::from(timer.to_micros()) * 1_000,
+                    }
+                }
+                Some(Syndrome::Nak(NakCode::PsnSequenceError)) => {
+                    bump!(env.counters.rcvd_seq_err);
+                    AckKind::SeqNak
+                }
+                Some(Syndrome::Nak(code)) => AckKind::Nak(match code {
+                    NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                    // RD-only or reserved codes: the responder spoke nonsense.
+                    _ => WcStatus::BadRespErr,
+                }),
+                Some(Syndrome::Reserved(_)) => {
+                    return CompState::Drop(DropReason::UnexpectedResponse)
+                }
+                None => return CompState::Drop(DropReason::Length),
+            },
+            _ => {
+                if syndrome.is_some_and(|s| !s.is_ack()) {
+                    return CompState::Drop(DropReason::UnexpectedResponse);
+                }
+                AckKind::Data
             }
+        };
+        CompState::CompAck(kind)
+    }
+
+    /// Retires the WQEs the response acknowledges (rxe `complete_ack` / `do_complete`; IBTA vol.
+    /// 1 §9.7.5.2: ACKs are cumulative, and a response for PSN `p` implicitly acknowledges every
+    /// request before `p` because responses come in order). An acknowledgement covering a READ or
+    /// atomic whose response has not arrived is an implicit NAK (rxe `check_psn` returning
+    /// COMPST_ERROR_RETRY): retransmit from it. A NAK other than a sequence error fails its WQE
+    /// whatever the earlier ones found.
+    fn comp_ack(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>, kind: AckKind) -> CompState {
+        let psn = pkt.psn;
+        let (upto, responding) = match kind {
+            AckKind::Ack => (psn, None),
+            AckKind::Data => (psn.wrapping_sub(1), Some(psn)),
+            _ => (psn.wrapping_sub(1), None),
+        };
+        match (self.retire(env, upto, responding), kind) {
+            // The NAK fails its WQE whatever came before it.
+            (_, AckKind::Nak(status)) => CompState::Error(status),
+            (Retire::ImplicitNak(progress), _) => CompState::ErrorRetry {
+                from: self.comp.psn,
+                progress,
+            },
+            (Retire::Progress(_), AckKind::Ack) => CompState::Done,
+            (Retire::Progress(_), AckKind::RnrNak { wait_ns }) => CompState::RnrRetry { wait_ns },
+            // Go-back-N from the PSN the responder expects, unless that is where the requester
+            // already is (everything before it is acknowledged now).
+            (Retire::Progress(progress), AckKind::SeqNak) => {
+                if psn == self.req.sent_end {
+                    CompState::Done
+                } else {
+                    CompState::ErrorRetry {
+                        from: psn,
+                        progress,
+                    }
+                }
+            }
+            (Retire::Progress(_), AckKind::Data) => CompState::GetWqe,
+        }
+    }
+
+    /// The response is for the oldest unacknowledged PSN and the front WQE, in flight, owns it
+    /// (rxe `get_wqe` / `check_psn`). A gap (an earlier response was lost) is dropped: the local
+    /// ACK timeout resends from `comp.psn`, as rxe does.
+    fn comp_get_wqe(&self, pkt: &RxPacket<'_>) -> CompState {
+        let psn = pkt.psn;
+        if psn != self.comp.psn {
+            return CompState::Drop(DropReason::UnexpectedResponse);
+        }
+        let Some(front) = self.sq.front().copied() else {
+            return CompState::Drop(DropReason::UnexpectedResponse);
+        };
+        if front.state != WqeState::InFlight || !front.owns(psn) {
+            return CompState::Drop(DropReason::UnexpectedResponse);
+        }
+        if pkt.info.operation == Operation::AtomicAcknowledge {
+            CompState::Atomic(front)
+        } else {
+            CompState::Read(front)
         }
     }
 
@@ -227,16 +350,12 @@ impl QpTransport {
         }
     }
 
-    /// The RDMA READ response packet `pkt` for the READ at the front of the send queue.
-    fn read_response(
-        &mut self,
-        env: &mut Env<'_>,
-        pkt: &RxPacket<'_>,
-        front: &super::send_queue::SendWqe,
-    ) -> Result<(), DropReason> {
-        if !front.is_read_or_atomic() || front.opcode() != crate::verbs::wr::WrOpcode::RdmaRead {
-            self.fail_front(env, WcStatus::BadRespErr);
-            return Ok(());
+    /// Places an RDMA READ response packet for the READ at the front of the send queue (rxe
+    /// `check_ack` / `do_read`): a response for another kind of WQE, of the wrong length or
+    /// position, is IBV_WC_BAD_RESP_ERR; one that cannot be placed IBV_WC_LOC_PROT_ERR.
+    fn comp_read(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>, front: &SendWqe) -> CompState {
+        if !front.is_read_or_atomic() || front.opcode() != WrOpcode::RdmaRead {
+            return CompState::Error(WcStatus::BadRespErr);
         }
         let psn = pkt.psn;
         let pmtu = u64::from(self.pmtu.max(1));
@@ -252,8 +371,7 @@ impl QpTransport {
             Position::First | Position::Middle => !front.ends_read_request(psn),
         };
         if pkt.payload.len() as u64 != expected || !position_ok {
-            self.fail_front(env, WcStatus::BadRespErr);
-            return Ok(());
+            return CompState::Error(WcStatus::BadRespErr);
         }
         if !pkt.payload.is_empty() {
             let sges = self.sq.sges(front);
@@ -263,38 +381,32 @@ impl QpTransport {
                 .is_err()
             {
                 // rxe: a READ response that cannot be placed is IBV_WC_LOC_PROT_ERR.
-                self.fail_front(env, WcStatus::LocProtErr);
-                return Ok(());
+                return CompState::Error(WcStatus::LocProtErr);
             }
         }
-        self.comp.psn = psn.next();
         if last {
-            self.finish_front(env);
-        } else if front.ends_read_request(psn) {
-            // A segment of the READ is in (module `requester`): its request is no longer
-            // outstanding.
-            self.req.rd_atomic = self.req.rd_atomic.saturating_sub(1);
+            CompState::CompWqe
+        } else {
+            if front.ends_read_request(psn) {
+                // A segment of the READ is in (module `requester`): its request is no longer
+                // outstanding.
+                self.req.rd_atomic = self.req.rd_atomic.saturating_sub(1);
+            }
+            CompState::UpdateComp
         }
-        self.on_progress(env);
-        Ok(())
     }
 
-    /// The ATOMIC ACKNOWLEDGE `pkt` for the atomic at the front of the send queue: the original
-    /// remote value lands in the 8-byte local buffer, in host byte order (as verbs return it).
-    fn atomic_response(
-        &mut self,
-        env: &mut Env<'_>,
-        pkt: &RxPacket<'_>,
-        front: &super::send_queue::SendWqe,
-    ) -> Result<(), DropReason> {
+    /// Places an ATOMIC ACKNOWLEDGE for the atomic at the front of the send queue (rxe
+    /// `check_ack` / `do_atomic`): the original remote value lands in the 8-byte local buffer, in
+    /// host byte order (as verbs return it). An ATOMIC ACKNOWLEDGE for another kind of WQE is
+    /// IBV_WC_BAD_RESP_ERR; one that cannot be placed IBV_WC_LOC_PROT_ERR.
+    fn comp_atomic(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>, front: &SendWqe) -> CompState {
         let is_atomic = matches!(
             front.opcode(),
-            crate::verbs::wr::WrOpcode::AtomicCmpAndSwp
-                | crate::verbs::wr::WrOpcode::AtomicFetchAndAdd
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
         );
         let Some(ack) = pkt.ext.atomic_ack_eth.filter(|_| is_atomic) else {
-            self.fail_front(env, WcStatus::BadRespErr);
-            return Ok(());
+            return CompState::Error(WcStatus::BadRespErr);
         };
         let bytes = ack.orig_remote_data.to_ne_bytes();
         let sges = self.sq.sges(front);
@@ -303,13 +415,9 @@ impl QpTransport {
             .scatter(env.ctx.mrs(), self.pd, sges, 0, &bytes)
             .is_err()
         {
-            self.fail_front(env, WcStatus::LocProtErr);
-            return Ok(());
+            return CompState::Error(WcStatus::LocProtErr);
         }
-        self.comp.psn = pkt.psn.next();
-        self.finish_front(env);
-        self.on_progress(env);
-        Ok(())
+        CompState::CompWqe
     }
 
     /// The front WQE (a READ or atomic) got its whole response.

@@ -1,7 +1,9 @@
 //! The responder: executes incoming requests and owes the peer its responses (rxe `rxe_resp.c`).
 //!
-//! For an RC request the responder runs rxe's checks in rxe's order, each mapped to the IBTA
-//! error class it belongs to (IBTA vol. 1 §9.9.3, table 59 "Responder Error Behavior"):
+//! Every request, RC, UC or UD, runs through one state machine ([`RespState`], rxe `enum
+//! resp_states`): rxe's checks in rxe's order, each branching on the QP type where the services
+//! differ (see UC and UD below), each mapped to the IBTA error class it belongs to (IBTA vol. 1
+//! §9.9.3, table 59 "Responder Error Behavior"). For RC:
 //!
 //! 1. **PSN** (§9.7.5.1.1): the expected PSN is executed; an earlier one is a *duplicate*
 //!    (§9.7.5.1.2, below); a later one is a *sequence error* (class B): one NAK PSN sequence
@@ -51,6 +53,23 @@
 //! and the responder resynchronises on the next FIRST or ONLY. UD (§9.8.5): single packets;
 //! the receive buffer gets the 40-byte GRH area then the payload; a message that does not fit
 //! its buffer, or finds none, is dropped silently and the QP stays in RTS.
+//!
+//! How UC and UD go through the RC states (rxe's branches, with their differences):
+//! * **CheckPsn**: UC compares the PSN but a mismatch, or a message being dropped, is no NAK:
+//!   a MIDDLE / LAST drops the rest of its message, a FIRST / ONLY resynchronises on it (rxe
+//!   `check_psn`, UC branch); no duplicate or sequence-error counters. UD has no PSN check.
+//! * **CheckOpSeq**: UC checks the sequence as RC does, but a FIRST / ONLY interrupting a message
+//!   first forgets it (class D1E); UD messages are single packets, nothing to check.
+//! * **CheckResource**: UD only looks at the oldest receive WQE (taken in Execute);
+//!   **CheckLength**: UD checks that the GRH area and payload fit it, no PMTU rule.
+//! * **CheckRkey**: a UC WRITE checks each packet's range as it is written (Execute), not the
+//!   whole RETH range on its first packet.
+//! * **Execute**: UD places the GRH area and the payload.
+//! * **Acknowledge**: RC only.
+//! * The error states: a class C NAK or an RNR NAK on RC becomes, on UC, dropping the rest of
+//!   the message ([`RespState::DropMessage`], rxe `drop_msg`; the receive WQE is kept for the
+//!   next message) and, on UD, a silent drop (no WQE) or class A without a NAK (a receive WQE
+//!   that cannot take the message: it fails, the QP enters ERR).
 
 use roce::aeth::{AckCredit, NakCode, RnrTimer, Syndrome};
 use roce::opcode::{Operation, Position};
@@ -67,13 +86,15 @@ use super::tx::TxOut;
 use super::Transmit;
 use crate::verbs::event::AsyncEventType;
 use crate::verbs::mr::AccessFlags;
-use crate::verbs::qp::{QpAttr, QpState};
+use crate::verbs::qp::{QpAttr, QpState, QpType};
 use crate::verbs::wc::{WcOpcode, WcStatus, WorkCompletion};
 
 /// 24-bit MSN mask.
 const MSN_MASK: u32 = 0x00ff_ffff;
 /// Largest RETH DMA length (C9-94 as rxe cites it).
 const MAX_DMA_LEN: u32 = 1 << 31;
+/// Bytes a UD receive buffer reserves for the GRH before the payload (IBTA vol. 1 §11.4.1.1).
+const GRH_AREA_LEN: u64 = 40;
 
 /// Whether `cur` may follow a message whose last packet so far was `last` (IBTA vol. 1
 /// §9.7.5.1.3; rxe `check_op_seq`).
@@ -109,8 +130,9 @@ fn write_packet_fits(resid: usize, len: usize, pmtu: usize, ends: bool) -> bool 
     }
 }
 
-/// The states of an RC request in the responder (rxe `enum resp_states`), in the order a
-/// request goes through them; each has one function that returns the next.
+/// The states of a request in the responder (rxe `enum resp_states`), in the order a request
+/// goes through them; each has one function that returns the next. RC, UC and UD requests all
+/// go through them (module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RespState {
     /// Expected, duplicate or out-of-sequence PSN.
@@ -139,14 +161,18 @@ enum RespState {
     Duplicate,
     /// Class B: NAK PSN sequence error (once per gap).
     ErrPsnOutOfSeq,
-    /// Class B: RNR NAK with the QP's `min_rnr_timer`.
+    /// Class B: RNR NAK with the QP's `min_rnr_timer` (UC: drop the message; UD: drop).
     ErrRnr,
-    /// Class A / C: NAK `code`; the receive WQE fails with `status`; the QP enters ERR.
+    /// Class A / C: NAK `code`; the receive WQE fails with `status`; the QP enters ERR raising
+    /// `event` (UC: drop the message; UD: class A without the NAK).
     ErrNak {
         code: NakCode,
         status: WcStatus,
         event: AsyncEventType,
     },
+    /// UC, class D1 / E: the rest of the message is dropped until the next FIRST or ONLY; the
+    /// receive WQE it used is kept for the next one (rxe `drop_msg`).
+    DropMessage,
     /// Finished with the packet.
     Done,
     /// Dropped without effect.
@@ -162,38 +188,40 @@ impl RespState {
             event: AsyncEventType::QpReqErr,
         }
     }
+
+    /// Class A, a receive WQE that cannot take the message (rxe ERR_MALFORMED_WQE): NAK remote
+    /// operational error, IBV_WC_LOC_QP_OP_ERR, QP_FATAL.
+    const fn malformed_wqe() -> RespState {
+        RespState::ErrNak {
+            code: NakCode::RemoteOperationalError,
+            status: WcStatus::LocQpOpErr,
+            event: AsyncEventType::QpFatal,
+        }
+    }
 }
 
 impl QpTransport {
     /// Handles a request packet (SEND, RDMA WRITE, RDMA READ request, atomic) on a QP in RTR or
-    /// later. Returns the reason if it was dropped without effect.
+    /// later, RC, UC or UD, by running it through the responder's states (rxe `rxe_responder`).
+    /// Returns the reason if it was dropped.
     pub(crate) fn on_request(
         &mut self,
         env: &mut Env<'_>,
         pkt: &RxPacket<'_>,
     ) -> Result<(), DropReason> {
-        match self.qp_type {
-            crate::verbs::qp::QpType::Rc => self.rc_request(env, pkt),
-            crate::verbs::qp::QpType::Uc => self.uc_request(env, pkt),
-            crate::verbs::qp::QpType::Ud => self.ud_request(env, pkt),
-        }
-    }
-
-    /// Runs an RC request through the responder's states (rxe `rxe_responder`).
-    fn rc_request(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), DropReason> {
         let Some(attr) = env.ctx.qp(self.qpn).map(|q| *q.attr()) else {
             return Err(DropReason::Qpn);
         };
         let mut state = RespState::CheckPsn;
-        // Every transition moves down the list of states (an error state ends in Done), so a
-        // packet takes fewer than 16 steps.
+        // Every transition moves down the list of states (an error state ends in Done or Drop),
+        // so a packet takes fewer than 16 steps.
         for _ in 0..16 {
             state = match state {
                 RespState::CheckPsn => self.check_psn(env, pkt),
                 RespState::CheckOpSeq => self.check_op_seq(pkt),
                 RespState::CheckOpValid => self.check_op_valid(pkt, &attr),
                 RespState::CheckResource => self.check_resource(env, pkt, &attr),
-                RespState::CheckLength => self.check_length(pkt),
+                RespState::CheckLength => self.check_length(env, pkt),
                 RespState::CheckRkey => self.check_rkey(env, pkt),
                 RespState::Execute => self.execute(env, pkt),
                 RespState::ReadReply => self.read_reply(pkt),
@@ -203,7 +231,8 @@ impl QpTransport {
                     RespState::Acknowledge
                 }
                 RespState::Acknowledge => {
-                    if pkt.bth.ack_req {
+                    // UC and UD are unacknowledged: their AckReq bit means nothing.
+                    if self.qp_type == QpType::Rc && pkt.bth.ack_req {
                         self.queue_ack(env, pkt.psn);
                     }
                     RespState::Done
@@ -215,27 +244,16 @@ impl QpTransport {
                     self.queue_nak(expected, Syndrome::Nak(NakCode::PsnSequenceError));
                     RespState::Done
                 }
-                RespState::ErrRnr => {
-                    bump!(env.counters.send_rnr_err);
-                    let timer = RnrTimer::from_code(attr.min_rnr_timer);
-                    self.queue_nak(pkt.psn, Syndrome::RnrNak { timer });
-                    RespState::Done
-                }
+                RespState::ErrRnr => self.err_rnr(env, pkt, &attr),
                 RespState::ErrNak {
                     code,
                     status,
                     event,
-                } => {
-                    // READ responses and atomic ACKs queued so far answer requests before this
-                    // one that were executed (an atomic changed memory): they go out before the
-                    // NAK, which acknowledges the rest (IBTA vol. 1 §9.7.5.2); rxe sends them as
-                    // it executes the requests. Plain ACKs and NAKs queued are superseded.
-                    let mut owed = core::mem::take(&mut self.resp.out);
-                    owed.retain(|o| !matches!(o, RespOut::Ack { .. }));
-                    self.class_c(env, pkt.psn, code, status, event);
-                    let nak = core::mem::replace(&mut self.resp.out, owed);
-                    self.resp.out.extend(nak);
-                    RespState::Done
+                } => self.err_nak(env, pkt, code, status, event),
+                RespState::DropMessage => {
+                    self.resp.drop_msg = true;
+                    self.uc_reset_message();
+                    RespState::Drop(DropReason::RequestDropped)
                 }
                 RespState::Done => return Ok(()),
                 RespState::Drop(reason) => return Err(reason),
@@ -244,9 +262,75 @@ impl QpTransport {
         Err(DropReason::RequestDropped)
     }
 
+    /// Class B, no receive WQE (IBTA vol. 1 §9.7.5.2.8): RC sends an RNR NAK carrying the QP's
+    /// `min_rnr_timer`; UC drops the rest of the message; UD drops the message silently (class
+    /// D), the QP stays in RTS (rxe `RESPST_ERR_RNR`).
+    fn err_rnr(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>, attr: &QpAttr) -> RespState {
+        match self.qp_type {
+            QpType::Rc => {
+                bump!(env.counters.send_rnr_err);
+                let timer = RnrTimer::from_code(attr.min_rnr_timer);
+                self.queue_nak(pkt.psn, Syndrome::RnrNak { timer });
+                RespState::Done
+            }
+            QpType::Uc => RespState::DropMessage,
+            QpType::Ud => RespState::Drop(DropReason::RequestDropped),
+        }
+    }
+
+    /// A class A or C error (rxe `do_class_ac_error`). RC: NAK `code`, the receive WQE fails
+    /// with `status`, the QP enters ERR raising `event`. UC (class D1 / E): the rest of the
+    /// message is dropped, the QP stays in RTS. UD: only a receive WQE that cannot take the
+    /// message gets here (class A): it fails and the QP enters ERR, with no NAK on an
+    /// unacknowledged service.
+    fn err_nak(
+        &mut self,
+        env: &mut Env<'_>,
+        pkt: &RxPacket<'_>,
+        code: NakCode,
+        status: WcStatus,
+        event: AsyncEventType,
+    ) -> RespState {
+        match self.qp_type {
+            QpType::Rc => {
+                // READ responses and atomic ACKs queued so far answer requests before this one
+                // that were executed (an atomic changed memory): they go out before the NAK,
+                // which acknowledges the rest (IBTA vol. 1 §9.7.5.2); rxe sends them as it
+                // executes the requests. Plain ACKs and NAKs queued are superseded.
+                let mut owed = core::mem::take(&mut self.resp.out);
+                owed.retain(|o| !matches!(o, RespOut::Ack { .. }));
+                self.class_c(env, pkt.psn, code, status, event);
+                let nak = core::mem::replace(&mut self.resp.out, owed);
+                self.resp.out.extend(nak);
+            }
+            QpType::Uc => return RespState::DropMessage,
+            QpType::Ud => {
+                self.fail_recv_cursor(env, status);
+                self.enter_error(env, Some(event), status);
+            }
+        }
+        RespState::Done
+    }
+
     /// IBTA vol. 1 §9.7.5.1.1: the expected PSN goes on; an earlier one is a duplicate; a later
-    /// one a sequence error (class B), NAKed once per gap (rxe `sent_psn_nak`).
+    /// one a sequence error (class B), NAKed once per gap (rxe `sent_psn_nak`). UC (§9.8.4):
+    /// a packet out of sequence, or in a message being dropped, drops the rest of its message;
+    /// a FIRST or ONLY starts afresh (rxe `check_psn`, UC branch). UD: no PSN check.
     fn check_psn(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> RespState {
+        match self.qp_type {
+            QpType::Rc => {}
+            QpType::Uc => {
+                if self.resp.drop_msg || pkt.psn != self.resp.psn {
+                    if !pkt.opcode.starts_message() {
+                        return RespState::DropMessage;
+                    }
+                    self.resp.drop_msg = false;
+                    self.uc_reset_message();
+                }
+                return RespState::CheckOpSeq;
+            }
+            QpType::Ud => return RespState::CheckOpSeq,
+        }
         match pkt.psn.cmp_serial(self.resp.psn) {
             core::cmp::Ordering::Greater => {
                 bump!(env.counters.out_of_seq_request);
@@ -267,8 +351,19 @@ impl QpTransport {
         }
     }
 
-    /// IBTA vol. 1 §9.7.5.1.3 (rxe `check_op_seq`): class C on a broken message.
+    /// IBTA vol. 1 §9.7.5.1.3 (rxe `check_op_seq`): class C on a broken message. UC: a FIRST or
+    /// ONLY while a message is in progress loses the old message (class D1E), a broken sequence
+    /// drops the message. UD: single-packet messages, nothing to check.
     fn check_op_seq(&mut self, pkt: &RxPacket<'_>) -> RespState {
+        match self.qp_type {
+            QpType::Rc => {}
+            QpType::Uc => {
+                if self.resp.last_opcode.is_some() && pkt.opcode.starts_message() {
+                    self.uc_reset_message();
+                }
+            }
+            QpType::Ud => return RespState::CheckOpValid,
+        }
         if op_seq_ok(self.resp.last_opcode, pkt.opcode) {
             RespState::CheckOpValid
         } else {
@@ -278,6 +373,10 @@ impl QpTransport {
 
     /// The QP's access flags allow the operation (rxe `check_op_valid`); class C otherwise.
     fn check_op_valid(&mut self, pkt: &RxPacket<'_>, attr: &QpAttr) -> RespState {
+        // A UD SEND carries its sender's QPN in a DETH (IBTA vol. 1 §9.8.5).
+        if self.qp_type == QpType::Ud && pkt.ext.deth.is_none() {
+            return RespState::Drop(DropReason::Length);
+        }
         let needed = match pkt.info.operation {
             Operation::RdmaWrite => AccessFlags::REMOTE_WRITE,
             Operation::RdmaReadRequest => AccessFlags::REMOTE_READ,
@@ -293,13 +392,21 @@ impl QpTransport {
     }
 
     /// A READ or atomic needs responder resources; a SEND FIRST / ONLY or a WRITE with immediate
-    /// a receive WQE (rxe `check_resource`).
+    /// a receive WQE (rxe `check_resource`). UD: the oldest receive WQE is only looked at here
+    /// (its length is checked next) and taken in Execute.
     fn check_resource(
         &mut self,
         env: &mut Env<'_>,
         pkt: &RxPacket<'_>,
         attr: &QpAttr,
     ) -> RespState {
+        if self.qp_type == QpType::Ud {
+            return if self.peek_recv_len(env).is_some() {
+                RespState::CheckLength
+            } else {
+                RespState::ErrRnr
+            };
+        }
         let op = pkt.info.operation;
         if matches!(
             op,
@@ -329,8 +436,16 @@ impl QpTransport {
     }
 
     /// C9-92 (as rxe cites it): ONLY <= PMTU, FIRST / MIDDLE == PMTU, LAST 1..=PMTU; C9-94: RETH
-    /// DMA length <= 2^31. Class C.
-    fn check_length(&mut self, pkt: &RxPacket<'_>) -> RespState {
+    /// DMA length <= 2^31. Class C. UD (§9.8.5): the oldest receive WQE must hold the 40-byte GRH
+    /// area and the payload, else the message is dropped silently (class D), the WQE kept.
+    fn check_length(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> RespState {
+        if self.qp_type == QpType::Ud {
+            let needed = GRH_AREA_LEN + pkt.payload.len() as u64;
+            return match self.peek_recv_len(env) {
+                Some(len) if len >= needed => RespState::CheckRkey,
+                _ => RespState::Drop(DropReason::RequestDropped),
+            };
+        }
         let payload_ok = !pkt.info.has_payload
             || length_ok(pkt.info.position, pkt.payload.len(), self.pmtu as usize);
         if !payload_ok || pkt.ext.reth.is_some_and(|r| r.dma_len > MAX_DMA_LEN) {
@@ -354,7 +469,10 @@ impl QpTransport {
             Operation::RdmaWrite => {
                 if pkt.opcode.starts_message() {
                     let Some(reth) = pkt.ext.reth else {
-                        return RespState::Drop(DropReason::Length);
+                        return match self.qp_type {
+                            QpType::Uc => RespState::DropMessage,
+                            _ => RespState::Drop(DropReason::Length),
+                        };
                     };
                     self.resp.write = WriteCursor {
                         va: reth.virtual_address,
@@ -362,7 +480,10 @@ impl QpTransport {
                         resid: reth.dma_len,
                         length: reth.dma_len,
                     };
-                    if reth.dma_len > 0
+                    // RC checks the whole range on the first packet; UC checks each packet's
+                    // range as it writes it (Execute), so the packets before a bad one land.
+                    if self.qp_type == QpType::Rc
+                        && reth.dma_len > 0
                         && mrs
                             .check_rkey(
                                 self.pd,
@@ -431,8 +552,11 @@ impl QpTransport {
     }
 
     /// Executes a new SEND or WRITE packet, or hands a READ / atomic to its reply state
-    /// (rxe `execute`).
+    /// (rxe `execute`). UD: takes the receive WQE and places the GRH area and the payload.
     fn execute(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> RespState {
+        if self.qp_type == QpType::Ud {
+            return self.execute_ud(env, pkt);
+        }
         let op = pkt.info.operation;
         let len = pkt.payload.len();
         match op {
@@ -458,13 +582,7 @@ impl QpTransport {
                         }
                     }
                     // A receive SGE failed its lkey check: class A (rxe ERR_MALFORMED_WQE).
-                    Err(CopyError::Key(_)) => {
-                        return RespState::ErrNak {
-                            code: NakCode::RemoteOperationalError,
-                            status: WcStatus::LocQpOpErr,
-                            event: AsyncEventType::QpFatal,
-                        }
-                    }
+                    Err(CopyError::Key(_)) => return RespState::malformed_wqe(),
                 }
             }
             Operation::RdmaWrite => {
@@ -516,6 +634,33 @@ impl QpTransport {
         } else {
             RespState::Acknowledge
         }
+    }
+
+    /// Execute for UD (IBTA vol. 1 §9.8.5): the receive buffer gets the 40-byte GRH area, then
+    /// the payload. A WQE whose SGEs cannot take them is class A (rxe ERR_MALFORMED_WQE).
+    fn execute_ud(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> RespState {
+        if !self.acquire_recv(env) {
+            return RespState::Drop(DropReason::RequestDropped);
+        }
+        let grh = grh_area(&pkt.ip, pkt.udp_len);
+        let recv = &self.resp.recv;
+        let placed = env
+            .mem
+            .scatter(env.ctx.mrs(), self.pd, recv.sges.iter().copied(), 0, &grh)
+            .and_then(|()| {
+                env.mem.scatter(
+                    env.ctx.mrs(),
+                    self.pd,
+                    recv.sges.iter().copied(),
+                    GRH_AREA_LEN,
+                    pkt.payload,
+                )
+            });
+        if placed.is_err() {
+            return RespState::malformed_wqe();
+        }
+        self.resp.recv.offset = GRH_AREA_LEN + pkt.payload.len() as u64;
+        RespState::Complete
     }
 
     /// A new RDMA READ: save it as a responder resource, advance the expected PSN by one per
@@ -886,146 +1031,6 @@ impl QpTransport {
     fn uc_reset_message(&mut self) {
         self.resp.recv.offset = 0;
         self.resp.last_opcode = None;
-    }
-
-    fn uc_drop(&mut self) -> Result<(), DropReason> {
-        self.resp.drop_msg = true;
-        self.uc_reset_message();
-        Err(DropReason::RequestDropped)
-    }
-
-    fn uc_request(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), DropReason> {
-        let starts = pkt.opcode.starts_message();
-        if self.resp.drop_msg || pkt.psn != self.resp.psn {
-            if !starts {
-                return self.uc_drop();
-            }
-            self.resp.drop_msg = false;
-            self.uc_reset_message();
-        }
-        if self.resp.last_opcode.is_some() && starts {
-            // A new message while one was in progress: the old one is lost (class D1E).
-            self.uc_reset_message();
-        }
-        if !op_seq_ok(self.resp.last_opcode, pkt.opcode) {
-            return self.uc_drop();
-        }
-        let Some(attr) = env.ctx.qp(self.qpn).map(|q| *q.attr()) else {
-            return Err(DropReason::Qpn);
-        };
-        let op = pkt.info.operation;
-        let pos = pkt.info.position;
-        if op == Operation::RdmaWrite && !attr.qp_access_flags.contains(AccessFlags::REMOTE_WRITE) {
-            return self.uc_drop();
-        }
-        let needs_wqe = (op == Operation::Send && starts)
-            || (op == Operation::RdmaWrite && pkt.ext.immdt.is_some());
-        if needs_wqe && !self.resp.recv.active && !self.acquire_recv(env) {
-            return self.uc_drop();
-        }
-        let pmtu = self.pmtu as usize;
-        let len = pkt.payload.len();
-        if !length_ok(pos, len, pmtu) || pkt.ext.reth.is_some_and(|r| r.dma_len > MAX_DMA_LEN) {
-            return self.uc_drop();
-        }
-        if op == Operation::Send {
-            let recv = &mut self.resp.recv;
-            if env
-                .mem
-                .scatter(
-                    env.ctx.mrs(),
-                    self.pd,
-                    recv.sges.iter().copied(),
-                    recv.offset,
-                    pkt.payload,
-                )
-                .is_err()
-            {
-                return self.uc_drop();
-            }
-            recv.offset += len as u64;
-        } else {
-            if starts {
-                let Some(reth) = pkt.ext.reth else {
-                    return self.uc_drop();
-                };
-                self.resp.write = WriteCursor {
-                    va: reth.virtual_address,
-                    rkey: reth.rkey,
-                    resid: reth.dma_len,
-                    length: reth.dma_len,
-                };
-            }
-            let w = self.resp.write;
-            let ends = matches!(pos, Position::Last | Position::Only);
-            if !write_packet_fits(w.resid as usize, len, pmtu, ends) {
-                return self.uc_drop();
-            }
-            if len > 0 {
-                let written = env
-                    .mem
-                    .remote(
-                        env.ctx.mrs(),
-                        self.pd,
-                        w.rkey,
-                        w.va,
-                        len,
-                        AccessFlags::REMOTE_WRITE,
-                    )
-                    .ok()
-                    .is_some_and(|(mem, at)| mem.write(at, pkt.payload).is_ok());
-                if !written {
-                    return self.uc_drop();
-                }
-            }
-            self.resp.write.va = w.va.wrapping_add(len as u64);
-            self.resp.write.resid = w.resid - len as u32;
-        }
-        let end = matches!(pos, Position::Last | Position::Only);
-        self.resp.psn = pkt.psn.next();
-        self.resp.last_opcode = if end { None } else { Some(pkt.opcode) };
-        if end && self.resp.recv.active && (op == Operation::Send || pkt.ext.immdt.is_some()) {
-            self.complete_recv(env, pkt);
-        }
-        Ok(())
-    }
-
-    fn ud_request(&mut self, env: &mut Env<'_>, pkt: &RxPacket<'_>) -> Result<(), DropReason> {
-        if pkt.ext.deth.is_none() {
-            return Err(DropReason::Length);
-        }
-        let needed = 40 + pkt.payload.len() as u64;
-        match self.peek_recv_len(env) {
-            // Class D: no buffer, or too small: dropped silently, the QP stays in RTS.
-            Some(len) if len >= needed => {}
-            _ => return Err(DropReason::RequestDropped),
-        }
-        if !self.acquire_recv(env) {
-            return Err(DropReason::RequestDropped);
-        }
-        let grh = grh_area(&pkt.ip, pkt.udp_len);
-        let recv = &self.resp.recv;
-        let placed = env
-            .mem
-            .scatter(env.ctx.mrs(), self.pd, recv.sges.iter().copied(), 0, &grh)
-            .and_then(|()| {
-                env.mem.scatter(
-                    env.ctx.mrs(),
-                    self.pd,
-                    recv.sges.iter().copied(),
-                    40,
-                    pkt.payload,
-                )
-            });
-        if placed.is_err() {
-            // rxe ERR_MALFORMED_WQE (class A): the WQE completes in error, the QP enters ERR.
-            self.fail_recv_cursor(env, WcStatus::LocQpOpErr);
-            self.enter_error(env, Some(AsyncEventType::QpFatal), WcStatus::LocQpOpErr);
-            return Ok(());
-        }
-        self.resp.recv.offset = needed;
-        self.complete_recv(env, pkt);
-        Ok(())
     }
 
     /// Builds the next queued response (ACK, NAK, READ response, atomic ACK) into `buf`.
