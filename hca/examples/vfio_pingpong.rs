@@ -3,7 +3,7 @@
 //!
 //! Modes (`--mode`):
 //! * `pingpong` (default): rdma-core's `ibv_rc_pingpong` protocol: the TCP exchange of
-//!   `hca::link::oob::pingpong`, receive depth 500, SEND/RECV ping-pong, the same output lines;
+//!   `hca::tools::oob::pingpong`, receive depth 500, SEND/RECV ping-pong, the same output lines;
 //!   `-c` fills (client) / checks (both) the buffer like the C tool (byte 0 of every page is 0)
 //!   plus a pattern in the other bytes (a C peer's 0x7b filler is accepted).
 //! * `write`: between two instances: after the same TCP exchange the server SENDs the address and
@@ -31,9 +31,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_p2p::{HostMemory, Memory};
-use hca::link::oob::pingpong::{client_exchange, PingpongDest, PingpongServer};
-use hca::link::oob::OobTimeouts;
 use hca::link::vfio::{PciAddress, VfioLink, VfioLinkConfig};
+use hca::tools::oob::pingpong::{client_exchange, PingpongDest, PingpongServer};
+use hca::tools::oob::OobTimeouts;
 use hca::verbs::connect::{self, ConnectAttr};
 use hca::{
     AccessFlags, AsyncEventType, CqHandle, EngineConfig, MemoryRegion, PathMtu, PdHandle, QpCap,

@@ -75,6 +75,8 @@ pub mod link;
 pub mod open;
 #[cfg(feature = "std")]
 pub mod soft;
+#[cfg(feature = "tools")]
+pub mod tools;
 pub mod verbs;
 
 pub use engine::{

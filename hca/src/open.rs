@@ -27,6 +27,7 @@ use crate::engine::EngineConfig;
 #[cfg(feature = "fabric")]
 use crate::fabric::device::FabricGroup;
 use crate::ibverbs::IbvDevice;
+use crate::link::udp::DropHook;
 #[cfg(all(feature = "std", target_os = "linux"))]
 use crate::link::vfio::VfioLinkConfig;
 use crate::soft::{AnyConfig, AnyDevice, Progress, UdpDeviceConfig, VfioDeviceConfig};
@@ -236,6 +237,9 @@ pub struct OpenOptions {
     /// A software HCA's shared window budget, packets ([`UdpDeviceConfig::window_budget`];
     /// `None`: from the socket's receive buffer).
     pub window_budget: Option<u32>,
+    /// `udp:`: seeded datagram loss on the socket (fault injection; the tools take it from the
+    /// environment, [`crate::tools::fault`]).
+    pub drop: Option<DropHook>,
     /// `vfio:`: the NIC's IPv4 address (its GID at index 2).
     pub vfio_ipv4: Option<Ipv4Addr>,
     /// `vfio:`: static neighbours (no ARP / Neighbor Discovery for their addresses).
@@ -254,6 +258,7 @@ impl Default for OpenOptions {
             progress: Progress::Thread,
             engine: EngineConfig::default(),
             window_budget: None,
+            drop: None,
             vfio_ipv4: None,
             vfio_neighbours: Vec::new(),
             vfio_interrupts: false,
@@ -320,6 +325,7 @@ pub fn open_soft(spec: &DeviceSpec, options: &OpenOptions) -> Result<Arc<AnyDevi
             c.progress = options.progress;
             c.engine = options.engine.clone();
             c.window_budget = options.window_budget;
+            c.drop = options.drop;
             AnyConfig::Udp(c)
         }
         #[cfg(all(feature = "std", target_os = "linux"))]

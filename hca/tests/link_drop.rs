@@ -1,8 +1,10 @@
-//! The UDP link's drop hook (`hca::link::udp::DropHook`, `ROCE_LINK_DROP_PPM`): the seeded loss that
-//! the conformance matrix's fault case (`tests/guest/matrix.sh`) puts between this project's stack
-//! and Linux rxe. Drops on send and on receive at the asked rate, the same datagrams for the same
-//! seed, counted, GSO and GRO off while it is on; a malformed environment value is a configuration
-//! error. Loopback only (127.0.0.1, ports picked by the kernel); every wait is bounded.
+//! The UDP link's drop hook (`hca::link::udp::DropHook`; from `ROCE_LINK_DROP_PPM` through
+//! `hca::tools::fault`): the seeded loss that the conformance matrix's fault case
+//! (`tests/guest/matrix.sh`) puts between this project's stack and Linux rxe. Drops on send and on
+//! receive at the asked rate, the same datagrams for the same seed, counted, GSO and GRO off while
+//! it is on; a malformed environment value is refused naming the variable; the socket link itself
+//! never reads the environment. Loopback only (127.0.0.1, ports picked by the kernel); every wait
+//! is bounded.
 #![cfg(feature = "std")]
 
 use std::collections::BTreeSet;
@@ -11,11 +13,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use hca::link::udp::{DropDirections, DropHook, RoceSocket, RoceSocketConfig, SendDatagram};
-use hca::link::LinkError;
+use hca::tools::fault;
 
 const N: u32 = 400;
 
-/// No drops, and the environment (which one test changes) is not read.
+/// No drops.
 const NONE: DropHook = DropHook {
     ppm: 0,
     seed: 0,
@@ -142,32 +144,39 @@ fn no_hook_drops_nothing_and_all_drops_everything() {
 
 #[test]
 fn environment_sets_the_hook_and_bad_values_are_refused() {
-    // The only test in this binary that touches the environment; the others give `drop`
-    // explicitly (NONE: rate 0), so they never read it.
+    // The only test in this binary that touches the environment (the tools read it through
+    // `fault::drop_hook_from_env`; the socket link never does).
     let bind = |drop| {
         let mut c = RoceSocketConfig::new("127.0.0.1:0".parse().unwrap());
         c.drop = drop;
         RoceSocket::bind(c)
     };
-    std::env::set_var(DropHook::PPM_VAR, "1000000");
-    std::env::set_var(DropHook::SEED_VAR, "3");
+    std::env::set_var(fault::PPM_VAR, "1000000");
+    std::env::set_var(fault::SEED_VAR, "3");
     assert_eq!(
-        DropHook::from_env(),
+        fault::drop_hook_from_env(),
         Ok(Some(DropHook {
             ppm: 1_000_000,
             seed: 3,
             directions: DropDirections::Both,
         }))
     );
-    let l = bind(None).unwrap();
+    let l = bind(fault::drop_hook_from_env().unwrap()).unwrap();
     assert!(!l.offloads().gro, "the environment's hook is on");
-    std::env::set_var(DropHook::PPM_VAR, "lots");
-    match bind(None) {
-        Err(LinkError::Config { reason, .. }) => assert!(reason.contains("ROCE_LINK_DROP_PPM")),
-        other => panic!("expected a configuration error, got {other:?}"),
+    // The socket link does not read the environment: without a hook nothing is dropped.
+    let (mut a, mut b) = (bind(None).unwrap(), bind(None).unwrap());
+    assert_eq!(
+        run(&mut a, &mut b).len(),
+        N as usize,
+        "no hook given: the environment's rate is not applied by the link"
+    );
+    std::env::set_var(fault::PPM_VAR, "lots");
+    match fault::drop_hook_from_env() {
+        Err(reason) => assert!(reason.contains("ROCE_LINK_DROP_PPM")),
+        other => panic!("expected a refusal naming the variable, got {other:?}"),
     }
-    std::env::set_var(DropHook::PPM_VAR, "1000001");
-    assert!(DropHook::from_env().is_err());
+    std::env::set_var(fault::PPM_VAR, "1000001");
+    assert!(fault::drop_hook_from_env().is_err());
     // An explicit hook wins over the environment; rate 0 is no hook.
     assert!(bind(Some(DropHook {
         ppm: 1,
@@ -175,7 +184,7 @@ fn environment_sets_the_hook_and_bad_values_are_refused() {
         directions: DropDirections::Both,
     }))
     .is_ok());
-    std::env::set_var(DropHook::PPM_VAR, "1000000");
+    std::env::set_var(fault::PPM_VAR, "1000000");
     let (mut a, mut b) = (link(NONE), link(NONE));
     assert_eq!(
         run(&mut a, &mut b).len(),
@@ -188,18 +197,18 @@ fn environment_sets_the_hook_and_bad_values_are_refused() {
         ("both", Some(DropDirections::Both)),
         ("sideways", None),
     ] {
-        std::env::set_var(DropHook::DIRECTIONS_VAR, value);
-        match (DropHook::from_env(), directions) {
+        std::env::set_var(fault::DIRECTIONS_VAR, value);
+        match (fault::drop_hook_from_env(), directions) {
             (Ok(Some(h)), Some(d)) => assert_eq!(h.directions, d, "{value}"),
             (Err(e), None) => assert!(e.contains("ROCE_LINK_DROP_DIRECTIONS"), "{e}"),
             other => panic!("{value}: {other:?}"),
         }
     }
-    std::env::remove_var(DropHook::DIRECTIONS_VAR);
-    std::env::set_var(DropHook::PPM_VAR, "0");
-    assert_eq!(DropHook::from_env(), Ok(None));
-    std::env::remove_var(DropHook::PPM_VAR);
-    std::env::remove_var(DropHook::SEED_VAR);
+    std::env::remove_var(fault::DIRECTIONS_VAR);
+    std::env::set_var(fault::PPM_VAR, "0");
+    assert_eq!(fault::drop_hook_from_env(), Ok(None));
+    std::env::remove_var(fault::PPM_VAR);
+    std::env::remove_var(fault::SEED_VAR);
 }
 
 /// A hook for one direction drops only there: every datagram with a send-only hook on the

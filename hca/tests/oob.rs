@@ -11,11 +11,11 @@ use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::thread;
 use std::time::Duration;
 
-use hca::link::oob::perftest::{
+use hca::tools::oob::perftest::{
     BwReport, KeyFormat, PerftestConn, PerftestDest, PerftestListener, PerftestTest, VERSION,
 };
-use hca::link::oob::pingpong::{self, PingpongDest, PingpongServer};
-use hca::link::oob::{OobError, OobTimeouts};
+use hca::tools::oob::pingpong::{self, PingpongDest, PingpongServer};
+use hca::tools::oob::{OobError, OobTimeouts};
 use roce::{Gid, PathMtu};
 
 fn timeouts() -> OobTimeouts {

@@ -6,22 +6,19 @@
 //!   with Linux rxe), with batched I/O, GSO/GRO, ECN and zero-copy gather; [`udp::UdpLink`] is
 //!   that socket with the receive batches and transmit slots a device drives;
 //! * [`vfio`]: a virtio-net NIC this process drives itself through VFIO (kernel bypass);
-//! * [`oob`]: not a packet link but the out-of-band TCP exchanges with which RDMA test tools
-//!   (rdma-core's `ibv_*_pingpong`, perftest's `ib_*_bw` / `ib_*_lat`) trade QP numbers, PSNs,
-//!   GIDs and memory keys before any RDMA packet flows;
+//! * [`any`]: one of those, chosen at run time;
 //! * [`wake`]: waking a progress thread blocked in [`udp::RoceSocket::wait`].
 //!
 //! [`Link`] is what the device's progress engine
 //! ([`SoftDevice`](crate::soft::SoftDevice)) needs from a link, so that one engine, one
-//! progress thread and one verbs API run over either; [`crate::open::DeviceSpec`] is what a tool's `--link`
-//! names (`udp:ADDRESS[:PORT]`, `vfio:PCI_ADDRESS`).
+//! progress thread and one verbs API run over either. Links know nothing of devices: the
+//! software device over a link is [`crate::soft`], opening one from its name [`crate::open`].
 //!
 //! All system calls are in one private `sys` module, the only place with `unsafe` code.
 
 #[cfg(all(feature = "std", target_os = "linux"))]
 pub mod any;
 pub mod error;
-pub mod oob;
 pub(crate) mod sys;
 pub mod udp;
 #[cfg(all(feature = "std", target_os = "linux"))]
@@ -37,7 +34,6 @@ use crate::verbs::device::Device;
 #[cfg(all(feature = "std", target_os = "linux"))]
 pub use any::AnyLink;
 pub use error::LinkError;
-pub use oob::OobError;
 pub use udp::{
     LinkCounters, LinkPoller, Offloads, Readiness, RecvBatch, RecvDatagram, RoceSocket,
     RoceSocketConfig, SendDatagram, UdpLink,

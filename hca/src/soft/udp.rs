@@ -5,7 +5,9 @@
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 
 use crate::engine::EngineConfig;
-use crate::link::udp::{self, Offloads, RoceSocket, RoceSocketConfig, UdpLink, MAX_TX_BATCH};
+use crate::link::udp::{
+    self, DropHook, Offloads, RoceSocket, RoceSocketConfig, UdpLink, MAX_TX_BATCH,
+};
 use crate::verbs::api::DeviceError;
 use crate::verbs::device::PathMtu;
 
@@ -62,6 +64,8 @@ pub struct UdpDeviceConfig {
     /// 64 ([`RoceSocketConfig::src_ports`]). Default [`DEFAULT_SRC_PORTS`]; 0 sends everything from
     /// the bound port. Each costs one file descriptor.
     pub src_ports: usize,
+    /// Seeded datagram loss on the socket (fault injection, [`DropHook`]); `None`: none.
+    pub drop: Option<DropHook>,
 }
 
 /// Default [`UdpDeviceConfig::src_ports`]: 4 flows. Each sending socket is a separate sendmmsg(2)
@@ -89,6 +93,7 @@ impl UdpDeviceConfig {
             socket_buffer_bytes: Some(4 << 20),
             window_budget: None,
             src_ports: DEFAULT_SRC_PORTS,
+            drop: None,
         }
     }
 
@@ -170,6 +175,7 @@ pub(super) fn open_udp_link(
     link_config.recv_buffer_bytes = config.socket_buffer_bytes;
     link_config.send_buffer_bytes = config.socket_buffer_bytes;
     link_config.src_ports = config.src_ports;
+    link_config.drop = config.drop;
     let link = RoceSocket::bind(link_config)?;
     let mut engine_config = config.engine.clone();
     engine_config.udp_src_ports = link.src_ports();

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_p2p::HostMemory;
-use hca::link::oob::OobTimeouts;
 pub use hca::open::DeviceSpec;
 use hca::open::{open, OpenOptions};
 use hca::soft::{DeviceError, Progress};
+use hca::tools::oob::OobTimeouts;
 use hca::verbs::connect::{self, ConnectAttr};
 use hca::verbs::Verbs;
 use hca::{AccessFlags, AhAttr, Gid, MemoryRegion, PathMtu, PdHandle, QpState, QpType};
@@ -185,15 +185,15 @@ const FIRST_CONNECT: Duration = Duration::from_millis(100);
 /// retrying for up to N s") and tries again for the rest of `timeouts.connect`.
 ///
 /// # Errors
-/// `exchange`'s; an [`OobError::Connect`](hca::link::OobError::Connect) counts the time of both
+/// `exchange`'s; an [`OobError::Connect`](hca::tools::OobError::Connect) counts the time of both
 /// tries.
 pub fn connect_noting<T>(
     host: &str,
     port: u16,
     timeouts: &OobTimeouts,
-    exchange: impl Fn(&OobTimeouts) -> Result<T, hca::link::OobError>,
-) -> Result<T, hca::link::OobError> {
-    use hca::link::OobError;
+    exchange: impl Fn(&OobTimeouts) -> Result<T, hca::tools::OobError>,
+) -> Result<T, hca::tools::OobError> {
+    use hca::tools::OobError;
     use std::io::ErrorKind;
     let start = std::time::Instant::now();
     if timeouts.connect <= FIRST_CONNECT {
@@ -319,9 +319,12 @@ pub fn open_device(
     window_budget: Option<u32>,
     vfio: &VfioArgs,
 ) -> Result<Dev, Fail> {
+    let drop = hca::tools::fault::drop_hook_from_env()
+        .map_err(|reason| Fail(format!("cannot open device {spec}: {reason}")))?;
     let mut options = OpenOptions {
         progress,
         window_budget,
+        drop,
         vfio_ipv4: vfio.ip,
         vfio_neighbours: vfio.neigh.clone(),
         vfio_interrupts: vfio.interrupts,

@@ -5,7 +5,7 @@
 //! `rdma-perf write-bw [OPTIONS] [SERVER]` is `ib_write_bw [OPTIONS] [SERVER]`: same main options
 //! and meaning, server mode when no server is given, the same output (header block, addresses,
 //! result columns), and perftest 4.5's out-of-band TCP exchange in its order
-//! ([`hca::link::oob::perftest`]), so that either side can be a real perftest over Linux
+//! ([`hca::tools::oob::perftest`]), so that either side can be a real perftest over Linux
 //! soft-RoCE. Differences, all because the device is a UDP socket:
 //! * `-d` / `--link udp:ADDRESS` names the device by its IP address (its GID, at index 0;
 //!   `-x` may only be 0). Without it a client uses the source address of the TCP connection to
@@ -34,11 +34,11 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use gpu_p2p::{HostMemory, Memory};
-use hca::link::oob::perftest::{
+use hca::soft::Progress;
+use hca::tools::oob::perftest::{
     BwReport, KeyFormat, PerftestConn, PerftestDest, PerftestListener, PerftestTest,
     DEFAULT_CACHE_LINE_SIZE, DEFAULT_CYCLE_BUFFER,
 };
-use hca::soft::Progress;
 use hca::{
     AccessFlags, CqHandle, MemoryRegion, PathMtu, PdHandle, QpCap, QpInitAttr, QpType, RecvWr,
     SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
@@ -502,7 +502,7 @@ fn run(p: &Params) -> Result<(), Fail> {
         })
         .collect();
     print_test_info(p, &spec, pre.mtu, &res);
-    let oob = |e: hca::link::OobError| {
+    let oob = |e: hca::tools::OobError| {
         Fail(format!(
             "Failed to exchange data between server and clients: {e}"
         ))
@@ -763,7 +763,7 @@ fn long_wait(p: &Params) -> Duration {
     p.timeout * 10 + Duration::from_secs(p.duration.unwrap_or(0))
 }
 
-fn oob_err(e: hca::link::OobError) -> Fail {
+fn oob_err(e: hca::tools::OobError) -> Fail {
     Fail(format!(
         "Failed to exchange data between server and clients: {e}"
     ))
@@ -852,7 +852,7 @@ fn close(res: &Res, conn: PerftestConn, my: &PerftestDest) -> Result<(), Fail> {
 
 /// An out-of-band exchange during which the engine keeps running (caller-driven progress has
 /// no thread of its own: the peer's retransmissions must still be acknowledged).
-fn during<R>(res: &Res, f: impl FnOnce() -> Result<R, hca::link::OobError>) -> Result<R, Fail> {
+fn during<R>(res: &Res, f: impl FnOnce() -> Result<R, hca::tools::OobError>) -> Result<R, Fail> {
     res.dev.progress_during(f).map_err(oob_err)
 }
 

@@ -1,7 +1,7 @@
 //! `rdma-pingpong`: rdma-core's `ibv_rc_pingpong`, `ibv_uc_pingpong` and `ibv_ud_pingpong`
 //! (`libibverbs/examples/*_pingpong.c`) over the software HCA on a UDP socket.
 //!
-//! Same options, same TCP exchange (`LID:QPN:PSN:GID`, [`hca::link::oob::pingpong`]), same QP
+//! Same options, same TCP exchange (`LID:QPN:PSN:GID`, [`hca::tools::oob::pingpong`]), same QP
 //! attributes, same SEND/RECV ping-pong (receive depth 500, one send outstanding), same output,
 //! so that it talks to the C tools over Linux soft-RoCE in both roles. Differences, all because
 //! the device is a UDP socket rather than an `ibv_device`:
@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use gpu_p2p::{HostMemory, Memory};
-use hca::link::oob::pingpong::{client_exchange, PingpongDest, PingpongServer};
+use hca::tools::oob::pingpong::{client_exchange, PingpongDest, PingpongServer};
 use hca::{
     AccessFlags, AhHandle, CqHandle, MemoryRegion, PathMtu, PdHandle, QpCap, QpInitAttr, QpType,
     RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,

@@ -212,57 +212,6 @@ pub enum DropDirections {
     Receive,
 }
 
-impl DropHook {
-    /// The environment variable with the drop rate, datagrams per million (0 or unset: no hook).
-    pub const PPM_VAR: &'static str = "ROCE_LINK_DROP_PPM";
-    /// The environment variable with the generator's seed (default 1).
-    pub const SEED_VAR: &'static str = "ROCE_LINK_DROP_SEED";
-    /// The environment variable with the directions: `both` (default), `send` or `receive`.
-    pub const DIRECTIONS_VAR: &'static str = "ROCE_LINK_DROP_DIRECTIONS";
-
-    /// The hook the environment asks for: `Ok(None)` when [`Self::PPM_VAR`] is unset, empty or 0.
-    ///
-    /// Errors: a message naming the variable when a value is not a number or the rate is above
-    /// 1 000 000.
-    pub fn from_env() -> Result<Option<DropHook>, &'static str> {
-        let ppm = match std::env::var(Self::PPM_VAR) {
-            Ok(v) if !v.trim().is_empty() => v
-                .trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|&p| p <= 1_000_000)
-                .ok_or(
-                    "ROCE_LINK_DROP_PPM must be a number of datagrams per million, 0 ..= 1000000",
-                )?,
-            _ => 0,
-        };
-        if ppm == 0 {
-            return Ok(None);
-        }
-        let seed = match std::env::var(Self::SEED_VAR) {
-            Ok(v) if !v.trim().is_empty() => v
-                .trim()
-                .parse::<u64>()
-                .map_err(|_| "ROCE_LINK_DROP_SEED must be an unsigned 64-bit number")?,
-            _ => 1,
-        };
-        let directions = match std::env::var(Self::DIRECTIONS_VAR) {
-            Ok(v) => match v.trim() {
-                "" | "both" => DropDirections::Both,
-                "send" => DropDirections::Send,
-                "receive" => DropDirections::Receive,
-                _ => return Err("ROCE_LINK_DROP_DIRECTIONS must be both, send or receive"),
-            },
-            Err(_) => DropDirections::Both,
-        };
-        Ok(Some(DropHook {
-            ppm,
-            seed,
-            directions,
-        }))
-    }
-}
-
 /// The running state of a [`DropHook`].
 #[derive(Debug, Clone)]
 struct Dropper {
@@ -594,17 +543,10 @@ impl RoceSocket {
     /// [`MAX_BATCH`], or a `max_payload` of 0 or above 65535; [`LinkError::Socket`];
     /// [`LinkError::SetOption`] naming a required option the kernel refused (GSO, GRO and
     /// `SO_RXQ_OVFL` are optional and only probed); [`LinkError::Bind`] (address in use, address
-    /// not available on this host, ...). [`LinkError::Config`] also for a malformed
-    /// `ROCE_LINK_DROP_PPM` / `ROCE_LINK_DROP_SEED` when [`RoceSocketConfig::drop`] is `None`.
-    pub fn bind(mut config: RoceSocketConfig) -> Result<RoceSocket, LinkError> {
+    /// not available on this host, ...).
+    pub fn bind(config: RoceSocketConfig) -> Result<RoceSocket, LinkError> {
         let local = config.local;
         let bad = |reason| Err(LinkError::Config { local, reason });
-        if config.drop.is_none() {
-            config.drop = match DropHook::from_env() {
-                Ok(d) => d,
-                Err(reason) => return bad(reason),
-            };
-        }
         if config.drop.is_some_and(|d| d.ppm > 1_000_000) {
             return bad("drop rate above 1000000 per million");
         }

@@ -26,7 +26,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use super::sys;
+use crate::link::sys;
 
 /// The TCP port both tool families use by default (`port = 18515` in rdma-core's
 /// `*_pingpong.c` `main`; `DEF_PORT` in perftest's `perftest_parameters.h`).
