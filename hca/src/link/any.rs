@@ -1,4 +1,4 @@
-//! [`AnyLink`]: a link chosen at run time ([`DeviceSpec`](super::DeviceSpec)), for programs such as
+//! [`AnyLink`]: a link chosen at run time ([`DeviceSpec`](crate::open::DeviceSpec)), for programs such as
 //! the tools whose `--link` picks the UDP socket or a VFIO NIC. Each method dispatches once per
 //! call (a batch), by a `match`; the per-packet work inside runs in the chosen link's own
 //! monomorphized code. Programs that know their link use `SoftDevice<UdpLink>` or

@@ -22,11 +22,11 @@ impl SoftLink for AnyLink {
     type DeviceConfig = AnyConfig;
 }
 
-/// A software RoCEv2 device on a link chosen at run time ([`AnyLink`](crate::link::AnyLink): the tools' `--link`).
+/// A software RoCEv2 device on a link chosen at run time ([`AnyLink`]: the tools' `--link`).
 pub type AnyDevice = SoftDevice<crate::link::AnyLink>;
 
 impl AnyDevice {
-    /// Opens a UDP device ([`UdpDevice::open`]) or a VFIO device ([`VfioDevice::open`]).
+    /// Opens a UDP device ([`super::UdpDevice::open`]) or a VFIO device ([`super::VfioDevice::open`]).
     ///
     /// # Errors
     /// As those.

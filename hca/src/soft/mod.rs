@@ -1,7 +1,7 @@
 //! A software RDMA device: the [`SoftHca`] engine, a link and a progress engine, behind a
 //! thread-safe verbs API (what `ibv_open_device` gives a program over Linux's soft-RoCE driver,
 //! rxe, but in user space). [`SoftDevice`] is generic over its [`Link`]: [`UdpDevice`] runs on a
-//! kernel UDP socket ([`UdpLink`] over a [`RoceSocket`]), [`VfioDevice`] on a virtio-net NIC that the
+//! kernel UDP socket ([`UdpLink`](crate::link::udp::UdpLink) over a [`RoceSocket`](crate::link::udp::RoceSocket)), [`VfioDevice`] on a virtio-net NIC that the
 //! process drives through VFIO ([`VfioLink`](crate::link::vfio::VfioLink)), and [`AnyDevice`] on
 //! either, chosen at run time (the tools' `--link`). The progress engine below is the same for
 //! all; the sections on addresses, GSO and windows describe the UDP device.

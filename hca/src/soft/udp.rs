@@ -55,7 +55,7 @@ pub struct UdpDeviceConfig {
     /// `wmem_max`). Default 4 MiB: a window of 128 packets of 4 KiB must fit.
     pub socket_buffer_bytes: Option<usize>,
     /// Packets the peer can buffer for this device, shared among its RC / UC QPs as the window
-    /// of unacknowledged packets of each (see the [module docs](self#windows)). `None`
+    /// of unacknowledged packets of each (see the [device docs](super#windows)). `None`
     /// (default): half this device's socket receive buffer as the kernel granted it, over the
     /// path MTU plus 512 bytes of per-datagram overhead (peers are assumed alike).
     pub window_budget: Option<u32>,
@@ -187,12 +187,12 @@ pub(super) fn open_udp_link(
     Ok((io, engine_config, window_budget))
 }
 
-/// A software RoCEv2 device on a kernel UDP socket (see the [module docs](self)).
+/// A software RoCEv2 device on a kernel UDP socket (see the [device docs](super)).
 pub type UdpDevice = SoftDevice<UdpLink>;
 
 impl UdpDevice {
     /// Opens a device: binds the socket (`config.local`, `config.port`), creates the engine with
-    /// the address's GID at index [`GID_INDEX`] and the port MTU from
+    /// the address's GID at index [`GID_INDEX`](super::GID_INDEX) and the port MTU from
     /// [`UdpDeviceConfig::effective_link_mtu`], and starts the progress thread
     /// ([`Progress::Thread`]).
     ///

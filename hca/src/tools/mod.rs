@@ -3,10 +3,13 @@
 //! * [`oob`]: the out-of-band TCP exchanges with which RDMA test tools (rdma-core's
 //!   `ibv_*_pingpong`, perftest's `ib_*_bw` / `ib_*_lat`) trade QP numbers, PSNs, GIDs and memory
 //!   keys before any RDMA packet flows;
-//! * [`fault`]: fault injection from the environment (seeded datagram loss on a UDP link).
+//! * [`fault`]: fault injection from the environment (seeded datagram loss on a UDP link);
+//! * [`cli`]: what both tools' command lines share: choosing and opening the device, the QP
+//!   bring-up the C tools do, the out-of-band connection with its notes, `printf` formats.
 //!
 //! The binaries themselves (`src/bin/`) hold argument parsing and output.
 
+pub mod cli;
 pub mod fault;
 pub mod oob;
 

@@ -82,7 +82,7 @@ pub trait Verbs: Send + Sync + fmt::Debug {
     /// Runs `f`, a blocking call (an out-of-band exchange, a sleep), while the device keeps
     /// making progress: a caller-driven software HCA runs a helper thread for the duration;
     /// other devices just run `f` (the default). Generic callers use
-    /// [`progress_during`](dyn Verbs::progress_during).
+    /// `progress_during` (on `dyn Verbs`).
     fn progress_while(&self, f: &mut dyn FnMut()) {
         f()
     }
@@ -307,7 +307,7 @@ pub enum DeviceError {
     Vfio(VfioError),
     /// The device was closed: no new work is accepted.
     Closed {
-        /// The device's link ([`SoftDevice::name`]).
+        /// The device's link ([`Verbs::name`]).
         device: String,
     },
     /// The configuration is unusable (nothing was opened).

@@ -226,7 +226,7 @@ pub enum WrOpcode {
     AtomicFetchAndAdd = 6,
     /// `IBV_WR_LOCAL_INV`.
     LocalInv = 7,
-    /// `IBV_WR_BIND_MW` (memory windows are not implemented yet; no [`SendOp`] builds it).
+    /// `IBV_WR_BIND_MW` (memory windows are not implemented yet; no [`SendOp`](super::wr::SendOp) builds it).
     BindMw = 8,
     /// `IBV_WR_SEND_WITH_INV`.
     SendWithInv = 9,

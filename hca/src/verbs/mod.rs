@@ -6,7 +6,7 @@
 //! * [`attr`]: the plain attribute types every other module names (QP types and states, the
 //!   modify-QP mask, access rights, WR and WC opcodes, WC statuses); a leaf that imports nothing
 //!   of the crate.
-//! * [`error`]: [`VerbsError`], a refused verb with the errno libibverbs returns for it.
+//! * [`error`]: [`VerbsError`](error::VerbsError), a refused verb with the errno libibverbs returns for it.
 //! * [`device`] and [`gid`]: what the HCA can do, its port, its GID table.
 //! * [`pd`], [`mr`], [`cq`], [`wc`], [`wr`], [`srq`], [`ah`], [`event`]: the objects and what is
 //!   posted to and polled from them.
@@ -15,7 +15,7 @@
 //!   device and the verbs with their cross-object rules.
 //! * [`connect`]: the one RESET -> INIT -> RTR -> RTS bring-up of RC, UC and UD QPs that every
 //!   caller uses.
-//! * [`api`] (feature `std`): the [`Verbs`] trait every backend implements, and [`DeviceError`].
+//! * [`api`] (feature `std`): the [`Verbs`] trait every backend implements, and [`DeviceError`](api::DeviceError).
 //!
 //! Everything here but [`api`] is `no_std` + `alloc`.
 

@@ -23,8 +23,8 @@
 //! * All QPs share one source and one target buffer region (perftest gives each QP its own): the
 //!   CPU copies the data here, and per-QP regions would make `-q 64` measure cache misses.
 
-#[path = "../common/mod.rs"]
-mod common;
+use hca::tool_fail as fail;
+use hca::tools::cli as common;
 mod report;
 
 use std::net::{IpAddr, SocketAddr};
@@ -44,7 +44,7 @@ use hca::{
     SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use common::{fail, DeviceSpec, Fail, ProgressArg};
+use common::{DeviceSpec, Fail, ProgressArg};
 use report::{Bw, RESULT_FMT, RESULT_FMT_G, RESULT_FMT_LAT, RESULT_FMT_LAT_DUR, RESULT_LINE};
 
 /// perftest's `MAX_SIZE`: the largest message of `-a`, 8 MiB.
@@ -442,7 +442,7 @@ fn run(p: &Params) -> Result<(), Fail> {
     };
     let (mut conn, local_ip) = match &p.server {
         Some(host) => {
-            let conn = common::connect_noting(host, p.port, &t, |t| {
+            let conn = common::connect_noting(env!("CARGO_BIN_NAME"), host, p.port, &t, |t| {
                 PerftestConn::connect(host, p.port, KeyFormat::WithGid, t)
             })
             .map_err(|e| Fail(format!("Unable to init the socket connection: {e}")))?;

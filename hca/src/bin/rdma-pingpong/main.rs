@@ -17,8 +17,8 @@
 //!   fills the rest of each page with a pattern and checks every byte on both sides; a peer's
 //!   plain 0x7b filler is accepted as well. A failed check exits with status 1.
 
-#[path = "../common/mod.rs"]
-mod common;
+use hca::tool_fail as fail;
+use hca::tools::cli as common;
 
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
@@ -33,7 +33,7 @@ use hca::{
     RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use common::{fail, DeviceSpec, Fail, ProgressArg};
+use common::{DeviceSpec, Fail, ProgressArg};
 
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
@@ -199,7 +199,7 @@ fn run(cli: &Cli) -> Result<(), Fail> {
             let remote = ctx
                 .dev
                 .progress_during(|| {
-                    common::connect_noting(host, cli.port, &timeouts, |t| {
+                    common::connect_noting(env!("CARGO_BIN_NAME"), host, cli.port, &timeouts, |t| {
                         client_exchange(host, cli.port, &me, t)
                     })
                 })

@@ -171,7 +171,7 @@ pub struct RoceSocketConfig {
     pub send_buffer_bytes: Option<usize>,
     /// Drop a fixed share of the datagrams, seeded (see [`DropHook`]); a hook of rate 0 drops
     /// nothing. Default `None`: [`RoceSocket::bind`] then takes it from the environment
-    /// ([`DropHook::from_env`]), which normally has none.
+    /// ([`crate::tools::fault::drop_hook_from_env`] reads one for the tools), which normally has none.
     pub drop: Option<DropHook>,
     /// Extra sockets that only send, 0 ..= [`MAX_SRC_PORTS`], each bound to `local`'s address
     /// and its own UDP source port, for per-QP source-port entropy (see the

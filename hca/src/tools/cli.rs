@@ -1,22 +1,21 @@
-//! Shared by `rdma-perf` and `rdma-pingpong`: choosing and opening the device (`--link
+//! What the command lines of `rdma-perf` and `rdma-pingpong` share: choosing and opening the device (`--link
 //! udp:ADDRESS`, on UDP port 4791, the default, `--link vfio:PCI_ADDRESS` with the `--vfio-*` options, or
 //! `--link verbs:DEVICE`, an RDMA device through libibverbs), bringing QPs up the way the C tools
 //! do, and C `printf` formats the tools' output needs.
-#![allow(dead_code)] // each tool uses a subset
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::open::DeviceSpec;
+use crate::open::{open, OpenOptions};
+use crate::soft::{DeviceError, Progress};
+use crate::tools::oob::OobTimeouts;
+use crate::verbs::connect::{self, ConnectAttr};
+use crate::verbs::Verbs;
+use crate::{AccessFlags, AhAttr, Gid, MemoryRegion, PathMtu, PdHandle, QpState, QpType};
 use gpu_p2p::HostMemory;
-pub use hca::open::DeviceSpec;
-use hca::open::{open, OpenOptions};
-use hca::soft::{DeviceError, Progress};
-use hca::tools::oob::OobTimeouts;
-use hca::verbs::connect::{self, ConnectAttr};
-use hca::verbs::Verbs;
-use hca::{AccessFlags, AhAttr, Gid, MemoryRegion, PathMtu, PdHandle, QpState, QpType};
 
 /// A one-line error for the user; `main` prints it after the tool's name and exits with 1.
 #[derive(Debug)]
@@ -34,11 +33,12 @@ impl<E: std::error::Error> From<E> for Fail {
     }
 }
 
-/// `Err(Fail(..))` from a format string.
-macro_rules! fail {
-    ($($t:tt)*) => { Err($crate::common::Fail(format!($($t)*))) };
+/// `Err(Fail(..))` from a format string (the tools import it as `fail!`).
+#[macro_export]
+macro_rules! tool_fail {
+    ($($t:tt)*) => { Err($crate::tools::cli::Fail(format!($($t)*))) };
 }
-pub(crate) use fail;
+use crate::tool_fail as fail;
 
 /// Who drives the device's engine (`--progress`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -117,17 +117,17 @@ impl Dev {
 /// The UDP port the peers of these tools send RoCEv2 packets to: 4791 (IBTA vol. 1 Annex
 /// A17.2.2). perftest's and ibv_*_pingpong's TCP exchanges carry a GID and a QPN but no UDP
 /// port, so a peer cannot learn any other.
-pub const ROCEV2_PORT: u16 = hca::soft::ROCEV2_PORT;
+pub const ROCEV2_PORT: u16 = crate::soft::ROCEV2_PORT;
 
 /// Parses a `--link` / `-d` value (see [`DeviceSpec`]) for `rdma-perf` / `rdma-pingpong`.
 ///
 /// # Errors
-/// One line: the [`hca::open::DeviceSpecError`]; for a bare word such as `mlx5_0` (perftest's
+/// One line: the [`crate::open::DeviceSpecError`]; for a bare word such as `mlx5_0` (perftest's
 /// `-d` habit) it suggests `--link verbs:mlx5_0`; a `udp:ADDRESS:PORT` whose port is not
 /// [`ROCEV2_PORT`] is refused, since the peer would send to 4791 all the same and the run would
 /// end in "transport retry counter exceeded".
 pub fn parse_link(text: &str) -> Result<DeviceSpec, Fail> {
-    let spec: DeviceSpec = text.parse().map_err(|e: hca::open::DeviceSpecError| {
+    let spec: DeviceSpec = text.parse().map_err(|e: crate::open::DeviceSpecError| {
         let device_name = !text.is_empty()
             && text
                 .chars()
@@ -185,15 +185,16 @@ const FIRST_CONNECT: Duration = Duration::from_millis(100);
 /// retrying for up to N s") and tries again for the rest of `timeouts.connect`.
 ///
 /// # Errors
-/// `exchange`'s; an [`OobError::Connect`](hca::tools::OobError::Connect) counts the time of both
+/// `exchange`'s; an [`OobError::Connect`](crate::tools::OobError::Connect) counts the time of both
 /// tries.
 pub fn connect_noting<T>(
+    tool: &str,
     host: &str,
     port: u16,
     timeouts: &OobTimeouts,
-    exchange: impl Fn(&OobTimeouts) -> Result<T, hca::tools::OobError>,
-) -> Result<T, hca::tools::OobError> {
-    use hca::tools::OobError;
+    exchange: impl Fn(&OobTimeouts) -> Result<T, crate::tools::OobError>,
+) -> Result<T, crate::tools::OobError> {
+    use crate::tools::OobError;
     use std::io::ErrorKind;
     let start = std::time::Instant::now();
     if timeouts.connect <= FIRST_CONNECT {
@@ -218,8 +219,7 @@ pub fn connect_noting<T>(
                     format!("{host}:{port}")
                 };
                 eprintln!(
-                    "{}: nothing listens on {peer} yet; retrying for up to {} s",
-                    env!("CARGO_BIN_NAME"),
+                    "{tool}: nothing listens on {peer} yet; retrying for up to {} s",
                     timeouts.connect.as_secs()
                 );
             }
@@ -304,13 +304,13 @@ pub fn route_source(host: &str, port: u16) -> Result<IpAddr, Fail> {
     }
 }
 
-/// [`hca::engine::EngineConfig::ack_delay`] of a caller-driven UDP device: the tools poll their
+/// [`crate::engine::EngineConfig::ack_delay`] of a caller-driven UDP device: the tools poll their
 /// CQ in a loop (each poll runs a progress round), so an ACK held this long for the reply the
 /// program is about to post leaves with it, and goes alone from the poll loop otherwise. Far
 /// below any local ACK timeout the tools set (perftest's default 14: 67 ms).
 const CALLER_ACK_DELAY: std::time::Duration = std::time::Duration::from_micros(20);
 
-/// Opens the device on `spec` through [`hca::open::open`] (`vfio` gives the options of a VFIO
+/// Opens the device on `spec` through [`crate::open::open`] (`vfio` gives the options of a VFIO
 /// link; other links ignore them; `progress` and `window_budget` apply to the software device
 /// only).
 pub fn open_device(
@@ -319,7 +319,7 @@ pub fn open_device(
     window_budget: Option<u32>,
     vfio: &VfioArgs,
 ) -> Result<Dev, Fail> {
-    let drop = hca::tools::fault::drop_hook_from_env()
+    let drop = crate::tools::fault::drop_hook_from_env()
         .map_err(|reason| Fail(format!("cannot open device {spec}: {reason}")))?;
     let mut options = OpenOptions {
         progress,
@@ -475,7 +475,7 @@ pub struct Remote {
 }
 
 /// RESET -> INIT with the tool's access flags (and Q_Key for UD), through the one bring-up
-/// ([`hca::verbs::connect`]).
+/// ([`crate::verbs::connect`]).
 pub fn qp_to_init(
     dev: &Dev,
     qpn: u32,
@@ -498,7 +498,7 @@ pub fn av_to(gid: Gid, sgid_index: u8, hop_limit: u8, traffic_class: u8) -> AhAt
 }
 
 /// INIT -> RTR -> RTS as `pp_connect_ctx` / perftest's `ctx_connect` do, through the one
-/// bring-up ([`hca::verbs::connect`]).
+/// bring-up ([`crate::verbs::connect`]).
 pub fn qp_to_rts(dev: &Dev, qpn: u32, a: &ConnectAttrs, remote: &Remote) -> Result<(), Fail> {
     let attr = ConnectAttr {
         qp_type: a.qp_type,
