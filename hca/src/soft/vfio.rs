@@ -173,7 +173,10 @@ mod tests {
             min_rnr_timer: 1,
             // GID index 2: the IPv4 GID after the two link-local ones.
             ah_attr: ConnectAttr::av(Gid::from(peer), 2, 64, 0),
-            timeout: 10,
+            // 4.096 us * 2^18, about 1 s: the fake NIC loses nothing, so no retransmission is
+            // needed, and a loaded machine that stalls this thread must not start one (a retry's
+            // duplicate responses are dropped and counted, which the tests check is zero).
+            timeout: 18,
             retry_cnt: 3,
             rnr_retry: 3,
             max_rd_atomic: 4,

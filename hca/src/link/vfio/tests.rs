@@ -438,7 +438,10 @@ fn connect(me: &mut Side, peer_qpn: u32, dgid: Gid, sgid_index: u8, my_psn: u32,
         max_dest_rd_atomic: 4,
         min_rnr_timer: 1,
         ah_attr: ConnectAttr::av(dgid, sgid_index, 64, 0),
-        timeout: 10,
+        // 4.096 us * 2^18, about 1 s: the fake NIC loses nothing, so no retransmission is
+        // needed, and a loaded machine that stalls this thread must not start one (a retry's
+        // duplicate responses are dropped and counted, which the tests check is zero).
+        timeout: 18,
         retry_cnt: 3,
         rnr_retry: 3,
         max_rd_atomic: 4,
