@@ -1,32 +1,57 @@
 #!/usr/bin/env bash
-# The whole test suite: what `.ci/run` and the README's test command run.
+# The whole test suite: what `.ci/run` and the README's test command run. Each step prints its name
+# when it starts and its elapsed time when it ends ("== step N: NAME" ... "== step N done in S s").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash tests/setup.sh
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets -- -D warnings
+SUITE_START=$(date +%s)
+STEP=0
+# step NAME COMMAND...: runs COMMAND, announced and timed; stops the suite when it fails.
+step() {
+    local name=$1
+    shift
+    STEP=$((STEP + 1))
+    local start
+    start=$(date +%s)
+    echo "== step $STEP: $name ($(date -u +%H:%M:%S) UTC, $((start - SUITE_START)) s into the suite)"
+    if "$@"; then
+        echo "== step $STEP done in $(($(date +%s) - start)) s: $name"
+    else
+        local rc=$?
+        echo "== step $STEP FAILED (exit $rc) after $(($(date +%s) - start)) s: $name"
+        exit "$rc"
+    fi
+}
+
+step "system packages (tests/setup.sh)" bash tests/setup.sh
+step "cargo fmt --check" cargo fmt --all -- --check
+step "import circles between modules (tests/module_cycles.py)" python3 tests/module_cycles.py
+step "clippy, workspace, all targets, -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 # The wire format is no_std: its tests must also build and pass without the `std` feature.
-cargo clippy -p roce --no-default-features --all-targets -- -D warnings
-cargo test -p roce --no-default-features
+step "clippy, roce without std" cargo clippy -p roce --no-default-features --all-targets -- -D warnings
+step "tests, roce without std" cargo test -p roce --no-default-features
 # Public docs: every intra-doc link resolves and none points at a private item.
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+step "cargo doc -D warnings" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 # The cargo-fuzz target (not a workspace member) must keep building.
-cargo check --quiet --manifest-path roce/fuzz/Cargo.toml
+step "the fuzz crate builds" cargo check --manifest-path roce/fuzz/Cargo.toml
 # Includes the verbs conformance suite on the software backends (tests/tests/verbs_conformance.rs: the fabric and
 # UDP runs must pass every case and agree field for field; about 3 s); its run on rxe0 is in the guest below.
-cargo test --workspace
+step "cargo test --workspace" cargo test --workspace
 # Real peers: Linux soft-RoCE (rdma_rxe) and rdma-core's tools in QEMU TCG guests (tests/guest/README.md).
+step "guest harness setup (kernel, initramfs)" bash tests/guest/setup.sh
 # The rxe-to-rxe reference matrix, then every RoCEv2 frame of its capture re-verified by the roce crate.
-bash tests/guest/setup.sh
-cargo test -p tests --test guest_reference -- --ignored --test-threads 1 reference_run_passes_and_rxe_icrcs_verify
+step "rxe-to-rxe reference matrix (guest)" cargo test -p tests --test guest_reference -- --ignored \
+    --test-threads 1 --nocapture reference_run_passes_and_rxe_icrcs_verify
 # The conformance matrix: this project's rdma-pingpong / rdma-perf on the host against rdma-core's and perftest's
 # tools on rxe in a guest, both roles, MTU 1024/4096, IPv4 + IPv6 link-local GIDs, a lossy fault case; then every
 # RoCEv2 frame of its capture (rxe's and ours) re-verified by the roce crate (tests/guest/matrix.sh).
-cargo test -p tests --test guest_matrix -- --ignored --test-threads 1 matrix_passes_and_every_icrc_verifies
+step "our tools against rxe (guest matrix)" cargo test -p tests --test guest_matrix -- --ignored \
+    --test-threads 1 --nocapture matrix_passes_and_every_icrc_verifies
 # Kernel bypass: the VFIO userspace virtio-net driver in a q35 + intel-iommu guest against rxe (tests/guest/vfio.sh).
-cargo test -p hca --test vfio_guest -- --ignored --test-threads 1
+step "VFIO link against rxe (guest)" cargo test -p hca --test vfio_guest -- --ignored --test-threads 1 --nocapture
 # The IB verbs path: hca::ibverbs (--link verbs:rxe0) on Linux rxe in a guest: the conformance suite compared with
 # the software engine, coll-perf all-reduce on 2 and 4 ranks, rdma-perf / rdma-pingpong against the software HCA
 # on the host, both roles (tests/guest/verbs.sh).
-cargo test -p tests --test guest_verbs -- --ignored --test-threads 1
+step "libibverbs backend on rxe (guest)" cargo test -p tests --test guest_verbs -- --ignored --test-threads 1 \
+    --nocapture
+echo "== all $STEP steps passed in $(($(date +%s) - SUITE_START)) s"

@@ -16,7 +16,7 @@
 //! cargo test -p hca --test vfio_guest -- --ignored --nocapture
 //! ```
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 #[test]
 #[ignore = "boots a QEMU guest: root, qemu-system-x86_64, about two minutes"]
@@ -25,12 +25,12 @@ fn vfio_driver_against_linux_rxe_in_a_qemu_guest() {
     // The script bounds every step; this bounds the whole run once more.
     let out = Command::new("timeout")
         .args(["--kill-after=10", "1800", "bash", script])
+        // Progress (each row as it finishes) goes to stderr, shown at once; the table to stdout.
+        .stderr(Stdio::inherit())
         .output()
         .expect("run tests/guest/vfio.sh");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
-    eprintln!("{stderr}");
     assert!(
         out.status.success(),
         "tests/guest/vfio.sh failed ({}): see the table above",

@@ -376,9 +376,10 @@ rg_verdict() {
 }
 RG_ROWS=()
 RG_FAILS=0
-rg_row() {  # NAME PASS|FAIL REASON
+rg_row() {  # NAME PASS|FAIL REASON (also reported on stderr at once, so a long run shows its progress)
     RG_ROWS+=("$1|$2|$3")
     [ "$2" = PASS ] || RG_FAILS=$((RG_FAILS + 1))
+    echo "  row ${#RG_ROWS[@]}: $2 $1${3:+ ($3)}" >&2
 }
 # rg_table_save FILE: the rows as tab-separated "cell, PASS|FAIL, reason" lines (a later run against this
 # project's stack looks up the reference verdict of the same cell there, to tell whose fault a failure is).

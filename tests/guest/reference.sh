@@ -149,7 +149,7 @@ for c in "${CELLS[@]}"; do
     v="$(rg_verdict "$name" g1 g2)"
     rg_row "$name" "${v%%|*}" "${v#*|}"
     s="$(rg_side_cell g1 "$name")" k="$(rg_side_cell g2 "$name")"
-    [ -z "$s" ] || [ -z "$k" ] || echo "cell $name: server $(rg_field secs "$s")s, client $(rg_field secs "$k")s (tries $(rg_field tries "$k"))" >>"$TIMES"
+    [ -z "$s" ] || [ -z "$k" ] || echo "cell $name: server $(rg_field secs "$s")s, client $(rg_field secs "$k")s (tries $(rg_field tries "$k"): connection attempts until the server listened)" >>"$TIMES"
 done
 for name in "${HOST_CELLS[@]}" release:g1 release:g2; do
     k="$(rg_side_cell host "$name")"
