@@ -17,6 +17,8 @@
 //!   [`CudaError::NoDevice`]). Also pinned host memory, streams and events, IPC handles, dma-buf
 //!   export, peer access, a topology report and the GPU kernels (PTX): module [`cuda`].
 //! * [`staging::Staged`]: device memory behind a pipelined staging path (below).
+//! * [`UserMemory`]: a range of the program's own memory by address, which an HCA reads straight
+//!   from for a zero-copy send (the collectives' user-buffer registrations).
 //!
 //! ## How each backend reaches GPU memory, and why
 //! * **Verbs backend** (libibverbs on a real RDMA NIC; another part of the `hca` crate): device memory
@@ -51,6 +53,9 @@ pub use host::{HostMemory, HostMemoryError, PageBacking};
 
 #[cfg(feature = "std")]
 pub mod staging;
+
+mod user;
+pub use user::UserMemory;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -134,7 +134,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use gpu_p2p::{HostMemory, HostPtr, Memory, MemoryError, MemoryKind};
+use gpu_p2p::{HostMemory, Memory, UserMemory};
 use hca::ibverbs::IbvDevice;
 use hca::link::LinkSpec;
 use hca::udp_device::{DeviceError, Progress, UdpDevice, UdpDeviceConfig};
@@ -476,82 +476,6 @@ impl Hca {
     }
 }
 
-/// User memory that an RDMA WRITE reads straight from (the zero-copy path): a raw range of this
-/// process's address space. Registered with local access only, so peers cannot address it.
-#[derive(Debug)]
-struct UserMemory {
-    base: usize,
-    len: usize,
-}
-
-impl Memory for UserMemory {
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Host
-    }
-
-    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemoryError> {
-        gpu_p2p::check_range(offset, dst.len(), self.len)?;
-        // SAFETY: the HCA reads a registered user range only while a WR whose SGE points into
-        // it is outstanding, and `post_from`'s contract keeps the range alive and unwritten
-        // until `drain` has seen that WR complete (the registration is local-only: no peer can
-        // make the HCA read it). The range lies inside the registered one (checked above).
-        unsafe {
-            core::ptr::copy_nonoverlapping(
-                core::ptr::with_exposed_provenance::<u8>(self.base + offset),
-                dst.as_mut_ptr(),
-                dst.len(),
-            );
-        }
-        Ok(())
-    }
-
-    fn write(&self, offset: usize, src: &[u8]) -> Result<(), MemoryError> {
-        // Registered without LOCAL_WRITE or any remote access, so the HCA never writes it;
-        // refuse anyway (user input buffers are borrowed immutably).
-        Err(MemoryError::OutOfBounds {
-            offset,
-            len: src.len(),
-            size: 0,
-        })
-    }
-
-    fn compare_swap(&self, offset: usize, _: u64, _: u64) -> Result<u64, MemoryError> {
-        Err(MemoryError::OutOfBounds {
-            offset,
-            len: 8,
-            size: 0,
-        })
-    }
-
-    fn fetch_add(&self, offset: usize, _: u64) -> Result<u64, MemoryError> {
-        Err(MemoryError::OutOfBounds {
-            offset,
-            len: 8,
-            size: 0,
-        })
-    }
-
-    /// The range's address, so the software HCA sends it in place (zero-copy transmit: the
-    /// kernel gathers it with an iovec) instead of copying it into a packet buffer, and a
-    /// libibverbs device registers it by address (ibv_reg_mr(3) pins the pages; its HCA reads
-    /// them by DMA, registered without LOCAL_WRITE or remote access).
-    fn host_ptr(&self) -> Option<HostPtr> {
-        let ptr = core::ptr::NonNull::new(core::ptr::with_exposed_provenance_mut::<u8>(self.base))?;
-        // SAFETY: as for `read`: the HCA dereferences the address only while it builds and
-        // sends packets of a WR posted by `post_from`, whose contract keeps the range alive and
-        // unwritten until `drain` has seen that WR complete. Those WRs are RC, which complete
-        // only when acknowledged, after the link has sent every packet built for them (it sends
-        // what it built before it builds more), so no packet that points here outlives its WR.
-        // That is narrower than `HostPtr`'s "while the `Memory` lives", which a cached
-        // registration of user memory cannot promise; nothing reads the address outside a WR.
-        Some(unsafe { HostPtr::new(ptr) })
-    }
-}
-
 /// The registration cache: user buffers registered for zero-copy sends, by page-aligned range,
 /// so that a buffer passed again (every iteration of a training loop) is not registered again
 /// (NCCL's user-buffer registration cache). A lookup finds a registration that covers the range;
@@ -623,11 +547,12 @@ impl RegCache {
         }
         let start = addr & !(Self::PAGE - 1);
         let stop = end.div_ceil(Self::PAGE) * Self::PAGE;
-        let mem = Arc::new(UserMemory {
-            base: start,
-            len: stop - start,
-        });
-        let len = mem.len;
+        let len = stop - start;
+        // SAFETY: the HCA reads a registered user range only while a WR whose SGE points into
+        // it is outstanding, and `post_from`'s contract keeps the range alive and unwritten
+        // until `drain` has seen that WR complete (the registration is local-only: no peer can
+        // make the HCA read it); `post_from` exposed the provenance of the range.
+        let mem = Arc::new(unsafe { UserMemory::new(start, len) });
         let mr = dev.reg_mr(pd, mem, 0, len, start as u64, AccessFlags::empty())?;
         self.registrations += 1;
         self.entries.push((start, stop, mr.lkey(), self.clock));
@@ -1299,7 +1224,7 @@ impl SendConnector for RoceSend {
                     &*self.ch.hca.dev,
                     self.ch.hca.pd,
                     // The HCA addresses user memory by address, as a NIC would by DMA address;
-                    // `UserMemory` turns it back into a pointer with this provenance.
+                    // `gpu_p2p::UserMemory` turns it back into a pointer with this provenance.
                     reg.as_ptr().expose_provenance(),
                     reg.len(),
                     quiet,
