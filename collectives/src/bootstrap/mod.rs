@@ -19,7 +19,7 @@ use core::fmt;
 use std::io;
 
 use crate::codec::{Reader, Writer};
-use crate::transport::TransportKind;
+use crate::transport::kind::TransportKind;
 
 pub mod host;
 pub mod launcher;
