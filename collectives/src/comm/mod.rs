@@ -61,7 +61,7 @@ pub struct Communicator {
     /// The GPU peer-to-peer path (IPC-mapped peer buffers), set up by the first device collective.
     pub(crate) gpu: Option<Box<crate::transport::cuda_ipc::GpuPeerPath>>,
     /// Which path the device all-reduces took.
-    pub(crate) device_stats: crate::device::DevicePathStats,
+    pub(crate) device_stats: crate::device::stats::DevicePathStats,
 }
 
 impl core::fmt::Debug for Communicator {

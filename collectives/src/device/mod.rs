@@ -31,6 +31,10 @@ use crate::transport::cuda_ipc::{GpuPeerPath, Record, RECORD_LEN};
 use crate::transport::CollKind;
 use crate::Communicator;
 
+pub(crate) mod stats;
+
+pub use stats::DevicePathStats;
+
 /// A buffer a collective can read and write: a [`Memory`] that may also be CUDA device memory.
 pub trait DeviceBuffer: Memory {
     /// The CUDA memory behind the buffer, when it is plain device memory (the GPU peer-to-peer path
@@ -47,19 +51,6 @@ impl DeviceBuffer for CudaMemory {
     fn cuda(&self) -> Option<&CudaMemory> {
         Some(self)
     }
-}
-
-/// Which path this communicator's device all-reduces (`all_reduce_mem`, `all_reduce_mem_in_place`)
-/// took: counts of calls, and why the last staged one did not take the GPU peer-to-peer path.
-/// `coll-perf --device` prints it, so a run shows which path it measured.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DevicePathStats {
-    /// Calls that took the GPU peer-to-peer path (CUDA IPC between the rank processes).
-    pub gpu_p2p: u64,
-    /// Calls staged through host memory.
-    pub staged: u64,
-    /// Why the last staged call was staged (one line), if one was.
-    pub last_fallback: Option<String>,
 }
 
 /// Bytes each buffer of an operation must hold.
