@@ -6,6 +6,7 @@ use crate::datatype::{DataType, Element, RedOp};
 use crate::error::CollError;
 use crate::transport::CollKind;
 
+use super::args::Buffers;
 use super::Communicator;
 
 impl Communicator {
@@ -25,11 +26,14 @@ impl Communicator {
         datatype: DataType,
         op: RedOp,
     ) -> Result<(), CollError> {
-        let coll = CollKind::AllReduce;
-        let (desc, bytes) = self.begin(coll, datatype, Some(op), None, count, 1)?;
-        self.need(coll, "send", send.len(), bytes)?;
-        self.need(coll, "recv", recv.len(), bytes)?;
-        let mut io = Io::out_of_place(&send[..bytes], &mut recv[..bytes]);
+        let (desc, mut io) = self.begin(
+            CollKind::AllReduce,
+            datatype,
+            Some(op),
+            None,
+            count,
+            Buffers::OutOfPlace { send, recv },
+        )?;
         let max = self.doubling_max;
         self.run(desc, desc, datatype, op, |o| {
             all_reduce_algorithm(o, &mut io, count, max)
@@ -47,10 +51,14 @@ impl Communicator {
         datatype: DataType,
         op: RedOp,
     ) -> Result<(), CollError> {
-        let coll = CollKind::AllReduce;
-        let (desc, bytes) = self.begin(coll, datatype, Some(op), None, count, 1)?;
-        self.need(coll, "", buf.len(), bytes)?;
-        let mut io = Io::in_place(&mut buf[..bytes], 0, 0);
+        let (desc, mut io) = self.begin(
+            CollKind::AllReduce,
+            datatype,
+            Some(op),
+            None,
+            count,
+            Buffers::InPlace(buf),
+        )?;
         let max = self.doubling_max;
         self.run(desc, desc, datatype, op, |o| {
             all_reduce_algorithm(o, &mut io, count, max)
@@ -103,16 +111,14 @@ impl Communicator {
         datatype: DataType,
         root: usize,
     ) -> Result<(), CollError> {
-        let coll = CollKind::Broadcast;
-        let (desc, bytes) = self.begin(coll, datatype, None, Some(root), count, 1)?;
-        let send = if self.rank == root {
-            self.need(coll, "send", send.len(), bytes)?;
-            &send[..bytes]
-        } else {
-            &[]
-        };
-        self.need(coll, "recv", recv.len(), bytes)?;
-        let mut io = Io::out_of_place(send, &mut recv[..bytes]);
+        let (desc, mut io) = self.begin(
+            CollKind::Broadcast,
+            datatype,
+            None,
+            Some(root),
+            count,
+            Buffers::OutOfPlace { send, recv },
+        )?;
         self.run(desc, desc, datatype, RedOp::Sum, |o| {
             chain::broadcast(o, &mut io, count, root)
         })
@@ -129,10 +135,14 @@ impl Communicator {
         datatype: DataType,
         root: usize,
     ) -> Result<(), CollError> {
-        let coll = CollKind::Broadcast;
-        let (desc, bytes) = self.begin(coll, datatype, None, Some(root), count, 1)?;
-        self.need(coll, "", buf.len(), bytes)?;
-        let mut io = Io::in_place(&mut buf[..bytes], 0, 0);
+        let (desc, mut io) = self.begin(
+            CollKind::Broadcast,
+            datatype,
+            None,
+            Some(root),
+            count,
+            Buffers::InPlace(buf),
+        )?;
         self.run(desc, desc, datatype, RedOp::Sum, |o| {
             chain::broadcast(o, &mut io, count, root)
         })
@@ -152,16 +162,14 @@ impl Communicator {
         op: RedOp,
         root: usize,
     ) -> Result<(), CollError> {
-        let coll = CollKind::Reduce;
-        let (desc, bytes) = self.begin(coll, datatype, Some(op), Some(root), count, 1)?;
-        self.need(coll, "send", send.len(), bytes)?;
-        let recv: &mut [u8] = if self.rank == root {
-            self.need(coll, "recv", recv.len(), bytes)?;
-            &mut recv[..bytes]
-        } else {
-            &mut []
-        };
-        let mut io = Io::out_of_place(&send[..bytes], recv);
+        let (desc, mut io) = self.begin(
+            CollKind::Reduce,
+            datatype,
+            Some(op),
+            Some(root),
+            count,
+            Buffers::OutOfPlace { send, recv },
+        )?;
         self.run(desc, desc, datatype, op, |o| {
             chain::reduce(o, &mut io, count, root)
         })
@@ -179,10 +187,14 @@ impl Communicator {
         op: RedOp,
         root: usize,
     ) -> Result<(), CollError> {
-        let coll = CollKind::Reduce;
-        let (desc, bytes) = self.begin(coll, datatype, Some(op), Some(root), count, 1)?;
-        self.need(coll, "", buf.len(), bytes)?;
-        let mut io = Io::in_place(&mut buf[..bytes], 0, 0);
+        let (desc, mut io) = self.begin(
+            CollKind::Reduce,
+            datatype,
+            Some(op),
+            Some(root),
+            count,
+            Buffers::InPlace(buf),
+        )?;
         self.run(desc, desc, datatype, op, |o| {
             chain::reduce(o, &mut io, count, root)
         })
@@ -200,12 +212,14 @@ impl Communicator {
         count: usize,
         datatype: DataType,
     ) -> Result<(), CollError> {
-        let coll = CollKind::AllGather;
-        let (desc, total) = self.begin(coll, datatype, None, None, count, self.nranks)?;
-        let bytes = total / self.nranks;
-        self.need(coll, "send", send.len(), bytes)?;
-        self.need(coll, "recv", recv.len(), total)?;
-        let mut io = Io::out_of_place(&send[..bytes], &mut recv[..total]);
+        let (desc, mut io) = self.begin(
+            CollKind::AllGather,
+            datatype,
+            None,
+            None,
+            count,
+            Buffers::OutOfPlace { send, recv },
+        )?;
         self.run(desc, desc, datatype, RedOp::Sum, |o| {
             ring::all_gather(o, &mut io, count)
         })
@@ -222,11 +236,14 @@ impl Communicator {
         count: usize,
         datatype: DataType,
     ) -> Result<(), CollError> {
-        let coll = CollKind::AllGather;
-        let (desc, total) = self.begin(coll, datatype, None, None, count, self.nranks)?;
-        self.need(coll, "", buf.len(), total)?;
-        let block = total / self.nranks;
-        let mut io = Io::in_place(&mut buf[..total], self.rank * block, 0);
+        let (desc, mut io) = self.begin(
+            CollKind::AllGather,
+            datatype,
+            None,
+            None,
+            count,
+            Buffers::InPlace(buf),
+        )?;
         self.run(desc, desc, datatype, RedOp::Sum, |o| {
             ring::all_gather(o, &mut io, count)
         })
@@ -245,12 +262,14 @@ impl Communicator {
         datatype: DataType,
         op: RedOp,
     ) -> Result<(), CollError> {
-        let coll = CollKind::ReduceScatter;
-        let (desc, total) = self.begin(coll, datatype, Some(op), None, count, self.nranks)?;
-        let bytes = total / self.nranks;
-        self.need(coll, "send", send.len(), total)?;
-        self.need(coll, "recv", recv.len(), bytes)?;
-        let mut io = Io::out_of_place(&send[..total], &mut recv[..bytes]);
+        let (desc, mut io) = self.begin(
+            CollKind::ReduceScatter,
+            datatype,
+            Some(op),
+            None,
+            count,
+            Buffers::OutOfPlace { send, recv },
+        )?;
         self.run(desc, desc, datatype, op, |o| {
             ring::reduce_scatter(o, &mut io, count)
         })
@@ -268,11 +287,14 @@ impl Communicator {
         datatype: DataType,
         op: RedOp,
     ) -> Result<(), CollError> {
-        let coll = CollKind::ReduceScatter;
-        let (desc, total) = self.begin(coll, datatype, Some(op), None, count, self.nranks)?;
-        self.need(coll, "", buf.len(), total)?;
-        let block = total / self.nranks;
-        let mut io = Io::in_place(&mut buf[..total], 0, self.rank * block);
+        let (desc, mut io) = self.begin(
+            CollKind::ReduceScatter,
+            datatype,
+            Some(op),
+            None,
+            count,
+            Buffers::InPlace(buf),
+        )?;
         self.run(desc, desc, datatype, op, |o| {
             ring::reduce_scatter(o, &mut io, count)
         })
@@ -290,11 +312,14 @@ impl Communicator {
         count: usize,
         datatype: DataType,
     ) -> Result<(), CollError> {
-        let coll = CollKind::AllToAll;
-        let (desc, total) = self.begin(coll, datatype, None, None, count, self.nranks)?;
-        self.need(coll, "send", send.len(), total)?;
-        self.need(coll, "recv", recv.len(), total)?;
-        let mut io = Io::out_of_place(&send[..total], &mut recv[..total]);
+        let (desc, mut io) = self.begin(
+            CollKind::AllToAll,
+            datatype,
+            None,
+            None,
+            count,
+            Buffers::OutOfPlace { send, recv },
+        )?;
         self.run(desc, desc, datatype, RedOp::Sum, |o| {
             pairwise::all_to_all(o, &mut io, count)
         })
@@ -310,10 +335,14 @@ impl Communicator {
         count: usize,
         datatype: DataType,
     ) -> Result<(), CollError> {
-        let coll = CollKind::AllToAll;
-        let (desc, total) = self.begin(coll, datatype, None, None, count, self.nranks)?;
-        self.need(coll, "", buf.len(), total)?;
-        let mut io = Io::in_place(&mut buf[..total], 0, 0);
+        let (desc, mut io) = self.begin(
+            CollKind::AllToAll,
+            datatype,
+            None,
+            None,
+            count,
+            Buffers::InPlace(buf),
+        )?;
         self.run(desc, desc, datatype, RedOp::Sum, |o| {
             pairwise::all_to_all(o, &mut io, count)
         })
@@ -332,17 +361,14 @@ impl Communicator {
         datatype: DataType,
         root: usize,
     ) -> Result<(), CollError> {
-        let coll = CollKind::Scatter;
-        let (desc, total) = self.begin(coll, datatype, None, Some(root), count, self.nranks)?;
-        let bytes = total / self.nranks;
-        let send = if self.rank == root {
-            self.need(coll, "send", send.len(), total)?;
-            &send[..total]
-        } else {
-            &[]
-        };
-        self.need(coll, "recv", recv.len(), bytes)?;
-        let mut io = Io::out_of_place(send, &mut recv[..bytes]);
+        let (desc, mut io) = self.begin(
+            CollKind::Scatter,
+            datatype,
+            None,
+            Some(root),
+            count,
+            Buffers::OutOfPlace { send, recv },
+        )?;
         self.run(desc, desc, datatype, RedOp::Sum, |o| {
             pairwise::scatter(o, &mut io, count, root)
         })
@@ -360,11 +386,14 @@ impl Communicator {
         datatype: DataType,
         root: usize,
     ) -> Result<(), CollError> {
-        let coll = CollKind::Scatter;
-        let (desc, total) = self.begin(coll, datatype, None, Some(root), count, self.nranks)?;
-        self.need(coll, "", buf.len(), total)?;
-        let block = total / self.nranks;
-        let mut io = Io::in_place(&mut buf[..total], 0, self.rank * block);
+        let (desc, mut io) = self.begin(
+            CollKind::Scatter,
+            datatype,
+            None,
+            Some(root),
+            count,
+            Buffers::InPlace(buf),
+        )?;
         self.run(desc, desc, datatype, RedOp::Sum, |o| {
             pairwise::scatter(o, &mut io, count, root)
         })
@@ -383,17 +412,14 @@ impl Communicator {
         datatype: DataType,
         root: usize,
     ) -> Result<(), CollError> {
-        let coll = CollKind::Gather;
-        let (desc, total) = self.begin(coll, datatype, None, Some(root), count, self.nranks)?;
-        let bytes = total / self.nranks;
-        self.need(coll, "send", send.len(), bytes)?;
-        let recv: &mut [u8] = if self.rank == root {
-            self.need(coll, "recv", recv.len(), total)?;
-            &mut recv[..total]
-        } else {
-            &mut []
-        };
-        let mut io = Io::out_of_place(&send[..bytes], recv);
+        let (desc, mut io) = self.begin(
+            CollKind::Gather,
+            datatype,
+            None,
+            Some(root),
+            count,
+            Buffers::OutOfPlace { send, recv },
+        )?;
         self.run(desc, desc, datatype, RedOp::Sum, |o| {
             pairwise::gather(o, &mut io, count, root)
         })
@@ -411,11 +437,14 @@ impl Communicator {
         datatype: DataType,
         root: usize,
     ) -> Result<(), CollError> {
-        let coll = CollKind::Gather;
-        let (desc, total) = self.begin(coll, datatype, None, Some(root), count, self.nranks)?;
-        self.need(coll, "", buf.len(), total)?;
-        let block = total / self.nranks;
-        let mut io = Io::in_place(&mut buf[..total], self.rank * block, 0);
+        let (desc, mut io) = self.begin(
+            CollKind::Gather,
+            datatype,
+            None,
+            Some(root),
+            count,
+            Buffers::InPlace(buf),
+        )?;
         self.run(desc, desc, datatype, RedOp::Sum, |o| {
             pairwise::gather(o, &mut io, count, root)
         })
@@ -427,7 +456,14 @@ impl Communicator {
     /// # Errors
     /// A peer that fails.
     pub fn barrier(&mut self) -> Result<(), CollError> {
-        let (desc, _) = self.begin(CollKind::Barrier, DataType::U8, None, None, 0, 1)?;
+        let (desc, _) = self.begin(
+            CollKind::Barrier,
+            DataType::U8,
+            None,
+            None,
+            0,
+            Buffers::None,
+        )?;
         self.run(desc, desc, DataType::U8, RedOp::Sum, pairwise::barrier)
     }
 }

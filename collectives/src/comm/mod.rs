@@ -2,6 +2,7 @@
 //!
 //! * this file: the [`Communicator`], its setup (rendezvous, topology, transport setup and
 //!   connect), its accessors, and how one operation runs and aborts;
+//! * `args`: the argument checks of every operation, one table of rules;
 //! * [`config`]: [`CommConfig`] and its environment overrides;
 //! * `collective`: the collectives (`all_reduce` .. `barrier`), each in place and out of place;
 //! * `p2p`: point-to-point `send` / `recv` / `send_recv`.
@@ -17,10 +18,10 @@ use crate::topology::{self, Path};
 use crate::transport::roce::RoceTransport;
 use crate::transport::shm::ShmTransport;
 use crate::transport::{
-    Abort, AbortReason, CollKind, OpDesc, SetupContext, Transport, TransportError, TransportKind,
-    WaitPolicy,
+    Abort, AbortReason, OpDesc, SetupContext, Transport, TransportError, TransportKind, WaitPolicy,
 };
 
+pub(crate) mod args;
 mod collective;
 mod config;
 mod p2p;
@@ -423,61 +424,5 @@ impl Communicator {
             self.abort(e);
         }
         r
-    }
-
-    /// Fails (and aborts) the operation with an argument error.
-    pub(crate) fn invalid(&mut self, op: CollKind, what: String) -> CollError {
-        let e = CollError::InvalidArgument { op, what };
-        if self.failure.is_none() {
-            self.abort(&e);
-        }
-        e
-    }
-
-    /// Starts collective `coll`: its descriptor (taking a sequence number) and the byte size of
-    /// `count * blocks` elements, checked for overflow.
-    fn begin(
-        &mut self,
-        coll: CollKind,
-        datatype: DataType,
-        redop: Option<RedOp>,
-        root: Option<usize>,
-        count: usize,
-        blocks: usize,
-    ) -> Result<(OpDesc, usize), CollError> {
-        let desc = OpDesc::new(self.seq, coll, datatype, redop, root, count);
-        self.seq += 1;
-        if let Some(root) = root.filter(|&r| r >= self.nranks) {
-            return Err(self.invalid(
-                coll,
-                format!("root {root} is not below nranks {}", self.nranks),
-            ));
-        }
-        match count
-            .checked_mul(blocks)
-            .and_then(|n| n.checked_mul(datatype.size()))
-        {
-            Some(bytes) => Ok((desc, bytes)),
-            None => Err(self.invalid(
-                coll,
-                format!("{count} x {blocks} {datatype} elements overflow"),
-            )),
-        }
-    }
-
-    fn need(
-        &mut self,
-        coll: CollKind,
-        what: &str,
-        have: usize,
-        need: usize,
-    ) -> Result<(), CollError> {
-        if have < need {
-            return Err(self.invalid(
-                coll,
-                format!("{what} buffer has {have} bytes, the operation needs {need}"),
-            ));
-        }
-        Ok(())
     }
 }

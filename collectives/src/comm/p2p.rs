@@ -13,16 +13,6 @@ impl Communicator {
         OpDesc::new(seq, CollKind::SendRecv, datatype, None, None, count)
     }
 
-    fn check_peer(&mut self, peer: usize) -> Result<(), CollError> {
-        if peer >= self.nranks {
-            return Err(self.invalid(
-                CollKind::SendRecv,
-                format!("peer {peer} is not below nranks {}", self.nranks),
-            ));
-        }
-        Ok(())
-    }
-
     /// Sends `count` elements of `buf` to `peer` (NCCL `ncclSend`); returns once `peer` has
     /// received them all (with a matching [`Self::recv`]).
     ///
@@ -77,29 +67,10 @@ impl Communicator {
                 cause: cause.clone(),
             });
         }
-        let es = datatype.size();
-        let bytes = |c: usize| c.checked_mul(es);
-        let (Some(send_bytes), Some(recv_bytes)) = (bytes(send_count), bytes(recv_count)) else {
-            return Err(self.invalid(coll, "element count overflows".into()));
-        };
-        for p in to.iter().chain(from.iter()) {
-            self.check_peer(*p)?;
-        }
-        if to.is_some() {
-            self.need(coll, "send", send.len(), send_bytes)?;
-        }
-        if from.is_some() {
-            self.need(coll, "recv", recv.len(), recv_bytes)?;
-        }
+        let (send_bytes, recv_bytes) =
+            self.check_send_recv(send, send_count, to, recv, recv_count, from, datatype)?;
         let me = Some(self.rank);
         if to == me || from == me {
-            if to != from || send_count != recv_count {
-                return Err(self.invalid(
-                    coll,
-                    "a send to or receive from this rank itself needs both, with equal counts"
-                        .into(),
-                ));
-            }
             recv[..recv_bytes].copy_from_slice(&send[..send_bytes]);
             return Ok(());
         }
