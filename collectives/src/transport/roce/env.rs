@@ -106,6 +106,7 @@ impl RoceEnv {
 ///
 /// # Errors
 /// [`TransportError::Setup`] naming the variable and what it should hold.
+#[cfg(feature = "perf")]
 pub(crate) fn device_from_env() -> Result<(Option<String>, Vec<IpAddr>), TransportError> {
     let env = RoceEnv::from_env()?;
     Ok((env.verbs, env.addrs))

@@ -168,6 +168,7 @@ use layout::Layout;
 use qp::PendingQp;
 
 pub use channel::PROBE_AFTER;
+#[cfg(feature = "perf")]
 pub(crate) use env::device_from_env;
 pub use keepalive::KEEPALIVE;
 pub use registration::RegCache;
