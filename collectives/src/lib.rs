@@ -64,6 +64,7 @@
 //! }
 //! ```
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
 
 pub mod algorithms;
 pub mod bootstrap;

@@ -55,6 +55,8 @@ mod collective;
 pub mod data;
 pub mod report;
 pub mod spawn;
+// Edge: the raw OS calls of the local rank spawner (prctl).
+#[allow(unsafe_code)]
 mod sys;
 
 /// Writes `line` and a newline to `w` with a single `write_all` of one buffer (one write(2) on

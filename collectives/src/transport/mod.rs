@@ -55,7 +55,11 @@ use crate::datatype::{DataType, RedOp};
 pub mod cuda_ipc;
 pub mod kind;
 pub mod roce;
+// Edge: rings in POSIX shared memory that another process writes at any time.
+#[allow(unsafe_code)]
 pub mod shm;
+// Edge: the raw OS calls (futex, pidfd, shm_open) and their test fakes.
+#[allow(unsafe_code)]
 pub(crate) mod sys;
 pub mod wait;
 
@@ -698,6 +702,8 @@ pub trait SendConnector: Send {
     /// # Errors
     /// As [`wait_slot`](Self::wait_slot) and [`post`](Self::post); [`TransportError::Usage`]
     /// while a slot from `wait_slot` is held.
+    // Declares the zero-copy contract (see `# Safety`); the one unsafe method of the trait.
+    #[allow(unsafe_code)]
     unsafe fn post_from(
         &mut self,
         src: &[u8],
