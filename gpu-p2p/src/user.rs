@@ -13,9 +13,16 @@ use core::ptr::NonNull;
 
 use crate::{check_range, HostPtr, Memory, MemoryError, MemoryKind};
 
-/// A read-only range `[base, base + len)` of this process's memory, by address (see the
-/// [module docs](self)). Reads copy from the address; writes and atomics are refused (the HCA
-/// registers it without LOCAL_WRITE or any remote access, so it never writes it).
+/// A read-only range `[base, base + len)` of this process's memory, by address. Reads copy from
+/// the address; writes and atomics are refused (the HCA registers it without LOCAL_WRITE or any
+/// remote access, so it never writes it).
+///
+/// A collective's input buffer is a Rust slice the caller lends for one operation. To send it
+/// without a staging copy, the sender registers the range (an MR with local access only, so no
+/// peer can address it) and points the WR's scatter/gather entry into it. The registration is
+/// cached across operations, so it outlives any one borrow: it names addresses, not an
+/// allocation, and the HCA may read through it only while a WR that points into it is
+/// outstanding ([`UserMemory::new`]'s contract).
 #[derive(Debug)]
 pub struct UserMemory {
     base: usize,
