@@ -20,7 +20,8 @@
 //! * [`bootstrap`] (rendezvous, launcher environments, host identity) and [`topology`] (which
 //!   transport per peer pair: shared memory on one host, RoCE between hosts, either forced with
 //!   `--transport`).
-//! * [`perf`]: the `coll-perf` benchmark (nccl-tests' interface and output).
+//! * `perf` (cargo feature `perf`, on by default): the `coll-perf` benchmark (nccl-tests'
+//!   interface and output).
 //!
 //! ## Layers
 //! ```text
@@ -63,6 +64,7 @@
 //! }
 //! ```
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
 
 pub mod algorithms;
 pub mod bootstrap;
@@ -71,6 +73,7 @@ mod comm;
 mod datatype;
 pub mod device;
 mod error;
+#[cfg(feature = "perf")]
 pub mod perf;
 pub mod reduce;
 pub mod topology;

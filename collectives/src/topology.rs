@@ -16,7 +16,7 @@
 use core::fmt;
 
 use crate::bootstrap::BusinessCard;
-use crate::transport::TransportKind;
+use crate::transport::kind::TransportKind;
 
 /// How this rank reaches one peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -17,6 +17,8 @@
 //!   [`CudaError::NoDevice`]). Also pinned host memory, streams and events, IPC handles, dma-buf
 //!   export, peer access, a topology report and the GPU kernels (PTX): module [`cuda`].
 //! * [`staging::Staged`]: device memory behind a pipelined staging path (below).
+//! * [`UserMemory`]: a range of the program's own memory by address, which an HCA reads straight
+//!   from for a zero-copy send (the collectives' user-buffer registrations).
 //!
 //! ## How each backend reaches GPU memory, and why
 //! * **Verbs backend** (libibverbs on a real RDMA NIC; another part of the `hca` crate): device memory
@@ -40,17 +42,25 @@
 //! The core trait is `no_std`; the providers need `std`.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
 
 use core::fmt;
 use core::ptr::NonNull;
 
 #[cfg(feature = "std")]
+// Edge: anonymous mappings that an HCA reads and writes at any time.
+#[allow(unsafe_code)]
 mod host;
 #[cfg(feature = "std")]
 pub use host::{HostMemory, HostMemoryError, PageBacking};
 
 #[cfg(feature = "std")]
 pub mod staging;
+
+// Edge: a raw range of the program's memory, by address.
+#[allow(unsafe_code)]
+mod user;
+pub use user::UserMemory;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -136,6 +146,7 @@ impl HostPtr {
     /// # Safety
     /// `ptr` must satisfy the contract in the [type docs](HostPtr) for the `Memory` that returns it
     /// from [`Memory::host_ptr`].
+    #[allow(unsafe_code)] // the raw-address contract every provider signs
     pub unsafe fn new(ptr: NonNull<u8>) -> HostPtr {
         HostPtr(ptr)
     }
@@ -149,8 +160,10 @@ impl HostPtr {
 // SAFETY: a `HostPtr` is an address, not an owner: it carries no access by itself, and the memory
 // it names is `Send + Sync` (every `Memory` is). Dereferencing it needs `unsafe` code that keeps the
 // contract above.
+#[allow(unsafe_code)]
 unsafe impl Send for HostPtr {}
 // SAFETY: as for `Send`.
+#[allow(unsafe_code)]
 unsafe impl Sync for HostPtr {}
 
 /// A fixed-size, byte-addressed buffer that an HCA may read and write at any time.

@@ -297,6 +297,8 @@ impl Op<'_> {
     /// Sends input range `r` of `io` to `peer` as chunk `chunk`: without a staging copy where
     /// the transport can read the user buffer in place and the range cannot change during the
     /// operation (out of place, see [`Io::stable_input`]), else copied into the slot.
+    // The zero-copy send contract (`SendConnector::post_from`) is kept here, by `Io`'s sealing.
+    #[allow(unsafe_code)]
     pub(crate) fn send_input(
         &mut self,
         peer: usize,
@@ -324,6 +326,8 @@ impl Op<'_> {
     /// lies: without a staging copy where the transport can read the user buffer in place
     /// (RoCE), else copied into the slot (shared memory). NCCL's `copySend` / the send half of
     /// `recvCopySend`, with the output as the source.
+    // The zero-copy send contract (`SendConnector::post_from`) is kept here, by `Io`'s sealing.
+    #[allow(unsafe_code)]
     pub(crate) fn forward_output(
         &mut self,
         peer: usize,
@@ -348,6 +352,8 @@ impl Op<'_> {
     /// # Safety
     /// As `post_from`: `src` stays alive and unwritten until this operation's connectors are
     /// drained or aborted.
+    // The zero-copy send contract (`SendConnector::post_from`) is kept here, by `Io`'s sealing.
+    #[allow(unsafe_code)]
     unsafe fn post_in_place(
         &mut self,
         peer: usize,

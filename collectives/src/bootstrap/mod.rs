@@ -19,8 +19,10 @@ use core::fmt;
 use std::io;
 
 use crate::codec::{Reader, Writer};
-use crate::transport::TransportKind;
+use crate::transport::kind::TransportKind;
 
+// Edge: FFI, gethostname(2).
+#[allow(unsafe_code)]
 pub mod host;
 pub mod launcher;
 pub mod rendezvous;

@@ -51,9 +51,12 @@ macro_rules! say {
     };
 }
 
+mod collective;
 pub mod data;
 pub mod report;
 pub mod spawn;
+// Edge: the raw OS calls of the local rank spawner (prctl).
+#[allow(unsafe_code)]
 mod sys;
 
 /// Writes `line` and a newline to `w` with a single `write_all` of one buffer (one write(2) on
@@ -67,6 +70,7 @@ pub fn say_line<W: Write + ?Sized>(w: &mut W, line: fmt::Arguments<'_>) {
     let _ = w.flush();
 }
 
+pub use collective::Collective;
 use data::{Expect, Pattern};
 use report::{bandwidth, row_body, row_preamble, Counts, TableHeader};
 
@@ -76,59 +80,6 @@ pub const MAX_TIMEOUT_SECS: u64 = 86_400;
 
 /// The most iterations `-n`, `-w` and `-c` take (perftest's bound on `-n`).
 pub const MAX_ITERS: usize = 100_000_000;
-
-/// The collectives `coll-perf` measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
-pub enum Collective {
-    /// `all_reduce` (busbw factor `2 (n - 1) / n`).
-    AllReduce,
-    /// `all_gather` (`(n - 1) / n`).
-    AllGather,
-    /// `reduce_scatter` (`(n - 1) / n`).
-    ReduceScatter,
-    /// `broadcast` (1).
-    Broadcast,
-    /// `reduce` (1).
-    Reduce,
-    /// `all_to_all` (`(n - 1) / n`).
-    AllToAll,
-    /// `scatter` (`(n - 1) / n`).
-    Scatter,
-    /// `gather` (`(n - 1) / n`).
-    Gather,
-}
-
-impl Collective {
-    /// Whether it reduces (prints its operator; others print `none`).
-    pub fn reduces(self) -> bool {
-        matches!(
-            self,
-            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
-        )
-    }
-
-    /// Whether it has a root (prints it; others print `-1`).
-    pub fn rooted(self) -> bool {
-        matches!(
-            self,
-            Collective::Broadcast | Collective::Reduce | Collective::Scatter | Collective::Gather
-        )
-    }
-
-    /// The command-line name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Collective::AllReduce => "all-reduce",
-            Collective::AllGather => "all-gather",
-            Collective::ReduceScatter => "reduce-scatter",
-            Collective::Broadcast => "broadcast",
-            Collective::Reduce => "reduce",
-            Collective::AllToAll => "all-to-all",
-            Collective::Scatter => "scatter",
-            Collective::Gather => "gather",
-        }
-    }
-}
 
 fn size_arg(s: &str) -> Result<u64, String> {
     report::parse_size(s)

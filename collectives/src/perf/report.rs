@@ -4,7 +4,7 @@
 
 use core::fmt;
 
-use super::Collective;
+use super::collective::Collective;
 
 /// Parses a byte size as nccl-tests' `parsesize` does: a number with an optional `K`, `M` or
 /// `G` suffix (powers of 1024, either case), e.g. `8`, `1K`, `64M`, `1.5G`.

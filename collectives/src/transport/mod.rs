@@ -53,80 +53,18 @@ use crate::bootstrap::BusinessCard;
 use crate::datatype::{DataType, RedOp};
 
 pub mod cuda_ipc;
+pub mod kind;
 pub mod roce;
+// Edge: rings in POSIX shared memory that another process writes at any time.
+#[allow(unsafe_code)]
 pub mod shm;
+// Edge: the raw OS calls (futex, pidfd, shm_open) and their test fakes.
+#[allow(unsafe_code)]
 pub(crate) mod sys;
 pub mod wait;
 
+pub use kind::TransportKind;
 pub use wait::WaitPolicy;
-
-/// Which transport carries a peer pair's data, as chosen by the topology step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TransportKind {
-    /// Pick per peer pair: shared memory when both ranks have the same host id, RoCE otherwise.
-    Auto,
-    /// Shared memory between processes on one host.
-    Shm,
-    /// RDMA WRITE_WITH_IMM over RoCEv2 (through the `hca` crate's verbs).
-    Roce,
-    /// Anonymous memory shared by threads of one process (every rank in the same process).
-    InProcess,
-}
-
-impl TransportKind {
-    /// Lower-case name, as `--transport` takes it.
-    pub const fn name(self) -> &'static str {
-        match self {
-            TransportKind::Auto => "auto",
-            TransportKind::Shm => "shm",
-            TransportKind::Roce => "roce",
-            TransportKind::InProcess => "inproc",
-        }
-    }
-
-    pub(crate) const fn to_raw(self) -> u8 {
-        match self {
-            TransportKind::Auto => 0,
-            TransportKind::Shm => 1,
-            TransportKind::Roce => 2,
-            TransportKind::InProcess => 3,
-        }
-    }
-
-    pub(crate) const fn from_raw(raw: u8) -> Option<TransportKind> {
-        match raw {
-            0 => Some(TransportKind::Auto),
-            1 => Some(TransportKind::Shm),
-            2 => Some(TransportKind::Roce),
-            3 => Some(TransportKind::InProcess),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for TransportKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl core::str::FromStr for TransportKind {
-    type Err = crate::datatype::UnknownName;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "auto" => Ok(TransportKind::Auto),
-            "shm" => Ok(TransportKind::Shm),
-            "roce" => Ok(TransportKind::Roce),
-            "inproc" => Ok(TransportKind::InProcess),
-            _ => Err(crate::datatype::UnknownName {
-                given: s.to_string(),
-                kind: "transport",
-                accepted: "auto shm roce inproc",
-            }),
-        }
-    }
-}
 
 /// The collective (or point-to-point operation) a message belongs to.
 ///
@@ -764,6 +702,8 @@ pub trait SendConnector: Send {
     /// # Errors
     /// As [`wait_slot`](Self::wait_slot) and [`post`](Self::post); [`TransportError::Usage`]
     /// while a slot from `wait_slot` is held.
+    // Declares the zero-copy contract (see `# Safety`); the one unsafe method of the trait.
+    #[allow(unsafe_code)]
     unsafe fn post_from(
         &mut self,
         src: &[u8],

@@ -32,7 +32,11 @@ use std::time::{Duration, Instant};
 use crate::{check_range, Memory, MemoryError, MemoryKind};
 
 mod kernels;
+// Edge: page-locked host memory from the CUDA driver.
+#[allow(unsafe_code)]
 mod pinned;
+// Edge: FFI, the CUDA driver and NVML calls.
+#[allow(unsafe_code)]
 mod sys;
 pub mod topology;
 
@@ -307,8 +311,10 @@ pub struct CudaDevice {
 
 // SAFETY: a CUDA context is usable from any host thread once made current there (the driver API is
 // thread-safe, CUDA Programming Guide "Context"); every method binds the context before a call.
+#[allow(unsafe_code)] // a raw CUDA driver handle (FFI)
 unsafe impl Send for CudaDevice {}
 // SAFETY: as for Send: shared use only makes driver calls, which the driver serializes as needed.
+#[allow(unsafe_code)] // a raw CUDA driver handle (FFI)
 unsafe impl Sync for CudaDevice {}
 
 impl fmt::Debug for CudaDevice {
@@ -826,8 +832,10 @@ pub struct CudaStream {
 
 // SAFETY: a stream handle may be used from any thread with its context current (the driver API is
 // thread-safe, CUDA Programming Guide "Streams").
+#[allow(unsafe_code)] // a raw CUDA driver handle (FFI)
 unsafe impl Send for CudaStream {}
 // SAFETY: as for Send.
+#[allow(unsafe_code)] // a raw CUDA driver handle (FFI)
 unsafe impl Sync for CudaStream {}
 
 impl fmt::Debug for CudaStream {
@@ -934,8 +942,10 @@ pub struct CudaEvent {
 }
 
 // SAFETY: as for CudaStream.
+#[allow(unsafe_code)] // a raw CUDA driver handle (FFI)
 unsafe impl Send for CudaEvent {}
 // SAFETY: as for CudaStream.
+#[allow(unsafe_code)] // a raw CUDA driver handle (FFI)
 unsafe impl Sync for CudaEvent {}
 
 impl fmt::Debug for CudaEvent {

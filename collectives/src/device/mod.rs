@@ -25,11 +25,16 @@ use gpu_p2p::cuda::{CudaMemory, PinnedHostMemory};
 use gpu_p2p::staging::{Staged, StagingDevice};
 use gpu_p2p::{HostMemory, Memory};
 
+use crate::comm::args::rule;
 use crate::datatype::{DataType, RedOp};
 use crate::error::CollError;
 use crate::transport::cuda_ipc::{GpuPeerPath, Record, RECORD_LEN};
 use crate::transport::CollKind;
 use crate::Communicator;
+
+pub(crate) mod stats;
+
+pub use stats::DevicePathStats;
 
 /// A buffer a collective can read and write: a [`Memory`] that may also be CUDA device memory.
 pub trait DeviceBuffer: Memory {
@@ -49,19 +54,6 @@ impl DeviceBuffer for CudaMemory {
     }
 }
 
-/// Which path this communicator's device all-reduces (`all_reduce_mem`, `all_reduce_mem_in_place`)
-/// took: counts of calls, and why the last staged one did not take the GPU peer-to-peer path.
-/// `coll-perf --device` prints it, so a run shows which path it measured.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DevicePathStats {
-    /// Calls that took the GPU peer-to-peer path (CUDA IPC between the rank processes).
-    pub gpu_p2p: u64,
-    /// Calls staged through host memory.
-    pub staged: u64,
-    /// Why the last staged call was staged (one line), if one was.
-    pub last_fallback: Option<String>,
-}
-
 /// Bytes each buffer of an operation must hold.
 struct Sizes {
     send: usize,
@@ -79,22 +71,6 @@ impl Communicator {
         e
     }
 
-    fn bytes(
-        &mut self,
-        op: CollKind,
-        count: usize,
-        blocks: usize,
-        dt: DataType,
-    ) -> Result<usize, CollError> {
-        match count
-            .checked_mul(blocks)
-            .and_then(|n| n.checked_mul(dt.size()))
-        {
-            Some(b) => Ok(b),
-            None => Err(self.invalid(op, format!("{count} x {blocks} {dt} elements overflow"))),
-        }
-    }
-
     fn load(
         &mut self,
         op: CollKind,
@@ -102,15 +78,7 @@ impl Communicator {
         buf: &dyn DeviceBuffer,
         bytes: usize,
     ) -> Result<Vec<u8>, CollError> {
-        if buf.len() < bytes {
-            return Err(self.invalid(
-                op,
-                format!(
-                    "{what} buffer has {} bytes, the operation needs {bytes}",
-                    buf.len()
-                ),
-            ));
-        }
+        self.need(op, what, buf.len(), bytes)?;
         let mut v = vec![0u8; bytes];
         match buf.read(0, &mut v) {
             Ok(()) => Ok(v),
@@ -373,11 +341,11 @@ fn no_record() -> Record {
     }
 }
 
-/// Generates the staged `*_mem` / `*_mem_in_place` forms of a collective: `$sb` / `$rb` are the send
-/// and receive sizes in blocks of `count` elements (`n`: nranks), `$ib` the in-place buffer's.
+/// Generates the staged `*_mem` / `*_mem_in_place` forms of a collective; the buffer sizes, in blocks
+/// of `count` elements, are the collective's argument rule ([`rule`]).
 macro_rules! staged_collective {
     ($(#[$doc:meta])* $name:ident, $name_ip:ident, $host:ident, $host_ip:ident, $kind:expr,
-     ($($arg:ident: $ty:ty),*), send $sb:expr, recv $rb:expr, in_place $ib:expr) => {
+     ($($arg:ident: $ty:ty),*)) => {
         impl Communicator {
             $(#[$doc])*
             ///
@@ -395,8 +363,8 @@ macro_rules! staged_collective {
             ) -> Result<(), CollError> {
                 let n = self.nranks();
                 let sizes = Sizes {
-                    send: self.bytes($kind, count, $sb(n), datatype)?,
-                    recv: self.bytes($kind, count, $rb(n), datatype)?,
+                    send: self.bytes($kind, count, rule($kind).send.of(n), datatype)?,
+                    recv: self.bytes($kind, count, rule($kind).recv.of(n), datatype)?,
                 };
                 self.staged($kind, send, recv, sizes, |c, s, r| c.$host(s, r, count, datatype, $($arg),*))
             }
@@ -413,7 +381,7 @@ macro_rules! staged_collective {
                 $($arg: $ty),*
             ) -> Result<(), CollError> {
                 let n = self.nranks();
-                let b = self.bytes($kind, count, $ib(n), datatype)?;
+                let b = self.bytes($kind, count, rule($kind).in_place().of(n), datatype)?;
                 self.staged_in_place($kind, buf, b, |c, x| c.$host_ip(x, count, datatype, $($arg),*))
             }
         }
@@ -424,36 +392,36 @@ macro_rules! staged_collective {
 staged_collective!(
     /// Broadcast on device buffers ([`Communicator::broadcast`]).
     broadcast_mem, broadcast_mem_in_place, broadcast, broadcast_in_place, CollKind::Broadcast,
-    (root: usize), send |_| 1, recv |_| 1, in_place |_| 1
+    (root: usize)
 );
 staged_collective!(
     /// Reduce on device buffers ([`Communicator::reduce`]).
     reduce_mem, reduce_mem_in_place, reduce, reduce_in_place, CollKind::Reduce,
-    (op: RedOp, root: usize), send |_| 1, recv |_| 1, in_place |_| 1
+    (op: RedOp, root: usize)
 );
 staged_collective!(
     /// All-gather on device buffers ([`Communicator::all_gather`]).
     all_gather_mem, all_gather_mem_in_place, all_gather, all_gather_in_place, CollKind::AllGather,
-    (), send |_| 1, recv |n| n, in_place |n| n
+    ()
 );
 staged_collective!(
     /// Reduce-scatter on device buffers ([`Communicator::reduce_scatter`]).
     reduce_scatter_mem, reduce_scatter_mem_in_place, reduce_scatter, reduce_scatter_in_place,
     CollKind::ReduceScatter,
-    (op: RedOp), send |n| n, recv |_| 1, in_place |n| n
+    (op: RedOp)
 );
 staged_collective!(
     /// All-to-all on device buffers ([`Communicator::all_to_all`]).
     all_to_all_mem, all_to_all_mem_in_place, all_to_all, all_to_all_in_place, CollKind::AllToAll,
-    (), send |n| n, recv |n| n, in_place |n| n
+    ()
 );
 staged_collective!(
     /// Scatter on device buffers ([`Communicator::scatter`]).
     scatter_mem, scatter_mem_in_place, scatter, scatter_in_place, CollKind::Scatter,
-    (root: usize), send |n| n, recv |_| 1, in_place |n| n
+    (root: usize)
 );
 staged_collective!(
     /// Gather on device buffers ([`Communicator::gather`]).
     gather_mem, gather_mem_in_place, gather, gather_in_place, CollKind::Gather,
-    (root: usize), send |_| 1, recv |n| n, in_place |n| n
+    (root: usize)
 );

@@ -1,0 +1,357 @@
+//! The send and receive connectors of one channel ([`RoceSend`], [`RoceRecv`]): the slot
+//! protocol's steps as WRITE_WITH_IMMs, credits as SEND_WITH_IMMs.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hca::{SendOp, Sge};
+
+use super::channel::{Channel, WR_CREDIT, WR_DATA, WR_DATA_USER};
+use super::device::lock;
+use crate::transport::{
+    Abort, AbortReason, Imm, OpDesc, RecvChunk, RecvConnector, SendConnector, SlotHeader,
+    TransportError, WaitFor,
+};
+
+/// Sending end of one channel.
+pub(super) struct RoceSend {
+    pub(super) ch: Arc<Channel>,
+    /// Next step to post.
+    pub(super) step: u32,
+    pub(super) slot_held: bool,
+}
+
+impl RoceSend {
+    pub(super) fn slot_offset(&self, step: u32) -> usize {
+        self.ch.send_off + (step as usize % self.ch.layout.nslots) * self.ch.layout.stride()
+    }
+
+    pub(super) fn remote_slot(&self, step: u32) -> u64 {
+        self.ch.remote_ring
+            + ((step as usize % self.ch.layout.nslots) * self.ch.layout.stride()) as u64
+    }
+
+    pub(super) fn check_post(&self, len: usize) -> Result<(), TransportError> {
+        if len > self.ch.layout.slot_bytes {
+            return Err(TransportError::Usage {
+                peer: self.ch.peer,
+                what: "post longer than a slot",
+            });
+        }
+        Ok(())
+    }
+
+    /// Waits for the next step's slot: a credit from the peer, the staging slot's previous WR
+    /// complete, and room in the send queue.
+    pub(super) fn wait_free(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        let (step, nslots, depth) = (
+            self.step,
+            self.ch.layout.nslots as u32,
+            self.ch.layout.send_wrs(),
+        );
+        self.ch.wait(timeout, WaitFor::Credit, |st| {
+            (step.wrapping_sub(st.credit) < nslots
+                && step.wrapping_sub(st.data_done) < nslots
+                && st.sq_outstanding < depth)
+                .then_some(())
+        })
+    }
+
+    /// Posts step `self.step` as one WRITE_WITH_IMM of the header (and payload) at `header_sge`
+    /// followed by `payload`.
+    pub(super) fn post_write(
+        &mut self,
+        len: usize,
+        chunk: u16,
+        desc: &OpDesc,
+        payload: Option<Sge>,
+    ) -> Result<(), TransportError> {
+        let imm = Imm {
+            step: self.step as u16,
+            chunk,
+        };
+        let header = SlotHeader {
+            len: len as u32,
+            imm,
+            desc: *desc,
+        };
+        let off = self.slot_offset(self.step);
+        let b = header.encode();
+        // SAFETY: the staging slot of `step` is ours (its previous WR completed: `wait_free`);
+        // the header is 64 bytes at its start, inside the send region.
+        unsafe { core::ptr::copy_nonoverlapping(b.as_ptr(), self.ch.send.ptr(off), b.len()) };
+        let staged = if payload.is_some() { 0 } else { len };
+        let mut sges = [
+            Sge {
+                addr: self.ch.send.iova(off),
+                length: (SlotHeader::LEN + staged) as u32,
+                lkey: self.ch.send.mr.lkey(),
+            },
+            payload.unwrap_or(Sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            }),
+        ];
+        let nsge = if payload.is_some() { 2 } else { 1 };
+        if let Some(p) = payload {
+            sges[1] = p;
+        }
+        let op = SendOp::RdmaWriteWithImm {
+            remote_addr: self.remote_slot(self.step),
+            rkey: self.ch.rkey,
+            imm_data: imm.to_raw(),
+        };
+        let kind = if payload.is_some() {
+            WR_DATA_USER
+        } else {
+            WR_DATA
+        };
+        let mut st = self.ch.state();
+        self.ch
+            .post_send(&mut st, kind | u64::from(self.step), &sges[..nsge], op)?;
+        if payload.is_some() {
+            st.user_wrs += 1;
+            self.ch.hca.user_wrs.fetch_add(1, Ordering::AcqRel);
+        }
+        self.step = self.step.wrapping_add(1);
+        st.posted = self.step;
+        self.slot_held = false;
+        Ok(())
+    }
+}
+
+impl SendConnector for RoceSend {
+    fn peer(&self) -> usize {
+        self.ch.peer
+    }
+
+    fn slot_bytes(&self) -> usize {
+        self.ch.layout.slot_bytes
+    }
+
+    fn wait_slot(&mut self, timeout: Duration) -> Result<&mut [u8], TransportError> {
+        if !self.slot_held {
+            self.wait_free(timeout)?;
+            self.slot_held = true;
+        }
+        let off = self.slot_offset(self.step) + SlotHeader::LEN;
+        // SAFETY: the staging slot of `step` is ours: the HCA finished the WR that last read it
+        // (`data_done`) and posts nothing from it until our `post`. It lies inside the send
+        // region, and the slice borrows `self` mutably, so it ends before `post`.
+        Ok(unsafe {
+            core::slice::from_raw_parts_mut(self.ch.send.ptr(off), self.ch.layout.slot_bytes)
+        })
+    }
+
+    fn post(&mut self, len: usize, chunk: u16, desc: &OpDesc) -> Result<(), TransportError> {
+        if !self.slot_held {
+            return Err(TransportError::Usage {
+                peer: self.ch.peer,
+                what: "post without a slot from wait_slot",
+            });
+        }
+        self.check_post(len)?;
+        self.post_write(len, chunk, desc, None)
+    }
+
+    unsafe fn post_from(
+        &mut self,
+        src: &[u8],
+        region: &[u8],
+        chunk: u16,
+        desc: &OpDesc,
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
+        self.check_post(src.len())?;
+        if self.slot_held {
+            return Err(TransportError::Usage {
+                peer: self.ch.peer,
+                what: "post_from while a slot from wait_slot is held",
+            });
+        }
+        self.wait_free(timeout)?;
+        self.slot_held = true;
+        let payload = if src.is_empty() {
+            None
+        } else {
+            let quiet = self.ch.hca.user_wrs.load(Ordering::Acquire) == 0;
+            // Register the whole buffer `src` lies in (one registration serves every chunk of
+            // it); the SGE below still covers `src` only.
+            let (s, r) = (src.as_ptr_range(), region.as_ptr_range());
+            let reg = if r.start <= s.start && s.end <= r.end {
+                region
+            } else {
+                src
+            };
+            let lkey = lock(&self.ch.hca.regs)
+                .lookup(
+                    &*self.ch.hca.dev,
+                    self.ch.hca.pd,
+                    // The HCA addresses user memory by address, as a NIC would by DMA address;
+                    // `gpu_p2p::UserMemory` turns it back into a pointer with this provenance.
+                    reg.as_ptr().expose_provenance(),
+                    reg.len(),
+                    quiet,
+                )
+                .map_err(self.ch.verbs_err("ibv_reg_mr"))?;
+            // The SGE's address carries `src`'s provenance too (`UserMemory` reads through it).
+            let _ = src.as_ptr().expose_provenance();
+            Some(Sge {
+                addr: src.as_ptr() as u64,
+                length: src.len() as u32,
+                lkey,
+            })
+        };
+        self.post_write(src.len(), chunk, desc, payload)
+    }
+
+    fn drain(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        let step = self.step;
+        self.ch.wait(timeout, WaitFor::Drain, |st| {
+            (st.credit == step && st.data_done == step).then_some(())
+        })
+    }
+
+    fn abort(&mut self, abort: Abort) {
+        self.ch.send_abort(abort);
+        self.ch.quiesce();
+    }
+}
+
+impl Drop for RoceSend {
+    fn drop(&mut self) {
+        self.ch.send_abort(Abort {
+            origin: self.ch.rank,
+            reason: AbortReason::Closed,
+        });
+        self.ch.quiesce();
+    }
+}
+
+/// Receiving end of one channel.
+pub(super) struct RoceRecv {
+    pub(super) ch: Arc<Channel>,
+    /// Next step to receive.
+    pub(super) step: u32,
+    pub(super) held: Option<SlotHeader>,
+    /// The timeout of the last wait, for the send-queue wait of a credit.
+    pub(super) timeout: Duration,
+}
+
+impl RoceRecv {
+    pub(super) fn slot_offset(&self) -> usize {
+        self.ch.recv_off + (self.step as usize % self.ch.layout.nslots) * self.ch.layout.stride()
+    }
+
+    pub(super) fn protocol(&self, what: String) -> TransportError {
+        TransportError::Protocol {
+            peer: self.ch.peer,
+            channel: self.ch.channel,
+            what,
+        }
+    }
+}
+
+impl RecvConnector for RoceRecv {
+    fn peer(&self) -> usize {
+        self.ch.peer
+    }
+
+    fn slot_bytes(&self) -> usize {
+        self.ch.layout.slot_bytes
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<RecvChunk<'_>, TransportError> {
+        self.timeout = timeout;
+        let header = match self.held {
+            Some(h) => h,
+            None => {
+                let (raw, byte_len) = self
+                    .ch
+                    .wait(timeout, WaitFor::Data, |st| st.arrivals.pop_front())?;
+                let imm = Imm::from_raw(raw);
+                if imm.step != self.step as u16 {
+                    return Err(self.protocol(format!(
+                        "immediate carries step {} where step {} was expected",
+                        imm.step, self.step as u16
+                    )));
+                }
+                let mut b = [0u8; SlotHeader::LEN];
+                // SAFETY: the slot lies inside the receive region; its write completed before the
+                // CQE we polled (under the engine lock its write was made under), and the
+                // credit protocol keeps the peer from writing it again before our release. A
+                // peer that breaks the protocol can only change byte values, valid for `u8`.
+                unsafe {
+                    core::ptr::copy_nonoverlapping(
+                        self.ch.recv.ptr(self.slot_offset()),
+                        b.as_mut_ptr(),
+                        b.len(),
+                    )
+                };
+                let h = SlotHeader::decode(&b);
+                if h.imm != imm {
+                    return Err(self.protocol(format!(
+                        "slot header says {:?}, the immediate {imm:?}",
+                        h.imm
+                    )));
+                }
+                if h.len as usize > self.ch.layout.slot_bytes
+                    || byte_len as usize != SlotHeader::LEN + h.len as usize
+                {
+                    return Err(self.protocol(format!(
+                        "write of {byte_len} bytes with a header of {} payload bytes in a slot \
+                         of {}",
+                        h.len, self.ch.layout.slot_bytes
+                    )));
+                }
+                self.held = Some(h);
+                h
+            }
+        };
+        let off = self.slot_offset() + SlotHeader::LEN;
+        // SAFETY: as for the header above; `len <= slot_bytes` was checked, and the slice borrows
+        // `self`, so it ends before `release` hands the slot back.
+        let data =
+            unsafe { core::slice::from_raw_parts(self.ch.recv.ptr(off), header.len as usize) };
+        Ok(RecvChunk {
+            imm: header.imm,
+            desc: header.desc,
+            data,
+        })
+    }
+
+    fn release(&mut self) -> Result<(), TransportError> {
+        if self.held.take().is_none() {
+            return Err(TransportError::Usage {
+                peer: self.ch.peer,
+                what: "release without a chunk from wait",
+            });
+        }
+        self.step = self.step.wrapping_add(1);
+        self.ch.wait_sq(self.timeout, WaitFor::Credit)?;
+        let mut st = self.ch.state();
+        self.ch.post_send(
+            &mut st,
+            WR_CREDIT,
+            &[],
+            SendOp::SendWithImm {
+                imm_data: self.step,
+            },
+        )
+    }
+
+    fn abort(&mut self, abort: Abort) {
+        self.ch.send_abort(abort);
+    }
+}
+
+impl Drop for RoceRecv {
+    fn drop(&mut self) {
+        self.ch.send_abort(Abort {
+            origin: self.ch.rank,
+            reason: AbortReason::Closed,
+        });
+    }
+}

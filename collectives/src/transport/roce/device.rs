@@ -1,0 +1,164 @@
+//! The device a rank opens (a libibverbs device or the software HCA on UDP), its protection
+//! domain and its registered regions ([`Hca`], [`Region`]). Every call that opens a device or
+//! allocates its PD is here, in [`Hca::open`].
+
+use std::io;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use gpu_p2p::{HostMemory, Memory};
+use hca::ibverbs::IbvDevice;
+use hca::soft::{DeviceError, Progress, UdpDevice, UdpDeviceConfig};
+use hca::verbs::Verbs;
+use hca::{AccessFlags, MemoryRegion, PdHandle};
+
+use super::env::{choose_address, RoceEnv};
+use super::keepalive::Keepalive;
+use super::registration::RegCache;
+use crate::transport::{SetupContext, TransportError};
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A page-aligned host buffer registered with the device.
+pub(super) struct Region {
+    pub(super) mem: Arc<HostMemory>,
+    pub(super) mr: MemoryRegion,
+}
+
+impl Region {
+    pub(super) fn new(
+        hca: &Hca,
+        len: usize,
+        access: AccessFlags,
+        what: &'static str,
+    ) -> Result<Region, TransportError> {
+        let mem = Arc::new(HostMemory::new(len).map_err(|e| TransportError::Setup {
+            peer: None,
+            op: "allocating",
+            on: format!("{what} ({len} bytes)"),
+            source: io::Error::other(e.to_string()),
+        })?);
+        // The iova is the virtual address, as ibv_reg_mr(3) uses.
+        let iova = mem.as_ptr() as u64;
+        let mr = hca
+            .dev
+            .reg_mr(hca.pd, mem.clone(), 0, len, iova, access)
+            .map_err(Hca::verbs("ibv_reg_mr", None))?;
+        Ok(Region { mem, mr })
+    }
+
+    pub(super) fn iova(&self, offset: usize) -> u64 {
+        self.mr.iova() + offset as u64
+    }
+
+    pub(super) fn ptr(&self, offset: usize) -> *mut u8 {
+        debug_assert!(offset <= self.mem.len());
+        // SAFETY: callers pass offsets inside the buffer (checked by the layout), so the
+        // result stays inside the same allocation.
+        unsafe { self.mem.as_ptr().add(offset) }
+    }
+}
+
+/// A rank's device and protection domain, shared by its channels; closing it (the last drop)
+/// sends what is queued, flushes every WR and joins the progress thread.
+pub(super) struct Hca {
+    pub(super) dev: Arc<dyn Verbs>,
+    /// The same device when it is the software HCA on UDP (caller-driven progress, peer ports,
+    /// counters); `None` for a libibverbs device.
+    pub(super) udp: Option<Arc<UdpDevice>>,
+    pub(super) pd: PdHandle,
+    pub(super) regs: Mutex<RegCache>,
+    /// WRs reading user memory, posted and not completed, on every channel of the device.
+    pub(super) user_wrs: AtomicUsize,
+    /// Bumped by every wait of a connector (the rank thread drives the device meanwhile).
+    pub(super) activity: Arc<AtomicU64>,
+    pub(super) keepalive: Option<Keepalive>,
+}
+
+impl Drop for Hca {
+    fn drop(&mut self) {
+        // Stop the keepalive thread before the device closes.
+        self.keepalive = None;
+        if let Some(udp) = self
+            .udp
+            .as_ref()
+            .filter(|_| std::env::var("COLL_ROCE_STATS").is_ok_and(|v| v == "1"))
+        {
+            let regs = lock(&self.regs);
+            eprintln!(
+                "coll roce {}: engine {:?}\n  link {:?}\n  progress {:?}\n  user buffers: \
+                 {} registrations, {} cache hits",
+                udp.local_addr(),
+                udp.counters(),
+                udp.link_counters(),
+                udp.device_counters(),
+                regs.registrations,
+                regs.hits
+            );
+        }
+    }
+}
+
+impl Hca {
+    /// Opens the device the environment selects (a libibverbs device, or the software HCA on
+    /// a UDP socket at the rank's address, see the [module docs](super#addresses)), allocates
+    /// its protection domain and, with caller-driven progress, starts the keepalive thread.
+    pub(super) fn open(ctx: &SetupContext<'_>, env: &RoceEnv) -> Result<Arc<Hca>, TransportError> {
+        let (dev, udp): (Arc<dyn Verbs>, _) = match &env.verbs {
+            Some(name) => {
+                let dev =
+                    IbvDevice::open(name).map_err(Hca::verbs("opening the verbs device", None))?;
+                (Arc::new(dev), None)
+            }
+            None => {
+                let ip = choose_address(ctx, env)?;
+                let mut config = UdpDeviceConfig::new(ip);
+                config.port = env.port;
+                config.progress = env.progress;
+                let dev = Arc::new(
+                    UdpDevice::open(config).map_err(Hca::verbs("opening the UDP device", None))?,
+                );
+                (dev.clone(), Some(dev))
+            }
+        };
+        let pd = dev.alloc_pd().map_err(Hca::verbs("ibv_alloc_pd", None))?;
+        let config_progress = env.progress;
+        let activity = Arc::new(AtomicU64::new(0));
+        let keepalive = match (config_progress, &udp) {
+            (Progress::Caller, Some(udp)) => Some(
+                Keepalive::start(udp.clone(), activity.clone()).map_err(|source| {
+                    TransportError::Setup {
+                        peer: None,
+                        op: "starting the keepalive thread",
+                        on: udp.local_addr().to_string(),
+                        source,
+                    }
+                })?,
+            ),
+            _ => None,
+        };
+        let hca = Arc::new(Hca {
+            dev,
+            udp,
+            pd,
+            regs: Mutex::new(RegCache::new()),
+            user_wrs: AtomicUsize::new(0),
+            activity,
+            keepalive,
+        });
+        Ok(hca)
+    }
+
+    pub(super) fn verbs(
+        op: &'static str,
+        peer: Option<usize>,
+    ) -> impl Fn(DeviceError) -> TransportError {
+        move |source| TransportError::Verbs {
+            peer,
+            op,
+            source: Box::new(source),
+        }
+    }
+}
