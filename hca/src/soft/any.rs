@@ -20,6 +20,20 @@ pub enum AnyConfig {
 
 impl SoftLink for AnyLink {
     type DeviceConfig = AnyConfig;
+
+    fn set_peer_port(&mut self, ip: std::net::IpAddr, port: u16) -> bool {
+        match self {
+            AnyLink::Udp(l) => SoftLink::set_peer_port(l, ip, port),
+            AnyLink::Vfio(_) => false,
+        }
+    }
+
+    fn udp_port(&self) -> Option<u16> {
+        match self {
+            AnyLink::Udp(l) => SoftLink::udp_port(l),
+            AnyLink::Vfio(_) => None,
+        }
+    }
 }
 
 /// A software RoCEv2 device on a link chosen at run time ([`AnyLink`]: the tools' `--link`).
@@ -55,14 +69,6 @@ impl AnyDevice {
                     None,
                 )
             }
-        }
-    }
-
-    /// On a UDP link: sends packets for peer address `ip` to UDP port `port` instead of the
-    /// configured peer port ([`super::UdpDevice::set_peer_port`]); nothing on a VFIO link.
-    pub fn set_peer_port(&self, ip: std::net::IpAddr, port: u16) {
-        if let AnyLink::Udp(l) = &mut lock(&self.shared.io).link {
-            l.set_peer_port(ip, port);
         }
     }
 

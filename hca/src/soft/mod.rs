@@ -75,7 +75,7 @@
 mod progress;
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -119,6 +119,18 @@ pub use vfio::{VfioDevice, VfioDeviceConfig};
 pub trait SoftLink: Link<Error: Into<DeviceError>> {
     /// The configuration a device over this link was opened with.
     type DeviceConfig: Clone + fmt::Debug + Send + Sync + 'static;
+
+    /// Sends the packets for peer address `ip` to UDP port `port` (a link on a kernel socket);
+    /// `false` when the link always sends to 4791 (the default).
+    fn set_peer_port(&mut self, ip: IpAddr, port: u16) -> bool {
+        let _ = (ip, port);
+        false
+    }
+
+    /// The UDP port the link is bound to when it is a kernel socket (the default: `None`).
+    fn udp_port(&self) -> Option<u16> {
+        None
+    }
 }
 
 /// The RoCEv2 UDP port, 4791 (IBTA vol. 1 Annex A17.2.2): the default local and peer port.
@@ -351,6 +363,13 @@ impl<L: SoftLink> SoftDevice<L> {
     /// bound socket address (the port the kernel picked if the config said 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    /// Sends packets for peer address `ip` to UDP port `port` instead of the configured peer
+    /// port (two devices on one address, bound to two ports). Returns `false` on a link that
+    /// always sends to 4791 (VFIO).
+    pub fn set_peer_port(&self, ip: IpAddr, port: u16) -> bool {
+        lock(&self.shared.io).link.set_peer_port(ip, port)
     }
 
     /// The link's name ([`Link::name`]): `udp:ADDRESS:PORT`, `vfio:PCI_ADDRESS`.

@@ -15,6 +15,15 @@ use super::{lock, Progress, SoftDevice, SoftLink, ROCEV2_PORT};
 
 impl SoftLink for UdpLink {
     type DeviceConfig = UdpDeviceConfig;
+
+    fn set_peer_port(&mut self, ip: IpAddr, port: u16) -> bool {
+        UdpLink::set_peer_port(self, ip, port);
+        true
+    }
+
+    fn udp_port(&self) -> Option<u16> {
+        Some(self.link().local_addr().port())
+    }
 }
 
 /// How to open a [`UdpDevice`].
@@ -204,12 +213,6 @@ impl UdpDevice {
         let (io, engine_config, window_budget) = open_udp_link(&config)?;
         let progress = config.progress;
         SoftDevice::with_link(io, config, engine_config, progress, Some(window_budget))
-    }
-
-    /// Sends packets for peer address `ip` to UDP port `port` instead of
-    /// [`UdpDeviceConfig::peer_port`] (two devices on one address, bound to two ports).
-    pub fn set_peer_port(&self, ip: IpAddr, port: u16) {
-        lock(&self.shared.io).link.set_peer_port(ip, port);
     }
 
     /// The GSO / GRO state of the socket.

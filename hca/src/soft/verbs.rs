@@ -138,6 +138,19 @@ impl<L: SoftLink> Verbs for SoftDevice<L> {
     fn progress_while(&self, f: &mut dyn FnMut()) {
         SoftDevice::progress_during(self, f)
     }
+    fn udp_port(&self) -> Option<u16> {
+        super::lock(&self.shared.io).link.udp_port()
+    }
+    fn set_peer_port(&self, ip: std::net::IpAddr, port: u16) -> Result<(), DeviceError> {
+        if SoftDevice::<L>::set_peer_port(self, ip, port) {
+            Ok(())
+        } else {
+            Err(DeviceError::Unsupported {
+                device: self.name().to_owned(),
+                what: "a peer UDP port other than 4791",
+            })
+        }
+    }
     fn stats(&self) -> Option<Vec<(&'static str, String)>> {
         Some(vec![
             ("engine", format!("{:?}", self.counters())),

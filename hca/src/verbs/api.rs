@@ -87,6 +87,28 @@ pub trait Verbs: Send + Sync + fmt::Debug {
         f()
     }
 
+    /// The UDP port the device's RoCEv2 packets arrive at and leave from, when it is not fixed:
+    /// a software HCA on a kernel socket may be bound to another port than RoCEv2's 4791 (IBTA
+    /// vol. 1 Annex A17.2.2) so that several devices share one address (tests, several ranks on
+    /// one host address). `None` (the default): the device uses 4791, as every RoCE HCA does.
+    fn udp_port(&self) -> Option<u16> {
+        None
+    }
+
+    /// Sends the RoCEv2 packets for peer address `ip` to UDP port `port` instead of 4791 (the
+    /// peer is a software HCA bound to that port, [`Verbs::udp_port`]).
+    ///
+    /// # Errors
+    /// `EOPNOTSUPP` ([`DeviceError::Verbs`]) on a device that always sends to 4791 (the default:
+    /// a hardware HCA, a software HCA on a VFIO NIC).
+    fn set_peer_port(&self, ip: std::net::IpAddr, port: u16) -> Result<(), DeviceError> {
+        let _ = (ip, port);
+        Err(DeviceError::Unsupported {
+            device: self.name(),
+            what: "a peer UDP port other than 4791",
+        })
+    }
+
     /// The device's own counters for diagnostics (the tools' `--stats`), as `(name, value)`
     /// lines; `None` for a device that keeps its counters elsewhere (a hardware HCA: sysfs,
     /// `/sys/class/infiniband/DEVICE/ports/1/counters`), the default.
@@ -305,6 +327,13 @@ pub enum DeviceError {
     /// group, not a virtio-net function, ...) or driven.
     #[cfg(target_os = "linux")]
     Vfio(VfioError),
+    /// The device does not do what was asked (`EOPNOTSUPP`).
+    Unsupported {
+        /// The device ([`Verbs::name`]).
+        device: String,
+        /// What it does not do.
+        what: &'static str,
+    },
     /// The device was closed: no new work is accepted.
     Closed {
         /// The device's link ([`Verbs::name`]).
@@ -340,6 +369,7 @@ impl DeviceError {
     pub fn errno(&self) -> Option<i32> {
         match self {
             DeviceError::Verbs(e) => Some(e.errno()),
+            DeviceError::Unsupported { .. } => Some(crate::verbs::error::errno::EOPNOTSUPP),
             _ => None,
         }
     }
@@ -353,6 +383,9 @@ impl fmt::Display for DeviceError {
             #[cfg(target_os = "linux")]
             DeviceError::Vfio(e) => write!(f, "VFIO device: {e}"),
             DeviceError::Closed { device } => write!(f, "device {device}: device is closed"),
+            DeviceError::Unsupported { device, what } => {
+                write!(f, "device {device}: {what} is not supported")
+            }
             DeviceError::Config { device, reason } => {
                 write!(f, "device {device}: bad configuration: {reason}")
             }

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use hca::soft::{DeviceError, Progress};
+use hca::soft::DeviceError;
 use hca::{
     CqHandle, QpAttr, QpAttrMask, QpState, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode,
     WcStatus, WorkCompletion,
@@ -319,9 +319,10 @@ impl Channel {
         self.hca.activity.fetch_add(1, Ordering::Relaxed);
         // With caller-driven progress every poll is a progress round (a recvmmsg(2)): spin
         // fewer times than on a memory word.
-        let spin = match self.hca.udp.as_ref().map(|u| u.config().progress) {
-            Some(Progress::Caller) => self.policy.spin / 64,
-            _ => self.policy.spin,
+        let spin = if self.hca.caller_driven {
+            self.policy.spin / 64
+        } else {
+            self.policy.spin
         };
         for i in 0..spin + self.policy.yields {
             if let Some(v) = check(&mut self.state())? {

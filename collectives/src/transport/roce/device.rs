@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use gpu_p2p::{HostMemory, Memory};
-use hca::ibverbs::IbvDevice;
-use hca::soft::{DeviceError, Progress, UdpDevice, UdpDeviceConfig};
+use hca::open::{open, DeviceSpec, OpenOptions};
+use hca::soft::{DeviceError, Progress};
 use hca::verbs::Verbs;
 use hca::{AccessFlags, MemoryRegion, PdHandle};
 
@@ -65,9 +65,11 @@ impl Region {
 /// sends what is queued, flushes every WR and joins the progress thread.
 pub(super) struct Hca {
     pub(super) dev: Arc<dyn Verbs>,
-    /// The same device when it is the software HCA on UDP (caller-driven progress, peer ports,
-    /// counters); `None` for a libibverbs device.
-    pub(super) udp: Option<Arc<UdpDevice>>,
+    /// The device is the software HCA on a UDP socket (it tells peers apart by address).
+    pub(super) software: bool,
+    /// The program drives the device's progress (the software HCA with caller-driven progress):
+    /// every poll is a progress round, and the keepalive thread covers the gaps.
+    pub(super) caller_driven: bool,
     pub(super) pd: PdHandle,
     pub(super) regs: Mutex<RegCache>,
     /// WRs reading user memory, posted and not completed, on every channel of the device.
@@ -81,22 +83,18 @@ impl Drop for Hca {
     fn drop(&mut self) {
         // Stop the keepalive thread before the device closes.
         self.keepalive = None;
-        if let Some(udp) = self
-            .udp
-            .as_ref()
-            .filter(|_| std::env::var("COLL_ROCE_STATS").is_ok_and(|v| v == "1"))
-        {
-            let regs = lock(&self.regs);
-            eprintln!(
-                "coll roce {}: engine {:?}\n  link {:?}\n  progress {:?}\n  user buffers: \
-                 {} registrations, {} cache hits",
-                udp.local_addr(),
-                udp.counters(),
-                udp.link_counters(),
-                udp.device_counters(),
-                regs.registrations,
-                regs.hits
-            );
+        if std::env::var("COLL_ROCE_STATS").is_ok_and(|v| v == "1") {
+            if let Some(stats) = self.dev.stats() {
+                let regs = lock(&self.regs);
+                let lines: Vec<String> = stats.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                eprintln!(
+                    "coll roce {}: {}\n  user buffers: {} registrations, {} cache hits",
+                    self.dev.name(),
+                    lines.join("\n  "),
+                    regs.registrations,
+                    regs.hits
+                );
+            }
         }
     }
 }
@@ -106,42 +104,45 @@ impl Hca {
     /// a UDP socket at the rank's address, see the [module docs](super#addresses)), allocates
     /// its protection domain and, with caller-driven progress, starts the keepalive thread.
     pub(super) fn open(ctx: &SetupContext<'_>, env: &RoceEnv) -> Result<Arc<Hca>, TransportError> {
-        let (dev, udp): (Arc<dyn Verbs>, _) = match &env.verbs {
-            Some(name) => {
-                let dev =
-                    IbvDevice::open(name).map_err(Hca::verbs("opening the verbs device", None))?;
-                (Arc::new(dev), None)
-            }
-            None => {
-                let ip = choose_address(ctx, env)?;
-                let mut config = UdpDeviceConfig::new(ip);
-                config.port = env.port;
-                config.progress = env.progress;
-                let dev = Arc::new(
-                    UdpDevice::open(config).map_err(Hca::verbs("opening the UDP device", None))?,
-                );
-                (dev.clone(), Some(dev))
-            }
+        let spec = match &env.verbs {
+            Some(name) => DeviceSpec::Verbs(name.clone()),
+            None => DeviceSpec::Udp {
+                ip: choose_address(ctx, env)?,
+                port: Some(env.port),
+            },
         };
+        let software = env.verbs.is_none();
+        let options = OpenOptions {
+            progress: env.progress,
+            ..OpenOptions::default()
+        };
+        let what = if software {
+            "opening the UDP device"
+        } else {
+            "opening the verbs device"
+        };
+        let dev = open(&spec, &options).map_err(Hca::verbs(what, None))?;
         let pd = dev.alloc_pd().map_err(Hca::verbs("ibv_alloc_pd", None))?;
-        let config_progress = env.progress;
+        let caller_driven = software && env.progress == Progress::Caller;
         let activity = Arc::new(AtomicU64::new(0));
-        let keepalive = match (config_progress, &udp) {
-            (Progress::Caller, Some(udp)) => Some(
-                Keepalive::start(udp.clone(), activity.clone()).map_err(|source| {
+        let keepalive = if caller_driven {
+            Some(
+                Keepalive::start(dev.clone(), activity.clone()).map_err(|source| {
                     TransportError::Setup {
                         peer: None,
                         op: "starting the keepalive thread",
-                        on: udp.local_addr().to_string(),
+                        on: dev.name(),
                         source,
                     }
                 })?,
-            ),
-            _ => None,
+            )
+        } else {
+            None
         };
         let hca = Arc::new(Hca {
             dev,
-            udp,
+            software,
+            caller_driven,
             pd,
             regs: Mutex::new(RegCache::new()),
             user_wrs: AtomicUsize::new(0),

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hca::soft::UdpDevice;
+use hca::verbs::Verbs;
 
-/// With caller-driven progress ([`Progress::Caller`]), the rank thread runs the device's
+/// With caller-driven progress (`hca::soft::Progress::Caller`), the rank thread runs the device's
 /// progress rounds itself while it waits (receive, timers, send: no hand-off to another thread,
 /// and it sleeps in poll(2) on the socket). Between operations nobody would: ACKs owed to peers
 /// would not leave and retransmission timers would not fire, so a peer could exhaust its retries
@@ -23,7 +23,7 @@ pub(super) struct Keepalive {
 pub const KEEPALIVE: Duration = Duration::from_millis(2);
 
 impl Keepalive {
-    pub(super) fn start(dev: Arc<UdpDevice>, activity: Arc<AtomicU64>) -> io::Result<Keepalive> {
+    pub(super) fn start(dev: Arc<dyn Verbs>, activity: Arc<AtomicU64>) -> io::Result<Keepalive> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()

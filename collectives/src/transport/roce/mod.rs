@@ -219,10 +219,12 @@ impl RoceTransport {
 
     /// The bound address of this rank's device, once set up.
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
-        self.hca
-            .as_ref()
-            .and_then(|h| h.udp.as_ref())
-            .map(|u| u.local_addr())
+        let hca = self.hca.as_ref()?;
+        let port = hca.dev.udp_port()?;
+        Some(std::net::SocketAddr::new(
+            hca.dev.default_gid().1.to_ip(),
+            port,
+        ))
     }
 
     fn open(&mut self, ctx: &SetupContext<'_>) -> Result<Arc<Hca>, TransportError> {
@@ -282,9 +284,7 @@ impl Transport for RoceTransport {
         w.u64(INFO_MAGIC)
             .u32(INFO_VERSION)
             .bytes(gid.as_bytes())
-            .u32(u32::from(
-                hca.udp.as_ref().map_or(0, |u| u.local_addr().port()),
-            ))
+            .u32(u32::from(hca.dev.udp_port().unwrap_or(0)))
             .u32(u32::from(port.active_mtu.code()))
             .u32(ctx.nchannels as u32)
             .u32(ctx.nslots as u32)
@@ -364,7 +364,7 @@ impl Transport for RoceTransport {
             let ip = info.gid.to_ip();
             // A libibverbs device tells QPs apart by QPN whatever their address: ranks may
             // share one (and one HCA).
-            if ip == my_ip && hca.udp.is_some() {
+            if ip == my_ip && hca.software {
                 return Err(TransportError::Unavailable {
                     transport: TransportKind::Roce,
                     peer,
@@ -374,7 +374,7 @@ impl Transport for RoceTransport {
                     ),
                 });
             }
-            if let Some(other) = by_ip.insert(ip, peer).filter(|_| hca.udp.is_some()) {
+            if let Some(other) = by_ip.insert(ip, peer).filter(|_| hca.software) {
                 return Err(TransportError::Unavailable {
                     transport: TransportKind::Roce,
                     peer,
@@ -386,8 +386,10 @@ impl Transport for RoceTransport {
                     ),
                 });
             }
-            if let Some(udp) = &hca.udp {
-                udp.set_peer_port(ip, info.port);
+            if hca.software {
+                hca.dev
+                    .set_peer_port(ip, info.port)
+                    .map_err(Hca::verbs("setting the peer's UDP port", Some(peer)))?;
             }
             let mtu = if info.mtu.bytes() < my_mtu.bytes() {
                 info.mtu

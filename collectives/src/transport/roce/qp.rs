@@ -1,10 +1,8 @@
 //! The QPs of the transport: creating one per peer and channel, and the one QP bring-up
 //! (RESET -> INIT -> RTR -> RTS) with the peer's connection info.
 
-use hca::{
-    AccessFlags, AhAttr, CqHandle, Gid, PathMtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
-    QpType,
-};
+use hca::verbs::connect::{self, ConnectAttr};
+use hca::{AccessFlags, CqHandle, Gid, PathMtu, QpCap, QpInitAttr, QpState, QpType};
 
 use super::device::Hca;
 use super::env::RoceEnv;
@@ -68,68 +66,24 @@ pub(super) fn up(
     remote: &RemoteQp,
     mtu: PathMtu,
 ) -> Result<(), TransportError> {
-    let verbs = Hca::verbs("ibv_modify_qp", Some(peer));
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE,
-        ..QpAttr::default()
+    let a = ConnectAttr {
+        access: AccessFlags::REMOTE_WRITE,
+        path_mtu: mtu,
+        ah_attr: ConnectAttr::av(gid, hca.dev.default_gid().0 as u8, 64, 0),
+        remote_qpn: remote.qpn,
+        remote_psn: remote.psn,
+        local_psn: qp.psn,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 1,
+        timeout: env.qp_timeout,
+        retry_cnt: env.retry_cnt,
+        // Infinite: a receiver that has not reposted yet is slow, not dead.
+        rnr_retry: 7,
+        max_rd_atomic: 1,
+        ..ConnectAttr::default()
     };
-    hca.dev
-        .modify_qp(
-            qp.qpn,
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS,
-        )
-        .map_err(&verbs)?;
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = mtu;
-    a.dest_qp_num = remote.qpn;
-    a.rq_psn = remote.psn;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 1;
-    a.ah_attr = AhAttr {
-        dgid: gid,
-        sgid_index: hca.dev.default_gid().0 as u8,
-        hop_limit: 64,
-        port_num: 1,
-        ..AhAttr::default()
-    };
-    hca.dev
-        .modify_qp(
-            qp.qpn,
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
-        )
-        .map_err(&verbs)?;
-    a.qp_state = QpState::Rts;
-    a.sq_psn = qp.psn;
-    a.timeout = env.qp_timeout;
-    a.retry_cnt = env.retry_cnt;
-    // Infinite: a receiver that has not reposted yet is slow, not dead.
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    hca.dev
-        .modify_qp(
-            qp.qpn,
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC,
-        )
-        .map_err(&verbs)?;
-    Ok(())
+    connect::bring_up(&a, QpState::Reset, QpState::Rts, |attr, mask| {
+        hca.dev.modify_qp(qp.qpn, attr, mask).map(|_| ())
+    })
+    .map_err(|e| Hca::verbs("ibv_modify_qp", Some(peer))(e.source))
 }
