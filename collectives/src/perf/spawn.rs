@@ -105,7 +105,8 @@ pub fn check_before_start(args: &PerfArgs, n: usize) -> Result<(), (u8, String)>
         crate::transport::roce::device_from_env().map_err(|e| (2, e.to_string()))?;
     if let Some(name) = verbs {
         // Opened and closed again: the ranks open it for themselves.
-        return match hca::ibverbs::IbvDevice::open(&name) {
+        let spec = hca::open::DeviceSpec::Verbs(name);
+        return match hca::open::open(&spec, &hca::open::OpenOptions::default()) {
             Ok(_) => Ok(()),
             Err(e) => Err((1, e.to_string())),
         };

@@ -473,6 +473,7 @@ impl Drop for FabricDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verbs::connect::{self, ConnectAttr};
     use crate::verbs::qp::{QpCap, QpType};
     use crate::verbs::wc::WcStatus;
     use crate::verbs::wr::{SendFlags, SendOp, Sge};
@@ -521,62 +522,24 @@ mod tests {
     }
 
     fn connect(me: &End, peer: &End, retry_cnt: u8) {
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            ..QpAttr::default()
-        };
         let d = &me.dev;
-        d.modify_qp(
-            me.qpn,
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS,
-        )
-        .expect("init");
         let (sgid_index, _) = d.default_gid();
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = crate::verbs::device::PathMtu::Mtu1024;
-        a.dest_qp_num = peer.qpn;
-        a.max_dest_rd_atomic = 1;
-        a.min_rnr_timer = 1;
-        a.ah_attr = AhAttr {
-            dgid: peer.dev.default_gid().1,
-            sgid_index: sgid_index as u8,
-            hop_limit: 64,
-            port_num: 1,
-            ..AhAttr::default()
+        let a = ConnectAttr {
+            path_mtu: crate::verbs::device::PathMtu::Mtu1024,
+            ah_attr: ConnectAttr::av(peer.dev.default_gid().1, sgid_index as u8, 64, 0),
+            remote_qpn: peer.qpn,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 1,
+            timeout: 10,
+            retry_cnt,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+            ..ConnectAttr::default()
         };
-        d.modify_qp(
-            me.qpn,
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
-        )
-        .expect("rtr");
-        a.qp_state = QpState::Rts;
-        a.timeout = 10;
-        a.retry_cnt = retry_cnt;
-        a.rnr_retry = 7;
-        a.max_rd_atomic = 1;
-        d.modify_qp(
-            me.qpn,
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::MAX_QP_RD_ATOMIC,
-        )
-        .expect("rts");
+        connect::bring_up(&a, QpState::Reset, QpState::Rts, |qp, mask| {
+            d.modify_qp(me.qpn, qp, mask).map(|_| ())
+        })
+        .expect("bring-up");
     }
 
     fn pair(retry_cnt: u8) -> (FabricGroup, End, End) {
