@@ -4,6 +4,7 @@
 //! packets of every opcode, and running `tshark` over a capture to read back what an independent
 //! dissector (Wireshark's InfiniBand dissector) sees.
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
 
 pub mod conformance;
 
