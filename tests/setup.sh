@@ -6,6 +6,8 @@ set -euo pipefail
 need=()
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
 /usr/bin/python3 -c 'import scapy' >/dev/null 2>&1 || need+=(python3-scapy)
+# collectives/tests/mpirun.rs runs coll-perf under Open MPI's real launcher.
+command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
