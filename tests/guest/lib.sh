@@ -30,7 +30,8 @@
 
 RG_HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 RG_REPO="$(cd "$RG_HERE/../.." && pwd)"
-RG_KEEP_RUNS="${ROCE_GUEST_KEEP_RUNS:-5}"
+# Run folders kept under <cache>/runs (each holds its capture, up to a few hundred MB): the newest 2.
+RG_KEEP_RUNS="${ROCE_GUEST_KEEP_RUNS:-2}"
 
 rg_cache_dir() { echo "${ROCE_GUEST_CACHE:-$RG_REPO/.cache/guest}"; }
 rg_now() { date +%s.%N | cut -c1-14; }
