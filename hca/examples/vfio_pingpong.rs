@@ -837,12 +837,12 @@ fn run(a: &Args) -> Result<(), String> {
     );
     let e = ctx.hca.counters();
     println!(
-        "engine: sent {} rcvd {} drops {} icrc_errors {} icrc_unchecked {} retries {}",
+        "engine: sent {} rcvd {} drops {} icrc_errors {} icrc_ident_solved {} retries {}",
         e.sent_pkts,
         e.rcvd_pkts,
         e.total_drops(),
         e.icrc_errors,
-        e.icrc_unchecked,
+        e.icrc_ident_solved,
         e.completer_retry_err
     );
     // Let the last ACKs leave before the device is reset.

@@ -127,31 +127,59 @@ fn corrupted_packets_are_caught_by_the_icrc() {
     assert!(transmit(&mut f, &b, t_us(1)).is_empty());
 }
 
+/// `p` as a link reports it, with IPv4 identification `ip_ident`.
+fn at(p: &Pkt, ip_ident: Option<u16>) -> Datagram<'_> {
+    Datagram {
+        src_ip: p.tx.src_ip,
+        dst_ip: p.tx.dst_ip,
+        src_port: p.tx.src_port,
+        dst_port: p.tx.dst_port,
+        ecn: p.tx.ecn,
+        dscp: p.tx.dscp,
+        hop_limit: p.tx.hop_limit,
+        ip_ident,
+        payload: &p.data,
+    }
+}
+
+/// A link that cannot see the IPv4 identification (a kernel socket: `ip_ident: None`): the
+/// engine solves for the identification that makes the ICRC verify (Annex A17.3.3 covers it),
+/// accepts the packet sent with any identification and drops a corrupted one; a link that
+/// reports the identification gets the full 32-bit check.
 #[test]
-fn unchecked_icrc_is_counted_when_the_link_cannot_see_the_ipv4_ident() {
+fn ipv4_icrc_is_solved_for_when_the_link_cannot_see_the_identification() {
     let (mut f, _a, b, pkt) = setup();
-    f.node_mut(b.node).handle_datagram(
-        t_us(1),
-        &Datagram {
-            src_ip: pkt.tx.src_ip,
-            dst_ip: pkt.tx.dst_ip,
-            src_port: pkt.tx.src_port,
-            dst_port: pkt.tx.dst_port,
-            ecn: pkt.tx.ecn,
-            dscp: pkt.tx.dscp,
-            hop_limit: pkt.tx.hop_limit,
-            ip_ident: None,
-            payload: &pkt.data,
-        },
-    );
+    let sent = pkt.resealed_for_ident(0x1234);
+    assert_ne!(sent.data, pkt.data);
+    // Corrupted: one payload bit (after BTH and RETH).
+    let mut bad = sent.clone();
+    bad.data[12 + 16 + 5] ^= 0x10;
+    f.node_mut(b.node).handle_datagram(t_us(1), &at(&bad, None));
+    // The identification reported wrongly by a link that claims to know it.
+    f.node_mut(b.node)
+        .handle_datagram(t_us(1), &at(&sent, Some(hca::engine::IPV4_IDENT)));
     let c = f.node(b.node).counters();
-    assert_eq!((c.icrc_unchecked, c.rcvd_pkts), (1, 1));
+    assert_eq!((c.icrc_errors, c.drops(DropReason::Icrc)), (2, 2), "{c:?}");
+    assert_eq!((c.icrc_ident_solved, c.rcvd_pkts), (0, 0), "{c:?}");
+    assert!(
+        transmit(&mut f, &b, t_us(1)).is_empty(),
+        "nothing to answer"
+    );
+    // Identification unknown: solved, accepted, acknowledged.
+    f.node_mut(b.node)
+        .handle_datagram(t_us(2), &at(&sent, None));
+    let c = f.node(b.node).counters();
+    assert_eq!((c.icrc_ident_solved, c.rcvd_pkts), (1, 1), "{c:?}");
+    assert_eq!(c.total_drops(), 2, "{c:?}");
+    let acks = transmit(&mut f, &b, t_us(2));
+    assert!(acks.iter().any(|p| p.aeth().is_some()), "no ACK");
 }
 
 #[test]
-fn oversized_datagrams_with_an_unchecked_icrc_never_panic() {
-    // A link that cannot see the IPv4 identification skips the ICRC; a 70 000-byte UDP payload
-    // (impossible on a wire, possible through the API) must still be judged, never panic.
+fn oversized_datagrams_without_an_ipv4_identification_never_panic() {
+    // A link that cannot see the IPv4 identification has the ICRC solved for it; a 70 000-byte
+    // UDP payload (impossible on a wire, possible through the API) must still be judged, never
+    // panic.
     for qp_type in [hca::QpType::Ud, hca::QpType::Rc, hca::QpType::Uc] {
         let o = Opts {
             qp_type,

@@ -1490,6 +1490,46 @@ fn ud_receive_grh_layout_ipv6_header_at_offset_0() {
     ud_receive_grh_layout(true);
 }
 
+/// A link that cannot see the IPv4 identification (a kernel socket): the engine solves for it
+/// from the ICRC, and the UD receive's GRH area holds the IPv4 header as sent, identification
+/// included (as rxe copies it).
+#[test]
+fn ud_receive_grh_holds_the_solved_ipv4_identification() {
+    let (mut f, a, b) = pair(&ud(false));
+    let ah = ah_to(&mut f, &a, &b);
+    post_recv(&mut f, &b, 9, &[b.sge(0, 100)]);
+    post_send(
+        &mut f,
+        &a,
+        &send_wr(1, &[a.sge(0, 16)], ud_send(ah, &b, 0x1111_1111)),
+    );
+    let pkt = transmit(&mut f, &a, t_us(0))
+        .remove(0)
+        .resealed_for_ident(0x4242);
+    f.node_mut(b.node).handle_datagram(
+        t_us(1),
+        &hca::Datagram {
+            src_ip: pkt.tx.src_ip,
+            dst_ip: pkt.tx.dst_ip,
+            src_port: pkt.tx.src_port,
+            dst_port: pkt.tx.dst_port,
+            ecn: pkt.tx.ecn,
+            dscp: pkt.tx.dscp,
+            hop_limit: pkt.tx.hop_limit,
+            ip_ident: None,
+            payload: &pkt.data,
+        },
+    );
+    let wb = poll(&mut f, &b);
+    assert_eq!(wb.len(), 1);
+    assert_eq!(wb[0].status, WcStatus::Success);
+    assert_eq!(f.node(b.node).counters().icrc_ident_solved, 1);
+    let grh = b.read(0, 40);
+    let ip = roce::ipv4::Packet::new_unchecked(&grh[20..]);
+    assert!(ip.verify_checksum());
+    assert_eq!(ip.ident(), 0x4242);
+}
+
 #[test]
 fn ud_message_larger_than_the_receive_buffer_is_dropped_silently_and_the_qp_stays_in_rts() {
     let (mut f, a, b) = pair(&ud(false));

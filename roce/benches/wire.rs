@@ -16,7 +16,11 @@
 //! `icrc_of_udp_payload`, what the `hca` UDP link runs per datagram) of a 64-byte-payload RC SEND ONLY
 //! frame, beside a memcpy of that frame. Goal (issue): parse + verify >= 10 M packets/s on one core.
 //!
-//! Run: `cargo bench -p roce --bench wire`.
+//! Also: the cost of verifying an IPv4 ICRC whose identification the receiver cannot see
+//! (`roce::icrc::solve_ipv4_ident`, what the `hca` UDP link runs for every IPv4 datagram whose ICRC does
+//! not verify for identification 0): the solver alone per packet, and the socket receive path with it.
+//!
+//! Run: `cargo bench -p roce --bench wire` (`-- ident` for the identification rows alone).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -121,7 +125,73 @@ fn measure(mut op: impl FnMut()) -> f64 {
     best
 }
 
+/// The IPv4 identification solver's rows; see the module docs.
+fn ident_rows() {
+    println!("IPv4 identification solving (roce::icrc::solve_ipv4_ident):");
+    println!("{:>52}  {:>8}", "", "ns/pkt");
+    // Packets of three lengths, each with 64 identifications: the solver sees a new syndrome and
+    // length on every call.
+    let mut cases = Vec::new();
+    for payload_len in [64usize, 1024, 4096] {
+        let body = packet(payload_len);
+        let total = body.len() + roce::icrc::ICRC_LEN;
+        let computed = roce::icrc::compute(&body).expect("valid packet");
+        for id in 0..64u16 {
+            let mut b = body.clone();
+            b[4..6].copy_from_slice(&(id * 977 + 1).to_be_bytes());
+            let received = roce::icrc::compute(&b).expect("valid packet");
+            cases.push((total, computed, received, id * 977 + 1));
+        }
+    }
+    let mut i = 0;
+    let solve_ns = measure(|| {
+        let (total, computed, received, _id) = cases[i % cases.len()];
+        i += 1;
+        let id = roce::icrc::solve_ipv4_ident(black_box(total), 0, computed, received);
+        debug_assert_eq!(id, Some(_id));
+        black_box(id);
+    });
+    // The UDP socket receive path for an IPv4 packet sent with identification 1 (a GSO segment):
+    // parse, ICRC for identification 0, solve.
+    let f = frame(64);
+    let parsed = packet::parse_frame(&f).expect("valid frame");
+    let (ip, udp) = (parsed.ip, parsed.udp);
+    let IpRepr::Ipv4(mut v4) = ip else {
+        unreachable!("an IPv4 frame")
+    };
+    let mut udp_payload = f[14 + ip.header_len() + roce::udp::HEADER_LEN..].to_vec();
+    v4.ident = 1;
+    let n = udp_payload.len();
+    let sent = packet::icrc_of_udp_payload(&IpRepr::Ipv4(v4), &udp, &udp_payload).expect("icrc");
+    udp_payload[n - 4..].copy_from_slice(&roce::icrc::to_wire(sent));
+    v4.ident = 0;
+    let ip0 = IpRepr::Ipv4(v4);
+    let total = ip.header_len() + roce::udp::HEADER_LEN + udp_payload.len();
+    let socket_ns = measure(|| {
+        let t = packet::parse_udp_payload(black_box(&udp_payload)).expect("valid");
+        let icrc = packet::icrc_of_udp_payload(black_box(&ip0), &udp, black_box(&udp_payload));
+        let id = icrc
+            .ok()
+            .and_then(|c| roce::icrc::solve_ipv4_ident(total, 0, c, t.icrc));
+        debug_assert_eq!(id, Some(1));
+        black_box(id);
+    });
+    for (name, ns) in [
+        (
+            "solve_ipv4_ident alone (64 / 1024 / 4096 B payloads)",
+            solve_ns,
+        ),
+        ("UDP socket, IPv4 ident 1: parse + ICRC + solve", socket_ns),
+    ] {
+        println!("{name:>52}  {ns:>8.1}");
+    }
+}
+
 fn main() {
+    if std::env::args().any(|a| a == "ident") {
+        ident_rows();
+        return;
+    }
     println!(
         "roce wire-format throughput, one core ({} ms per cell, fastest batch of ~{} ms)",
         TARGET.as_millis(),
@@ -265,6 +335,9 @@ fn main() {
     ] {
         println!("{name:>41}  {ns:>8.1}  {:>8.2}", 1e3 / ns);
     }
+
+    println!();
+    ident_rows();
 
     println!();
     println!(

@@ -131,9 +131,12 @@ pub struct Counters {
     pub rdma_recvs: u64,
     /// Packets dropped because the ICRC did not verify.
     pub icrc_errors: u64,
-    /// Packets accepted without an ICRC check because the link could not report the IPv4
-    /// identification the ICRC covers (see `Datagram::ip_ident`).
-    pub icrc_unchecked: u64,
+    /// IPv4 packets whose link could not report the identification the ICRC covers (a kernel
+    /// UDP socket; `Datagram::ip_ident` is `None`) and whose ICRC was verified by solving for
+    /// it ([`roce::icrc::solve_ipv4_ident`]: 16 of the ICRC's 32 bits of integrity). Those
+    /// for which no identification verifies count in `icrc_errors`. Every packet's ICRC is
+    /// checked, on every link.
+    pub icrc_ident_solved: u64,
     /// CNPs sent (IBTA Annex A17.9.3).
     pub cnp_sent: u64,
     /// CNPs received (and handed to the rate-control hook).
@@ -188,7 +191,7 @@ impl Counters {
             ("rdma_sends", self.rdma_sends),
             ("rdma_recvs", self.rdma_recvs),
             ("icrc_errors", self.icrc_errors),
-            ("icrc_unchecked", self.icrc_unchecked),
+            ("icrc_ident_solved", self.icrc_ident_solved),
             ("cnp_sent", self.cnp_sent),
             ("cnp_rcvd", self.cnp_rcvd),
             ("cnp_suppressed", self.cnp_suppressed),

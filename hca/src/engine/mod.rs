@@ -173,10 +173,11 @@ pub struct Datagram<'a> {
     pub dscp: u8,
     /// IPv4 TTL / IPv6 hop limit (masked by the ICRC; reported in a UD receive's GRH).
     pub hop_limit: u8,
-    /// IPv4 identification, if the link knows it. The ICRC covers it, so it is needed to verify
-    /// the ICRC of an IPv4 packet: packets from this engine carry [`IPV4_IDENT`] and Don't
-    /// Fragment. `None` (a UDP socket cannot read it) skips the ICRC check (counted in
-    /// `icrc_unchecked`); for IPv6 any `Some` value enables the check.
+    /// IPv4 identification, if the link knows it (the ICRC covers it; packets from this engine
+    /// carry [`IPV4_IDENT`], or 0, 1, 2, ... along a UDP GSO train, and Don't Fragment).
+    /// `None` (a UDP socket cannot read it): the engine solves for the identification that makes
+    /// the ICRC verify and drops the packet when there is none ([`roce::icrc::solve_ipv4_ident`],
+    /// counted in `icrc_ident_solved`). Ignored for IPv6, which has no identification.
     pub ip_ident: Option<u16>,
     /// The UDP payload: BTH through ICRC.
     pub payload: &'a [u8],

@@ -18,8 +18,10 @@
 //! 7. **Keys**: the BTH P_Key matches the QP's partition (IBTA vol. 1 §10.9.3); UD: the DETH
 //!    Q_Key equals the QP's (§10.2.4; violations also bump the port's `qkey_viol_cntr`).
 //! 8. **ICRC** (IBTA vol. 1 §7.8.1, Annex A17.3.3), over the IP and UDP headers rebuilt from the
-//!    datagram's metadata; skipped (and counted in `icrc_unchecked`) when the link cannot report
-//!    the IPv4 identification the ICRC covers.
+//!    datagram's metadata. When the link cannot report the IPv4 identification the ICRC covers
+//!    (a kernel UDP socket), the identification that makes the ICRC verify is solved for
+//!    ([`roce::icrc::solve_ipv4_ident`]; counted in `icrc_ident_solved`) and the packet is
+//!    dropped when none does: 16 of the ICRC's 32 bits still check the packet.
 //! 9. **Dispatch**: requests to the responder, responses to the completer, CNPs to the
 //!    rate-control hook. A CE-marked packet first queues a CNP (rate-limited per QP).
 
@@ -123,7 +125,7 @@ impl SoftHca {
                 "destination is not a RoCEv2 GID of the port",
             ));
         }
-        let ip = ip_repr(
+        let mut ip = ip_repr(
             d.src_ip,
             d.dst_ip,
             d.hop_limit,
@@ -205,22 +207,37 @@ impl SoftHca {
                 return Err(with_qp(DropReason::Qkey, "Q_Key does not match the QP's"));
             }
         }
-        match d.ip_ident {
-            Some(_) => {
-                let udp = udp::Repr {
-                    src_port: d.src_port,
-                    dst_port: d.dst_port,
-                    payload_len: d.payload.len(),
+        let udp = udp::Repr {
+            src_port: d.src_port,
+            dst_port: d.dst_port,
+            payload_len: d.payload.len(),
+        };
+        let computed = icrc_of_udp_payload(&ip, &udp, d.payload)
+            .map_err(|_| with_qp(DropReason::Length, "datagram too long for its IP header"))?;
+        match &mut ip {
+            // The identification is unknown (`ip` was built with IPV4_IDENT): solve for it.
+            IpRepr::Ipv4(v4) if d.ip_ident.is_none() => {
+                // `ip_repr` builds the 20-byte header without options.
+                let total_len = roce::ipv4::HEADER_LEN + udp::HEADER_LEN + d.payload.len();
+                let solved =
+                    roce::icrc::solve_ipv4_ident(total_len, v4.ident, computed, parsed.icrc);
+                let Some(ident) = solved else {
+                    bump!(self.counters.icrc_errors);
+                    return Err(with_qp(
+                        DropReason::Icrc,
+                        "ICRC does not verify for any IPv4 identification",
+                    ));
                 };
-                let computed = icrc_of_udp_payload(&ip, &udp, d.payload).map_err(|_| {
-                    with_qp(DropReason::Length, "datagram too long for its IP header")
-                })?;
+                // The IP header as sent, for a UD receive buffer's GRH area.
+                v4.ident = ident;
+                bump!(self.counters.icrc_ident_solved);
+            }
+            _ => {
                 if computed != parsed.icrc {
                     bump!(self.counters.icrc_errors);
                     return Err(with_qp(DropReason::Icrc, "ICRC does not verify"));
                 }
             }
-            None => bump!(self.counters.icrc_unchecked),
         }
         bump!(self.counters.rcvd_pkts);
         if cnp {

@@ -30,9 +30,11 @@
 //! all of one QP's packets leave from one port. Received datagrams are handed to the engine as addressed to port 4791 whatever port
 //! the device is bound to; its peers build their ICRC that way too.
 //!
-//! The IPv4 identification is covered by the ICRC too, but a UDP socket cannot read it: IPv4
-//! packets are accepted with their ICRC unchecked (counted in `icrc_unchecked`); IPv6 packets
-//! (no identification) have their ICRC checked.
+//! The IPv4 identification is covered by the ICRC too, but a UDP socket cannot read it: for
+//! IPv4 packets the engine solves for the identification that makes the ICRC verify
+//! ([`roce::icrc::solve_ipv4_ident`], counted in `icrc_ident_solved`) and drops those for which
+//! none does (`icrc_errors`); this keeps 16 of the ICRC's 32 bits of integrity. IPv6 packets (no
+//! identification) have their ICRC checked in full.
 //!
 //! # Progress
 //! The engine does nothing by itself: someone must receive datagrams, fire timers and send what

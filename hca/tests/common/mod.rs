@@ -398,6 +398,38 @@ impl Pkt {
     }
 }
 
+impl Pkt {
+    /// The packet with its ICRC recomputed for IPv4 identification `ident` (the ICRC covers it,
+    /// IBTA vol. 1 Annex A17.3.3), as a sender whose kernel numbers its packets would send it.
+    /// IPv4 only.
+    pub fn resealed_for_ident(&self, ident: u16) -> Pkt {
+        let (IpAddr::V4(src_addr), IpAddr::V4(dst_addr)) = (self.tx.src_ip, self.tx.dst_ip) else {
+            panic!("not an IPv4 packet");
+        };
+        let ip = roce::packet::IpRepr::Ipv4(roce::ipv4::Repr {
+            src_addr,
+            dst_addr,
+            protocol: roce::ipv4::IpProtocol::Udp,
+            payload_len: 0,
+            hop_limit: self.tx.hop_limit,
+            dscp: self.tx.dscp,
+            ecn: self.tx.ecn,
+            ident,
+            dont_frag: true,
+        });
+        let udp = roce::udp::Repr {
+            src_port: self.tx.src_port,
+            dst_port: self.tx.dst_port,
+            payload_len: self.data.len(),
+        };
+        let icrc = roce::packet::icrc_of_udp_payload(&ip, &udp, &self.data).unwrap();
+        let mut out = self.clone();
+        let n = out.data.len();
+        out.data[n - 4..].copy_from_slice(&roce::icrc::to_wire(icrc));
+        out
+    }
+}
+
 /// Everything `p`'s engine wants to send now.
 pub fn transmit(f: &mut Fabric, p: &Peer, now: hca::Instant) -> Vec<Pkt> {
     let mut out = Vec::new();

@@ -12,7 +12,9 @@
 //! Over IPv4 with GSO the kernel numbers the IPv4 identification of a train's segments 0, 1,
 //! 2, ... and the ICRC covers it (IBTA vol. 1 Annex A17.3.3 masks only TOS, TTL and the header
 //! checksum): [`Link::flush`] recomputes the ICRC of each packet that leaves as the `k`-th segment
-//! of a train for identification `k`.
+//! of a train for identification `k`. On receive a socket does not report the identification
+//! either: the engine solves for the one that makes the ICRC verify (`Datagram::ip_ident` is
+//! `None`; see [`roce::icrc::solve_ipv4_ident`]).
 
 use std::io::IoSlice;
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
@@ -70,7 +72,6 @@ pub struct UdpLink {
     peer_port: u16,
     peer_ports: Vec<(IpAddr, u16)>,
     scope_id: u32,
-    ipv6: bool,
     gid: Gid,
     mtu: u32,
 }
@@ -98,7 +99,6 @@ impl UdpLink {
             peer_port,
             peer_ports: Vec::new(),
             scope_id,
-            ipv6: local.is_ipv6(),
             gid: Gid::from(local.ip()),
             mtu,
             link,
@@ -237,7 +237,7 @@ fn with_datagrams_sized<R>(
     }
 }
 
-fn datagram<'a>(d: &RecvDatagram<'a>, ipv6: bool) -> Datagram<'a> {
+fn datagram<'a>(d: &RecvDatagram<'a>) -> Datagram<'a> {
     Datagram {
         src_ip: d.src.ip(),
         dst_ip: d.dst.ip(),
@@ -247,9 +247,9 @@ fn datagram<'a>(d: &RecvDatagram<'a>, ipv6: bool) -> Datagram<'a> {
         ecn: d.ecn,
         dscp: d.dscp,
         hop_limit: d.hop_limit.unwrap_or(64),
-        // A socket cannot see the IPv4 identification (the ICRC is then not checked); IPv6 has
-        // none, so its ICRC is checked.
-        ip_ident: if ipv6 { Some(0) } else { None },
+        // A socket cannot see the IPv4 identification: the engine solves for the one that
+        // makes the ICRC verify. IPv6 has none.
+        ip_ident: None,
         payload: d.payload,
     }
 }
@@ -314,7 +314,7 @@ impl Link for UdpLink {
         let batch = if self.small { &self.rx_idle } else { &self.rx };
         let mut n = 0;
         for d in batch.iter() {
-            f(&datagram(&d, self.ipv6));
+            f(&datagram(&d));
             n += 1;
         }
         Ok(n)
