@@ -6,8 +6,8 @@
 //! here decides policy (which options, what to do on an error); `udp.rs`, `oob` and `wake.rs` do.
 //!
 //! Sources: socket(2), setsockopt(2) / getsockopt(2), bind(2), getsockname(2), recvmmsg(2),
-//! sendmmsg(2), poll(2), eventfd(2), read(2), write(2), getifaddrs(3); the option semantics in
-//! udp(7), ip(7) and ipv6(7).
+//! sendmmsg(2), poll(2), eventfd(2), read(2), write(2), getrandom(2), getifaddrs(3); the option
+//! semantics in udp(7), ip(7) and ipv6(7).
 #![allow(unsafe_code)]
 
 use std::io::{self, IoSlice};
@@ -498,6 +498,28 @@ pub(crate) fn eventfd_take(fd: BorrowedFd<'_>) -> io::Result<u64> {
         }
         return Ok(u64::from_ne_bytes(bytes));
     }
+}
+
+/// getrandom(2) without flags: fills `buf` from the kernel's random source (the urandom pool,
+/// which blocks only until it is first initialized, early at boot). Short reads and `EINTR` are
+/// retried.
+pub(crate) fn getrandom(buf: &mut [u8]) -> io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let rest = &mut buf[filled..];
+        // SAFETY: the pointer and length describe `rest`, live and writable for the call; the
+        // kernel writes at most that many bytes.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let err = last_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        filled += n as usize;
+    }
+    Ok(())
 }
 
 /// getifaddrs(3): the name of the interface that holds the IPv4 address `ip` (`None` when none

@@ -490,17 +490,19 @@ fn run(p: &Params) -> Result<(), Fail> {
         .qpns
         .iter()
         .enumerate()
-        .map(|(i, &qpn)| PerftestDest {
-            lid: 0,
-            out_reads: res.out_reads,
-            qpn,
-            psn: common::random_psn(),
-            rkey: res.mr.rkey(),
-            vaddr: res.target(i),
-            gid,
-            srqn: 0,
+        .map(|(i, &qpn)| {
+            Ok(PerftestDest {
+                lid: 0,
+                out_reads: res.out_reads,
+                qpn,
+                psn: common::random_psn()?,
+                rkey: res.mr.rkey(),
+                vaddr: res.target(i),
+                gid,
+                srqn: 0,
+            })
         })
-        .collect();
+        .collect::<Result<_, Fail>>()?;
     print_test_info(p, &spec, pre.mtu, &res);
     let oob = |e: hca::tools::OobError| {
         Fail(format!(
