@@ -868,3 +868,32 @@ fn client_before_server_says_so_and_connects() {
         "{err}"
     );
 }
+
+/// A `--link` of a kind the tools do not take names the forms they do take, and no UDP port
+/// (they refuse any port but 4791), in one line.
+#[test]
+fn bad_link_names_the_forms_the_tools_take() {
+    let forms = "(expected udp:ADDRESS without a port, vfio:PCI_ADDRESS or verbs:DEVICE)";
+    for (bin, sub) in [(PERF, &["write-bw"][..]), (PINGPONG, &[][..])] {
+        for flag in ["--link", "-d"] {
+            let args = [sub, &[flag, "tcp:127.0.0.1"]].concat();
+            let (out, _) = run(bin, &args);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert!(
+                err.contains("unknown link type \"tcp\"") && err.contains(forms),
+                "{args:?}: {err}"
+            );
+            assert!(!err.contains("PORT"), "{args:?}: {err}");
+            assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+            let args = [sub, &[flag, "udp:no-address"]].concat();
+            let (out, _) = run(bin, &args);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert!(
+                err.contains("expected udp:ADDRESS") && !err.contains("PORT"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+}

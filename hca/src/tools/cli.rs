@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use crate::open::DeviceSpec;
-use crate::open::{open, OpenOptions};
+use crate::open::{open, LinkForms, OpenOptions};
 use crate::soft::{DeviceError, Progress};
 use crate::tools::oob::OobTimeouts;
 use crate::verbs::connect::{self, ConnectAttr};
@@ -119,10 +119,19 @@ impl Dev {
 /// port, so a peer cannot learn any other.
 pub const ROCEV2_PORT: u16 = crate::soft::ROCEV2_PORT;
 
+/// The `--link` forms the tools take: `udp:ADDRESS` (no port: see [`ROCEV2_PORT`]),
+/// `vfio:PCI_ADDRESS`, `verbs:DEVICE`.
+pub const TOOL_LINKS: LinkForms = LinkForms {
+    udp_port: false,
+    vfio: LinkForms::PARSED.vfio,
+    verbs: true,
+};
+
 /// Parses a `--link` / `-d` value (see [`DeviceSpec`]) for `rdma-perf` / `rdma-pingpong`.
 ///
 /// # Errors
-/// One line: the [`crate::open::DeviceSpecError`]; for a bare word such as `mlx5_0` (perftest's
+/// One line: the [`crate::open::DeviceSpecError`]'s message for [`TOOL_LINKS`] (it names the
+/// forms the tools take, and no port); for a bare word such as `mlx5_0` (perftest's
 /// `-d` habit) it suggests `--link verbs:mlx5_0`; a `udp:ADDRESS:PORT` whose port is not
 /// [`ROCEV2_PORT`] is refused, since the peer would send to 4791 all the same and the run would
 /// end in "transport retry counter exceeded".
@@ -138,7 +147,7 @@ pub fn parse_link(text: &str) -> Result<DeviceSpec, Fail> {
                  verbs:DEVICE; for the RDMA device {text} give --link verbs:{text}"
             ))
         } else {
-            Fail(e.to_string())
+            Fail(e.message(TOOL_LINKS))
         }
     })?;
     match spec {
@@ -584,6 +593,19 @@ mod tests {
         assert!(e.0.contains("bad link \"udp:rxe0\""), "{e}");
         let e = parse_link("rdma:mlx5_0").unwrap_err();
         assert!(e.0.contains("unknown link type \"rdma\""), "{e}");
+        // The forms the tools take, with no port (they refuse any but 4791).
+        let e = parse_link("tcp:127.0.0.1").unwrap_err();
+        let forms = if cfg!(target_os = "linux") {
+            "udp:ADDRESS without a port, vfio:PCI_ADDRESS or verbs:DEVICE"
+        } else {
+            "udp:ADDRESS without a port or verbs:DEVICE"
+        };
+        assert_eq!(
+            e.0,
+            format!("bad link \"tcp:127.0.0.1\": unknown link type \"tcp\" (expected {forms})")
+        );
+        let e = parse_link("udp:rxe0").unwrap_err();
+        assert!(!e.0.contains("PORT"), "{e}");
     }
 
     #[test]
