@@ -897,3 +897,113 @@ fn bad_link_names_the_forms_the_tools_take() {
         }
     }
 }
+
+/// Whether this host has IPv6 (`::1`).
+fn has_ipv6() -> bool {
+    std::net::UdpSocket::bind("[::1]:0").is_ok()
+}
+
+/// Both tools' servers listen on IPv4 and IPv6 alike (`[::]` with `IPV6_V6ONLY` off): a client
+/// reaches each over 127.0.0.1 and over ::1 (where this host has IPv6). The client here sends a
+/// first message the server refuses, naming the client's address: proof that it was accepted.
+#[test]
+fn servers_take_clients_over_ipv4_and_ipv6() {
+    use std::net::{SocketAddr, TcpStream};
+    let mut hosts = vec!["127.0.0.1"];
+    if has_ipv6() {
+        hosts.push("::1");
+    } else {
+        eprintln!("no IPv6 on this host: IPv4 clients only");
+    }
+    let mut version = [0u8; 16];
+    version[..4].copy_from_slice(b"1.00");
+    let mut junk = [b'z'; 52];
+    junk[51] = 0;
+    for host in hosts {
+        for (bin, sub, msg, needle) in [
+            (
+                PERF,
+                &["write-bw"][..],
+                &version[..],
+                "runs perftest version \"1.00\"",
+            ),
+            (
+                PINGPONG,
+                &[][..],
+                &junk[..],
+                "malformed pingpong address from",
+            ),
+        ] {
+            let (a, _) = addresses();
+            let port = free_port();
+            let (link, port_text) = (format!("udp:{a}"), port.to_string());
+            let args = [sub, &["--link", &link, "-p", &port_text, "--timeout", "10"]].concat();
+            let mut server = spawn(bin, &args);
+            // Connect while the server starts; bounded: it gives up after --timeout.
+            let addr = SocketAddr::new(host.parse().unwrap(), port);
+            let start = Instant::now();
+            let stream = loop {
+                match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                    Ok(s) => break Some(s),
+                    Err(_)
+                        if server.try_wait().unwrap().is_none() && start.elapsed() < DEADLINE =>
+                    {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    Err(_) => break None,
+                }
+            };
+            let Some(mut stream) = stream else {
+                let out = finish(server, "server");
+                panic!(
+                    "{bin} {args:?}: no connection over {host}: {}",
+                    text(&out.stderr)
+                );
+            };
+            stream.write_all(msg).unwrap();
+            let out = finish(server, "server");
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{bin} over {host}: {err}");
+            let me = stream.local_addr().unwrap().to_string();
+            assert!(
+                err.contains(needle) && err.contains(&me),
+                "{bin} over {host} (from {me}): {err}"
+            );
+        }
+    }
+}
+
+/// Both tools' servers on a taken TCP port fail with the same line (after the tool's name).
+#[test]
+fn servers_on_a_taken_port_say_the_same() {
+    let l = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    let mut lines = Vec::new();
+    for (bin, sub, name) in [
+        (PERF, &["write-bw"][..], "rdma-perf: "),
+        (PINGPONG, &[][..], "rdma-pingpong: "),
+    ] {
+        let (a, _) = addresses();
+        let link = format!("udp:{a}");
+        let args = [sub, &["--link", &link, "-p", &port, "--timeout", "1"]].concat();
+        let (out, _) = run(bin, &args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        let line = err
+            .trim_end()
+            .strip_prefix(name)
+            .unwrap_or_else(|| panic!("{err}"));
+        lines.push(line.to_owned());
+    }
+    assert_eq!(lines[0], lines[1]);
+    let any = if has_ipv6() { "[::]" } else { "0.0.0.0" };
+    assert!(
+        lines[0].starts_with(&format!(
+            "Couldn't listen to port {port}: cannot listen on TCP {any}:{port}: "
+        )) && lines[0].contains("Address already in use"),
+        "{}",
+        lines[0]
+    );
+    drop(l);
+}

@@ -249,6 +249,12 @@ pub fn connect_noting<T>(
     }
 }
 
+/// The line of a server that cannot listen on its TCP port (`-p`), the same for both tools:
+/// `Couldn't listen to port PORT: cannot listen on TCP [::]:PORT: ...` (the OS error).
+pub fn listen_failed(port: u16, e: &crate::tools::OobError) -> Fail {
+    Fail(format!("Couldn't listen to port {port}: {e}"))
+}
+
 /// The options of a `--link vfio:` device.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct VfioArgs {

@@ -17,6 +17,8 @@
 //!   client's test by ten times that plus `-D`): a silent peer is an error, not a hang.
 //! * A client whose server does not listen yet keeps trying until `--timeout` (the C tools fail
 //!   at once), and says so once on stderr ("nothing listens on HOST:PORT yet").
+//! * The server takes IPv4 and IPv6 clients alike (`[::]` with `IPV6_V6ONLY` off; perftest
+//!   listens on IPv4 only).
 //! * Transports RC and UC (`-c`); perftest's UD, XRC, DC, events, multicast and the like are
 //!   not offered. Peak bandwidth over more than 20000 messages is not computed (perftest's own
 //!   rule), and over many messages its spans are sampled.
@@ -27,7 +29,7 @@ use hca::tool_fail as fail;
 use hca::tools::cli as common;
 mod report;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -451,9 +453,9 @@ fn run(p: &Params) -> Result<(), Fail> {
         }
         None => {
             // Listen first: a port in use is an error without a banner promising a wait.
-            let any: SocketAddr = (IpAddr::from([0u8; 4]), p.port).into();
-            let listener = PerftestListener::bind(any, t)
-                .map_err(|e| Fail(format!("Unable to open the server socket: {e}")))?;
+            // IPv4 and IPv6 clients alike (perftest: IPv4 only).
+            let listener = PerftestListener::bind_any(p.port, t)
+                .map_err(|e| common::listen_failed(p.port, &e))?;
             println!();
             println!("************************************");
             println!("* Waiting for client to connect... *");

@@ -9,7 +9,7 @@
 //! # The connection
 //! The server (no host name given) listens on TCP port 18515 (`-p`), IPv4 only
 //! (`ethernet_server_connect`: `AF_INET`, `AI_PASSIVE`, `SO_REUSEADDR`) and accepts one client
-//! (`ethernet_client_connect`). Every exchange below is `ctx_xchg_data_ethernet` /
+//! (`ethernet_client_connect`). [`PerftestListener::bind_any`] listens on IPv4 and IPv6 alike. Every exchange below is `ctx_xchg_data_ethernet` /
 //! `ctx_hand_shake`: **the client writes its message then reads the server's; the server reads
 //! then writes**, each message with one write(2) and one read(2) that must return all of it.
 //!
@@ -329,6 +329,17 @@ impl PerftestListener {
     pub fn bind(addr: SocketAddr, timeouts: OobTimeouts) -> Result<PerftestListener, OobError> {
         Ok(PerftestListener {
             listener: OobListener::bind(addr)?,
+            timeouts,
+        })
+    }
+
+    /// Listens on `port` of every local address, IPv4 and IPv6 alike: `[::]` with
+    /// `IPV6_V6ONLY` off, or `0.0.0.0` on a host without IPv6 (port 0 picks one).
+    ///
+    /// Errors: [`OobError::Listen`], for `[::]:PORT` when the port is in use.
+    pub fn bind_any(port: u16, timeouts: OobTimeouts) -> Result<PerftestListener, OobError> {
+        Ok(PerftestListener {
+            listener: OobListener::bind_any(port)?,
             timeouts,
         })
     }

@@ -176,6 +176,17 @@ impl PingpongServer {
         })
     }
 
+    /// Listens on `port` of every local address, IPv4 and IPv6 alike: `[::]` with
+    /// `IPV6_V6ONLY` off, or `0.0.0.0` on a host without IPv6 (port 0 picks one).
+    ///
+    /// Errors: [`OobError::Listen`], for `[::]:PORT` when the port is in use.
+    pub fn bind_any(port: u16, timeouts: OobTimeouts) -> Result<PingpongServer, OobError> {
+        Ok(PingpongServer {
+            listener: OobListener::bind_any(port)?,
+            timeouts,
+        })
+    }
+
     /// The address listened on.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr()
