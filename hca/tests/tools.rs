@@ -1007,3 +1007,34 @@ fn servers_on_a_taken_port_say_the_same() {
     );
     drop(l);
 }
+
+/// `rdma-perf`'s server waits for its client without limit, as perftest's does, unless
+/// `--timeout` is given (its help says so); with `--timeout 1` it gives up, saying so in one
+/// line. (The unlimited wait itself is checked where the option is resolved, in the binary's
+/// unit tests: a test cannot wait for "never".)
+#[test]
+fn perf_server_waits_for_a_client_as_long_as_timeout_says() {
+    let (out, _) = run(PERF, &["write-bw", "--help"]);
+    let help = text(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        help.contains("A server waits for its client without limit")
+            && help.contains("unless --timeout is given"),
+        "{help}"
+    );
+    let (a, _) = addresses();
+    let port = free_port().to_string();
+    let (out, _) = write_bw_for_1s(&format!("udp:{a}"), &port, None);
+    let (so, err) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(so.contains("Waiting for client to connect..."), "{so}");
+    let any = if has_ipv6() { "[::]" } else { "0.0.0.0" };
+    let want = format!(
+        "rdma-perf: Unable to init the socket connection: no client connected to TCP \
+         {any}:{port} within "
+    );
+    assert!(err.starts_with(&want) && err.ends_with(" s\n"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}

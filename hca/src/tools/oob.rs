@@ -38,7 +38,8 @@ pub struct OobTimeouts {
     /// How long a client keeps trying to connect: refused connections (the server is not
     /// listening yet) are retried every 100 ms until this passes. Default 10 s.
     pub connect: Duration,
-    /// How long a server waits for its client to connect. Default 60 s.
+    /// How long a server waits for its client to connect. Default 60 s; `Duration::MAX` waits
+    /// without limit (as perftest's and the pingpong examples' servers do).
     pub accept: Duration,
     /// How long each read or write may block. Default 30 s. Perftest's end-of-test
     /// synchronization waits for the whole test: raise it with
