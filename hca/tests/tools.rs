@@ -1038,3 +1038,77 @@ fn perf_server_waits_for_a_client_as_long_as_timeout_says() {
     assert!(err.starts_with(&want) && err.ends_with(" s\n"), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
+
+/// Issue 17: a client's perftest preamble with a huge `cycle_buffer` (the larger of both sides'
+/// sizes `rdma-perf`'s buffers: 2^31 - 1 once made a server lock 4 GiB) is refused before
+/// anything is allocated, in one line naming the field, the value and the bound; so is a huge
+/// `cache_line_size`. The server ends at once (bounded by the test's deadline, and by its own
+/// `--timeout` were it to wait).
+#[test]
+fn perf_server_refuses_a_forged_preamble() {
+    use std::net::TcpStream;
+    for (cycle, line, needle) in [
+        (
+            i32::MAX,
+            64,
+            "cycle_buffer 2147483647 is above the bound of 2097152",
+        ),
+        (
+            4096,
+            i32::MAX,
+            "cache_line_size 2147483647 is above the bound of 4096",
+        ),
+    ] {
+        let (a, _) = addresses();
+        let port = free_port();
+        let (link, port_text) = (format!("udp:{a}"), port.to_string());
+        let args = [
+            "write-bw",
+            "--link",
+            &link,
+            "-p",
+            &port_text,
+            "--timeout",
+            "10",
+        ];
+        let mut server = spawn(PERF, &args);
+        let start = Instant::now();
+        let mut s = loop {
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Ok(s) => break s,
+                Err(e) => {
+                    assert!(
+                        server.try_wait().unwrap().is_none() && start.elapsed() < DEADLINE,
+                        "no server: {e}"
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        };
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        // The preamble in perftest's order, each message answered before the next.
+        let mut version = [0u8; 16];
+        version[..4].copy_from_slice(b"6.06");
+        let mut answer = [0u8; 16];
+        for msg in [
+            &version[..],
+            &cycle.to_be_bytes(),
+            &line.to_be_bytes(),
+            b"5\0",
+        ] {
+            if s.write_all(msg).is_err() || s.read_exact(&mut answer[..msg.len()]).is_err() {
+                break;
+            }
+        }
+        let out = finish(server, "server");
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("refusing the perftest ")
+                && err.contains(needle)
+                && !err.contains("allocate"),
+            "{err}"
+        );
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    }
+}

@@ -16,6 +16,17 @@
 //! the whole message, strictly alternating (the client writes first). This module writes each
 //! message with one call too, reads tolerantly (whatever segmentation arrives), and bounds every
 //! step with a timeout ([`OobTimeouts`]): a peer that never answers gives an error, not a hang.
+//!
+//! # What a peer may make this side do
+//! The peer is not trusted. Every message is read into a buffer of the fixed size this side
+//! expects (16 bytes for perftest's version, 108 for its `pingpong_dest`, 52 for the pingpong
+//! address ...), never one the peer announces, and the number of messages is this side's (one
+//! per local QP). Of the values the peer sends, only perftest's `cycle_buffer` and
+//! `cache_line_size` could size anything here (the buffers of `rdma-perf`); they are refused
+//! above [`perftest::MAX_CYCLE_BUFFER`] and [`perftest::MAX_CACHE_LINE_SIZE`] with
+//! [`OobError::PeerValue`], which names the field, the value and the bound. The other values
+//! (QPNs, PSNs, rkeys, addresses, GIDs, a bandwidth report) are bounded by their field widths and
+//! go into QP attributes, work requests or printed reports, not into sizes.
 
 pub mod perftest;
 pub mod pingpong;
@@ -162,6 +173,20 @@ pub enum OobError {
         /// The largest value the field holds.
         max: u64,
     },
+    /// The peer sent a value above the bound this side puts on it: a value that would size an
+    /// allocation or a memory lock here (perftest's `cycle_buffer`, say). Nothing was allocated.
+    PeerValue {
+        /// The peer.
+        peer: SocketAddr,
+        /// The message.
+        what: &'static str,
+        /// The field.
+        field: &'static str,
+        /// The value it sent.
+        value: i64,
+        /// The largest value this side takes.
+        max: u64,
+    },
     /// The peer's perftest version is one perftest 4.5 refuses (below 5.70,
     /// `check_version_compatibility`).
     Version {
@@ -263,6 +288,16 @@ impl fmt::Display for OobError {
             } => write!(
                 f,
                 "cannot send the {what}: {field} {value:#x} is above {max:#x}"
+            ),
+            OobError::PeerValue {
+                peer,
+                what,
+                field,
+                value,
+                max,
+            } => write!(
+                f,
+                "refusing the {what} from {peer}: {field} {value} is above the bound of {max}"
             ),
             OobError::Version { peer, version } => write!(
                 f,

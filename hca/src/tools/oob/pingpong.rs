@@ -24,6 +24,13 @@
 //!    connects its QP after the exchange.
 //!
 //! No other TCP traffic follows: the tools' pingpong itself runs over RDMA only.
+//!
+//! # Bounds on what the peer sends
+//! Nothing: each side reads exactly [`MSG_LEN`] bytes (then [`DONE`]'s 5) into a fixed buffer,
+//! whatever the peer writes, and the message's fields are bounded by their widths (LID 16 bits,
+//! QPN and PSN 24, GID 128). No value of it sizes an allocation, a memory lock or a wait: the
+//! buffer size, receive depth and iterations are each side's own options (see the
+//! [`oob`](super) module docs).
 
 use std::net::SocketAddr;
 
