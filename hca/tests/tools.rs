@@ -231,6 +231,29 @@ fn help_lists_the_perftest_subcommands_and_flags() {
     }
 }
 
+/// `-h` and `--help` print a help screen on stdout and exit 0, for every command.
+#[test]
+fn h_and_help_print_help_on_stdout() {
+    for (bin, sub, usage) in [
+        (PERF, &[][..], "Usage: rdma-perf <COMMAND>"),
+        (
+            PERF,
+            &["send-lat"][..],
+            "Usage: rdma-perf send-lat [OPTIONS] [SERVER]",
+        ),
+        (PINGPONG, &[][..], "Usage: rdma-pingpong [OPTIONS] [SERVER]"),
+    ] {
+        for flag in ["-h", "--help"] {
+            let args = [sub, &[flag]].concat();
+            let (out, _) = run(bin, &args);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+            assert!(err.is_empty(), "{args:?}: {err}");
+            assert!(text(&out.stdout).contains(usage), "{args:?}");
+        }
+    }
+}
+
 #[test]
 fn bad_flags_exit_non_zero_with_one_clear_line() {
     // clap's usage errors exit with 2.
