@@ -87,35 +87,102 @@ pub enum DeviceSpecError {
     },
 }
 
-/// The schemes this build parses, for messages.
-#[cfg(all(feature = "std", target_os = "linux"))]
-const SCHEMES: &str = "udp:ADDRESS[:PORT], vfio:PCI_ADDRESS or verbs:DEVICE";
-#[cfg(not(all(feature = "std", target_os = "linux")))]
-const SCHEMES: &str = "udp:ADDRESS[:PORT] or verbs:DEVICE";
+/// The `--link` forms a program accepts, for the messages of [`DeviceSpecError::message`]: a
+/// program that takes fewer forms than [`DeviceSpec`] parses names only those in its errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LinkForms {
+    /// `udp:ADDRESS:PORT` (and `udp:[IPV6]:PORT`) besides `udp:ADDRESS`: the program binds the
+    /// port given. `false` for a program whose peers always send to one port (the tools: 4791).
+    pub udp_port: bool,
+    /// `vfio:PCI_ADDRESS`.
+    pub vfio: bool,
+    /// `verbs:DEVICE`.
+    pub verbs: bool,
+}
 
-impl fmt::Display for DeviceSpecError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl LinkForms {
+    /// Every form this build parses but `fabric`: what [`DeviceSpecError`]'s
+    /// `Display` names.
+    pub const PARSED: LinkForms = LinkForms {
+        udp_port: true,
+        vfio: cfg!(all(feature = "std", target_os = "linux")),
+        verbs: true,
+    };
+
+    /// The forms as a message lists them: `udp:ADDRESS[:PORT], vfio:PCI_ADDRESS or
+    /// verbs:DEVICE` (`udp:ADDRESS without a port, ...` without [`LinkForms::udp_port`]).
+    pub fn list(&self) -> String {
+        let mut forms = vec![if self.udp_port {
+            "udp:ADDRESS[:PORT]"
+        } else {
+            "udp:ADDRESS without a port"
+        }];
+        if self.vfio {
+            forms.push("vfio:PCI_ADDRESS");
+        }
+        if self.verbs {
+            forms.push("verbs:DEVICE");
+        }
+        match forms.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => forms.concat(),
+        }
+    }
+}
+
+impl DeviceSpecError {
+    /// The text that did not parse.
+    pub fn text(&self) -> &str {
         match self {
-            DeviceSpecError::UnknownScheme { text, scheme } => write!(
-                f,
-                "bad link \"{text}\": unknown link type \"{scheme}\" (expected {SCHEMES})"
+            DeviceSpecError::UnknownScheme { text, .. }
+            | DeviceSpecError::BadUdpAddress { text }
+            | DeviceSpecError::BadPciAddress { text }
+            | DeviceSpecError::BadVerbsDevice { text } => text,
+        }
+    }
+
+    /// The one-line message for a program that accepts `forms`: it names those forms only (a
+    /// `vfio:` or `verbs:` name is "not taken" where `forms` lacks it, and a malformed `udp:`
+    /// name asks for no port where [`LinkForms::udp_port`] is off). `Display` is the message for
+    /// [`LinkForms::PARSED`].
+    pub fn message(&self, forms: LinkForms) -> String {
+        let text = self.text();
+        let not_taken = |scheme: &str| {
+            format!(
+                "bad link \"{text}\": no {scheme}: link here (expected {})",
+                forms.list()
+            )
+        };
+        match self {
+            DeviceSpecError::UnknownScheme { scheme, .. } => format!(
+                "bad link \"{text}\": unknown link type \"{scheme}\" (expected {})",
+                forms.list()
             ),
-            DeviceSpecError::BadUdpAddress { text } => write!(
-                f,
+            DeviceSpecError::BadUdpAddress { .. } if forms.udp_port => format!(
                 "bad link \"{text}\": expected udp:ADDRESS or udp:ADDRESS:PORT (e.g. \
                  udp:192.168.1.2, udp:[fe80::1]:4791)"
             ),
-            DeviceSpecError::BadPciAddress { text } => write!(
-                f,
+            DeviceSpecError::BadUdpAddress { .. } => format!(
+                "bad link \"{text}\": expected udp:ADDRESS, an IP address of this host without a \
+                 port (e.g. udp:192.168.1.2, udp:fe80::1)"
+            ),
+            DeviceSpecError::BadPciAddress { .. } if !forms.vfio => not_taken("vfio"),
+            DeviceSpecError::BadPciAddress { .. } => format!(
                 "bad link \"{text}\": expected vfio:PCI_ADDRESS (DDDD:BB:DD.F or BB:DD.F in \
                  hexadecimal, e.g. vfio:0000:00:04.0)"
             ),
-            DeviceSpecError::BadVerbsDevice { text } => write!(
-                f,
+            DeviceSpecError::BadVerbsDevice { .. } if !forms.verbs => not_taken("verbs"),
+            DeviceSpecError::BadVerbsDevice { .. } => format!(
                 "bad link \"{text}\": expected verbs:DEVICE, an RDMA device name as ibv_devices \
                  lists it (e.g. verbs:rxe0, verbs:mlx5_0)"
             ),
         }
+    }
+}
+
+impl fmt::Display for DeviceSpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message(LinkForms::PARSED))
     }
 }
 
@@ -455,6 +522,46 @@ mod tests {
         assert!(text.contains("verbs:DEVICE"), "{text}");
         assert!("rxe0".parse::<DeviceSpec>().is_err());
         assert!("".parse::<DeviceSpec>().is_err());
+    }
+
+    /// `Display` names every parsed form (what coll-perf and the conformance suite print);
+    /// `message` names the forms its caller takes.
+    #[test]
+    fn messages_name_the_forms_a_caller_takes() {
+        let linux = cfg!(all(feature = "std", target_os = "linux"));
+        let e = "tcp:1.2.3.4".parse::<DeviceSpec>().unwrap_err();
+        let all = if linux {
+            "udp:ADDRESS[:PORT], vfio:PCI_ADDRESS or verbs:DEVICE"
+        } else {
+            "udp:ADDRESS[:PORT] or verbs:DEVICE"
+        };
+        assert_eq!(
+            e.to_string(),
+            format!("bad link \"tcp:1.2.3.4\": unknown link type \"tcp\" (expected {all})")
+        );
+        let tool = LinkForms {
+            udp_port: false,
+            ..LinkForms::PARSED
+        };
+        let m = e.message(tool);
+        assert!(m.contains("(expected udp:ADDRESS without a port"), "{m}");
+        assert!(!m.contains("PORT]"), "{m}");
+        let e = "udp:rxe0".parse::<DeviceSpec>().unwrap_err();
+        assert!(e.to_string().contains("udp:ADDRESS:PORT"), "{e}");
+        let m = e.message(tool);
+        assert!(m.contains("without a port") && !m.contains("PORT"), "{m}");
+        let udp_only = LinkForms {
+            udp_port: false,
+            vfio: false,
+            verbs: false,
+        };
+        assert_eq!(udp_only.list(), "udp:ADDRESS without a port");
+        let e = "verbs:".parse::<DeviceSpec>().unwrap_err();
+        assert_eq!(
+            e.message(udp_only),
+            "bad link \"verbs:\": no verbs: link here (expected udp:ADDRESS without a port)"
+        );
+        assert_eq!(e.text(), "verbs:");
     }
 
     #[test]

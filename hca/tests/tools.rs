@@ -231,6 +231,29 @@ fn help_lists_the_perftest_subcommands_and_flags() {
     }
 }
 
+/// `-h` and `--help` print a help screen on stdout and exit 0, for every command.
+#[test]
+fn h_and_help_print_help_on_stdout() {
+    for (bin, sub, usage) in [
+        (PERF, &[][..], "Usage: rdma-perf <COMMAND>"),
+        (
+            PERF,
+            &["send-lat"][..],
+            "Usage: rdma-perf send-lat [OPTIONS] [SERVER]",
+        ),
+        (PINGPONG, &[][..], "Usage: rdma-pingpong [OPTIONS] [SERVER]"),
+    ] {
+        for flag in ["-h", "--help"] {
+            let args = [sub, &[flag]].concat();
+            let (out, _) = run(bin, &args);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+            assert!(err.is_empty(), "{args:?}: {err}");
+            assert!(text(&out.stdout).contains(usage), "{args:?}");
+        }
+    }
+}
+
 #[test]
 fn bad_flags_exit_non_zero_with_one_clear_line() {
     // clap's usage errors exit with 2.
@@ -867,4 +890,248 @@ fn client_before_server_says_so_and_connects() {
         lines[1].contains("Unable to init the socket connection"),
         "{err}"
     );
+}
+
+/// A `--link` of a kind the tools do not take names the forms they do take, and no UDP port
+/// (they refuse any port but 4791), in one line.
+#[test]
+fn bad_link_names_the_forms_the_tools_take() {
+    let forms = "(expected udp:ADDRESS without a port, vfio:PCI_ADDRESS or verbs:DEVICE)";
+    for (bin, sub) in [(PERF, &["write-bw"][..]), (PINGPONG, &[][..])] {
+        for flag in ["--link", "-d"] {
+            let args = [sub, &[flag, "tcp:127.0.0.1"]].concat();
+            let (out, _) = run(bin, &args);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert!(
+                err.contains("unknown link type \"tcp\"") && err.contains(forms),
+                "{args:?}: {err}"
+            );
+            assert!(!err.contains("PORT"), "{args:?}: {err}");
+            assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+            let args = [sub, &[flag, "udp:no-address"]].concat();
+            let (out, _) = run(bin, &args);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert!(
+                err.contains("expected udp:ADDRESS") && !err.contains("PORT"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+}
+
+/// Whether this host has IPv6 (`::1`).
+fn has_ipv6() -> bool {
+    std::net::UdpSocket::bind("[::1]:0").is_ok()
+}
+
+/// Both tools' servers listen on IPv4 and IPv6 alike (`[::]` with `IPV6_V6ONLY` off): a client
+/// reaches each over 127.0.0.1 and over ::1 (where this host has IPv6). The client here sends a
+/// first message the server refuses, naming the client's address: proof that it was accepted.
+#[test]
+fn servers_take_clients_over_ipv4_and_ipv6() {
+    use std::net::{SocketAddr, TcpStream};
+    let mut hosts = vec!["127.0.0.1"];
+    if has_ipv6() {
+        hosts.push("::1");
+    } else {
+        eprintln!("no IPv6 on this host: IPv4 clients only");
+    }
+    let mut version = [0u8; 16];
+    version[..4].copy_from_slice(b"1.00");
+    let mut junk = [b'z'; 52];
+    junk[51] = 0;
+    for host in hosts {
+        for (bin, sub, msg, needle) in [
+            (
+                PERF,
+                &["write-bw"][..],
+                &version[..],
+                "runs perftest version \"1.00\"",
+            ),
+            (
+                PINGPONG,
+                &[][..],
+                &junk[..],
+                "malformed pingpong address from",
+            ),
+        ] {
+            let (a, _) = addresses();
+            let port = free_port();
+            let (link, port_text) = (format!("udp:{a}"), port.to_string());
+            let args = [sub, &["--link", &link, "-p", &port_text, "--timeout", "10"]].concat();
+            let mut server = spawn(bin, &args);
+            // Connect while the server starts; bounded: it gives up after --timeout.
+            let addr = SocketAddr::new(host.parse().unwrap(), port);
+            let start = Instant::now();
+            let stream = loop {
+                match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                    Ok(s) => break Some(s),
+                    Err(_)
+                        if server.try_wait().unwrap().is_none() && start.elapsed() < DEADLINE =>
+                    {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    Err(_) => break None,
+                }
+            };
+            let Some(mut stream) = stream else {
+                let out = finish(server, "server");
+                panic!(
+                    "{bin} {args:?}: no connection over {host}: {}",
+                    text(&out.stderr)
+                );
+            };
+            stream.write_all(msg).unwrap();
+            let out = finish(server, "server");
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{bin} over {host}: {err}");
+            let me = stream.local_addr().unwrap().to_string();
+            assert!(
+                err.contains(needle) && err.contains(&me),
+                "{bin} over {host} (from {me}): {err}"
+            );
+        }
+    }
+}
+
+/// Both tools' servers on a taken TCP port fail with the same line (after the tool's name).
+#[test]
+fn servers_on_a_taken_port_say_the_same() {
+    let l = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    let mut lines = Vec::new();
+    for (bin, sub, name) in [
+        (PERF, &["write-bw"][..], "rdma-perf: "),
+        (PINGPONG, &[][..], "rdma-pingpong: "),
+    ] {
+        let (a, _) = addresses();
+        let link = format!("udp:{a}");
+        let args = [sub, &["--link", &link, "-p", &port, "--timeout", "1"]].concat();
+        let (out, _) = run(bin, &args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        let line = err
+            .trim_end()
+            .strip_prefix(name)
+            .unwrap_or_else(|| panic!("{err}"));
+        lines.push(line.to_owned());
+    }
+    assert_eq!(lines[0], lines[1]);
+    let any = if has_ipv6() { "[::]" } else { "0.0.0.0" };
+    assert!(
+        lines[0].starts_with(&format!(
+            "Couldn't listen to port {port}: cannot listen on TCP {any}:{port}: "
+        )) && lines[0].contains("Address already in use"),
+        "{}",
+        lines[0]
+    );
+    drop(l);
+}
+
+/// `rdma-perf`'s server waits for its client without limit, as perftest's does, unless
+/// `--timeout` is given (its help says so); with `--timeout 1` it gives up, saying so in one
+/// line. (The unlimited wait itself is checked where the option is resolved, in the binary's
+/// unit tests: a test cannot wait for "never".)
+#[test]
+fn perf_server_waits_for_a_client_as_long_as_timeout_says() {
+    let (out, _) = run(PERF, &["write-bw", "--help"]);
+    let help = text(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        help.contains("A server waits for its client without limit")
+            && help.contains("unless --timeout is given"),
+        "{help}"
+    );
+    let (a, _) = addresses();
+    let port = free_port().to_string();
+    let (out, _) = write_bw_for_1s(&format!("udp:{a}"), &port, None);
+    let (so, err) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(so.contains("Waiting for client to connect..."), "{so}");
+    let any = if has_ipv6() { "[::]" } else { "0.0.0.0" };
+    let want = format!(
+        "rdma-perf: Unable to init the socket connection: no client connected to TCP \
+         {any}:{port} within "
+    );
+    assert!(err.starts_with(&want) && err.ends_with(" s\n"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
+
+/// Issue 17: a client's perftest preamble with a huge `cycle_buffer` (the larger of both sides'
+/// sizes `rdma-perf`'s buffers: 2^31 - 1 once made a server lock 4 GiB) is refused before
+/// anything is allocated, in one line naming the field, the value and the bound; so is a huge
+/// `cache_line_size`. The server ends at once (bounded by the test's deadline, and by its own
+/// `--timeout` were it to wait).
+#[test]
+fn perf_server_refuses_a_forged_preamble() {
+    use std::net::TcpStream;
+    for (cycle, line, needle) in [
+        (
+            i32::MAX,
+            64,
+            "cycle_buffer 2147483647 is above the bound of 2097152",
+        ),
+        (
+            4096,
+            i32::MAX,
+            "cache_line_size 2147483647 is above the bound of 4096",
+        ),
+    ] {
+        let (a, _) = addresses();
+        let port = free_port();
+        let (link, port_text) = (format!("udp:{a}"), port.to_string());
+        let args = [
+            "write-bw",
+            "--link",
+            &link,
+            "-p",
+            &port_text,
+            "--timeout",
+            "10",
+        ];
+        let mut server = spawn(PERF, &args);
+        let start = Instant::now();
+        let mut s = loop {
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Ok(s) => break s,
+                Err(e) => {
+                    assert!(
+                        server.try_wait().unwrap().is_none() && start.elapsed() < DEADLINE,
+                        "no server: {e}"
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        };
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        // The preamble in perftest's order, each message answered before the next.
+        let mut version = [0u8; 16];
+        version[..4].copy_from_slice(b"6.06");
+        let mut answer = [0u8; 16];
+        for msg in [
+            &version[..],
+            &cycle.to_be_bytes(),
+            &line.to_be_bytes(),
+            b"5\0",
+        ] {
+            if s.write_all(msg).is_err() || s.read_exact(&mut answer[..msg.len()]).is_err() {
+                break;
+            }
+        }
+        let out = finish(server, "server");
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("refusing the perftest ")
+                && err.contains(needle)
+                && !err.contains("allocate"),
+            "{err}"
+        );
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    }
 }

@@ -15,13 +15,15 @@
 //!                                1,100,003 elements (more than one grid-stride pass), checked
 //!                                against a host reference; prints the JIT time
 //! ```
-//! Exit status 0 only when every step succeeded and every data check matched, 2 for a usage error
-//! (checked before CUDA is loaded), 1 otherwise; errors print one line.
+//! Exit status 0 only when every step succeeded and every data check matched (and for `--help` /
+//! `-h`, which print the help on stdout), 2 for a usage error (checked before CUDA is loaded), 1
+//! otherwise; errors print one line.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::{Parser, Subcommand};
 use gpu_p2p::cuda::{topology, CudaDevice, ElemType, ReduceOp};
 use gpu_p2p::staging::Staged;
 use gpu_p2p::{Cuda, CudaError, IpcMemHandle, Memory};
@@ -448,56 +450,80 @@ fn kernels(dev: &Arc<CudaDevice>) -> Result<(), String> {
     }
 }
 
+/// The non-collective GPU checks of `tests/gpu/check.sh`.
+///
+/// Exit status 0 only when every step succeeded and every data check matched, 2 for a usage
+/// error (checked before CUDA is loaded), 1 otherwise; errors print one line.
+#[derive(Parser, Debug)]
+#[command(name = "gpu-probe", version)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Devices, attributes and the topology matrix (NVML or sysfs).
+    Devices,
+    /// A device buffer as RDMA registration needs it: SYNC_MEMOPS set and read back, IPC
+    /// handle, dma-buf export, staged round trip checked.
+    Register {
+        /// Buffer size, MiB (default 64).
+        #[arg(value_name = "MiB", value_parser = parse_mib)]
+        mib: Option<usize>,
+    },
+    /// Host<->device: staged pipeline (pageable bytes, 2 pinned slots) against a plain pinned
+    /// cuMemcpyAsync, plain pageable cuMemcpy, and device-to-device; best of 5, GB/s = 1e9
+    /// bytes/s.
+    Bandwidth {
+        /// Buffer size, MiB (default 256).
+        #[arg(value_name = "MiB", value_parser = parse_mib)]
+        mib: Option<usize>,
+    },
+    /// CUDA IPC between processes, as the peer-to-peer all-reduce uses it: a child process maps
+    /// this one's buffer (cuIpcOpenMemHandle), checks its bytes, writes new ones, which the
+    /// parent checks.
+    Ipc {
+        /// Buffer size, MiB (default 16).
+        #[arg(value_name = "MiB", value_parser = parse_mib)]
+        mib: Option<usize>,
+    },
+    /// Every reduction kernel of ptx/reduce.ptx (10 types x sum, prod, min, max, and the avg
+    /// division) JIT-compiled and run on 1,100,003 elements, checked against a host reference.
+    Kernels,
+    /// The child process of `ipc` (internal).
+    #[command(hide = true)]
+    IpcChild {
+        /// The parent's IPC handle, hexadecimal.
+        handle: String,
+        /// Bytes of the buffer.
+        bytes: String,
+    },
+}
+
+/// A positive number of MiB that fits in memory, as bytes.
+fn parse_mib(text: &str) -> Result<usize, String> {
+    text.parse::<usize>()
+        .ok()
+        .filter(|&m| m > 0)
+        .and_then(|m| m.checked_mul(1 << 20))
+        .ok_or_else(|| format!("'{text}' is not a positive number of MiB that fits in memory"))
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mib = |i: usize, default: usize| -> Result<usize, String> {
-        match args.get(i) {
-            None => Ok(default << 20),
-            Some(a) => a
-                .parse::<usize>()
-                .ok()
-                .filter(|&m| m > 0)
-                .and_then(|m| m.checked_mul(1 << 20))
-                .ok_or_else(|| {
-                    format!("'{a}' is not a positive number of MiB that fits in memory")
-                }),
-        }
-    };
-    const USAGE: &str =
-        "usage: gpu-probe devices | register [MiB] | bandwidth [MiB] | ipc [MiB] | kernels";
-    // The command line first: a typo is a usage error on any machine, GPU or not.
-    let known = [
-        "devices",
-        "register",
-        "bandwidth",
-        "ipc",
-        "ipc-child",
-        "kernels",
-    ];
-    if !args.first().is_some_and(|c| known.contains(&c.as_str())) {
-        eprintln!("gpu-probe: {USAGE}");
-        return ExitCode::from(2);
-    }
-    if let Err(e) = mib(1, 0) {
-        if matches!(args[0].as_str(), "register" | "bandwidth" | "ipc") {
-            eprintln!("gpu-probe: {e}");
-            return ExitCode::from(2);
-        }
-    }
+    // The command line first (clap exits with 2 on a usage error, 0 for --help): a typo is a
+    // usage error on any machine, GPU or not.
+    let cli = Cli::parse();
     let r = (|| {
         let cuda = Cuda::load().map_err(s)?;
         let dev = || cuda.device(0).map_err(s);
-        match args.first().map(String::as_str) {
-            Some("devices") => devices(&cuda),
-            Some("register") => register(&dev()?, mib(1, 64)?),
-            Some("bandwidth") => bandwidth(&dev()?, mib(1, 256)?),
-            Some("ipc") => ipc(&dev()?, mib(1, 16)?),
-            Some("ipc-child") => match (args.get(1), args.get(2)) {
-                (Some(h), Some(n)) => ipc_child(&dev()?, h, n),
-                _ => Err("usage: gpu-probe ipc-child HANDLE_HEX BYTES".into()),
-            },
-            Some("kernels") => kernels(&dev()?),
-            _ => Err(USAGE.into()),
+        match &cli.cmd {
+            Cmd::Devices => devices(&cuda),
+            Cmd::Register { mib } => register(&dev()?, mib.unwrap_or(64 << 20)),
+            Cmd::Bandwidth { mib } => bandwidth(&dev()?, mib.unwrap_or(256 << 20)),
+            Cmd::Ipc { mib } => ipc(&dev()?, mib.unwrap_or(16 << 20)),
+            Cmd::IpcChild { handle, bytes } => ipc_child(&dev()?, handle, bytes),
+            Cmd::Kernels => kernels(&dev()?),
         }
     })();
     match r {

@@ -5,9 +5,9 @@
 //! inside the call from those borrows, and errors come back as [`io::Error`] (errno kept). Nothing
 //! here decides policy (which options, what to do on an error); `udp.rs`, `oob` and `wake.rs` do.
 //!
-//! Sources: socket(2), setsockopt(2) / getsockopt(2), bind(2), getsockname(2), recvmmsg(2),
-//! sendmmsg(2), poll(2), eventfd(2), read(2), write(2), getifaddrs(3); the option semantics in
-//! udp(7), ip(7) and ipv6(7).
+//! Sources: socket(2), setsockopt(2) / getsockopt(2), bind(2), listen(2), getsockname(2),
+//! recvmmsg(2), sendmmsg(2), poll(2), eventfd(2), read(2), write(2), getrandom(2), getifaddrs(3);
+//! the option semantics in udp(7), ip(7) and ipv6(7).
 #![allow(unsafe_code)]
 
 use std::io::{self, IoSlice};
@@ -130,6 +130,38 @@ pub(crate) fn udp_socket(ipv6: bool) -> io::Result<OwnedFd> {
     }
     // SAFETY: `fd` was just returned by socket(2), is valid and owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A blocking, close-on-exec TCP socket of the family of `ipv6` (socket(2) with
+/// `SOCK_STREAM | SOCK_CLOEXEC`), not yet bound.
+#[cfg_attr(not(feature = "tools"), allow(dead_code))] // used by the tools only
+pub(crate) fn tcp_socket(ipv6: bool) -> io::Result<OwnedFd> {
+    let domain = if ipv6 { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: socket(2) takes only integers and returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::socket(
+            domain,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_TCP,
+        )
+    };
+    if fd < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: `fd` was just returned by socket(2), is valid and owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// listen(2) with a queue of `backlog` connections.
+#[cfg_attr(not(feature = "tools"), allow(dead_code))] // used by the tools only
+pub(crate) fn listen(fd: BorrowedFd<'_>, backlog: libc::c_int) -> io::Result<()> {
+    // SAFETY: listen(2) takes only integers.
+    let rc = unsafe { libc::listen(fd.as_raw_fd(), backlog) };
+    if rc < 0 {
+        Err(last_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// setsockopt(2) of an `int` option.
@@ -498,6 +530,29 @@ pub(crate) fn eventfd_take(fd: BorrowedFd<'_>) -> io::Result<u64> {
         }
         return Ok(u64::from_ne_bytes(bytes));
     }
+}
+
+/// getrandom(2) without flags: fills `buf` from the kernel's random source (the urandom pool,
+/// which blocks only until it is first initialized, early at boot). Short reads and `EINTR` are
+/// retried.
+#[cfg_attr(not(feature = "tools"), allow(dead_code))] // used by the tools only
+pub(crate) fn getrandom(buf: &mut [u8]) -> io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let rest = &mut buf[filled..];
+        // SAFETY: the pointer and length describe `rest`, live and writable for the call; the
+        // kernel writes at most that many bytes.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let err = last_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        filled += n as usize;
+    }
+    Ok(())
 }
 
 /// getifaddrs(3): the name of the interface that holds the IPv4 address `ip` (`None` when none

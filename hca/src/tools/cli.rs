@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use crate::open::DeviceSpec;
-use crate::open::{open, OpenOptions};
+use crate::open::{open, LinkForms, OpenOptions};
 use crate::soft::{DeviceError, Progress};
 use crate::tools::oob::OobTimeouts;
 use crate::verbs::connect::{self, ConnectAttr};
@@ -119,10 +119,19 @@ impl Dev {
 /// port, so a peer cannot learn any other.
 pub const ROCEV2_PORT: u16 = crate::soft::ROCEV2_PORT;
 
+/// The `--link` forms the tools take: `udp:ADDRESS` (no port: see [`ROCEV2_PORT`]),
+/// `vfio:PCI_ADDRESS`, `verbs:DEVICE`.
+pub const TOOL_LINKS: LinkForms = LinkForms {
+    udp_port: false,
+    vfio: LinkForms::PARSED.vfio,
+    verbs: true,
+};
+
 /// Parses a `--link` / `-d` value (see [`DeviceSpec`]) for `rdma-perf` / `rdma-pingpong`.
 ///
 /// # Errors
-/// One line: the [`crate::open::DeviceSpecError`]; for a bare word such as `mlx5_0` (perftest's
+/// One line: the [`crate::open::DeviceSpecError`]'s message for [`TOOL_LINKS`] (it names the
+/// forms the tools take, and no port); for a bare word such as `mlx5_0` (perftest's
 /// `-d` habit) it suggests `--link verbs:mlx5_0`; a `udp:ADDRESS:PORT` whose port is not
 /// [`ROCEV2_PORT`] is refused, since the peer would send to 4791 all the same and the run would
 /// end in "transport retry counter exceeded".
@@ -138,7 +147,7 @@ pub fn parse_link(text: &str) -> Result<DeviceSpec, Fail> {
                  verbs:DEVICE; for the RDMA device {text} give --link verbs:{text}"
             ))
         } else {
-            Fail(e.to_string())
+            Fail(e.message(TOOL_LINKS))
         }
     })?;
     match spec {
@@ -238,6 +247,12 @@ pub fn connect_noting<T>(
         }
         r => r,
     }
+}
+
+/// The line of a server that cannot listen on its TCP port (`-p`), the same for both tools:
+/// `Couldn't listen to port PORT: cannot listen on TCP [::]:PORT: ...` (the OS error).
+pub fn listen_failed(port: u16, e: &crate::tools::OobError) -> Fail {
+    Fail(format!("Couldn't listen to port {port}: {e}"))
 }
 
 /// The options of a `--link vfio:` device.
@@ -397,17 +412,39 @@ pub fn oob_timeouts(secs: u64) -> OobTimeouts {
     }
 }
 
-/// A random 24-bit PSN (the tools use `lrand48() & 0xffffff`).
-pub fn random_psn() -> u32 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let mut x = nanos ^ (u64::from(std::process::id()) << 32) ^ 0x9e37_79b9_7f4a_7c15;
-    // splitmix64
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^= x >> 31;
-    (x & 0xff_ffff) as u32
+/// A random 24-bit start PSN, as the C tools pick one (`lrand48() & 0xffffff`), drawn from the
+/// OS random source: getrandom(2), or `/dev/urandom` where getrandom(2) fails (`ENOSYS` before
+/// Linux 3.17, a seccomp filter). Never a clock, a counter or a hash of them: a start PSN that a
+/// third party can guess lets it inject packets that the responder accepts (the PSN is the only
+/// sequence check of RC, IBTA vol. 1 §9.7.1; the tools run without any other protection).
+///
+/// # Errors
+/// One line naming both sources' errors when neither gives bytes.
+pub fn random_psn() -> Result<u32, Fail> {
+    let mut bytes = [0u8; 4];
+    os_random(&mut bytes)?;
+    Ok(psn_of(bytes))
+}
+
+/// Fills `buf` from the OS random source (see [`random_psn`]).
+fn os_random(buf: &mut [u8]) -> Result<(), Fail> {
+    use std::io::Read;
+    let direct = match crate::link::sys::getrandom(buf) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(buf))
+        .map_err(|e| {
+            Fail(format!(
+                "cannot draw a random PSN: getrandom(2): {direct}; /dev/urandom: {e}"
+            ))
+        })
+}
+
+/// The PSN of four random bytes: the low 24 bits of their big-endian value.
+fn psn_of(bytes: [u8; 4]) -> u32 {
+    u32::from_be_bytes(bytes) & 0xff_ffff
 }
 
 /// A GID as `inet_ntop(AF_INET6)` prints it.
@@ -562,6 +599,19 @@ mod tests {
         assert!(e.0.contains("bad link \"udp:rxe0\""), "{e}");
         let e = parse_link("rdma:mlx5_0").unwrap_err();
         assert!(e.0.contains("unknown link type \"rdma\""), "{e}");
+        // The forms the tools take, with no port (they refuse any but 4791).
+        let e = parse_link("tcp:127.0.0.1").unwrap_err();
+        let forms = if cfg!(target_os = "linux") {
+            "udp:ADDRESS without a port, vfio:PCI_ADDRESS or verbs:DEVICE"
+        } else {
+            "udp:ADDRESS without a port or verbs:DEVICE"
+        };
+        assert_eq!(
+            e.0,
+            format!("bad link \"tcp:127.0.0.1\": unknown link type \"tcp\" (expected {forms})")
+        );
+        let e = parse_link("udp:rxe0").unwrap_err();
+        assert!(!e.0.contains("PORT"), "{e}");
     }
 
     #[test]
@@ -638,9 +688,25 @@ mod tests {
     }
 
     #[test]
-    fn psn_is_24_bits() {
-        for _ in 0..100 {
-            assert!(random_psn() <= 0xff_ffff);
+    fn psn_is_24_bits_of_os_random_bytes() {
+        assert_eq!(psn_of([0xab, 0x12, 0x34, 0x56]), 0x12_3456);
+        assert_eq!(psn_of([0xff; 4]), 0xff_ffff);
+        // The source: 64 bytes twice from getrandom(2) differ (equal with probability 2^-512)
+        // and are not the zeros they started as.
+        let (mut a, mut b) = ([0u8; 64], [0u8; 64]);
+        crate::link::sys::getrandom(&mut a).unwrap();
+        crate::link::sys::getrandom(&mut b).unwrap();
+        assert_ne!(a, b);
+        assert_ne!(a, [0u8; 64]);
+        // Every bit of the PSN takes both values over 1000 draws (a bit stuck at one value
+        // by chance: probability 24 x 2^-999).
+        let (mut ones, mut zeros) = (0u32, 0u32);
+        for _ in 0..1000 {
+            let psn = random_psn().unwrap();
+            assert!(psn <= 0xff_ffff);
+            ones |= psn;
+            zeros |= !psn & 0xff_ffff;
         }
+        assert_eq!((ones, zeros), (0xff_ffff, 0xff_ffff));
     }
 }

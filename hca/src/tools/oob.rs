@@ -16,13 +16,24 @@
 //! the whole message, strictly alternating (the client writes first). This module writes each
 //! message with one call too, reads tolerantly (whatever segmentation arrives), and bounds every
 //! step with a timeout ([`OobTimeouts`]): a peer that never answers gives an error, not a hang.
+//!
+//! # What a peer may make this side do
+//! The peer is not trusted. Every message is read into a buffer of the fixed size this side
+//! expects (16 bytes for perftest's version, 108 for its `pingpong_dest`, 52 for the pingpong
+//! address ...), never one the peer announces, and the number of messages is this side's (one
+//! per local QP). Of the values the peer sends, only perftest's `cycle_buffer` and
+//! `cache_line_size` could size anything here (the buffers of `rdma-perf`); they are refused
+//! above [`perftest::MAX_CYCLE_BUFFER`] and [`perftest::MAX_CACHE_LINE_SIZE`] with
+//! [`OobError::PeerValue`], which names the field, the value and the bound. The other values
+//! (QPNs, PSNs, rkeys, addresses, GIDs, a bandwidth report) are bounded by their field widths and
+//! go into QP attributes, work requests or printed reports, not into sizes.
 
 pub mod perftest;
 pub mod pingpong;
 
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
@@ -38,7 +49,8 @@ pub struct OobTimeouts {
     /// How long a client keeps trying to connect: refused connections (the server is not
     /// listening yet) are retried every 100 ms until this passes. Default 10 s.
     pub connect: Duration,
-    /// How long a server waits for its client to connect. Default 60 s.
+    /// How long a server waits for its client to connect. Default 60 s; `Duration::MAX` waits
+    /// without limit (as perftest's and the pingpong examples' servers do).
     pub accept: Duration,
     /// How long each read or write may block. Default 30 s. Perftest's end-of-test
     /// synchronization waits for the whole test: raise it with
@@ -161,6 +173,20 @@ pub enum OobError {
         /// The largest value the field holds.
         max: u64,
     },
+    /// The peer sent a value above the bound this side puts on it: a value that would size an
+    /// allocation or a memory lock here (perftest's `cycle_buffer`, say). Nothing was allocated.
+    PeerValue {
+        /// The peer.
+        peer: SocketAddr,
+        /// The message.
+        what: &'static str,
+        /// The field.
+        field: &'static str,
+        /// The value it sent.
+        value: i64,
+        /// The largest value this side takes.
+        max: u64,
+    },
     /// The peer's perftest version is one perftest 4.5 refuses (below 5.70,
     /// `check_version_compatibility`).
     Version {
@@ -262,6 +288,16 @@ impl fmt::Display for OobError {
             } => write!(
                 f,
                 "cannot send the {what}: {field} {value:#x} is above {max:#x}"
+            ),
+            OobError::PeerValue {
+                peer,
+                what,
+                field,
+                value,
+                max,
+            } => write!(
+                f,
+                "refusing the {what} from {peer}: {field} {value} is above the bound of {max}"
             ),
             OobError::Version { peer, version } => write!(
                 f,
@@ -379,6 +415,29 @@ impl OobListener {
         // std sets SO_REUSEADDR on listening sockets on Unix, as the tools do.
         let listener =
             TcpListener::bind(addr).map_err(|source| OobError::Listen { addr, source })?;
+        OobListener::from_listener(listener, addr)
+    }
+
+    /// Listens on `port` of every local address, IPv4 and IPv6 alike: one IPv6 socket on `[::]`
+    /// with `IPV6_V6ONLY` off (ipv6(7): IPv4 clients then arrive as `::ffff:a.b.c.d`, which
+    /// [`OobStream`] names as plain IPv4), whatever the `net.ipv6.bindv6only` sysctl says; on a
+    /// host without IPv6 (socket(2) or bind(2) refuse the family or the address), on `0.0.0.0`.
+    /// (perftest listens on IPv4 only; the pingpong examples on what getaddrinfo(3) lists
+    /// first.)
+    ///
+    /// Errors: [`OobError::Listen`] with the first failure: a port in use is reported for
+    /// `[::]:PORT`, whichever tool asks.
+    pub(crate) fn bind_any(port: u16) -> Result<OobListener, OobError> {
+        let v6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
+        match dual_stack_listener(&v6) {
+            Ok(listener) => OobListener::from_listener(listener, v6),
+            Err(e) if ipv6_absent(&e) => OobListener::bind((Ipv4Addr::UNSPECIFIED, port).into()),
+            Err(source) => Err(OobError::Listen { addr: v6, source }),
+        }
+    }
+
+    /// Takes a bound, listening socket: notes its address and makes it non-blocking.
+    fn from_listener(listener: TcpListener, addr: SocketAddr) -> Result<OobListener, OobError> {
         let addr = listener
             .local_addr()
             .map_err(|source| OobError::Listen { addr, source })?;
@@ -428,6 +487,38 @@ impl OobListener {
     }
 }
 
+/// An IPv6 TCP socket listening on `addr` with `SO_REUSEADDR` on (as std's listeners and both C
+/// tools set it) and `IPV6_V6ONLY` off.
+fn dual_stack_listener(addr: &SocketAddr) -> io::Result<TcpListener> {
+    let fd = sys::tcp_socket(true)?;
+    sys::set_int(fd.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+    sys::set_int(fd.as_fd(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 0)?;
+    sys::bind(fd.as_fd(), addr)?;
+    // std's backlog (perftest's is 1; one client is served either way).
+    sys::listen(fd.as_fd(), 128)?;
+    Ok(TcpListener::from(fd))
+}
+
+/// Whether `e` says this host has no IPv6 (no such address family, or `::` not assignable).
+fn ipv6_absent(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EAFNOSUPPORT | libc::EPROTONOSUPPORT | libc::EADDRNOTAVAIL)
+    )
+}
+
+/// `addr`, an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, an IPv4 client of a dual-stack
+/// listener) as the IPv4 address it is.
+pub(crate) fn canonical(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::from((v4, v6.port())),
+            None => addr,
+        },
+        v4 => v4,
+    }
+}
+
 /// A connected stream with its peer, reading and writing whole messages.
 #[derive(Debug)]
 pub(crate) struct OobStream {
@@ -439,11 +530,14 @@ pub(crate) struct OobStream {
 impl OobStream {
     /// Wraps a connected stream whose timeouts are set to `io_timeout`.
     pub(crate) fn new(stream: TcpStream, io_timeout: Duration) -> Result<OobStream, OobError> {
-        let peer = stream.peer_addr().map_err(|source| OobError::Read {
-            peer: SocketAddr::from(([0, 0, 0, 0], 0)),
-            what: "peer address",
-            source,
-        })?;
+        let peer = stream
+            .peer_addr()
+            .map(canonical)
+            .map_err(|source| OobError::Read {
+                peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+                what: "peer address",
+                source,
+            })?;
         Ok(OobStream {
             stream,
             peer,
@@ -571,6 +665,42 @@ mod tests {
         assert_eq!(parse_hex(b"12345", 4), None);
         assert_eq!(parse_hex(b"12g4", 4), None);
         assert_eq!(parse_hex(b"ffffffffffffffff", 16), Some(u64::MAX));
+    }
+
+    /// One listener takes clients over IPv4 and IPv6 (where this host has IPv6), and names an
+    /// IPv4 client by its IPv4 address.
+    #[test]
+    fn bind_any_takes_both_ip_versions() {
+        let l = OobListener::bind_any(0).unwrap();
+        let port = l.local_addr().port();
+        let t = OobTimeouts {
+            accept: Duration::from_secs(10),
+            ..OobTimeouts::default()
+        };
+        let ipv6 = std::net::UdpSocket::bind("[::1]:0").is_ok();
+        assert_eq!(l.local_addr().is_ipv6(), ipv6, "{}", l.local_addr());
+        let mut hosts = vec!["127.0.0.1"];
+        if ipv6 {
+            hosts.push("::1");
+        } else {
+            eprintln!("no IPv6 on this host: IPv4 only");
+        }
+        for host in hosts {
+            let c = connect(host, port, &t).unwrap();
+            let (s, _) = l.accept(&t).unwrap();
+            let s = OobStream::new(s, t.io).unwrap();
+            assert_eq!(s.peer, canonical(c.local_addr().unwrap()), "{host}");
+            assert_eq!(s.peer.ip().to_string(), host);
+        }
+        // A port in use is reported for [::] (0.0.0.0 without IPv6).
+        let e = OobListener::bind_any(port).unwrap_err();
+        assert!(matches!(e, OobError::Listen { .. }), "{e}");
+        let want = if ipv6 { "[::]" } else { "0.0.0.0" };
+        assert!(
+            e.to_string()
+                .starts_with(&format!("cannot listen on TCP {want}:{port}: ")),
+            "{e}"
+        );
     }
 
     #[test]

@@ -14,9 +14,13 @@
 //!   thread, latency tests to the polling loop itself (one thread, as perftest's busy polling);
 //!   sides that only wait (the server of write/read/atomic tests) always use a thread.
 //! * Every wait is bounded by `--timeout` (default 30 s; the server's wait for the end of the
-//!   client's test by ten times that plus `-D`): a silent peer is an error, not a hang.
+//!   client's test by ten times that plus `-D`): a silent peer is an error, not a hang. The one
+//!   exception is perftest's own: a server waits for its client without limit, unless
+//!   `--timeout` is given.
 //! * A client whose server does not listen yet keeps trying until `--timeout` (the C tools fail
 //!   at once), and says so once on stderr ("nothing listens on HOST:PORT yet").
+//! * The server takes IPv4 and IPv6 clients alike (`[::]` with `IPV6_V6ONLY` off; perftest
+//!   listens on IPv4 only).
 //! * Transports RC and UC (`-c`); perftest's UD, XRC, DC, events, multicast and the like are
 //!   not offered. Peak bandwidth over more than 20000 messages is not computed (perftest's own
 //!   rule), and over many messages its spans are sampled.
@@ -27,7 +31,7 @@ use hca::tool_fail as fail;
 use hca::tools::cli as common;
 mod report;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,6 +59,8 @@ const CQ_MOD_LIMIT: u64 = 8192;
 const IOVA: u64 = 0x7f3a_0000_0000;
 /// Messages above which perftest computes no peak (`iters > 20000`).
 const NO_PEAK_ITERS: u64 = 20_000;
+/// `--timeout` when not given.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Parser, Debug)]
 #[command(
@@ -160,10 +166,11 @@ struct Args {
     /// Who drives the device (default: thread for bandwidth, caller for latency tests).
     #[arg(long, value_enum)]
     progress: Option<ProgressArg>,
-    /// Longest wait for the peer, seconds (1 to 86400): connecting, each TCP message, each
-    /// completion.
-    #[arg(long, default_value_t = 30, value_parser = common::parse_secs)]
-    timeout: u64,
+    /// Longest wait for the peer, seconds (1 to 86400; default 30): connecting, each TCP
+    /// message, each completion. A server waits for its client without limit, as perftest's
+    /// does, unless --timeout is given: then it gives up after SECS.
+    #[arg(long, value_name = "SECS", value_parser = common::parse_secs)]
+    timeout: Option<u64>,
     /// Print the device's engine, link and progress counters to stderr at the end.
     #[arg(long)]
     stats: bool,
@@ -215,7 +222,10 @@ struct Params {
     inline_size: u32,
     qp_timeout: u8,
     progress: Progress,
+    /// `--timeout`, or [`DEFAULT_TIMEOUT`].
     timeout: Duration,
+    /// How long a server waits for its client: `--timeout` when given, else without limit.
+    accept: Option<Duration>,
     stats: bool,
     window_budget: Option<u32>,
 }
@@ -368,7 +378,8 @@ fn resolve(cmd: &TestCmd) -> Result<Params, Fail> {
         inline_size,
         qp_timeout: a.qp_timeout,
         progress,
-        timeout: Duration::from_secs(a.timeout.max(1)),
+        timeout: a.timeout.map_or(DEFAULT_TIMEOUT, Duration::from_secs),
+        accept: a.timeout.map(Duration::from_secs),
         stats: a.stats,
         window_budget: a.window_budget,
     })
@@ -432,8 +443,18 @@ fn open_checked(
     Ok((dev, gid_index, gid, local_mtu))
 }
 
+/// The out-of-band timeouts of a run: `--timeout` (default 30 s) for connecting and each
+/// message; a server's wait for its client as [`Params::accept`] says (`Duration::MAX`, no
+/// limit, without `--timeout`).
+fn oob_timeouts(p: &Params) -> hca::tools::oob::OobTimeouts {
+    hca::tools::oob::OobTimeouts {
+        accept: p.accept.unwrap_or(Duration::MAX),
+        ..common::oob_timeouts(p.timeout.as_secs())
+    }
+}
+
 fn run(p: &Params) -> Result<(), Fail> {
-    let t = common::oob_timeouts(p.timeout.as_secs());
+    let t = oob_timeouts(p);
     // With --link the device is known before any peer: open it and check -x / -m first, as
     // perftest does, so that a bad flag fails at once instead of after a peer connects.
     let early = match &p.link {
@@ -451,9 +472,9 @@ fn run(p: &Params) -> Result<(), Fail> {
         }
         None => {
             // Listen first: a port in use is an error without a banner promising a wait.
-            let any: SocketAddr = (IpAddr::from([0u8; 4]), p.port).into();
-            let listener = PerftestListener::bind(any, t)
-                .map_err(|e| Fail(format!("Unable to open the server socket: {e}")))?;
+            // IPv4 and IPv6 clients alike (perftest: IPv4 only).
+            let listener = PerftestListener::bind_any(p.port, t)
+                .map_err(|e| common::listen_failed(p.port, &e))?;
             println!();
             println!("************************************");
             println!("* Waiting for client to connect... *");
@@ -490,17 +511,19 @@ fn run(p: &Params) -> Result<(), Fail> {
         .qpns
         .iter()
         .enumerate()
-        .map(|(i, &qpn)| PerftestDest {
-            lid: 0,
-            out_reads: res.out_reads,
-            qpn,
-            psn: common::random_psn(),
-            rkey: res.mr.rkey(),
-            vaddr: res.target(i),
-            gid,
-            srqn: 0,
+        .map(|(i, &qpn)| {
+            Ok(PerftestDest {
+                lid: 0,
+                out_reads: res.out_reads,
+                qpn,
+                psn: common::random_psn()?,
+                rkey: res.mr.rkey(),
+                vaddr: res.target(i),
+                gid,
+                srqn: 0,
+            })
         })
-        .collect();
+        .collect::<Result<_, Fail>>()?;
     print_test_info(p, &spec, pre.mtu, &res);
     let oob = |e: hca::tools::OobError| {
         Fail(format!(
@@ -1534,4 +1557,33 @@ fn lat_send(p: &Params, res: &Res, size: u64) -> Result<String, Fail> {
         }
     }
     Ok(lat_line(size, &tposted, 2.0, clock.result()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(args: &[&str]) -> Params {
+        let cli = Cli::try_parse_from(args).unwrap();
+        resolve(&cli.test).unwrap()
+    }
+
+    /// A server waits for its client without limit unless --timeout is given (as perftest's
+    /// does); every other wait has --timeout or its default of 30 s.
+    #[test]
+    fn server_waits_for_a_client_without_limit_unless_timeout_is_given() {
+        let p = params(&["rdma-perf", "write-bw"]);
+        assert_eq!((p.timeout, p.accept), (Duration::from_secs(30), None));
+        let t = oob_timeouts(&p);
+        assert_eq!(t.accept, Duration::MAX);
+        assert_eq!((t.connect, t.io), (p.timeout, p.timeout));
+        let p = params(&["rdma-perf", "send-lat", "--timeout", "7"]);
+        let seven = Duration::from_secs(7);
+        assert_eq!((p.timeout, p.accept), (seven, Some(seven)));
+        let t = oob_timeouts(&p);
+        assert_eq!((t.accept, t.connect, t.io), (seven, seven, seven));
+        // A client keeps its bounded connect retry.
+        let t = oob_timeouts(&params(&["rdma-perf", "write-bw", "127.0.0.1"]));
+        assert_eq!(t.connect, Duration::from_secs(30));
+    }
 }

@@ -13,6 +13,8 @@
 //! * Every wait is bounded by `--timeout` (default 30 s): a silent peer is an error, not a hang.
 //! * A client whose server does not listen yet keeps trying until `--timeout` (the C tools fail
 //!   at once), and says so once on stderr ("nothing listens on HOST:PORT yet").
+//! * The server takes IPv4 and IPv6 clients alike (`[::]` with `IPV6_V6ONLY` off, whatever the
+//!   `net.ipv6.bindv6only` sysctl says; `0.0.0.0` on a host without IPv6).
 //! * `-c` / `--chk` (the C tools' buffer check, byte 0 of every page is 0 at the server) also
 //!   fills the rest of each page with a pattern and checks every byte on both sides; a peer's
 //!   plain 0x7b filler is accepted as well. A failed check exits with status 1.
@@ -20,7 +22,7 @@
 use hca::tool_fail as fail;
 use hca::tools::cli as common;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -183,7 +185,7 @@ fn run(cli: &Cli) -> Result<(), Fail> {
     };
     let timeouts = common::oob_timeouts(cli.timeout);
     let timeout = Duration::from_secs(cli.timeout.max(1));
-    let my_psn = common::random_psn();
+    let my_psn = common::random_psn()?;
 
     let (mut ctx, remote) = match &cli.server {
         Some(host) => {
@@ -209,12 +211,8 @@ fn run(cli: &Cli) -> Result<(), Fail> {
             (ctx, remote)
         }
         None => {
-            let any: SocketAddr = (IpAddr::from([0u16; 8]), cli.port).into();
-            let server = PingpongServer::bind(any, timeouts)
-                .or_else(|_| {
-                    PingpongServer::bind((IpAddr::from([0u8; 4]), cli.port).into(), timeouts)
-                })
-                .map_err(|e| Fail(format!("Couldn't listen to port {}: {e}", cli.port)))?;
+            let server = PingpongServer::bind_any(cli.port, timeouts)
+                .map_err(|e| common::listen_failed(cli.port, &e))?;
             let early = match spec {
                 Some(s) => {
                     let ctx = setup(cli, s, qp_type, size)?;

@@ -9,7 +9,7 @@
 //! # The connection
 //! The server (no host name given) listens on TCP port 18515 (`-p`), IPv4 only
 //! (`ethernet_server_connect`: `AF_INET`, `AI_PASSIVE`, `SO_REUSEADDR`) and accepts one client
-//! (`ethernet_client_connect`). Every exchange below is `ctx_xchg_data_ethernet` /
+//! (`ethernet_client_connect`). [`PerftestListener::bind_any`] listens on IPv4 and IPv6 alike. Every exchange below is `ctx_xchg_data_ethernet` /
 //! `ctx_hand_shake`: **the client writes its message then reads the server's; the server reads
 //! then writes**, each message with one write(2) and one read(2) that must return all of it.
 //!
@@ -58,6 +58,16 @@
 //!
 //! [`PerftestConn::close`] is `ctx_close_connection`: a hand-shake with QP 0, then `"done"` and its
 //! NUL (5 bytes), which neither side reads, then close.
+//!
+//! # Bounds on what the peer sends
+//! perftest sizes its buffers from the larger of both sides' `cycle_buffer` (`BUFF_SIZE`), and so
+//! does `rdma-perf`: a peer's value is taken up to [`MAX_CYCLE_BUFFER`] (2 MiB, the x86-64 huge
+//! page; perftest sends its page size, 4 KiB or 64 KiB), its `cache_line_size` up to
+//! [`MAX_CACHE_LINE_SIZE`] (4096; perftest sends 64 or 128). A larger value is refused with
+//! [`OobError::PeerValue`] before anything is allocated: a 2^31-byte `cycle_buffer` once made a
+//! server lock 4 GiB (issue 17). Every other message has a fixed size and fixed-width fields (see
+//! the [`oob`](super) module docs); the number of `pingpong_dest` messages is this side's number
+//! of QPs, and a bandwidth report is only printed.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -89,6 +99,13 @@ pub const DEFAULT_CYCLE_BUFFER: i32 = 4096;
 
 /// perftest's default `cache_line_size` (`DEF_CACHE_LINE_SIZE`), bytes.
 pub const DEFAULT_CACHE_LINE_SIZE: i32 = 64;
+
+/// The largest `cycle_buffer` taken from a peer, bytes: 2 MiB (see the
+/// [module docs](self#bounds-on-what-the-peer-sends)).
+pub const MAX_CYCLE_BUFFER: i32 = 2 << 20;
+
+/// The largest `cache_line_size` taken from a peer, bytes: 4096.
+pub const MAX_CACHE_LINE_SIZE: i32 = 4096;
 
 const WHAT: &str = "perftest pingpong_dest";
 
@@ -333,6 +350,17 @@ impl PerftestListener {
         })
     }
 
+    /// Listens on `port` of every local address, IPv4 and IPv6 alike: `[::]` with
+    /// `IPV6_V6ONLY` off, or `0.0.0.0` on a host without IPv6 (port 0 picks one).
+    ///
+    /// Errors: [`OobError::Listen`], for `[::]:PORT` when the port is in use.
+    pub fn bind_any(port: u16, timeouts: OobTimeouts) -> Result<PerftestListener, OobError> {
+        Ok(PerftestListener {
+            listener: OobListener::bind_any(port)?,
+            timeouts,
+        })
+    }
+
     /// The address listened on.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr()
@@ -458,26 +486,50 @@ impl PerftestConn {
     /// `check_sys_data`: exchanges `cycle_buffer` then `cache_line_size` (4-byte big-endian
     /// `int`s, two exchanges) and returns the larger of each pair.
     ///
-    /// Errors: those of [`exchange_raw`](Self::exchange_raw).
+    /// Errors: those of [`exchange_raw`](Self::exchange_raw); [`OobError::PeerValue`] for a
+    /// peer's `cycle_buffer` above [`MAX_CYCLE_BUFFER`] or `cache_line_size` above
+    /// [`MAX_CACHE_LINE_SIZE`] (checked as each arrives).
     pub fn exchange_sys_data(
         &mut self,
         cycle_buffer: i32,
         cache_line_size: i32,
     ) -> Result<(i32, i32), OobError> {
-        let mut theirs = [0u8; 4];
-        self.exchange_raw(
+        let cycle = self.exchange_bounded_int(
             "perftest cycle_buffer",
-            &cycle_buffer.to_be_bytes(),
-            &mut theirs,
+            "cycle_buffer",
+            cycle_buffer,
+            MAX_CYCLE_BUFFER,
         )?;
-        let cycle = i32::from_be_bytes(theirs).max(cycle_buffer);
-        self.exchange_raw(
+        let line = self.exchange_bounded_int(
             "perftest cache_line_size",
-            &cache_line_size.to_be_bytes(),
-            &mut theirs,
+            "cache_line_size",
+            cache_line_size,
+            MAX_CACHE_LINE_SIZE,
         )?;
-        let line = i32::from_be_bytes(theirs).max(cache_line_size);
-        Ok((cycle, line))
+        Ok((cycle.max(cycle_buffer), line.max(cache_line_size)))
+    }
+
+    /// Exchanges one 4-byte big-endian `int` and returns the peer's, refused above `max`.
+    fn exchange_bounded_int(
+        &mut self,
+        what: &'static str,
+        field: &'static str,
+        mine: i32,
+        max: i32,
+    ) -> Result<i32, OobError> {
+        let mut theirs = [0u8; 4];
+        self.exchange_raw(what, &mine.to_be_bytes(), &mut theirs)?;
+        let value = i32::from_be_bytes(theirs);
+        if value > max {
+            return Err(OobError::PeerValue {
+                peer: self.peer(),
+                what,
+                field,
+                value: i64::from(value),
+                max: max as u64,
+            });
+        }
+        Ok(value)
     }
 
     /// `check_mtu`: exchanges the MTU code as decimal text and NUL (2 bytes) and returns the
@@ -851,6 +903,69 @@ mod tests {
         assert_eq!(r1, client_dests);
         assert_eq!(r2, client_dests);
         assert_eq!(rep, mine);
+    }
+
+    /// A peer's `cycle_buffer` or `cache_line_size` above its bound is refused, naming the
+    /// field, the value and the bound; the largest allowed values pass.
+    #[test]
+    fn peer_sys_data_above_the_bounds_is_refused() {
+        use std::io::{Read, Write};
+        let t = OobTimeouts {
+            accept: Duration::from_secs(10),
+            io: Duration::from_secs(10),
+            ..OobTimeouts::default()
+        };
+        let cases = [
+            (
+                i32::MAX,
+                64,
+                Some(("cycle_buffer", i64::from(i32::MAX), 2 << 20)),
+            ),
+            (4096, 1 << 20, Some(("cache_line_size", 1 << 20, 4096))),
+            (MAX_CYCLE_BUFFER, MAX_CACHE_LINE_SIZE, None),
+            (-1, -1, None),
+        ];
+        for (cycle, line, refused) in cases {
+            let l = PerftestListener::bind("127.0.0.1:0".parse().unwrap(), t).unwrap();
+            let port = l.local_addr().port();
+            let client = std::thread::spawn(move || {
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let mut buf = [0u8; 16];
+                for msg in [&cycle.to_be_bytes(), &line.to_be_bytes()] {
+                    // The server answers each, up to the one it refuses.
+                    if s.write_all(msg).is_err() || s.read_exact(&mut buf[..4]).is_err() {
+                        break;
+                    }
+                }
+            });
+            let mut c = l.accept(KeyFormat::WithGid).unwrap();
+            let r = c.exchange_sys_data(DEFAULT_CYCLE_BUFFER, DEFAULT_CACHE_LINE_SIZE);
+            drop(c);
+            client.join().unwrap();
+            match refused {
+                Some((field, value, max)) => {
+                    let e = r.unwrap_err();
+                    assert!(
+                        matches!(e, OobError::PeerValue { field: f, value: v, max: m, .. }
+                            if f == field && v == value && m == max),
+                        "{e:?}"
+                    );
+                    let text = e.to_string();
+                    assert!(
+                        text.contains(&format!("{field} {value} is above the bound of {max}")),
+                        "{text}"
+                    );
+                }
+                None => assert_eq!(
+                    r.unwrap(),
+                    (
+                        cycle.max(DEFAULT_CYCLE_BUFFER),
+                        line.max(DEFAULT_CACHE_LINE_SIZE)
+                    )
+                ),
+            }
+        }
     }
 
     #[test]

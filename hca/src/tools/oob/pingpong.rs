@@ -24,6 +24,13 @@
 //!    connects its QP after the exchange.
 //!
 //! No other TCP traffic follows: the tools' pingpong itself runs over RDMA only.
+//!
+//! # Bounds on what the peer sends
+//! Nothing: each side reads exactly [`MSG_LEN`] bytes (then [`DONE`]'s 5) into a fixed buffer,
+//! whatever the peer writes, and the message's fields are bounded by their widths (LID 16 bits,
+//! QPN and PSN 24, GID 128). No value of it sizes an allocation, a memory lock or a wait: the
+//! buffer size, receive depth and iterations are each side's own options (see the
+//! [`oob`](super) module docs).
 
 use std::net::SocketAddr;
 
@@ -172,6 +179,17 @@ impl PingpongServer {
     pub fn bind(addr: SocketAddr, timeouts: OobTimeouts) -> Result<PingpongServer, OobError> {
         Ok(PingpongServer {
             listener: OobListener::bind(addr)?,
+            timeouts,
+        })
+    }
+
+    /// Listens on `port` of every local address, IPv4 and IPv6 alike: `[::]` with
+    /// `IPV6_V6ONLY` off, or `0.0.0.0` on a host without IPv6 (port 0 picks one).
+    ///
+    /// Errors: [`OobError::Listen`], for `[::]:PORT` when the port is in use.
+    pub fn bind_any(port: u16, timeouts: OobTimeouts) -> Result<PingpongServer, OobError> {
+        Ok(PingpongServer {
+            listener: OobListener::bind_any(port)?,
             timeouts,
         })
     }
