@@ -52,9 +52,9 @@
 //!   and the kernel structures live on the stack of the call).
 //!
 //! # Fault injection
-//! [`RoceSocketConfig::drop`] (or, when that is `None`, the environment: `ROCE_LINK_DROP_PPM`
-//! datagrams per million, `ROCE_LINK_DROP_SEED`, `ROCE_LINK_DROP_DIRECTIONS`) makes the link
-//! drop a fixed share of the datagrams it receives and of those it is asked to send (or of one
+//! [`RoceSocketConfig::drop`] (the tools fill it from the environment, `ROCE_LINK_DROP_PPM`
+//! datagrams per million, `ROCE_LINK_DROP_SEED`, `ROCE_LINK_DROP_DIRECTIONS`, through
+//! [`crate::tools::fault`]; the link itself never reads the environment) makes the link drop a fixed share of the datagrams it receives and of those it is asked to send (or of one
 //! kind only, [`DropDirections`]), chosen by a seeded generator: a lossy
 //! wire for tests against a peer this project does not control (Linux rxe in a QEMU guest, where
 //! the host has no netem). Dropped datagrams are counted ([`LinkCounters::rx_hook_drops`],
