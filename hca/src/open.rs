@@ -341,7 +341,7 @@ pub const FABRIC_ETH_MTU: u32 = 1500;
 
 /// Opens the device `spec` names with `options`: a software HCA on a UDP socket, on a VFIO NIC or
 /// on the in-memory fabric, or a libibverbs device. Every program here opens its devices through
-/// this function (or [`open_soft`], for a software HCA whose own methods it needs).
+/// this function.
 ///
 /// # Errors
 /// As [`UdpDevice::open`](crate::soft::UdpDevice::open), [`VfioDevice::open`](crate::soft::VfioDevice::open),
@@ -378,12 +378,9 @@ fn open_fabric(_: &OpenOptions) -> Result<Arc<dyn Verbs>, DeviceError> {
     })
 }
 
-/// Opens the software HCA `spec` names (`udp:` or `vfio:`) with `options`, as the concrete
-/// [`AnyDevice`] (for its ports and counters).
-///
-/// # Errors
-/// As [`open`]; [`DeviceError::Config`] for a `verbs:` or `fabric` name.
-pub fn open_soft(spec: &DeviceSpec, options: &OpenOptions) -> Result<Arc<AnyDevice>, DeviceError> {
+/// [`open`] for a software HCA (`udp:` or `vfio:`); [`DeviceError::Config`] for a `verbs:` or
+/// `fabric` name.
+fn open_soft(spec: &DeviceSpec, options: &OpenOptions) -> Result<Arc<AnyDevice>, DeviceError> {
     let config = match spec {
         DeviceSpec::Udp { ip, port } => {
             let mut c = UdpDeviceConfig::new(*ip);

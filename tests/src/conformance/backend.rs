@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use hca::fabric::device::FabricGroup;
 use hca::fabric::Faults;
-use hca::open::{open_soft, DeviceSpec, DeviceSpecError, OpenOptions};
-use hca::soft::{AnyDevice, DeviceError};
+use hca::open::{open, DeviceSpec, DeviceSpecError, OpenOptions};
+use hca::soft::DeviceError;
 use hca::verbs::Verbs;
 
 use super::Devices;
@@ -98,8 +98,8 @@ fn options() -> OpenOptions {
     }
 }
 
-fn open_udp(text: &str, spec: &DeviceSpec) -> Result<Arc<AnyDevice>, BackendError> {
-    open_soft(spec, &options()).map_err(|source| BackendError::Open {
+fn open_udp(text: &str, spec: &DeviceSpec) -> Result<Arc<dyn Verbs>, BackendError> {
+    open(spec, &options()).map_err(|source| BackendError::Open {
         spec: text.to_owned(),
         source,
     })
@@ -122,11 +122,9 @@ pub fn open_pair(link: &str, link2: Option<&str>) -> Result<DevicePair, BackendE
                     fabric: Some((group.clone(), IpAddr::V4(ip))),
                     ..options()
                 };
-                hca::open::open(&DeviceSpec::Fabric, &options).map_err(|source| {
-                    BackendError::Open {
-                        spec: link.to_owned(),
-                        source,
-                    }
+                open(&DeviceSpec::Fabric, &options).map_err(|source| BackendError::Open {
+                    spec: link.to_owned(),
+                    source,
                 })
             };
             let a = open(Ipv4Addr::new(10, 0, 0, 1))?;
@@ -159,14 +157,22 @@ pub fn open_pair(link: &str, link2: Option<&str>) -> Result<DevicePair, BackendE
             all.extend(b.clone());
             for d in &all {
                 for peer in &all {
-                    d.set_peer_port(peer.local_addr().ip(), peer.local_addr().port());
+                    let (ip, port) = (
+                        peer.default_gid().1.to_ip(),
+                        peer.udp_port().unwrap_or(4791),
+                    );
+                    d.set_peer_port(ip, port)
+                        .map_err(|source| BackendError::Open {
+                            spec: d.name(),
+                            source,
+                        })?;
                 }
             }
-            Ok(pair(a, b.map(|b| b as Arc<dyn Verbs>)))
+            Ok(pair(a, b))
         }
         (a_spec @ DeviceSpec::Verbs(_), b) => {
             let open = |text: &str, spec: &DeviceSpec| {
-                hca::open::open(spec, &options()).map_err(|source| BackendError::Open {
+                open(spec, &options()).map_err(|source| BackendError::Open {
                     spec: text.to_owned(),
                     source,
                 })
