@@ -26,6 +26,9 @@ use crate::transport::kind::TransportKind;
 pub mod host;
 pub mod launcher;
 pub mod rendezvous;
+// Edge: FFI, getrandom(2).
+#[allow(unsafe_code)]
+mod secret;
 
 pub use host::{host_id, hostname, HostId};
 pub use launcher::{EnvError, LaunchInfo, Launcher};

@@ -19,7 +19,6 @@
 
 use core::fmt;
 use core::str::FromStr;
-use std::hash::{BuildHasher, Hasher};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -52,16 +51,9 @@ pub struct UniqueId {
 /// How long a root created by [`UniqueId::new`] waits for ranks, and for each round.
 pub const DEFAULT_ROOT_TIMEOUT: Duration = Duration::from_secs(120);
 
-pub(crate) fn random_u64() -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
-}
+/// 64 random bits from the kernel (getrandom(2)): the magic of a new id, and the first PSNs of
+/// the RoCE transport's QPs.
+pub(crate) use super::secret::random_u64;
 
 impl UniqueId {
     /// Starts a rendezvous root on `127.0.0.1` (an ephemeral port) in a background thread and
