@@ -46,7 +46,7 @@ pub fn run_local(args: &PerfArgs, argv: Vec<OsString>) -> ExitCode {
         return ExitCode::from(code);
     }
     let timeout = Duration::from_secs(args.timeout);
-    let id = match UniqueId::listen(SocketAddr::from(([127, 0, 0, 1], 0)), timeout) {
+    let id = match UniqueId::listen(SocketAddr::from(([127, 0, 0, 1], 0)), n, timeout) {
         Ok(id) => id,
         Err(e) => {
             say!("coll-perf: {e}");
