@@ -31,7 +31,7 @@ pub mod rendezvous;
 mod secret;
 
 pub use host::{host_id, hostname, HostId};
-pub use launcher::{EnvError, LaunchInfo, Launcher};
+pub use launcher::{EnvError, LaunchInfo, Launcher, SecretSource};
 pub use rendezvous::{Rendezvous, UniqueId};
 
 /// What a rank tells every other rank about itself in the first all-gather.
