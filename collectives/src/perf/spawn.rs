@@ -11,8 +11,9 @@
 //!
 //! Before it starts any rank the parent checks what would make every rank fail the same way and
 //! says it once ([`check_before_start`]): a root not below `--ranks`, a malformed `COLL_ROCE_*`
-//! variable, a verbs device that does not open, an address that is not this host's, and UDP
-//! addresses shared by local ranks.
+//! variable, sizes whose buffers for all N ranks exceed the memory this host has available
+//! ([`super::check_memory`]), a verbs device that does not open, an address that is not this
+//! host's, and UDP addresses shared by local ranks.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -98,6 +99,7 @@ pub fn check_before_start(args: &PerfArgs, n: usize) -> Result<(), (u8, String)>
         ));
     }
     let config = args.config().map_err(|e| (2, e.to_string()))?;
+    super::check_memory(args, n, n).map_err(|m| (2, m))?;
     if config.transport != TransportKind::Roce {
         return Ok(());
     }
