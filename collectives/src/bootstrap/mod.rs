@@ -28,7 +28,7 @@ pub mod launcher;
 pub mod rendezvous;
 // Edge: FFI, getrandom(2).
 #[allow(unsafe_code)]
-mod secret;
+pub(crate) mod secret;
 
 pub use host::{host_id, hostname, HostId};
 pub use launcher::{EnvError, LaunchInfo, Launcher, SecretSource};

@@ -88,7 +88,20 @@ pub fn run_local(args: &PerfArgs, argv: Vec<OsString>) -> ExitCode {
             }
         }
     }
-    wait_all(children, timeout + Duration::from_secs(10))
+    let pids: Vec<(usize, u32)> = children.iter().map(|(r, c)| (*r, c.id())).collect();
+    let code = wait_all(children, timeout + Duration::from_secs(10));
+    remove_segments(id.public_tag(), &pids);
+    code
+}
+
+/// Removes the shared-memory segments that ranks `(rank, pid)` of the communicator tagged `tag`
+/// may have left: a rank unlinks its own once every peer has mapped it, or when it fails, but
+/// not when it is killed before then (SIGKILL, after another rank failed). Names as
+/// [`crate::transport::shm`] makes them; a name already gone is no error.
+fn remove_segments(tag: u64, ranks: &[(usize, u32)]) {
+    for (rank, pid) in ranks {
+        let _ = std::fs::remove_file(format!("/dev/shm/coll-{tag:016x}-{rank}-{pid}"));
+    }
 }
 
 /// What would make every one of `n` local ranks fail alike, as `(exit code, message)`: 2 for
