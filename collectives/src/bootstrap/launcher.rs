@@ -16,11 +16,35 @@
 //!
 //! Slurm is recognised only inside a job step (`SLURM_STEP_ID` set), so a batch script that runs
 //! `coll-perf` directly (not through `srun`) is not mistaken for rank 0 of the job's tasks.
+//!
+//! # The rendezvous secret
+//! The rendezvous admits any connection that knows the communicator's magic (the trust model of
+//! [`super::rendezvous`], as NCCL's and Gloo's). Without `COLL_COMM_ID` every rank derives the
+//! magic itself, as a keyed hash (SipHash-2-4, [`RendezvousSpec::Root`]) of the rendezvous
+//! address, port, world size and job id under a *secret*: so the magic is exactly as hard to
+//! guess as the secret, never a function of what anyone can see (`MASTER_ADDR`, the port, the
+//! world size). The secret is, first found:
+//!
+//! | source | unguessable? |
+//! |--------|--------------|
+//! | `COLL_SECRET` (any launcher; at least 16 characters, e.g. `openssl rand -hex 16`) | as the value given |
+//! | torchrun: `TORCHELASTIC_RUN_ID` (not `none`) | yes with `--standalone` (torchrun draws a random UUID); with `--rdzv-id` as unguessable as the id given |
+//! | Open MPI: `PMIX_NAMESPACE`, else `OMPI_MCA_ess_base_jobid` / `OMPI_MCA_orte_ess_jobid` | **no**: derived from the host name and `mpirun`'s pid |
+//! | Slurm: `SLURM_JOB_ID`.`SLURM_STEP_ID` | **no**: sequential, and listed by `squeue` |
+//! | nothing (torchrun without a run id) | **no** |
+//!
+//! Where the launcher shares nothing unguessable, anyone who can reach the port can compute the
+//! magic and join in a rank's place: give every rank the same `COLL_SECRET` (`mpirun -x
+//! COLL_SECRET`; `srun` passes the caller's environment on), or run the job where strangers
+//! cannot reach its port. [`RendezvousSpec::Root`] says which source was used.
+//! `coll-perf`'s own spawner needs none of this: it hosts the root itself and hands its ranks a
+//! `COLL_COMM_ID` with a fresh random magic.
 
 use core::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
 
 use super::host::fnv1a;
+use super::secret::keyed_hash;
 use super::UniqueId;
 
 /// The launcher whose conventions were found.
@@ -55,10 +79,36 @@ pub enum RendezvousSpec {
         host: String,
         /// TCP port.
         port: u16,
-        /// The magic every rank derives from the job's identity.
+        /// The magic every rank derives: a keyed hash of the host, port, world size and job id
+        /// under the secret (see the module docs).
         magic: u64,
+        /// Where the secret came from.
+        secret: SecretSource,
     },
 }
+
+/// Where the rendezvous secret of a launcher environment came from (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretSource {
+    /// `COLL_SECRET`.
+    Explicit,
+    /// The variable named, which the launcher can make unguessable (torchrun's
+    /// `TORCHELASTIC_RUN_ID`, a random UUID under `--standalone`).
+    Launcher(&'static str),
+    /// Only the variable named, which is not a secret (a sequential or pid-derived job id), or
+    /// nothing: anyone who can reach the port can compute the magic.
+    Guessable(Option<&'static str>),
+}
+
+impl SecretSource {
+    /// Whether the magic is as hard to guess as a secret (not [`SecretSource::Guessable`]).
+    pub fn is_secret(&self) -> bool {
+        !matches!(self, SecretSource::Guessable(_))
+    }
+}
+
+/// The fewest characters `COLL_SECRET` may have.
+pub const MIN_SECRET_LEN: usize = 16;
 
 /// What the environment says about this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -260,17 +310,45 @@ pub fn detect(var: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchInfo>
                     == Some("1")
             }
         };
-        let job = match launcher {
-            Launcher::Torchrun => get("TORCHELASTIC_RUN_ID").unwrap_or_default(),
-            Launcher::OpenMpi => get("PMIX_NAMESPACE")
-                .or_else(|| get("OMPI_MCA_ess_base_jobid"))
-                .or_else(|| get("OMPI_MCA_orte_ess_jobid"))
-                .unwrap_or_default(),
-            Launcher::Slurm => format!(
-                "{}.{}",
-                get("SLURM_JOB_ID").unwrap_or_default(),
-                get("SLURM_STEP_ID").unwrap_or_default()
+        let first = |names: &[&'static str]| {
+            names
+                .iter()
+                .find_map(|&n| get(n).map(|v| (n, v)))
+                .map_or((None, String::new()), |(n, v)| (Some(n), v))
+        };
+        let (job_var, job) = match launcher {
+            Launcher::Torchrun => match get("TORCHELASTIC_RUN_ID") {
+                Some(id) if !id.eq_ignore_ascii_case("none") => (Some("TORCHELASTIC_RUN_ID"), id),
+                _ => (None, String::new()),
+            },
+            Launcher::OpenMpi => first(&[
+                "PMIX_NAMESPACE",
+                "OMPI_MCA_ess_base_jobid",
+                "OMPI_MCA_orte_ess_jobid",
+            ]),
+            Launcher::Slurm => (
+                Some("SLURM_JOB_ID"),
+                format!(
+                    "{}.{}",
+                    get("SLURM_JOB_ID").unwrap_or_default(),
+                    get("SLURM_STEP_ID").unwrap_or_default()
+                ),
             ),
+        };
+        let explicit = get("COLL_SECRET");
+        if let Some(v) = &explicit {
+            if v.len() < MIN_SECRET_LEN {
+                return Err(EnvError::Invalid {
+                    var: "COLL_SECRET",
+                    value: "(hidden)".into(),
+                    expected: "a secret of at least 16 characters (e.g. `openssl rand -hex 16`)",
+                });
+            }
+        }
+        let secret = match (&explicit, launcher, job_var) {
+            (Some(_), ..) => SecretSource::Explicit,
+            (None, Launcher::Torchrun, Some(var)) => SecretSource::Launcher(var),
+            (None, _, var) => SecretSource::Guessable(var),
         };
         let host = match get("MASTER_ADDR") {
             Some(h) => h,
@@ -311,14 +389,23 @@ pub fn detect(var: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchInfo>
                 })
             }
         };
-        let magic = fnv1a(&[
-            b"coll-magic",
-            host.as_bytes(),
-            &port.to_le_bytes(),
-            &(nranks as u64).to_le_bytes(),
-            job.as_bytes(),
-        ]);
-        RendezvousSpec::Root { host, port, magic }
+        let key = explicit.as_deref().unwrap_or(&job);
+        let magic = keyed_hash(
+            key.as_bytes(),
+            &[
+                b"coll-rendezvous-magic",
+                host.as_bytes(),
+                &port.to_le_bytes(),
+                &(nranks as u64).to_le_bytes(),
+                job.as_bytes(),
+            ],
+        );
+        RendezvousSpec::Root {
+            host,
+            port,
+            magic,
+            secret,
+        }
     };
     Ok(Some(LaunchInfo {
         launcher,
@@ -347,7 +434,9 @@ impl LaunchInfo {
     pub fn unique_id(&self) -> Result<(UniqueId, Option<SocketAddr>), EnvError> {
         match &self.rendezvous {
             RendezvousSpec::Id(id) => Ok((*id, None)),
-            RendezvousSpec::Root { host, port, magic } => {
+            RendezvousSpec::Root {
+                host, port, magic, ..
+            } => {
                 let resolve_err = |reason: String| EnvError::Resolve {
                     host: host.clone(),
                     reason,
@@ -535,5 +624,113 @@ mod tests {
         let e = env(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("COLL_COMM_ID", "junk")]).unwrap_err();
         assert!(e.to_string().contains("COLL_COMM_ID"), "{e}");
         assert_eq!(env(&[]).unwrap(), None);
+    }
+
+    fn magic_and_source(pairs: &[(&str, &str)]) -> (u64, SecretSource) {
+        match env(pairs).unwrap().unwrap().rendezvous {
+            RendezvousSpec::Root { magic, secret, .. } => (magic, secret),
+            RendezvousSpec::Id(id) => panic!("{id}"),
+        }
+    }
+
+    const TORCH: [(&str, &str); 4] = [
+        ("RANK", "1"),
+        ("WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "10.0.0.1"),
+        ("MASTER_PORT", "29500"),
+    ];
+
+    fn with(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+        TORCH.iter().chain(extra).copied().collect()
+    }
+
+    /// Two runs with the same MASTER_ADDR, port and world size but different run ids (or
+    /// secrets) get different magics: the magic is not a function of what anyone can see.
+    #[test]
+    fn the_magic_is_keyed_by_the_run_id_or_the_secret() {
+        let (a, src) = magic_and_source(&with(&[(
+            "TORCHELASTIC_RUN_ID",
+            "4f1c6a53-7e8e-4c3b-9d0e-2b1f0c9a7d11",
+        )]));
+        assert_eq!(src, SecretSource::Launcher("TORCHELASTIC_RUN_ID"));
+        assert!(src.is_secret());
+        let (b, _) = magic_and_source(&with(&[(
+            "TORCHELASTIC_RUN_ID",
+            "0b8e1f2a-93c4-4d5e-a6f7-18293a4b5c6d",
+        )]));
+        assert_ne!(a, b, "different run ids, different secrets");
+        assert_eq!(
+            a,
+            magic_and_source(&with(&[(
+                "TORCHELASTIC_RUN_ID",
+                "4f1c6a53-7e8e-4c3b-9d0e-2b1f0c9a7d11"
+            )]))
+            .0,
+            "every rank derives the same"
+        );
+        // No run id: only public values, said so.
+        let (public, src) = magic_and_source(&TORCH);
+        assert_eq!(src, SecretSource::Guessable(None));
+        assert!(!src.is_secret());
+        let (none, _) = magic_and_source(&with(&[("TORCHELASTIC_RUN_ID", "none")]));
+        assert_eq!(
+            public, none,
+            "torchrun's default run id 'none' is no secret"
+        );
+        // COLL_SECRET keys the magic, over any launcher's job id.
+        let (s1, src) = magic_and_source(&with(&[(
+            "COLL_SECRET",
+            "00112233445566778899aabbccddeeff",
+        )]));
+        assert_eq!(src, SecretSource::Explicit);
+        let (s2, _) = magic_and_source(&with(&[(
+            "COLL_SECRET",
+            "ffeeddccbbaa99887766554433221100",
+        )]));
+        assert!(s1 != s2 && s1 != public && s2 != public);
+        let e = env(&with(&[("COLL_SECRET", "short")])).unwrap_err();
+        assert!(e.to_string().contains("at least 16"), "{e}");
+        assert!(
+            !e.to_string().contains("short"),
+            "the secret is not echoed: {e}"
+        );
+        // The magic is no longer the unkeyed hash of the public values.
+        let unkeyed = fnv1a(&[
+            b"coll-magic",
+            b"10.0.0.1",
+            &29500u16.to_le_bytes(),
+            &4u64.to_le_bytes(),
+            b"",
+        ]);
+        assert_ne!(public, unkeyed);
+    }
+
+    #[test]
+    fn open_mpi_and_slurm_job_ids_separate_jobs_but_are_no_secret() {
+        let ompi = |ns: &'static str| {
+            magic_and_source(&[
+                ("OMPI_COMM_WORLD_RANK", "0"),
+                ("OMPI_COMM_WORLD_SIZE", "2"),
+                ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+                ("MASTER_PORT", "5000"),
+                ("PMIX_NAMESPACE", ns),
+            ])
+        };
+        let (a, src) = ompi("prterun-host-1234@1");
+        assert_eq!(src, SecretSource::Guessable(Some("PMIX_NAMESPACE")));
+        assert_ne!(a, ompi("prterun-host-1235@1").0);
+        let slurm = |job: &'static str| {
+            magic_and_source(&[
+                ("SLURM_PROCID", "0"),
+                ("SLURM_NTASKS", "2"),
+                ("SLURM_STEP_ID", "0"),
+                ("SLURM_NNODES", "1"),
+                ("MASTER_PORT", "5000"),
+                ("SLURM_JOB_ID", job),
+            ])
+        };
+        let (a, src) = slurm("777");
+        assert_eq!(src, SecretSource::Guessable(Some("SLURM_JOB_ID")));
+        assert_ne!(a, slurm("778").0);
     }
 }

@@ -26,9 +26,12 @@ use crate::transport::kind::TransportKind;
 pub mod host;
 pub mod launcher;
 pub mod rendezvous;
+// Edge: FFI, getrandom(2).
+#[allow(unsafe_code)]
+pub(crate) mod secret;
 
 pub use host::{host_id, hostname, HostId};
-pub use launcher::{EnvError, LaunchInfo, Launcher};
+pub use launcher::{EnvError, LaunchInfo, Launcher, SecretSource};
 pub use rendezvous::{Rendezvous, UniqueId};
 
 /// What a rank tells every other rank about itself in the first all-gather.

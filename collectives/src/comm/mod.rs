@@ -136,7 +136,7 @@ impl Communicator {
     pub fn from_launch(info: &LaunchInfo, config: CommConfig) -> Result<Communicator, InitError> {
         let (id, bind) = info.unique_id()?;
         if let Some(bind) = bind {
-            id.serve(bind, config.bootstrap_timeout)?;
+            id.serve(bind, info.nranks, config.bootstrap_timeout)?;
         }
         Self::init(&id, info.rank, info.nranks, config)
     }

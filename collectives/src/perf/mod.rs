@@ -311,6 +311,74 @@ impl From<std::io::Error> for PerfError {
     }
 }
 
+/// Host memory one rank allocates for the largest size, in bytes: its send, receive and
+/// in-place buffers (host mirrors of them with `--device cuda`), plus its shared-memory segment
+/// of receive rings (`nranks * nchannels * nslots * (64 + slot_bytes)`, with 4 KiB of headers).
+pub fn rank_memory(args: &PerfArgs, nranks: usize) -> u64 {
+    let es = args.datatype.size();
+    let largest = args.sizes().last().copied().unwrap_or(0);
+    let c = Counts::new(args.collective, largest, es, nranks.max(1));
+    let elems = (c.send as u64)
+        .saturating_add(c.recv as u64)
+        .saturating_add(c.send.max(c.recv) as u64);
+    let config = CommConfig::default();
+    let ring = 256 + (config.nslots as u64).saturating_mul(64 + config.slot_bytes as u64);
+    let segment = 4096 + (nranks as u64).saturating_mul(config.nchannels as u64 * ring);
+    elems.saturating_mul(es as u64).saturating_add(segment)
+}
+
+/// Bytes of memory this host (and this process's cgroup, where it sets a limit) can still
+/// give: `MemAvailable` of /proc/meminfo, less when cgroup v2's `memory.max - memory.current`
+/// is less. `None` when /proc/meminfo cannot be read.
+pub fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    let mut avail = kb.saturating_mul(1024);
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("/sys/fs/cgroup/{f}"))
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    if let (Some(max), Some(cur)) = (read("memory.max"), read("memory.current")) {
+        avail = avail.min(max.saturating_sub(cur));
+    }
+    Some(avail)
+}
+
+/// Refuses, before anything is allocated, sizes whose buffers for the `local` ranks of this
+/// host (of `nranks` in all) exceed the memory it has available ([`rank_memory`],
+/// [`available_memory`]), rather than letting the OOM killer take ranks mid-run.
+///
+/// # Errors
+/// One line naming the size, the need and what is available.
+pub fn check_memory(args: &PerfArgs, nranks: usize, local: usize) -> Result<(), String> {
+    let Some(avail) = available_memory() else {
+        return Ok(());
+    };
+    let each = rank_memory(args, nranks);
+    let need = each.saturating_mul(local as u64);
+    if need <= avail {
+        return Ok(());
+    }
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    Err(format!(
+        "-e/--maxbytes {} needs {:.1} GiB of host memory for {local} local rank(s) ({:.1} GiB \
+         each: send, receive and in-place buffers of the largest size, and shared-memory rings), \
+         more than the {:.1} GiB available (MemAvailable); use a smaller -b/-e or fewer ranks",
+        args.max_bytes,
+        gib(need),
+        gib(each),
+        gib(avail)
+    ))
+}
+
 /// `coll-perf`'s `main`: one rank under a launcher, else the local spawner.
 pub fn main(args: PerfArgs) -> ExitCode {
     if let Err(m) = args.validate() {
@@ -331,6 +399,14 @@ pub fn main(args: PerfArgs) -> ExitCode {
     match launcher::detect(&|k| std::env::var(k).ok()) {
         Ok(Some(info)) => {
             let rank = info.rank;
+            // Every rank of this host checks alike; one of them says it.
+            let local = info.local_nranks.unwrap_or(1);
+            if let Err(m) = check_memory(&args, info.nranks, local) {
+                if info.local_rank.unwrap_or(0) == 0 {
+                    say!("coll-perf: {m}");
+                }
+                return ExitCode::from(2);
+            }
             match run_rank(&args, &info, &mut std::io::stdout()) {
                 Ok(0) => ExitCode::SUCCESS,
                 Ok(wrong) => {

@@ -5,14 +5,17 @@
 //! `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`) plus `COLL_COMM_ID`, so each child takes the
 //! launcher path as one rank. The children inherit stdout (rank 0 prints the table) and stderr.
 //! When a child fails, the others are given the operation timeout plus a grace period to notice
-//! (they fail naming it) and are then killed; the parent exits non-zero. Each child is made to
+//! (they fail naming it) and are then killed; the parent exits non-zero. A rank still there then
+//! that is stopped (SIGSTOP, a debugger: state `T` in /proc/PID/stat) is reported as stopped and
+//! not answering, not as dead. Each child is made to
 //! die with the parent (SIGKILL through prctl(2)'s `PR_SET_PDEATHSIG`, set between fork and
 //! exec), so that however the parent ends (Ctrl-C to it alone, SIGKILL) no rank is left running.
 //!
 //! Before it starts any rank the parent checks what would make every rank fail the same way and
 //! says it once ([`check_before_start`]): a root not below `--ranks`, a malformed `COLL_ROCE_*`
-//! variable, a verbs device that does not open, an address that is not this host's, and UDP
-//! addresses shared by local ranks.
+//! variable, sizes whose buffers for all N ranks exceed the memory this host has available
+//! ([`super::check_memory`]), a verbs device that does not open, an address that is not this
+//! host's, and UDP addresses shared by local ranks.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -46,7 +49,7 @@ pub fn run_local(args: &PerfArgs, argv: Vec<OsString>) -> ExitCode {
         return ExitCode::from(code);
     }
     let timeout = Duration::from_secs(args.timeout);
-    let id = match UniqueId::listen(SocketAddr::from(([127, 0, 0, 1], 0)), timeout) {
+    let id = match UniqueId::listen(SocketAddr::from(([127, 0, 0, 1], 0)), n, timeout) {
         Ok(id) => id,
         Err(e) => {
             say!("coll-perf: {e}");
@@ -85,7 +88,20 @@ pub fn run_local(args: &PerfArgs, argv: Vec<OsString>) -> ExitCode {
             }
         }
     }
-    wait_all(children, timeout + Duration::from_secs(10))
+    let pids: Vec<(usize, u32)> = children.iter().map(|(r, c)| (*r, c.id())).collect();
+    let code = wait_all(children, timeout + Duration::from_secs(10));
+    remove_segments(id.public_tag(), &pids);
+    code
+}
+
+/// Removes the shared-memory segments that ranks `(rank, pid)` of the communicator tagged `tag`
+/// may have left: a rank unlinks its own once every peer has mapped it, or when it fails, but
+/// not when it is killed before then (SIGKILL, after another rank failed). Names as
+/// [`crate::transport::shm`] makes them; a name already gone is no error.
+fn remove_segments(tag: u64, ranks: &[(usize, u32)]) {
+    for (rank, pid) in ranks {
+        let _ = std::fs::remove_file(format!("/dev/shm/coll-{tag:016x}-{rank}-{pid}"));
+    }
 }
 
 /// What would make every one of `n` local ranks fail alike, as `(exit code, message)`: 2 for
@@ -98,6 +114,7 @@ pub fn check_before_start(args: &PerfArgs, n: usize) -> Result<(), (u8, String)>
         ));
     }
     let config = args.config().map_err(|e| (2, e.to_string()))?;
+    super::check_memory(args, n, n).map_err(|m| (2, m))?;
     if config.transport != TransportKind::Roce {
         return Ok(());
     }
@@ -151,6 +168,15 @@ pub fn check_before_start(args: &PerfArgs, n: usize) -> Result<(), (u8, String)>
     Ok(())
 }
 
+/// The state letter of process `pid` in /proc/PID/stat (proc(5): `R` running, `S` sleeping,
+/// `T` stopped by a signal, `t` stopped by a tracer, `Z` zombie, ...), `None` if it is gone.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name, in parentheses, may itself hold ") ": the state follows the last one.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.trim_start().chars().next()
+}
+
 /// Waits for every child; after the first failure, kills whatever still runs `grace` later.
 fn wait_all(mut children: Vec<(usize, Child)>, grace: Duration) -> ExitCode {
     let mut failed = false;
@@ -178,7 +204,17 @@ fn wait_all(mut children: Vec<(usize, Child)>, grace: Duration) -> ExitCode {
         }
         if kill_at.is_some_and(|t| Instant::now() >= t) {
             for (rank, child) in &mut children {
-                say!("coll-perf: killing rank {rank}, still running after another rank failed");
+                match process_state(child.id()) {
+                    // Alive but not running: what its peers saw was a rank not answering.
+                    Some(state @ ('T' | 't')) => say!(
+                        "coll-perf: rank {rank} (pid {}) is stopped (state {state}: SIGSTOP or \
+                         a debugger), not dead: it was not answering; killing it",
+                        child.id()
+                    ),
+                    _ => say!(
+                        "coll-perf: killing rank {rank}, still running after another rank failed"
+                    ),
+                }
                 let _ = child.kill();
                 let _ = child.wait();
             }
@@ -190,5 +226,31 @@ fn wait_all(mut children: Vec<(usize, Child)>, grace: Duration) -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stopped_process_is_told_from_a_dead_one() {
+        assert!(matches!(process_state(std::process::id()), Some('R' | 'S')));
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id().to_string();
+        let signal = |sig: &str| {
+            let st = Command::new("kill").args([sig, &pid]).status().unwrap();
+            assert!(st.success(), "kill {sig}");
+        };
+        signal("-STOP");
+        // The state changes once the signal is delivered: wait for it, bounded.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while process_state(child.id()) != Some('T') {
+            assert!(Instant::now() < deadline, "{:?}", process_state(child.id()));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        signal("-KILL");
+        child.wait().unwrap();
+        assert_eq!(process_state(child.id()), None, "reaped: gone");
     }
 }

@@ -5,7 +5,8 @@
 //! Every rank owns one *segment*: the receive rings of all its peers on this transport. Like an
 //! RDMA receive buffer, it is the receiver's memory that senders write into. A segment is a
 //! POSIX shared-memory object (`shm_open` + `ftruncate`, mapped with `memmap2`) named
-//! `/coll-<tag>-<rank>-<pid>`, where `<tag>` comes from the communicator's unique id; the name
+//! `/coll-<tag>-<rank>-<pid>`, where `<tag>` is a one-way hash of the communicator's magic (not
+//! the magic: that is the rendezvous secret); the name
 //! travels to the peers in the bootstrap's connection-info round, the peers map it, and after a
 //! bootstrap barrier (every peer has mapped it) the owner unlinks the name, so a crash later leaks
 //! nothing. For [`TransportKind::InProcess`] the segment is anonymous memory and the "name" is a
@@ -708,7 +709,10 @@ impl Transport for ShmTransport {
             return Ok(Vec::new());
         }
         let layout = Layout::from_ctx(ctx);
-        let name = format!("/coll-{:016x}-{}-{}", ctx.tag, ctx.rank, sys::getpid());
+        // The tag names the communicator without showing its magic, the rendezvous secret, to
+        // everyone who can list /dev/shm.
+        let tag = crate::bootstrap::secret::public_tag(ctx.tag);
+        let name = format!("/coll-{tag:016x}-{}-{}", ctx.rank, sys::getpid());
         let seg = OwnedSegment::create(name, self.namespace, layout.segment_bytes())?;
         let header = layout.encode_header(ctx.rank);
         // SAFETY: the fresh mapping is at least SEGMENT_HEADER_BYTES long and no peer knows its
