@@ -1,6 +1,6 @@
 //! Between this crate's verbs types and libibverbs' structures: attributes, masks, work requests,
 //! completions, events. Plain field copies in safe code; the only union reads go through
-//! [`sys::gid_bytes`] and [`sys::wc_imm_or_inv`]. Enum values and mask bits are libibverbs' own on
+//! `sys::gid_bytes` and `sys::wc_imm_or_inv`. Enum values and mask bits are libibverbs' own on
 //! both sides (`verbs.h`), which the tests below check against the generated constants.
 
 // The constants keep verbs.h's names (`ibv_wc_status_IBV_WC_SUCCESS`), as bindgen writes them.
