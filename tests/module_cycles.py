@@ -19,7 +19,7 @@ import os
 import re
 import sys
 
-DEFAULT_CRATES = ["roce/src", "hca/src", "gpu-p2p/src", "collectives/src", "tests/src"]
+DEFAULT_CRATES = ["roce/src", "hca/src", "hca/abi/src", "gpu-p2p/src", "collectives/src", "tests/src"]
 
 MOD_RE = re.compile(r"^\s*(pub(?:\([^)]*\))?\s+)?mod\s+([A-Za-z_][A-Za-z0-9_]*)\s*;")
 CFG_TEST_RE = re.compile(r"^\s*#\[cfg\((?:all\()?test\b")

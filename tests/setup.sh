@@ -8,6 +8,12 @@ command -v tshark >/dev/null 2>&1 || need+=(tshark)
 /usr/bin/python3 -c 'import scapy' >/dev/null 2>&1 || need+=(python3-scapy)
 # collectives/tests/mpirun.rs runs coll-perf under Open MPI's real launcher.
 command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
+# hca/abi/tests/debian_tools.rs runs Debian's own verbs programs on the drop-in libibverbs.so.1,
+# reads its symbol versions with objdump / readelf, and compiles a dlvsym(3) check with cc.
+command -v ibv_rc_pingpong >/dev/null 2>&1 || need+=(ibverbs-utils)
+command -v ib_write_bw >/dev/null 2>&1 || need+=(perftest)
+command -v objdump >/dev/null 2>&1 || need+=(binutils)
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then

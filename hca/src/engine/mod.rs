@@ -1015,6 +1015,13 @@ impl SoftHca {
         self.ctx.poll_event()
     }
 
+    /// Whether a completion event ([`SoftHca::poll_cq_event`]) or an async event
+    /// ([`SoftHca::poll_event`]) is queued unread.
+    #[must_use]
+    pub fn has_pending_events(&self) -> bool {
+        !self.cq_events.is_empty() || self.ctx.has_pending_events()
+    }
+
     /// The oldest unread completion event of an armed CQ (ibv_get_cq_event(3)).
     #[must_use]
     pub fn poll_cq_event(&mut self) -> Option<CqHandle> {

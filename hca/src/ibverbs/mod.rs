@@ -41,7 +41,12 @@
 //! pollable. Dropping the device destroys every object, then closes the device.
 
 mod sys;
-mod translate;
+pub mod translate;
+
+/// rdma-core 44's `infiniband/verbs.h` as bindgen writes it (`regenerate-bindings.sh`): the struct
+/// layouts, enum values and function types of libibverbs' C ABI, for this backend and for the
+/// drop-in `libibverbs.so.1` (`hca/abi`), which implements that ABI over the software HCA.
+pub use sys::bindings as ffi;
 
 use std::collections::HashMap;
 use std::fmt;

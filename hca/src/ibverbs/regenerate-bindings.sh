@@ -37,6 +37,7 @@ types=(
     ibv_wc_status ibv_wc_opcode ibv_wc_flags ibv_wr_opcode ibv_send_flags ibv_access_flags
     ibv_qp_type ibv_qp_state ibv_qp_attr_mask ibv_srq_attr_mask ibv_mig_state ibv_mtu ibv_port_state
     ibv_event_type ibv_atomic_cap
+    verbs_context ibv_node_type ibv_transport_type
 )
 join() { local IFS='|'; echo "$*"; }
 

@@ -42,7 +42,7 @@ use std::time::Duration;
     clippy::all,
     clippy::pedantic
 )]
-pub(crate) mod bindings {
+pub mod bindings {
     include!("bindings.rs");
 }
 

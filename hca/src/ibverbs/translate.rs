@@ -1,6 +1,6 @@
 //! Between this crate's verbs types and libibverbs' structures: attributes, masks, work requests,
 //! completions, events. Plain field copies in safe code; the only union reads go through
-//! [`sys::gid_bytes`] and [`sys::wc_imm_or_inv`]. Enum values and mask bits are libibverbs' own on
+//! `sys::gid_bytes` and `sys::wc_imm_or_inv`. Enum values and mask bits are libibverbs' own on
 //! both sides (`verbs.h`), which the tests below check against the generated constants.
 
 // The constants keep verbs.h's names (`ibv_wc_status_IBV_WC_SUCCESS`), as bindgen writes them.
@@ -28,7 +28,7 @@ fn count(v: c_int) -> u32 {
 }
 
 /// `enum ibv_mtu` to a path MTU (an unknown value as 256, the smallest).
-pub(crate) fn path_mtu(v: ibv_mtu) -> PathMtu {
+pub fn path_mtu(v: ibv_mtu) -> PathMtu {
     PathMtu::ALL
         .into_iter()
         .find(|m| u32::from(m.code()) == v)
@@ -166,7 +166,7 @@ pub(crate) fn pick_default_gid(gids: &[(u32, GidEntry)]) -> Option<(u32, Gid)> {
 
 /// An address vector (`struct ibv_ah_attr`, always global on RoCE). `dmac` has no field: the
 /// kernel resolves the MAC from the GID.
-pub(crate) fn ah_attr(a: &AhAttr) -> ibv_ah_attr {
+pub fn ah_attr(a: &AhAttr) -> ibv_ah_attr {
     let mut raw = ibv_ah_attr::default();
     raw.grh.dgid.raw = *a.dgid.as_bytes();
     raw.grh.flow_label = a.flow_label;
@@ -180,7 +180,7 @@ pub(crate) fn ah_attr(a: &AhAttr) -> ibv_ah_attr {
 }
 
 /// The address vector a query returns.
-pub(crate) fn ah_attr_from(raw: &ibv_ah_attr) -> AhAttr {
+pub fn ah_attr_from(raw: &ibv_ah_attr) -> AhAttr {
     AhAttr {
         dgid: Gid::from_bytes(sys::gid_bytes(&raw.grh.dgid)),
         sgid_index: raw.grh.sgid_index,
@@ -194,7 +194,7 @@ pub(crate) fn ah_attr_from(raw: &ibv_ah_attr) -> AhAttr {
 }
 
 /// `struct ibv_srq_attr`.
-pub(crate) fn srq_attr(a: &SrqAttr) -> ibv_srq_attr {
+pub fn srq_attr(a: &SrqAttr) -> ibv_srq_attr {
     ibv_srq_attr {
         max_wr: a.max_wr,
         max_sge: a.max_sge,
@@ -203,7 +203,7 @@ pub(crate) fn srq_attr(a: &SrqAttr) -> ibv_srq_attr {
 }
 
 /// `struct ibv_qp_cap`.
-pub(crate) fn qp_cap(c: &QpCap) -> ibv_qp_cap {
+pub fn qp_cap(c: &QpCap) -> ibv_qp_cap {
     ibv_qp_cap {
         max_send_wr: c.max_send_wr,
         max_recv_wr: c.max_recv_wr,
@@ -214,7 +214,7 @@ pub(crate) fn qp_cap(c: &QpCap) -> ibv_qp_cap {
 }
 
 /// The capabilities the library granted.
-pub(crate) fn qp_cap_from(c: &ibv_qp_cap) -> QpCap {
+pub fn qp_cap_from(c: &ibv_qp_cap) -> QpCap {
     QpCap {
         max_send_wr: c.max_send_wr,
         max_recv_wr: c.max_recv_wr,
@@ -236,7 +236,7 @@ pub(crate) fn qp_init_attr(i: &QpInitAttr) -> ibv_qp_init_attr {
 }
 
 /// `struct ibv_qp_attr`: every field (the mask says which ones the library reads).
-pub(crate) fn qp_attr(a: &QpAttr) -> ibv_qp_attr {
+pub fn qp_attr(a: &QpAttr) -> ibv_qp_attr {
     ibv_qp_attr {
         qp_state: a.qp_state as u32,
         cur_qp_state: a.cur_qp_state as u32,
@@ -264,7 +264,7 @@ pub(crate) fn qp_attr(a: &QpAttr) -> ibv_qp_attr {
 
 /// The attributes a query returns (an unknown state as ERR, an unknown migration state as
 /// MIGRATED).
-pub(crate) fn qp_attr_from(a: &ibv_qp_attr) -> QpAttr {
+pub fn qp_attr_from(a: &ibv_qp_attr) -> QpAttr {
     QpAttr {
         qp_state: QpState::from_ibv(a.qp_state).unwrap_or(QpState::Err),
         cur_qp_state: QpState::from_ibv(a.cur_qp_state).unwrap_or(QpState::Err),

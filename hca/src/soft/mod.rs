@@ -207,6 +207,9 @@ pub(crate) struct Shared<L: SoftLink> {
     epoch: AtomicU64,
     /// Per CQ slot: `cq index << 40 | epoch` at which a poll found that CQ empty.
     empty_hint: [AtomicU64; EMPTY_HINT_SLOTS],
+    /// Called after a round or verb that may have queued a CQ or async event
+    /// ([`SoftDevice::set_event_hook`]).
+    event_hook: std::sync::OnceLock<crate::verbs::api::EventHook>,
     /// Packets in flight shared among the RC / UC QPs ([`UdpDeviceConfig::window_budget`]).
     window_budget: u32,
     /// The configured window of one QP ([`EngineConfig::max_unacked_psns`]).
@@ -328,6 +331,7 @@ impl<L: SoftLink> SoftDevice<L> {
             last_error: Mutex::new(None),
             epoch: AtomicU64::new(0),
             empty_hint: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
+            event_hook: std::sync::OnceLock::new(),
             window_budget: window_budget.unwrap_or(u32::MAX),
             max_window,
         });
@@ -773,6 +777,21 @@ impl<L: SoftLink> SoftDevice<L> {
             .engine_op(|e| e.req_notify_cq(cq, solicited_only))?)
     }
 
+    /// Installs the hook called whenever a CQ event or an async event may have been queued
+    /// ([`Verbs::set_event_hook`](crate::verbs::Verbs::set_event_hook)).
+    ///
+    /// # Errors
+    /// [`DeviceError::Unsupported`] when a hook is already installed.
+    pub fn set_event_hook(&self, hook: crate::verbs::api::EventHook) -> Result<(), DeviceError> {
+        self.shared
+            .event_hook
+            .set(hook)
+            .map_err(|_| DeviceError::Unsupported {
+                device: self.shared.name.clone(),
+                what: "a second event hook",
+            })
+    }
+
     /// The oldest unread completion event of an armed CQ (ibv_get_cq_event(3)).
     pub fn poll_cq_event(&self) -> Option<CqHandle> {
         lock(&self.shared.engine).poll_cq_event()
@@ -882,6 +901,7 @@ impl<L: SoftLink> SoftDevice<L> {
         let (outcome, now) = self.engine_now(|e| e.modify_qp(qpn, attr, mask));
         let outcome = outcome?;
         self.shared.notify_cq_waiters();
+        self.shared.call_event_hook();
         self.shared.kick(Some(now));
         Ok(outcome)
     }
@@ -992,6 +1012,7 @@ impl<L: SoftLink> SoftDevice<L> {
         }
         s.epoch.fetch_add(1, Ordering::Release);
         s.notify_cq_waiters();
+        s.call_event_hook();
         s.stop.store(true, Ordering::SeqCst);
         let _ = s.waker.wake();
         if let Some(handle) = thread.take() {

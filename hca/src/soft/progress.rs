@@ -107,6 +107,13 @@ impl<L: SoftLink> Shared<L> {
         }
     }
 
+    /// Calls the event hook, if one is installed ([`super::SoftDevice::set_event_hook`]).
+    pub(crate) fn call_event_hook(&self) {
+        if let Some(hook) = self.event_hook.get() {
+            hook();
+        }
+    }
+
     fn record_error(&self, e: &dyn std::fmt::Display) {
         *lock(&self.last_error) = Some(e.to_string());
     }
@@ -149,6 +156,7 @@ impl<L: SoftLink> Shared<L> {
             }
         }
         let mut fired = false;
+        let events;
         {
             let mut e = lock(&self.engine);
             // A clock read before the engine lock may be older than what another thread's round
@@ -178,6 +186,7 @@ impl<L: SoftLink> Shared<L> {
                 out.tx_full = full;
             }
             out.next_timer = e.poll_timeout();
+            events = self.event_hook.get().is_some() && e.has_pending_events();
             if thread {
                 let until = out.next_timer.map_or(u64::MAX, Instant::as_nanos);
                 self.sleep_until.store(until, Ordering::SeqCst);
@@ -186,6 +195,9 @@ impl<L: SoftLink> Shared<L> {
         if out.received > 0 || out.built > 0 || fired {
             self.epoch.fetch_add(1, Ordering::Release);
             self.notify_cq_waiters();
+        }
+        if events {
+            self.call_event_hook();
         }
         // Links may have frames of their own to send too (ARP, Neighbor Discovery).
         if out.built > 0 || io.link.unsent() > 0 {

@@ -129,6 +129,12 @@ impl<L: SoftLink> Verbs for SoftDevice<L> {
     fn post_recv_list(&self, qpn: u32, wrs: &[RecvWr<'_>]) -> Result<(), (usize, DeviceError)> {
         SoftDevice::post_recv_list(self, qpn, wrs)
     }
+    fn poll_cq_event(&self) -> Option<CqHandle> {
+        SoftDevice::poll_cq_event(self)
+    }
+    fn set_event_hook(&self, hook: crate::verbs::api::EventHook) -> Result<(), DeviceError> {
+        SoftDevice::set_event_hook(self, hook)
+    }
     fn poll_event(&self) -> Option<AsyncEvent> {
         SoftDevice::poll_event(self)
     }

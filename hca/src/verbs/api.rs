@@ -116,6 +116,30 @@ pub trait Verbs: Send + Sync + fmt::Debug {
         None
     }
 
+    /// The oldest unread completion event of a CQ armed with [`Verbs::req_notify_cq`] (what
+    /// ibv_get_cq_event(3) returns), without blocking. `None` (the default) on a device that keeps
+    /// its completion events elsewhere (libibverbs' own completion channels).
+    fn poll_cq_event(&self) -> Option<CqHandle> {
+        None
+    }
+
+    /// Installs `hook`, which the device calls (from its progress thread or a verb's thread, never
+    /// with a lock of its own held) whenever a completion event ([`Verbs::poll_cq_event`]) or an
+    /// asynchronous event ([`Verbs::poll_event`]) may have been queued, so that a caller can wake
+    /// whoever sleeps on them (a completion channel's file descriptor). It may be called when
+    /// nothing new is queued. Only one hook can be installed.
+    ///
+    /// # Errors
+    /// `EOPNOTSUPP` ([`DeviceError::Unsupported`]) on a device without one (the default), or when
+    /// a hook is already installed.
+    fn set_event_hook(&self, hook: EventHook) -> Result<(), DeviceError> {
+        let _ = hook;
+        Err(DeviceError::Unsupported {
+            device: self.name(),
+            what: "an event hook",
+        })
+    }
+
     /// ibv_alloc_pd(3).
     ///
     /// # Errors
@@ -314,6 +338,9 @@ impl dyn Verbs + '_ {
         }
     }
 }
+
+/// What [`Verbs::set_event_hook`] installs.
+pub type EventHook = Box<dyn Fn() + Send + Sync>;
 
 /// A failed device operation. `Display` gives one line naming the device (its bound address).
 #[derive(Debug)]

@@ -795,6 +795,11 @@ impl Context {
         Ok(())
     }
 
+    /// Whether an async event is queued unread ([`Context::poll_event`]).
+    pub fn has_pending_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     // ---- async events ----
 
     /// Records an async event. Beyond [`MAX_PENDING_EVENTS`] unread events the oldest is dropped

@@ -1,0 +1,108 @@
+//! Which devices the library lists: `ROCE_DEVICES`, or one per network interface that is up.
+
+use std::net::IpAddr;
+
+use hca::open::DeviceSpec;
+
+/// The environment variable that names the devices: `NAME=SPEC` items separated by commas or
+/// white space, `SPEC` as [`hca::open`] parses it (`udp:127.0.0.2`). Example:
+/// `ROCE_DEVICES="rxe0=udp:127.0.0.1 rxe1=udp:192.168.1.5"`.
+pub const ROCE_DEVICES: &str = "ROCE_DEVICES";
+
+/// One device the library lists: its name (`ibv_get_device_name`) and what it opens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// The name (at most 63 bytes).
+    pub name: String,
+    /// The software HCA it opens.
+    pub spec: DeviceSpec,
+}
+
+/// Parses a `ROCE_DEVICES` value. Items that do not parse are skipped with a message on stderr
+/// (a library cannot fail `ibv_get_device_list` for a typo in one item).
+pub fn parse(value: &str) -> Vec<DeviceConfig> {
+    let mut out = Vec::new();
+    for item in value
+        .split([',', ' ', '\t', '\n'])
+        .filter(|s| !s.is_empty())
+    {
+        let Some((name, spec)) = item.split_once('=') else {
+            eprintln!(
+                "libibverbs (software HCA): {ROCE_DEVICES}: \"{item}\" is not NAME=udp:ADDRESS"
+            );
+            continue;
+        };
+        match spec.parse::<DeviceSpec>() {
+            Ok(spec) if !name.is_empty() && name.len() < 64 => out.push(DeviceConfig {
+                name: name.to_owned(),
+                spec,
+            }),
+            Ok(_) => eprintln!("libibverbs (software HCA): {ROCE_DEVICES}: bad name \"{name}\""),
+            Err(e) => eprintln!("libibverbs (software HCA): {ROCE_DEVICES}: {e}"),
+        }
+    }
+    out
+}
+
+/// The devices without configuration: one per interface that is up, `rxe_IFNAME`, on its first
+/// IPv4 address (else its first IPv6 one). `interfaces` lists `(name, address)` in the order
+/// getifaddrs(3) gives them, only interfaces that are up.
+pub fn from_interfaces(interfaces: &[(String, IpAddr)]) -> Vec<DeviceConfig> {
+    let mut names: Vec<&str> = Vec::new();
+    for (n, _) in interfaces {
+        if !names.contains(&n.as_str()) {
+            names.push(n);
+        }
+    }
+    names
+        .into_iter()
+        .filter_map(|n| {
+            let addrs = interfaces.iter().filter(|(m, _)| m == n).map(|(_, a)| *a);
+            let ip = addrs
+                .clone()
+                .find(IpAddr::is_ipv4)
+                .or_else(|| addrs.clone().next())?;
+            let name = format!("rxe_{n}");
+            (name.len() < 64).then(|| DeviceConfig {
+                name,
+                spec: DeviceSpec::udp(ip),
+            })
+        })
+        .collect()
+}
+
+/// The devices this process lists: [`ROCE_DEVICES`] when set, else [`from_interfaces`].
+pub fn device_specs(interfaces: impl FnOnce() -> Vec<(String, IpAddr)>) -> Vec<DeviceConfig> {
+    match std::env::var(ROCE_DEVICES) {
+        Ok(v) => parse(&v),
+        Err(_) => from_interfaces(&interfaces()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_names_and_addresses() {
+        let d = parse("rxe0=udp:127.0.0.2, rxe1=udp:[::1]:4791 bad");
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[0].name, "rxe0");
+        assert_eq!(d[0].spec.udp_ip(), Some("127.0.0.2".parse().unwrap()));
+        assert_eq!(d[1].spec.udp_ip(), Some("::1".parse().unwrap()));
+    }
+
+    #[test]
+    fn one_device_per_interface_preferring_ipv4() {
+        let ifs = vec![
+            ("lo".to_owned(), "::1".parse().unwrap()),
+            ("lo".to_owned(), "127.0.0.1".parse().unwrap()),
+            ("eth0".to_owned(), "fe80::1".parse().unwrap()),
+        ];
+        let d = from_interfaces(&ifs);
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[0].name, "rxe_lo");
+        assert_eq!(d[0].spec.udp_ip(), Some("127.0.0.1".parse().unwrap()));
+        assert_eq!(d[1].name, "rxe_eth0");
+    }
+}
