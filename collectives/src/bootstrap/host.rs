@@ -74,6 +74,15 @@ pub fn host_id() -> HostId {
     )
 }
 
+/// The state letter of process `pid` in /proc/PID/stat (proc(5): `R` running, `S` sleeping,
+/// `T` stopped by a signal, `t` stopped by a tracer, `Z` zombie, ...), `None` if it is gone.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name, in parentheses, may itself hold ") ": the state follows the last one.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.trim_start().chars().next()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

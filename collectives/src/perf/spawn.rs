@@ -24,6 +24,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use super::PerfArgs;
+use crate::bootstrap::host::process_state;
 use crate::bootstrap::UniqueId;
 use crate::transport::TransportKind;
 
@@ -166,15 +167,6 @@ pub fn check_before_start(args: &PerfArgs, n: usize) -> Result<(), (u8, String)>
         }
     }
     Ok(())
-}
-
-/// The state letter of process `pid` in /proc/PID/stat (proc(5): `R` running, `S` sleeping,
-/// `T` stopped by a signal, `t` stopped by a tracer, `Z` zombie, ...), `None` if it is gone.
-pub fn process_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name, in parentheses, may itself hold ") ": the state follows the last one.
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.trim_start().chars().next()
 }
 
 /// Waits for every child; after the first failure, kills whatever still runs `grace` later.

@@ -442,6 +442,14 @@ pub enum TransportError {
         /// Its process id.
         pid: u32,
     },
+    /// The peer's process, on this host, exists but is stopped (SIGSTOP, a debugger) and
+    /// answers nothing.
+    PeerStopped {
+        /// The peer rank.
+        peer: usize,
+        /// Its process id.
+        pid: u32,
+    },
     /// The peer aborted its connections (or closed its communicator) while we needed it.
     PeerAborted {
         /// The peer rank.
@@ -523,6 +531,7 @@ impl TransportError {
         match *self {
             TransportError::Timeout { peer, .. }
             | TransportError::PeerDied { peer, .. }
+            | TransportError::PeerStopped { peer, .. }
             | TransportError::PeerAborted { peer, .. }
             | TransportError::Protocol { peer, .. }
             | TransportError::Usage { peer, .. }
@@ -550,10 +559,12 @@ impl TransportError {
                 reason: AbortReason::PeerDied,
             },
             // The peer that made no progress is the origin.
-            TransportError::Timeout { peer, .. } => Abort {
-                origin: peer,
-                reason: AbortReason::Timeout,
-            },
+            TransportError::Timeout { peer, .. } | TransportError::PeerStopped { peer, .. } => {
+                Abort {
+                    origin: peer,
+                    reason: AbortReason::Timeout,
+                }
+            }
             TransportError::Protocol { peer, .. } => Abort {
                 origin: peer,
                 reason: AbortReason::Protocol,
@@ -581,6 +592,10 @@ impl fmt::Display for TransportError {
             TransportError::PeerDied { peer, pid } => {
                 write!(f, "peer rank {peer} (pid {pid}) died")
             }
+            TransportError::PeerStopped { peer, pid } => write!(
+                f,
+                "peer rank {peer} (pid {pid}) is stopped (SIGSTOP or a debugger) and not answering"
+            ),
             TransportError::PeerAborted { peer, abort } => {
                 if abort.origin == *peer {
                     write!(f, "peer rank {peer} {}", abort.reason)

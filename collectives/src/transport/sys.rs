@@ -140,6 +140,14 @@ impl Liveness {
         }
     }
 
+    /// Whether the process exists but is stopped (SIGSTOP, SIGTSTP, a debugger: state `T` or `t`
+    /// in /proc/PID/stat, proc(5)): alive, but it answers nothing until continued.
+    pub(crate) fn stopped(&self) -> bool {
+        self.pid()
+            .and_then(crate::bootstrap::host::process_state)
+            .is_some_and(|s| matches!(s, 'T' | 't'))
+    }
+
     /// Whether the process still runs.
     pub(crate) fn alive(&self) -> bool {
         match self {
@@ -168,6 +176,42 @@ mod tests {
     use super::*;
     use std::sync::atomic::Ordering;
     use std::time::Instant;
+
+    /// A stopped process is alive but stopped; continued, it is no longer stopped; killed and
+    /// reaped, it is gone (the RoCE transport reports the first as stopped, not as died).
+    #[test]
+    fn a_stopped_process_is_alive_and_stopped() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id();
+        let l = Liveness::watch(pid);
+        let signal = |sig: &str| {
+            let ok = std::process::Command::new("kill")
+                .args([sig, &pid.to_string()])
+                .status()
+                .expect("run kill")
+                .success();
+            assert!(ok, "kill {sig} {pid}");
+        };
+        assert!(l.alive() && !l.stopped());
+        signal("-STOP");
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while !l.stopped() {
+            assert!(Instant::now() < deadline, "never seen stopped");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(l.alive());
+        signal("-CONT");
+        while l.stopped() {
+            assert!(Instant::now() < deadline, "never seen continued");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child.kill().expect("kill sleep");
+        child.wait().expect("reap sleep");
+        assert!(!l.alive() && !l.stopped());
+    }
 
     #[test]
     fn futex_wait_returns_on_mismatch_and_times_out() {

@@ -267,6 +267,23 @@ impl Channel {
         }
     }
 
+    /// The error for a peer whose QP stopped answering (its retries ran out): a peer process on
+    /// this host that is stopped, not dead, says so; any other is reported as died (a peer on
+    /// another host that stops answering cannot be told from a dead one).
+    fn unreachable_peer(&self) -> TransportError {
+        if self.liveness.alive() && self.liveness.stopped() {
+            TransportError::PeerStopped {
+                peer: self.peer,
+                pid: self.pid,
+            }
+        } else {
+            TransportError::PeerDied {
+                peer: self.peer,
+                pid: self.pid,
+            }
+        }
+    }
+
     /// The error a failed channel reports, if it failed.
     pub(super) fn failed(&self, st: &ChanState) -> Option<TransportError> {
         if let Some(abort) = st.peer_abort {
@@ -279,10 +296,7 @@ impl Channel {
             Failure::Wc {
                 status: WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr,
                 ..
-            } => Some(TransportError::PeerDied {
-                peer: self.peer,
-                pid: self.pid,
-            }),
+            } => Some(self.unreachable_peer()),
             Failure::Wc { status, wr } => Some(TransportError::QpFailed {
                 peer: self.peer,
                 channel: self.channel,
