@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-/// The directory of the built `libibverbs.so` (the test binary's `target/PROFILE/deps/..`),
-/// with a `libibverbs.so.1` link to it in a directory of its own.
+/// A directory of its own holding a `libibverbs.so.1` link to the built `libibverbs.so` (in the
+/// test binary's `target/PROFILE/deps/`, or `target/PROFILE/` after `cargo build`).
 fn lib_dir() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(make_lib_dir).clone()
@@ -24,8 +24,15 @@ fn make_lib_dir() -> PathBuf {
         .parent()
         .and_then(Path::parent)
         .expect("target/PROFILE/deps/TEST");
-    let so = profile.join("libibverbs.so");
-    assert!(so.exists(), "{} not built", so.display());
+    // `cargo test` leaves the library it builds for the tests in deps/ (only `cargo build` copies
+    // it up to target/PROFILE).
+    let so = [
+        profile.join("deps/libibverbs.so"),
+        profile.join("libibverbs.so"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .unwrap_or_else(|| panic!("libibverbs.so not built under {}", profile.display()));
     let dir = profile.join("abi-test-lib");
     std::fs::create_dir_all(&dir).expect("create lib dir");
     let link = dir.join("libibverbs.so.1");
