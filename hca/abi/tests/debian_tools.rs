@@ -5,7 +5,8 @@
 //! program that resolves every symbol NCCL's IB transport looks up with dlvsym(3).
 //!
 //! The tools come from Debian packages (`tests/setup.sh` installs them); a test whose tool is
-//! missing says so and passes. Every process runs under `timeout`.
+//! missing fails with that advice, unless `ROCE_SKIP_DEBIAN_TOOLS=1`. Every process runs under
+//! `timeout`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -47,11 +48,16 @@ fn make_lib_dir() -> PathBuf {
 fn tool(name: &str) -> Option<PathBuf> {
     let p = Path::new("/usr/bin").join(name);
     if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("{name} is not installed (ibverbs-utils / perftest): skipped");
-        None
+        return Some(p);
     }
+    if std::env::var("ROCE_SKIP_DEBIAN_TOOLS").is_ok_and(|v| v == "1") {
+        eprintln!("{name} is not installed; skipped because ROCE_SKIP_DEBIAN_TOOLS=1");
+        return None;
+    }
+    panic!(
+        "{name} is not installed (ibverbs-utils / perftest): run `bash tests/setup.sh` as root \
+         (or set ROCE_SKIP_DEBIAN_TOOLS=1)"
+    );
 }
 
 fn run(devices: &str, args: &[&str]) -> Output {
