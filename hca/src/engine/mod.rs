@@ -90,6 +90,9 @@ use crate::verbs::gid::{GidEntry, GidType};
 use crate::verbs::mr::{AccessFlags, MemoryRegion};
 use crate::verbs::pd::PdHandle;
 use crate::verbs::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, MIN_QPN};
+#[cfg(feature = "std")]
+use crate::verbs::random::OsRandom;
+use crate::verbs::random::RandomSource;
 use crate::verbs::srq::{SrqAttr, SrqAttrMask, SrqHandle};
 use crate::verbs::wc::WorkCompletion;
 use crate::verbs::wr::{RecvWr, SendFlags, SendWr};
@@ -276,10 +279,22 @@ fn qp_index(qpn: u32) -> Option<usize> {
 }
 
 impl SoftHca {
-    /// A software HCA for `device` (see [`Device::soft_roce`]) with no objects.
+    /// A software HCA for `device` (see [`Device::soft_roce`]) with no objects, drawing MR keys
+    /// and QPNs from the operating system's random source ([`OsRandom`]).
+    #[cfg(feature = "std")]
     pub fn new(device: Device, config: EngineConfig) -> SoftHca {
+        SoftHca::with_random(device, config, Box::new(OsRandom))
+    }
+
+    /// A software HCA for `device` with no objects, drawing MR keys and QPNs from `random` (see
+    /// [`crate::verbs::random`]: it must be unpredictable to peers).
+    pub fn with_random(
+        device: Device,
+        config: EngineConfig,
+        random: Box<dyn RandomSource>,
+    ) -> SoftHca {
         let mut hca = SoftHca {
-            ctx: Context::new(device),
+            ctx: Context::new(device, random),
             config,
             qps: Vec::new(),
             mrs: MrMemory::default(),
@@ -424,7 +439,7 @@ impl SoftHca {
             .ctx
             .reg_mr_iova(pd, iova, length as u64, iova, access)?
             .clone();
-        self.mrs.insert(mr.lkey(), MrBacking { memory, offset });
+        self.mrs.insert(mr.slot(), MrBacking { memory, offset });
         Ok(mr)
     }
 
@@ -434,8 +449,11 @@ impl SoftHca {
     /// # Errors
     /// As [`Context::dereg_mr`].
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<(), VerbsError> {
+        let slot = self.ctx.mrs().lookup_lkey(lkey).map(MemoryRegion::slot);
         self.ctx.dereg_mr(lkey)?;
-        self.mrs.remove(lkey);
+        if let Some(slot) = slot {
+            self.mrs.remove(slot);
+        }
         Ok(())
     }
 

@@ -25,6 +25,7 @@ use crate::verbs::pd::{Pd, PdHandle};
 use crate::verbs::qp::{
     no_such_qp, ModifyOutcome, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, MAX_QPN, MIN_QPN,
 };
+use crate::verbs::random::RandomSource;
 use crate::verbs::srq::{Srq, SrqAttr, SrqAttrMask, SrqHandle};
 use crate::verbs::table::ObjectTable;
 use crate::verbs::wc::WorkCompletion;
@@ -49,12 +50,15 @@ pub struct Context {
     qps: ObjectTable<Qp>,
     events: VecDeque<AsyncEvent>,
     events_lost: u64,
+    random: alloc::boxed::Box<dyn RandomSource>,
 }
 
 impl Context {
-    /// A context for `device`, with no objects. PD, CQ, SRQ and AH indices start at 1, QPNs at
-    /// [`MIN_QPN`], MR key indices at 1.
-    pub fn new(device: Device) -> Self {
+    /// A context for `device`, with no objects, drawing MR keys from `random` (the
+    /// operating system's random source, [`OsRandom`](crate::verbs::random::OsRandom), in every
+    /// device of this crate; see [`crate::verbs::random`]). PD, CQ, SRQ and AH indices start at 1,
+    /// QPNs at [`MIN_QPN`]; MR keys are random nonzero 32-bit values.
+    pub fn new(device: Device, random: alloc::boxed::Box<dyn RandomSource>) -> Self {
         let a = &device.attr;
         Context {
             pds: ObjectTable::new(1, a.max_pd),
@@ -65,6 +69,7 @@ impl Context {
             qps: ObjectTable::new(MIN_QPN, a.max_qp.min(MAX_QPN - MIN_QPN + 1)),
             events: VecDeque::new(),
             events_lost: 0,
+            random,
             device,
         }
     }
@@ -262,7 +267,7 @@ impl Context {
         }
         let lkey = self
             .mrs
-            .register(pd, addr, length, iova, access)
+            .register(pd, addr, length, iova, access, &mut *self.random)
             .map_err(err)?
             .lkey();
         self.pd_ref(pd, 1);
@@ -713,7 +718,6 @@ impl Context {
     pub fn qpns(&self) -> impl Iterator<Item = u32> + '_ {
         self.qps.iter().map(|(h, _)| h.index())
     }
-
     /// Checks one send WR of ibv_post_send(3) before the engine queues it: the QP's state and
     /// [`Qp::validate_send_wr`], and for UD that the address handle exists and shares the QP's PD.
     /// Nothing is queued here; a full send queue (`ENOMEM`) is the engine's check.
@@ -829,11 +833,15 @@ mod tests {
     use crate::verbs::error::errno;
     use crate::verbs::gid::{Gid, GidType};
     use crate::verbs::qp::{QpCap, QpType};
+    use crate::verbs::random::OsRandom;
     use crate::verbs::wc::WcOpcode;
     use crate::verbs::wr::{SendFlags, SendOp, Sge, UdDest};
 
     fn ctx() -> Context {
-        Context::new(Device::soft_roce([2, 0, 0, 0, 0, 1], 1500))
+        Context::new(
+            Device::soft_roce([2, 0, 0, 0, 0, 1], 1500),
+            std::boxed::Box::new(OsRandom),
+        )
     }
 
     fn qp_init(cq: CqHandle, qp_type: QpType) -> QpInitAttr {
@@ -962,7 +970,10 @@ mod tests {
             max_qp: 2,
             ..DeviceAttr::default()
         };
-        let mut c = Context::new(Device::new(attr, PortAttr::default()));
+        let mut c = Context::new(
+            Device::new(attr, PortAttr::default()),
+            std::boxed::Box::new(OsRandom),
+        );
         let pd = c.alloc_pd().unwrap();
         let cq = c.create_cq(4).unwrap();
         c.create_qp(pd, &qp_init(cq, QpType::Rc)).unwrap();

@@ -33,6 +33,7 @@ pub mod gid;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+pub mod random;
 pub mod recv_queue;
 pub mod srq;
 pub mod table;
