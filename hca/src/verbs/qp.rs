@@ -33,7 +33,8 @@ use crate::verbs::srq::SrqHandle;
 use crate::verbs::wr::{validate_send_wr, RecvWr, SendLimits, SendWr, SendWrInfo};
 
 pub use super::attr::{
-    MigState, QpAttrMask, QpState, QpType, MAX_QPN, MAX_RETRY, MAX_TIMER_CODE, MIN_QPN, PSN_MASK,
+    MigState, QpAttrMask, QpState, QpType, MAX_QPN, MAX_QPS, MAX_RETRY, MAX_TIMER_CODE, MIN_QPN,
+    PSN_MASK,
 };
 
 /// QP capabilities (`struct ibv_qp_cap`): queue depths in WRs, SGEs per WR, inline bytes.
