@@ -1740,10 +1740,10 @@ impl RoceTransport {
 }
 
 /// A random 24-bit PSN (IBTA vol. 1 §9.7.1: PSNs are 24 bits; a random start keeps a stale
-/// packet of an earlier connection from matching).
-fn random_psn(salt: u64) -> u32 {
-    (crate::bootstrap::rendezvous::random_u64() ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15)) as u32
-        & 0x00ff_ffff
+/// packet of an earlier connection from matching, and an off-path attacker from guessing the
+/// window) from the operating system's random source (`hca::verbs::random`).
+fn random_psn() -> u32 {
+    hca::verbs::random::random_psn()
 }
 
 impl Transport for RoceTransport {
@@ -1832,7 +1832,7 @@ impl Transport for RoceTransport {
                         },
                     )
                     .map_err(&verbs)?;
-                let psn = random_psn(u64::from(qpn));
+                let psn = random_psn();
                 w.u32(qpn).u32(psn).u64(recv.iova(layout.ring_offset(i, c)));
                 chans.push(PendingQp { qpn, cq, psn });
             }

@@ -397,17 +397,11 @@ pub fn oob_timeouts(secs: u64) -> OobTimeouts {
     }
 }
 
-/// A random 24-bit PSN (the tools use `lrand48() & 0xffffff`).
+/// A random 24-bit PSN from the operating system's random source (rdma-core's tools use
+/// `lrand48() & 0xffffff`; a clock-derived PSN would be predictable to an off-path attacker, see
+/// [`crate::verbs::random`]).
 pub fn random_psn() -> u32 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let mut x = nanos ^ (u64::from(std::process::id()) << 32) ^ 0x9e37_79b9_7f4a_7c15;
-    // splitmix64
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^= x >> 31;
-    (x & 0xff_ffff) as u32
+    crate::verbs::random::random_psn()
 }
 
 /// A GID as `inet_ntop(AF_INET6)` prints it.
