@@ -8,12 +8,39 @@
 //! * the **rkey**, which it hands to a peer so that the peer's RDMA READ / WRITE / atomic requests
 //!   (their RETH or AtomicETH) may touch the region.
 //!
-//! Both keys are `(index << 8) | key`: the upper 24 bits index the MR table, so a lookup is O(1),
-//! and the low 8 bits (the "key" byte) change every time that index is registered
-//! again, so a key kept from an old registration stops working the moment the MR is
-//! deregistered, even once its index is reused. Index 0 is never used, so key 0 never resolves.
-//! As in rxe, the rkey equals the lkey when the MR grants any remote access, and is 0 otherwise.
+//! Both keys are 32 bits drawn from the context's [`RandomSource`] (the operating system's
+//! random source in every device of this crate, see [`crate::verbs::random`]): nonzero, unlike the
+//! key of any live region, and unlike the key the same table slot carried last, so a key kept
+//! from an old registration stops working the moment the MR is deregistered, even once its slot
+//! is reused. A lookup is O(1): the table finds the region's slot through a hash map keyed by the
+//! key (module [`table`](crate::verbs::table)). As in rxe, the rkey equals the lkey when the MR
+//! grants any remote access, and is 0 (which never resolves) otherwise.
 //!
+//! ## What an off-path attacker must guess
+//!
+//! Over RoCEv2 anyone who can send a UDP datagram to the device can send an RDMA WRITE; nothing
+//! but numbers authorizes it. Say the attacker knows both IP addresses (so the source address
+//! check, rxe `check_addr`, passes), the P_Key (0xffff by default) and the region's address. A
+//! forged RC WRITE then executes only if all of these hold:
+//! * its **QPN** names the live QP: QPNs are random in 16 ..= 2^24 - 1, so a guess hits one of
+//!   `n` live QPs with probability `n / (2^24 - 16)` (module [`qp`](crate::verbs::qp));
+//! * its **PSN** is exactly the responder's expected PSN: 1 of 2^24 (RC responders execute only
+//!   that one; see [`qp`](crate::verbs::qp) for the duplicate and out-of-sequence ranges, which
+//!   never write memory);
+//! * its **rkey** names a live region of the QP's PD with REMOTE_WRITE: keys are 32 random bits,
+//!   so a guess hits one of `m` such regions with probability `m / (2^32 - 1)`.
+//!
+//! A forged RC WRITE succeeds with probability `n * m * 2^-80` per packet, so an attacker must
+//! send `2^80 / (n * m)` packets on average: 2^80 for one QP and one region, 2^60 for a thousand
+//! of each, and at least 2^41 at the soft device's limits (`max_qp` < 2^20, `max_mr` < 2^19) —
+//! 2^41 packets of 64 bytes are 140 TB, about 31 hours at 10 Gb/s, against one target whose
+//! PSN moves as it runs. UC is weaker: a UC responder starts a new message at any PSN (IBTA
+//! vol. 1 §9.8.4), so only QPN and rkey stand, `2^56 / (n * m)` packets (2^56 for one QP and one
+//! region, 2^40 for 256 of each). Before keys and QPNs were random, the first MR of every
+//! process had rkey 0x179 and QPNs counted from 16, and one sweep of 2^24 PSNs sufficed.
+//!
+//! This module records addresses and lengths only; the memory behind an MR (host pages, GPU
+//! memory) is attached by the layer that moves data.
 //! This module records addresses and lengths only; the memory behind an MR (host pages, GPU
 //! memory) is attached by the layer that moves data.
 

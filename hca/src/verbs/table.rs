@@ -1,16 +1,16 @@
 //! Object tables: the slabs that hold every PD, MR, CQ, SRQ, AH and QP of a device.
 //!
-//! [`ObjectTable`] stores objects in a `Vec` indexed by a small integer (the slot), so every
+//! `ObjectTable` stores objects in a `Vec` indexed by a small integer (the slot), so every
 //! lookup is O(1), and keeps a *generation* per slot that changes each time the slot is freed: a
 //! handle that carries an old generation no longer resolves, even after the slot is reused. PDs,
 //! CQs, SRQs and AHs are named by their slot (a program keeps the handle; no peer sees it).
 //!
 //! QPs and MRs are named by numbers a peer sees on the wire (the QPN in the BTH, the rkey in the
 //! RETH), and an off-path attacker who can guess them can forge requests (see [`crate::verbs::mr`]
-//! and [`crate::verbs::qp`] for the arithmetic). [`KeyedTable`] therefore names each object by a
+//! and [`crate::verbs::qp`] for the arithmetic). `KeyedTable` therefore names each object by a
 //! number drawn from a [`RandomSource`] (never the slot, a counter or a clock), unique among the
 //! live objects and different from the number the same slot carried last, and finds the slot
-//! through an [`IdMap`] (open addressing keyed by that number): create, lookup and destroy stay
+//! through an `IdMap` (open addressing keyed by that number): create, lookup and destroy stay
 //! O(1) in the number of live objects (amortized: the map doubles as it fills).
 //!
 //! Freed slots are reused first-in first-out, and only once more than [`REUSE_DELAY`] of them are
