@@ -36,6 +36,8 @@ use core::net::IpAddr;
 use core::time::Duration;
 
 use rand::rngs::ChaCha8Rng;
+
+use crate::verbs::random::RandomSource;
 use rand::{RngExt, SeedableRng};
 use roce::ipv4::Ecn;
 use roce::Gid;
@@ -229,16 +231,53 @@ impl core::fmt::Debug for Fabric {
 }
 
 /// A software HCA for the fabric: a soft-RoCE device (MAC derived from `ip`, Ethernet MTU
-/// `eth_mtu` bytes, default [`EngineConfig`]) with a RoCEv2 GID for `ip` at index 2.
+/// `eth_mtu` bytes, default [`EngineConfig`]) with a RoCEv2 GID for `ip` at index 2. Its MR keys
+/// and QPNs come from the operating system's random source, as on every device.
+#[cfg(feature = "std")]
 pub fn soft_hca(ip: IpAddr, eth_mtu: u32) -> SoftHca {
     soft_hca_with(ip, eth_mtu, EngineConfig::default())
 }
 
 /// As [`soft_hca`] with an engine configuration.
+#[cfg(feature = "std")]
 pub fn soft_hca_with(ip: IpAddr, eth_mtu: u32, config: EngineConfig) -> SoftHca {
+    soft_hca_random(
+        ip,
+        eth_mtu,
+        config,
+        Box::new(crate::verbs::random::OsRandom),
+    )
+}
+
+/// A [`RandomSource`] seeded for reproducible simulations: the MR keys and QPNs of a run repeat
+/// when the run does (tests that compare two runs byte for byte need this). For the in-memory
+/// fabric only: anyone who knows the seed predicts every key and QPN.
+#[derive(Debug)]
+pub struct SeededRandom(ChaCha8Rng);
+
+impl SeededRandom {
+    /// A generator whose output is a function of `seed`.
+    pub fn new(seed: u64) -> Self {
+        SeededRandom(ChaCha8Rng::seed_from_u64(seed))
+    }
+}
+
+impl RandomSource for SeededRandom {
+    fn fill(&mut self, buf: &mut [u8]) {
+        rand::Rng::fill_bytes(&mut self.0, buf);
+    }
+}
+
+/// As [`soft_hca_with`], drawing MR keys and QPNs from `random` (e.g. a [`SeededRandom`]).
+pub fn soft_hca_random(
+    ip: IpAddr,
+    eth_mtu: u32,
+    config: EngineConfig,
+    random: Box<dyn RandomSource>,
+) -> SoftHca {
     let tail = Gid::from(ip).as_bytes()[12..16].to_vec();
     let mac = [2, 0, tail[0], tail[1], tail[2], tail[3]];
-    let mut hca = SoftHca::new(Device::soft_roce(mac, eth_mtu), config);
+    let mut hca = SoftHca::with_random(Device::soft_roce(mac, eth_mtu), config, random);
     // A fresh GID table has room and the GID of an IP address is never zero.
     let _ = hca.add_gid(
         1,

@@ -26,8 +26,6 @@ use crate::transport::kind::TransportKind;
 pub mod host;
 pub mod launcher;
 pub mod rendezvous;
-// Edge: FFI, getrandom(2).
-#[allow(unsafe_code)]
 pub(crate) mod secret;
 
 pub use host::{host_id, hostname, HostId};

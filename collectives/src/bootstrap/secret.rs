@@ -6,92 +6,29 @@
 //! the kernel's random source, getrandom(2), never from the clock or the pid, which anyone on the
 //! host (and, within a few guesses, anyone who can reach it) can compute.
 
-use std::io::{self, Read};
+use core::hash::Hasher;
 
-/// Fills `buf` from the kernel's random source: getrandom(2) (blocking only until the kernel's
-/// pool is initialised at boot), or `/dev/urandom` where getrandom(2) is missing (Linux before
-/// 3.17, `ENOSYS`).
-///
-/// # Errors
-/// The OS error when neither source answers.
-pub(crate) fn fill_random(buf: &mut [u8]) -> io::Result<()> {
-    let mut done = 0;
-    while done < buf.len() {
-        let rest = &mut buf[done..];
-        // SAFETY: getrandom(2) writes at most `rest.len()` bytes into `rest`, which we own.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        if n > 0 {
-            done += n as usize;
-            continue;
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => {}
-            Some(libc::ENOSYS) => {
-                return std::fs::File::open("/dev/urandom")?.read_exact(&mut buf[done..])
-            }
-            _ => return Err(e),
-        }
-    }
-    Ok(())
-}
+use siphasher::sip::SipHasher24;
 
-/// 64 random bits from the kernel ([`fill_random`]).
+/// 64 random bits from the operating system's random source
+/// ([`hca::verbs::random::os_fill`]: getrandom(2), or `/dev/urandom` where it is missing).
 ///
 /// # Panics
 /// When the kernel has no random source at all (neither getrandom(2) nor `/dev/urandom`): no
 /// value this crate could make up instead would be a secret.
 pub(crate) fn random_u64() -> u64 {
     let mut b = [0u8; 8];
-    if let Err(e) = fill_random(&mut b) {
-        panic!("no random source (getrandom(2) and /dev/urandom failed: {e})");
-    }
+    hca::verbs::random::os_fill(&mut b);
     u64::from_le_bytes(b)
 }
 
 /// SipHash-2-4 of `msg` under the 128-bit key `(k0, k1)` (Aumasson and Bernstein, "SipHash: a
-/// fast short-input PRF", 2012): without the key its output cannot be predicted or inverted.
+/// fast short-input PRF", 2012; the `siphasher` crate): without the key its output cannot be
+/// predicted or inverted.
 pub(crate) fn siphash24(k0: u64, k1: u64, msg: &[u8]) -> u64 {
-    let mut v = [
-        k0 ^ 0x736f_6d65_7073_6575,
-        k1 ^ 0x646f_7261_6e64_6f6d,
-        k0 ^ 0x6c79_6765_6e65_7261,
-        k1 ^ 0x7465_6462_7974_6573,
-    ];
-    fn round(v: &mut [u64; 4]) {
-        v[0] = v[0].wrapping_add(v[1]);
-        v[1] = v[1].rotate_left(13) ^ v[0];
-        v[0] = v[0].rotate_left(32);
-        v[2] = v[2].wrapping_add(v[3]);
-        v[3] = v[3].rotate_left(16) ^ v[2];
-        v[0] = v[0].wrapping_add(v[3]);
-        v[3] = v[3].rotate_left(21) ^ v[0];
-        v[2] = v[2].wrapping_add(v[1]);
-        v[1] = v[1].rotate_left(17) ^ v[2];
-        v[2] = v[2].rotate_left(32);
-    }
-    let compress = |m: u64, v: &mut [u64; 4]| {
-        v[3] ^= m;
-        round(v);
-        round(v);
-        v[0] ^= m;
-    };
-    let mut chunks = msg.chunks_exact(8);
-    for c in &mut chunks {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(c);
-        compress(u64::from_le_bytes(w), &mut v);
-    }
-    let mut last = [0u8; 8];
-    let rest = chunks.remainder();
-    last[..rest.len()].copy_from_slice(rest);
-    last[7] = msg.len() as u8;
-    compress(u64::from_le_bytes(last), &mut v);
-    v[2] ^= 0xff;
-    for _ in 0..4 {
-        round(&mut v);
-    }
-    v[0] ^ v[1] ^ v[2] ^ v[3]
+    let mut h = SipHasher24::new_with_keys(k0, k1);
+    h.write(msg);
+    h.finish()
 }
 
 /// Length-prefixed concatenation, so that `("ab", "c")` and `("a", "bc")` differ.
@@ -125,13 +62,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn random_values_differ_and_fill_everything() {
+    fn random_values_differ() {
         let draws: std::collections::HashSet<u64> = (0..64).map(|_| random_u64()).collect();
         assert_eq!(draws.len(), 64, "64 draws of 64 bits do not collide");
-        // A buffer longer than one getrandom(2) call may return is filled to its end.
-        let mut big = vec![0u8; 1 << 20];
-        fill_random(&mut big).unwrap();
-        assert!(big[big.len() - 64..].iter().any(|&b| b != 0));
     }
 
     /// The reference vectors of the SipHash paper (key 00 01 .. 0f, messages 00 01 .. of

@@ -4,7 +4,8 @@
 //! range; this module attaches the bytes: a [`gpu_p2p::Memory`] (host pages, GPU memory) and the
 //! offset in it where the MR's first byte lives. The engine never holds a Rust reference into
 //! registered memory: a peer may write it at any moment, so every access is a copy through the
-//! trait, checked against the key first (O(1): keys index a table). A payload moves at most once:
+//! trait, checked against the key first (O(1): the key finds the MR's table slot, which indexes this
+//! module's table too). A payload moves at most once:
 //! from MR memory into the outgoing packet buffer (or not at all when the link gathers it in place,
 //! module `tx`), or from the received packet into MR memory.
 
@@ -28,7 +29,7 @@ pub(crate) struct MrBacking {
     pub(crate) offset: usize,
 }
 
-/// MR backings indexed like the MR table (key >> 8), so lookups are O(1).
+/// MR backings indexed by the MR's table slot ([`MemoryRegion::slot`]), so lookups are O(1).
 #[derive(Debug, Default)]
 pub(crate) struct MrMemory {
     slots: Vec<Option<MrBacking>>,
@@ -44,8 +45,8 @@ pub(crate) enum CopyError {
 }
 
 impl MrMemory {
-    pub(crate) fn insert(&mut self, key: u32, backing: MrBacking) {
-        let index = (key >> 8) as usize;
+    pub(crate) fn insert(&mut self, slot: u32, backing: MrBacking) {
+        let index = slot as usize;
         if self.slots.len() <= index {
             self.slots.resize(index + 1, None);
         }
@@ -54,14 +55,14 @@ impl MrMemory {
         }
     }
 
-    pub(crate) fn remove(&mut self, key: u32) {
-        if let Some(slot) = self.slots.get_mut((key >> 8) as usize) {
+    pub(crate) fn remove(&mut self, slot: u32) {
+        if let Some(slot) = self.slots.get_mut(slot as usize) {
             *slot = None;
         }
     }
 
-    fn backing(&self, key: u32) -> Option<&MrBacking> {
-        self.slots.get((key >> 8) as usize)?.as_ref()
+    fn backing(&self, slot: u32) -> Option<&MrBacking> {
+        self.slots.get(slot as usize)?.as_ref()
     }
 
     /// The memory and byte offset of `iova` in a region that already passed its key check.
@@ -79,7 +80,7 @@ impl MrMemory {
                 length: len as u64,
             },
         };
-        let backing = self.backing(mr.lkey()).ok_or(out_of_bounds)?;
+        let backing = self.backing(mr.slot()).ok_or(out_of_bounds)?;
         let in_mr = mr
             .offset_of(iova)
             .and_then(|o| usize::try_from(o).ok())

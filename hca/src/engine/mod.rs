@@ -89,7 +89,10 @@ use crate::verbs::event::{AsyncEvent, AsyncEventType};
 use crate::verbs::gid::{GidEntry, GidType};
 use crate::verbs::mr::{AccessFlags, MemoryRegion};
 use crate::verbs::pd::PdHandle;
-use crate::verbs::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, MIN_QPN};
+use crate::verbs::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType};
+#[cfg(feature = "std")]
+use crate::verbs::random::OsRandom;
+use crate::verbs::random::RandomSource;
 use crate::verbs::srq::{SrqAttr, SrqAttrMask, SrqHandle};
 use crate::verbs::wc::WorkCompletion;
 use crate::verbs::wr::{RecvWr, SendFlags, SendWr};
@@ -247,7 +250,8 @@ pub(crate) struct PendingCnp {
 pub struct SoftHca {
     ctx: Context,
     config: EngineConfig,
-    /// Transport state, indexed by `qpn - MIN_QPN`.
+    /// Transport state, indexed by the QP's table slot ([`Context::qp_slot`]): QPNs are random,
+    /// so the context's O(1) QPN -> slot map serves both tables.
     qps: Vec<Option<Box<QpTransport>>>,
     mrs: MrMemory,
     local_gids: Vec<Gid>,
@@ -266,21 +270,29 @@ pub struct SoftHca {
 impl core::fmt::Debug for SoftHca {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("SoftHca")
-            .field("qps", &self.ctx.qpns().count())
+            .field("qps", &self.ctx.qp_count())
             .field("counters", &self.counters)
             .finish_non_exhaustive()
     }
 }
 
-fn qp_index(qpn: u32) -> Option<usize> {
-    qpn.checked_sub(MIN_QPN).map(|i| i as usize)
-}
-
 impl SoftHca {
-    /// A software HCA for `device` (see [`Device::soft_roce`]) with no objects.
+    /// A software HCA for `device` (see [`Device::soft_roce`]) with no objects, drawing MR keys
+    /// and QPNs from the operating system's random source ([`OsRandom`]).
+    #[cfg(feature = "std")]
     pub fn new(device: Device, config: EngineConfig) -> SoftHca {
+        SoftHca::with_random(device, config, Box::new(OsRandom))
+    }
+
+    /// A software HCA for `device` with no objects, drawing MR keys and QPNs from `random` (see
+    /// [`crate::verbs::random`]: it must be unpredictable to peers).
+    pub fn with_random(
+        device: Device,
+        config: EngineConfig,
+        random: Box<dyn RandomSource>,
+    ) -> SoftHca {
         let mut hca = SoftHca {
-            ctx: Context::new(device),
+            ctx: Context::new(device, random),
             config,
             qps: Vec::new(),
             mrs: MrMemory::default(),
@@ -425,7 +437,7 @@ impl SoftHca {
             .ctx
             .reg_mr_iova(pd, iova, length as u64, iova, access)?
             .clone();
-        self.mrs.insert(mr.lkey(), MrBacking { memory, offset });
+        self.mrs.insert(mr.slot(), MrBacking { memory, offset });
         Ok(mr)
     }
 
@@ -435,8 +447,11 @@ impl SoftHca {
     /// # Errors
     /// As [`Context::dereg_mr`].
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<(), VerbsError> {
+        let slot = self.ctx.mrs().lookup_lkey(lkey).map(MemoryRegion::slot);
         self.ctx.dereg_mr(lkey)?;
-        self.mrs.remove(lkey);
+        if let Some(slot) = slot {
+            self.mrs.remove(slot);
+        }
         Ok(())
     }
 
@@ -540,7 +555,7 @@ impl SoftHca {
     /// As [`Context::create_qp`].
     pub fn create_qp(&mut self, pd: PdHandle, init: &QpInitAttr) -> Result<u32, VerbsError> {
         let qpn = self.ctx.create_qp(pd, init)?;
-        let Some(index) = qp_index(qpn) else {
+        let Some(index) = self.ctx.qp_slot(qpn).map(|s| s as usize) else {
             return Ok(qpn);
         };
         if self.qps.len() <= index {
@@ -572,8 +587,9 @@ impl SoftHca {
     /// # Errors
     /// As [`Context::destroy_qp`].
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
+        let index = self.ctx.qp_slot(qpn);
         self.ctx.destroy_qp(qpn)?;
-        if let Some(slot) = qp_index(qpn).and_then(|i| self.qps.get_mut(i)) {
+        if let Some(slot) = index.and_then(|i| self.qps.get_mut(i as usize)) {
             *slot = None;
         }
         Ok(())
@@ -700,10 +716,7 @@ impl SoftHca {
             }
             None => None,
         };
-        let Some(t) = qp_index(qpn)
-            .and_then(|i| self.qps.get(i))
-            .and_then(|s| s.as_deref())
-        else {
+        let Some(t) = self.qp_transport_ref(qpn) else {
             return Err(err(Cause::NoSuchObject {
                 object: crate::verbs::error::Object::Qp,
                 id: qpn,
@@ -1042,13 +1055,29 @@ impl SoftHca {
         self.last_now
     }
 
+    /// A QP's transport state, found through its table slot. O(1).
     fn qp_transport(&mut self, qpn: u32) -> Option<&mut QpTransport> {
-        self.qps.get_mut(qp_index(qpn)?)?.as_deref_mut()
+        let slot = self.ctx.qp_slot(qpn)? as usize;
+        self.qps
+            .get_mut(slot)?
+            .as_deref_mut()
+            .filter(|t| t.qpn == qpn)
+    }
+
+    /// Shared form of [`Self::qp_transport`].
+    fn qp_transport_ref(&self, qpn: u32) -> Option<&QpTransport> {
+        let slot = self.ctx.qp_slot(qpn)? as usize;
+        self.qps.get(slot)?.as_deref().filter(|t| t.qpn == qpn)
     }
 
     /// A QP's transport state and the rest of the engine, borrowed together.
     fn split(&mut self, qpn: u32, now: Instant) -> Option<(&mut QpTransport, Env<'_>)> {
-        let t = self.qps.get_mut(qp_index(qpn)?)?.as_deref_mut()?;
+        let slot = self.ctx.qp_slot(qpn)? as usize;
+        let t = self
+            .qps
+            .get_mut(slot)?
+            .as_deref_mut()
+            .filter(|t| t.qpn == qpn)?;
         let env = Env {
             ctx: &mut self.ctx,
             mem: &self.mrs,
@@ -1112,13 +1141,13 @@ impl SoftHca {
             self.timers.push(Reverse((d, qpn)));
             // Stale entries (deadlines moved earlier) are normally popped in time; keep the heap
             // bounded even if a peer makes deadlines jump around.
-            if self.timers.len() > 2 * self.qps.len() + 64 {
-                let qps = &self.qps;
+            if self.timers.len() > 2 * self.ctx.qp_count() as usize + 64 {
+                let (qps, ctx) = (&self.qps, &self.ctx);
                 self.timers.retain(|Reverse((at, q))| {
-                    qp_index(*q)
-                        .and_then(|i| qps.get(i))
+                    ctx.qp_slot(*q)
+                        .and_then(|i| qps.get(i as usize))
                         .and_then(|s| s.as_deref())
-                        .is_some_and(|t| t.timer_key == Some(*at))
+                        .is_some_and(|t| t.qpn == *q && t.timer_key == Some(*at))
                 });
             }
         }

@@ -532,29 +532,6 @@ pub(crate) fn eventfd_take(fd: BorrowedFd<'_>) -> io::Result<u64> {
     }
 }
 
-/// getrandom(2) without flags: fills `buf` from the kernel's random source (the urandom pool,
-/// which blocks only until it is first initialized, early at boot). Short reads and `EINTR` are
-/// retried.
-#[cfg_attr(not(feature = "tools"), allow(dead_code))] // used by the tools only
-pub(crate) fn getrandom(buf: &mut [u8]) -> io::Result<()> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        let rest = &mut buf[filled..];
-        // SAFETY: the pointer and length describe `rest`, live and writable for the call; the
-        // kernel writes at most that many bytes.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        if n < 0 {
-            let err = last_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err);
-        }
-        filled += n as usize;
-    }
-    Ok(())
-}
-
 /// getifaddrs(3): the name of the interface that holds the IPv4 address `ip` (`None` when none
 /// does).
 pub(crate) fn ipv4_interface(ip: Ipv4Addr) -> io::Result<Option<String>> {

@@ -95,7 +95,7 @@ use crate::verbs::event::AsyncEvent;
 use crate::verbs::gid::{Gid, GidEntry, GidType};
 use crate::verbs::mr::{AccessFlags, MemoryRegion};
 use crate::verbs::pd::PdHandle;
-use crate::verbs::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType};
+use crate::verbs::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState};
 use crate::verbs::srq::{SrqAttr, SrqAttrMask, SrqHandle};
 use crate::verbs::wc::{WcOpcode, WorkCompletion};
 use crate::verbs::wr::{RecvWr, SendWr};
@@ -226,12 +226,8 @@ const MIN_WINDOW: u32 = 16;
 impl<L: SoftLink> Shared<L> {
     /// Shares the window budget among the RC / UC QPs now in the engine.
     fn share_window(&self, e: &mut SoftHca) {
-        let ctx = e.context();
-        let qps = ctx
-            .qpns()
-            .filter(|&q| ctx.qp(q).is_some_and(|qp| qp.qp_type() != QpType::Ud))
-            .count()
-            .max(1) as u32;
+        // O(1): the context counts its RC / UC QPs (walking them made creating n QPs O(n^2)).
+        let qps = e.context().connected_qp_count().max(1);
         let window =
             (self.window_budget / qps).clamp(MIN_WINDOW.min(self.max_window), self.max_window);
         e.set_max_unacked_psns(window);

@@ -413,38 +413,11 @@ pub fn oob_timeouts(secs: u64) -> OobTimeouts {
 }
 
 /// A random 24-bit start PSN, as the C tools pick one (`lrand48() & 0xffffff`), drawn from the
-/// OS random source: getrandom(2), or `/dev/urandom` where getrandom(2) fails (`ENOSYS` before
-/// Linux 3.17, a seccomp filter). Never a clock, a counter or a hash of them: a start PSN that a
-/// third party can guess lets it inject packets that the responder accepts (the PSN is the only
-/// sequence check of RC, IBTA vol. 1 §9.7.1; the tools run without any other protection).
-///
-/// # Errors
-/// One line naming both sources' errors when neither gives bytes.
-pub fn random_psn() -> Result<u32, Fail> {
-    let mut bytes = [0u8; 4];
-    os_random(&mut bytes)?;
-    Ok(psn_of(bytes))
-}
-
-/// Fills `buf` from the OS random source (see [`random_psn`]).
-fn os_random(buf: &mut [u8]) -> Result<(), Fail> {
-    use std::io::Read;
-    let direct = match crate::link::sys::getrandom(buf) {
-        Ok(()) => return Ok(()),
-        Err(e) => e,
-    };
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(buf))
-        .map_err(|e| {
-            Fail(format!(
-                "cannot draw a random PSN: getrandom(2): {direct}; /dev/urandom: {e}"
-            ))
-        })
-}
-
-/// The PSN of four random bytes: the low 24 bits of their big-endian value.
-fn psn_of(bytes: [u8; 4]) -> u32 {
-    u32::from_be_bytes(bytes) & 0xff_ffff
+/// OS random source ([`crate::verbs::random::random_psn`]): never a clock, a counter or a hash of
+/// them: a start PSN that a third party can guess lets it inject packets that the responder
+/// accepts (IBTA vol. 1 §9.7.1; the arithmetic is in [`crate::verbs::qp`]).
+pub fn random_psn() -> u32 {
+    crate::verbs::random::random_psn()
 }
 
 /// A GID as `inet_ntop(AF_INET6)` prints it.
@@ -689,20 +662,11 @@ mod tests {
 
     #[test]
     fn psn_is_24_bits_of_os_random_bytes() {
-        assert_eq!(psn_of([0xab, 0x12, 0x34, 0x56]), 0x12_3456);
-        assert_eq!(psn_of([0xff; 4]), 0xff_ffff);
-        // The source: 64 bytes twice from getrandom(2) differ (equal with probability 2^-512)
-        // and are not the zeros they started as.
-        let (mut a, mut b) = ([0u8; 64], [0u8; 64]);
-        crate::link::sys::getrandom(&mut a).unwrap();
-        crate::link::sys::getrandom(&mut b).unwrap();
-        assert_ne!(a, b);
-        assert_ne!(a, [0u8; 64]);
         // Every bit of the PSN takes both values over 1000 draws (a bit stuck at one value
         // by chance: probability 24 x 2^-999).
         let (mut ones, mut zeros) = (0u32, 0u32);
         for _ in 0..1000 {
-            let psn = random_psn().unwrap();
+            let psn = random_psn();
             assert!(psn <= 0xff_ffff);
             ones |= psn;
             zeros |= !psn & 0xff_ffff;

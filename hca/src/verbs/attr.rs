@@ -14,6 +14,10 @@ use core::fmt;
 pub const MIN_QPN: u32 = 16;
 /// The largest QPN (24 bits, the BTH DestQP field).
 pub const MAX_QPN: u32 = 0x00ff_ffff;
+/// Most QPs one device holds (2^20, rxe's default `max_qp`): live QPNs then fill at most 1/16 of
+/// the QPN space, so a random new QPN almost always takes one draw, and a guessed QPN names a
+/// live QP with probability at most 1/16 (see [`crate::verbs::qp`]).
+pub const MAX_QPS: u32 = 1 << 20;
 /// Mask of a 24-bit PSN (IBTA vol. 1 ch. 9, BTH).
 pub const PSN_MASK: u32 = 0x00ff_ffff;
 /// Largest `timeout`, `min_rnr_timer` code (5 bits).

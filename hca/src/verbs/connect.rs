@@ -47,7 +47,9 @@ pub struct ConnectAttr {
     pub remote_qpn: u32,
     /// RC / UC: the first PSN the peer sends, expected by this QP (`rq_psn`, 24 bits).
     pub remote_psn: u32,
-    /// The first PSN this QP sends (`sq_psn`, 24 bits).
+    /// The first PSN this QP sends (`sq_psn`, 24 bits). The default is 0; real connections draw
+    /// it at random ([`crate::verbs::random::random_psn`] under `std`), since the PSN window is
+    /// part of what an off-path attacker must guess (see [`crate::verbs::qp`]).
     pub local_psn: u32,
     /// RC: RDMA READs / atomics the peer may have outstanding at this QP (`max_dest_rd_atomic`).
     pub max_dest_rd_atomic: u8,

@@ -23,10 +23,12 @@ use crate::verbs::gid::GidEntry;
 use crate::verbs::mr::{AccessFlags, MemoryRegion, MrTable};
 use crate::verbs::pd::{Pd, PdHandle};
 use crate::verbs::qp::{
-    no_such_qp, ModifyOutcome, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, MAX_QPN, MIN_QPN,
+    no_such_qp, ModifyOutcome, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, MAX_QPN,
+    MAX_QPS, MIN_QPN,
 };
+use crate::verbs::random::RandomSource;
 use crate::verbs::srq::{Srq, SrqAttr, SrqAttrMask, SrqHandle};
-use crate::verbs::table::ObjectTable;
+use crate::verbs::table::{KeyedTable, ObjectTable};
 use crate::verbs::wc::WorkCompletion;
 use crate::verbs::wr::{RecvWr, SendWr, SendWrInfo};
 
@@ -46,15 +48,20 @@ pub struct Context {
     cqs: ObjectTable<CompletionQueue>,
     srqs: ObjectTable<Srq>,
     ahs: ObjectTable<AddressHandle>,
-    qps: ObjectTable<Qp>,
+    qps: KeyedTable<Qp>,
+    /// Live RC and UC QPs (the ones that share a device's window budget).
+    connected_qps: u32,
     events: VecDeque<AsyncEvent>,
     events_lost: u64,
+    random: alloc::boxed::Box<dyn RandomSource>,
 }
 
 impl Context {
-    /// A context for `device`, with no objects. PD, CQ, SRQ and AH indices start at 1, QPNs at
-    /// [`MIN_QPN`], MR key indices at 1.
-    pub fn new(device: Device) -> Self {
+    /// A context for `device`, with no objects, drawing MR keys and QPNs from `random` (the
+    /// operating system's random source, [`OsRandom`](crate::verbs::random::OsRandom), in every
+    /// device of this crate; see [`crate::verbs::random`]). PD, CQ, SRQ and AH indices start at 1;
+    /// QPNs are random in [`MIN_QPN`] ..= [`MAX_QPN`], MR keys random nonzero 32-bit values.
+    pub fn new(device: Device, random: alloc::boxed::Box<dyn RandomSource>) -> Self {
         let a = &device.attr;
         Context {
             pds: ObjectTable::new(1, a.max_pd),
@@ -62,9 +69,11 @@ impl Context {
             cqs: ObjectTable::new(1, a.max_cq),
             srqs: ObjectTable::new(1, a.max_srq),
             ahs: ObjectTable::new(1, a.max_ah),
-            qps: ObjectTable::new(MIN_QPN, a.max_qp.min(MAX_QPN - MIN_QPN + 1)),
+            qps: KeyedTable::new(a.max_qp.min(MAX_QPS), MIN_QPN, MAX_QPN),
+            connected_qps: 0,
             events: VecDeque::new(),
             events_lost: 0,
+            random,
             device,
         }
     }
@@ -262,7 +271,7 @@ impl Context {
         }
         let lkey = self
             .mrs
-            .register(pd, addr, length, iova, access)
+            .register(pd, addr, length, iova, access, &mut *self.random)
             .map_err(err)?
             .lkey();
         self.pd_ref(pd, 1);
@@ -629,10 +638,15 @@ impl Context {
             object: Object::Qp,
             max: self.qps.max(),
         };
-        let next = self.qps.peek_next().ok_or(err(too_many))?;
-        let qp = Qp::new(next.index(), pd, init, &self.device).map_err(err)?;
-        let h = self.qps.insert(qp).map_err(|_| err(too_many))?;
-        debug_assert_eq!(h, next);
+        let device = &self.device;
+        let (qpn, _) = self
+            .qps
+            .insert(&mut *self.random, |qpn, _| Qp::new(qpn, pd, init, device))
+            .map_err(err)?
+            .ok_or(err(too_many))?;
+        if init.qp_type != QpType::Ud {
+            self.connected_qps += 1;
+        }
         self.pd_ref(pd, 1);
         for cq in [init.send_cq, init.recv_cq] {
             if let Some(c) = self.cqs.get_mut(cq) {
@@ -642,7 +656,7 @@ impl Context {
         if let Some(s) = init.srq.and_then(|srq| self.srqs.get_mut(srq)) {
             s.users += 1;
         }
-        Ok(h.index())
+        Ok(qpn)
     }
 
     /// ibv_modify_qp(3); on error the QP is unchanged.
@@ -656,7 +670,7 @@ impl Context {
         mask: QpAttrMask,
     ) -> Result<ModifyOutcome, VerbsError> {
         let err = |cause| VerbsError::ModifyQp { qpn, cause };
-        let (_, qp) = self.qps.get_by_index_mut(qpn).ok_or(err(no_such_qp(qpn)))?;
+        let qp = self.qps.get_mut(qpn).ok_or(err(no_such_qp(qpn)))?;
         qp.modify(attr, mask, &self.device).map_err(err)
     }
 
@@ -682,11 +696,10 @@ impl Context {
             qpn,
             cause: no_such_qp(qpn),
         };
-        let (generation, _) = self.qps.get_by_index(qpn).ok_or(not_found)?;
-        let qp = self
-            .qps
-            .remove(crate::verbs::table::Handle::from_raw(qpn, generation))
-            .ok_or(not_found)?;
+        let qp = self.qps.remove(qpn).ok_or(not_found)?;
+        if qp.qp_type() != QpType::Ud {
+            self.connected_qps -= 1;
+        }
         self.pd_ref(qp.pd(), -1);
         for cq in [qp.send_cq(), qp.recv_cq()] {
             if let Some(c) = self.cqs.get_mut(cq) {
@@ -701,17 +714,33 @@ impl Context {
 
     /// The QP numbered `qpn`. O(1).
     pub fn qp(&self, qpn: u32) -> Option<&Qp> {
-        self.qps.get_by_index(qpn).map(|(_, qp)| qp)
+        self.qps.get(qpn)
     }
 
     /// Mutable form of [`Self::qp`].
     pub fn qp_mut(&mut self, qpn: u32) -> Option<&mut Qp> {
-        self.qps.get_by_index_mut(qpn).map(|(_, qp)| qp)
+        self.qps.get_mut(qpn)
     }
 
-    /// The QPNs of all QPs, ascending.
+    /// The table slot of the QP numbered `qpn`: a small integer, unique among live QPs and
+    /// reused after the QP is destroyed, by which the engine indexes its own per-QP state. O(1).
+    pub fn qp_slot(&self, qpn: u32) -> Option<u32> {
+        self.qps.slot(qpn)
+    }
+
+    /// The QPNs of all QPs, in slot order (not numeric order: QPNs are random).
     pub fn qpns(&self) -> impl Iterator<Item = u32> + '_ {
-        self.qps.iter().map(|(h, _)| h.index())
+        self.qps.iter().map(|(qpn, _)| qpn)
+    }
+
+    /// Live QPs. O(1).
+    pub fn qp_count(&self) -> u32 {
+        self.qps.len()
+    }
+
+    /// Live RC and UC QPs. O(1).
+    pub fn connected_qp_count(&self) -> u32 {
+        self.connected_qps
     }
 
     /// Checks one send WR of ibv_post_send(3) before the engine queues it: the QP's state and
@@ -754,7 +783,7 @@ impl Context {
             wr_id: wr.wr_id,
             cause,
         };
-        let (_, qp) = self.qps.get_by_index_mut(qpn).ok_or(err(no_such_qp(qpn)))?;
+        let qp = self.qps.get_mut(qpn).ok_or(err(no_such_qp(qpn)))?;
         qp.post_recv(wr, &self.device).map_err(err)
     }
 
@@ -834,11 +863,15 @@ mod tests {
     use crate::verbs::error::errno;
     use crate::verbs::gid::{Gid, GidType};
     use crate::verbs::qp::{QpCap, QpType};
+    use crate::verbs::random::OsRandom;
     use crate::verbs::wc::WcOpcode;
     use crate::verbs::wr::{SendFlags, SendOp, Sge, UdDest};
 
     fn ctx() -> Context {
-        Context::new(Device::soft_roce([2, 0, 0, 0, 0, 1], 1500))
+        Context::new(
+            Device::soft_roce([2, 0, 0, 0, 0, 1], 1500),
+            std::boxed::Box::new(OsRandom),
+        )
     }
 
     fn qp_init(cq: CqHandle, qp_type: QpType) -> QpInitAttr {
@@ -931,9 +964,14 @@ mod tests {
         let pd = c.alloc_pd().unwrap();
         let cq = c.create_cq(4).unwrap();
         let qpn = c.create_qp(pd, &qp_init(cq, QpType::Rc)).unwrap();
-        assert_eq!(qpn, MIN_QPN);
+        assert!((MIN_QPN..=MAX_QPN).contains(&qpn), "QPN {qpn:#x}");
         assert_eq!(c.qp(qpn).unwrap().qpn(), qpn);
-        assert_eq!(c.create_qp(pd, &qp_init(cq, QpType::Ud)), Ok(MIN_QPN + 1));
+        let ud = c.create_qp(pd, &qp_init(cq, QpType::Ud)).unwrap();
+        assert!(
+            (MIN_QPN..=MAX_QPN).contains(&ud) && ud != qpn,
+            "QPN {ud:#x}"
+        );
+        assert_eq!(c.qp(ud).unwrap().qpn(), ud);
         let stale = CqHandle::from_raw(cq.index(), cq.generation() + 1);
         assert!(matches!(
             c.create_qp(pd, &qp_init(stale, QpType::Rc)),
@@ -967,7 +1005,10 @@ mod tests {
             max_qp: 2,
             ..DeviceAttr::default()
         };
-        let mut c = Context::new(Device::new(attr, PortAttr::default()));
+        let mut c = Context::new(
+            Device::new(attr, PortAttr::default()),
+            std::boxed::Box::new(OsRandom),
+        );
         let pd = c.alloc_pd().unwrap();
         let cq = c.create_cq(4).unwrap();
         c.create_qp(pd, &qp_init(cq, QpType::Rc)).unwrap();
@@ -975,7 +1016,12 @@ mod tests {
         let e = c.create_qp(pd, &qp_init(cq, QpType::Rc)).unwrap_err();
         assert_eq!(e.errno(), errno::ENOMEM);
         c.destroy_qp(q2).unwrap();
-        assert_eq!(c.create_qp(pd, &qp_init(cq, QpType::Rc)), Ok(q2));
+        let q3 = c.create_qp(pd, &qp_init(cq, QpType::Rc)).unwrap();
+        assert_eq!(
+            c.qp(q3).map(Qp::qpn),
+            Some(q3),
+            "the freed place is used again"
+        );
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub struct DeviceAttr {
     pub vendor_part_id: u32,
     /// Hardware version (rxe: 0).
     pub hw_ver: u32,
-    /// Most QPs (rxe: 2^20 - 16, QPNs start at 16).
+    /// Most QPs (rxe: 2^20 - 16; QPNs are random 24-bit values from 16 up).
     pub max_qp: u32,
     /// Most outstanding WRs per send or receive queue (rxe: 2^20).
     pub max_qp_wr: u32,

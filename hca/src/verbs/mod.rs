@@ -13,6 +13,8 @@
 //! * [`qp`] (with its receive queue, [`recv_queue`]): the queue pair and its state machine.
 //! * [`table`]: handles and the tables that hold the objects; [`context`]: all objects of one
 //!   device and the verbs with their cross-object rules.
+//! * [`random`]: where MR keys, QPNs and start PSNs get the randomness that keeps off-path
+//!   attackers from guessing them (the arithmetic is in [`mr`] and [`qp`]).
 //! * [`connect`]: the one RESET -> INIT -> RTR -> RTS bring-up of RC, UC and UD QPs that every
 //!   caller uses.
 //! * [`api`] (feature `std`): the [`Verbs`] trait every backend implements, and [`DeviceError`](api::DeviceError).
@@ -33,6 +35,7 @@ pub mod gid;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+pub mod random;
 pub mod recv_queue;
 pub mod srq;
 pub mod table;

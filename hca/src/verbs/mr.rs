@@ -8,18 +8,46 @@
 //! * the **rkey**, which it hands to a peer so that the peer's RDMA READ / WRITE / atomic requests
 //!   (their RETH or AtomicETH) may touch the region.
 //!
-//! Both keys are `(index << 8) | key`: the upper 24 bits index the MR table, so a lookup is O(1),
-//! and the low 8 bits (the "key" byte) change every time that index is registered
-//! again, so a key kept from an old registration stops working the moment the MR is
-//! deregistered, even once its index is reused. Index 0 is never used, so key 0 never resolves.
-//! As in rxe, the rkey equals the lkey when the MR grants any remote access, and is 0 otherwise.
+//! Both keys are 32 bits drawn from the context's [`RandomSource`] (the operating system's
+//! random source in every device of this crate, see [`crate::verbs::random`]): nonzero, unlike the
+//! key of any live region, and unlike the key the same table slot carried last, so a key kept
+//! from an old registration stops working the moment the MR is deregistered, even once its slot
+//! is reused. A lookup is O(1): the table finds the region's slot through a hash map keyed by the
+//! key (module [`table`](crate::verbs::table)). As in rxe, the rkey equals the lkey when the MR
+//! grants any remote access, and is 0 (which never resolves) otherwise.
 //!
+//! ## What an off-path attacker must guess
+//!
+//! Over RoCEv2 anyone who can send a UDP datagram to the device can send an RDMA WRITE; nothing
+//! but numbers authorizes it. Say the attacker knows both IP addresses (so the source address
+//! check, rxe `check_addr`, passes), the P_Key (0xffff by default) and the region's address. A
+//! forged RC WRITE then executes only if all of these hold:
+//! * its **QPN** names the live QP: QPNs are random in 16 ..= 2^24 - 1, so a guess hits one of
+//!   `n` live QPs with probability `n / (2^24 - 16)` (module [`qp`](crate::verbs::qp));
+//! * its **PSN** is exactly the responder's expected PSN: 1 of 2^24 (RC responders execute only
+//!   that one; see [`qp`](crate::verbs::qp) for the duplicate and out-of-sequence ranges, which
+//!   never write memory);
+//! * its **rkey** names a live region of the QP's PD with REMOTE_WRITE: keys are 32 random bits,
+//!   so a guess hits one of `m` such regions with probability `m / (2^32 - 1)`.
+//!
+//! A forged RC WRITE succeeds with probability `n * m * 2^-80` per packet, so an attacker must
+//! send `2^80 / (n * m)` packets on average: 2^80 for one QP and one region, 2^60 for a thousand
+//! of each, and at least 2^41 at the soft device's limits (`max_qp` < 2^20, `max_mr` < 2^19) —
+//! 2^41 packets of 64 bytes are 140 TB, about 31 hours at 10 Gb/s, against one target whose
+//! PSN moves as it runs. UC is weaker: a UC responder starts a new message at any PSN (IBTA
+//! vol. 1 §9.8.4), so only QPN and rkey stand, `2^56 / (n * m)` packets (2^56 for one QP and one
+//! region, 2^40 for 256 of each). Before keys and QPNs were random, the first MR of every
+//! process had rkey 0x179 and QPNs counted from 16, and one sweep of 2^24 PSNs sufficed.
+//!
+//! This module records addresses and lengths only; the memory behind an MR (host pages, GPU
+//! memory) is attached by the layer that moves data.
 //! This module records addresses and lengths only; the memory behind an MR (host pages, GPU
 //! memory) is attached by the layer that moves data.
 
 use crate::verbs::error::{Cause, KeyError, KeyErrorKind, Object};
 use crate::verbs::pd::PdHandle;
-use crate::verbs::table::ObjectTable;
+use crate::verbs::random::RandomSource;
+use crate::verbs::table::KeyedTable;
 
 pub use super::attr::AccessFlags;
 
@@ -51,6 +79,8 @@ pub struct MemoryRegion {
     lkey: u32,
     rkey: u32,
     invalidated: bool,
+    /// The MR table slot (what the engine indexes the memory behind the region by).
+    slot: u32,
 }
 
 impl MemoryRegion {
@@ -73,6 +103,7 @@ impl MemoryRegion {
             lkey: keys.0,
             rkey: keys.1,
             invalidated: false,
+            slot: 0,
         }
     }
 
@@ -133,23 +164,30 @@ impl MemoryRegion {
     pub fn offset_of(&self, iova: u64) -> Option<u64> {
         iova.checked_sub(self.iova).filter(|&o| o <= self.length)
     }
+
+    /// The region's slot in its [`MrTable`] (unique among live regions, reused after
+    /// deregistration; 0 for a region a hardware HCA registered).
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
 }
 
-/// Largest index an MR key can carry (24 bits).
-const MAX_MR_INDEX: u32 = 0x00ff_ffff;
+/// Most regions one table holds (2^24 - 1): live keys then fill at most 2^-8 of the 32-bit key
+/// space, so a new key almost always takes one draw.
+pub const MAX_MR: u32 = 0x00ff_ffff;
 
 /// The MR table of a device: registration, deregistration and O(1) key checks.
 pub struct MrTable {
-    table: ObjectTable<MemoryRegion>,
+    table: KeyedTable<MemoryRegion>,
     max_mr_size: u64,
 }
 
 impl MrTable {
-    /// An empty table holding up to `max_mr` regions (at most 2^24 - 1, the key's index range)
-    /// of at most `max_mr_size` bytes each.
+    /// An empty table holding up to `max_mr` regions (at most [`MAX_MR`]) of at most
+    /// `max_mr_size` bytes each.
     pub fn new(max_mr: u32, max_mr_size: u64) -> Self {
         MrTable {
-            table: ObjectTable::new(1, max_mr.min(MAX_MR_INDEX)),
+            table: KeyedTable::new(max_mr.min(MAX_MR), 1, u32::MAX),
             max_mr_size,
         }
     }
@@ -171,6 +209,9 @@ impl MrTable {
     /// [`Cause::AccessFlags`] (see [`AccessFlags::check_mr`]); [`Cause::InvalidValue`] for a zero
     /// length or a range that wraps past `u64::MAX`; [`Cause::OutOfRange`] above `max_mr_size`;
     /// [`Cause::TooManyObjects`] when `max_mr` regions exist.
+    ///
+    /// The key is 32 bits from `random`: nonzero, unlike the key of any registered region, and
+    /// unlike the key this table slot carried last (see the [module docs](self)).
     pub fn register(
         &mut self,
         pd: PdHandle,
@@ -178,6 +219,7 @@ impl MrTable {
         length: u64,
         iova: u64,
         access: AccessFlags,
+        random: &mut dyn RandomSource,
     ) -> Result<&MemoryRegion, Cause> {
         access.check_mr()?;
         if length == 0 {
@@ -205,38 +247,25 @@ impl MrTable {
                 value: iova,
             });
         }
-        let mr = MemoryRegion {
-            pd,
-            addr,
-            iova,
-            length,
-            access,
-            lkey: 0,
-            rkey: 0,
-            invalidated: false,
-        };
-        let handle = self.table.insert(mr).map_err(|_| Cause::TooManyObjects {
+        let remote = access.intersects(AccessFlags::REMOTE);
+        let too_many = Cause::TooManyObjects {
             object: Object::Mr,
             max: self.table.max(),
-        })?;
-        let key = (handle.index() << 8) | (handle.generation() & 0xff);
-        let (_, mr) = self
-            .table
-            .get_by_index_mut(handle.index())
-            .expect("just inserted");
-        mr.lkey = key;
-        mr.rkey = if access.intersects(AccessFlags::REMOTE) {
-            key
-        } else {
-            0
         };
-        Ok(mr)
-    }
-
-    fn handle_of(&self, key: u32) -> Option<crate::verbs::table::Handle<MemoryRegion>> {
-        let (generation, _) = self.table.get_by_index(key >> 8)?;
-        ((generation & 0xff) == (key & 0xff))
-            .then(|| crate::verbs::table::Handle::from_raw(key >> 8, generation))
+        let made = self.table.insert(random, |key, slot| {
+            Ok::<_, Cause>(MemoryRegion {
+                pd,
+                addr,
+                iova,
+                length,
+                access,
+                lkey: key,
+                rkey: if remote { key } else { 0 },
+                invalidated: false,
+                slot,
+            })
+        })?;
+        made.map(|(_, mr)| &*mr).ok_or(too_many)
     }
 
     /// Deregisters the region with this lkey: both keys stop resolving at once (ibv_dereg_mr(3)).
@@ -248,14 +277,12 @@ impl MrTable {
             object: Object::Mr,
             id: lkey,
         };
-        let handle = self.handle_of(lkey).ok_or(not_found)?;
-        self.table.remove(handle).ok_or(not_found)
+        self.table.remove(lkey).ok_or(not_found)
     }
 
     /// The region whose lkey is `lkey`. O(1).
     pub fn lookup_lkey(&self, lkey: u32) -> Option<&MemoryRegion> {
-        let (generation, mr) = self.table.get_by_index(lkey >> 8)?;
-        ((generation & 0xff) == (lkey & 0xff)).then_some(mr)
+        self.table.get(lkey)
     }
 
     /// The region whose rkey is `rkey` (a region without remote access has no rkey). O(1).
@@ -277,8 +304,8 @@ impl MrTable {
             key,
             kind: KeyErrorKind::UnknownKey,
         };
-        let (generation, mr) = self.table.get_by_index_mut(key >> 8).ok_or(unknown)?;
-        if (generation & 0xff) != (key & 0xff) || (key != mr.lkey && key != mr.rkey) {
+        let mr = self.table.get_mut(key).ok_or(unknown)?;
+        if key != mr.lkey && key != mr.rkey {
             return Err(unknown);
         }
         if mr.pd != pd {
@@ -294,7 +321,7 @@ impl MrTable {
         Ok(())
     }
 
-    /// The registered regions, in index order.
+    /// The registered regions, in slot order.
     pub fn iter(&self) -> impl Iterator<Item = &MemoryRegion> + '_ {
         self.table.iter().map(|(_, mr)| mr)
     }
@@ -406,6 +433,7 @@ impl MrTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verbs::random::OsRandom;
     use crate::verbs::table::Handle;
     use proptest::prelude::*;
     use std::collections::HashMap;
@@ -437,7 +465,14 @@ mod tests {
         );
         assert!(AccessFlags::from_bits_retain(1 << 20).check_mr().is_err());
         let mut t = table();
-        let e = t.register(PD, 0x1000, 64, 0x1000, AccessFlags::REMOTE_WRITE);
+        let e = t.register(
+            PD,
+            0x1000,
+            64,
+            0x1000,
+            AccessFlags::REMOTE_WRITE,
+            &mut OsRandom,
+        );
         assert_eq!(e.unwrap_err().errno(), crate::verbs::error::errno::EINVAL);
         assert!(t.is_empty());
     }
@@ -446,25 +481,25 @@ mod tests {
     fn registration_argument_checks() {
         let mut t = MrTable::new(2, 1 << 20);
         assert!(matches!(
-            t.register(PD, 0, 0, 0, RW),
+            t.register(PD, 0, 0, 0, RW, &mut OsRandom),
             Err(Cause::InvalidValue { attr: "length", .. })
         ));
         assert!(matches!(
-            t.register(PD, 0, (1 << 20) + 1, 0, RW),
+            t.register(PD, 0, (1 << 20) + 1, 0, RW, &mut OsRandom),
             Err(Cause::OutOfRange { attr: "length", .. })
         ));
         assert!(matches!(
-            t.register(PD, u64::MAX - 10, 11, 0, RW),
+            t.register(PD, u64::MAX - 10, 11, 0, RW, &mut OsRandom),
             Err(Cause::InvalidValue { attr: "addr", .. })
         ));
         assert!(matches!(
-            t.register(PD, 0, 11, u64::MAX - 10, RW),
+            t.register(PD, 0, 11, u64::MAX - 10, RW, &mut OsRandom),
             Err(Cause::InvalidValue { attr: "iova", .. })
         ));
-        t.register(PD, 0, 1, 0, RW).unwrap();
-        t.register(PD, 0, 1, 0, RW).unwrap();
+        t.register(PD, 0, 1, 0, RW, &mut OsRandom).unwrap();
+        t.register(PD, 0, 1, 0, RW, &mut OsRandom).unwrap();
         assert_eq!(
-            t.register(PD, 0, 1, 0, RW).unwrap_err(),
+            t.register(PD, 0, 1, 0, RW, &mut OsRandom).unwrap_err(),
             Cause::TooManyObjects {
                 object: Object::Mr,
                 max: 2
@@ -475,11 +510,21 @@ mod tests {
     #[test]
     fn key_layout_and_remote_key() {
         let mut t = table();
-        let mr = t.register(PD, 0x1000, 4096, 0x1000, RW).unwrap().clone();
-        assert_eq!(mr.lkey() >> 8, 1, "index 0 is never used");
+        let mr = t
+            .register(PD, 0x1000, 4096, 0x1000, RW, &mut OsRandom)
+            .unwrap()
+            .clone();
+        assert_ne!(mr.lkey(), 0, "key 0 is never used");
         assert_eq!(mr.rkey(), mr.lkey());
         let local = t
-            .register(PD, 0x1000, 4096, 0x1000, AccessFlags::LOCAL_WRITE)
+            .register(
+                PD,
+                0x1000,
+                4096,
+                0x1000,
+                AccessFlags::LOCAL_WRITE,
+                &mut OsRandom,
+            )
             .unwrap()
             .clone();
         assert_eq!(local.rkey(), 0, "no remote access, no rkey (rxe)");
@@ -495,14 +540,18 @@ mod tests {
         let mut seen = Vec::new();
         let mut prev: Option<MemoryRegion> = None;
         for _ in 0..300 {
-            let mr = t.register(PD, 0, 8, 0, RW).unwrap().clone();
-            assert_eq!(mr.lkey() >> 8, 1, "a table of one reuses index 1");
+            let mr = t.register(PD, 0, 8, 0, RW, &mut OsRandom).unwrap().clone();
             if let Some(p) = &prev {
-                assert_ne!(p.lkey() & 0xff, mr.lkey() & 0xff);
+                assert_eq!(mr.slot(), p.slot(), "a table of one reuses its slot");
+                assert_ne!(
+                    p.lkey(),
+                    mr.lkey(),
+                    "a reused slot never repeats its last key"
+                );
                 assert!(t.lookup_lkey(p.lkey()).is_none());
                 assert!(t.lookup_rkey(p.rkey()).is_none());
             }
-            seen.push(mr.lkey() & 0xff);
+            seen.push(mr.lkey());
             let removed = t.deregister(mr.lkey()).unwrap();
             assert_eq!(removed, mr);
             assert!(t.lookup_lkey(mr.lkey()).is_none());
@@ -518,13 +567,21 @@ mod tests {
         }
         seen.sort_unstable();
         seen.dedup();
-        assert_eq!(seen.len(), 256, "all 256 key bytes are used in turn");
+        // 32 random bits: two equal keys among 300 have probability about 1e-5, three about 1e-10.
+        assert!(
+            seen.len() >= 299,
+            "keys are random: {} distinct of 300",
+            seen.len()
+        );
     }
 
     #[test]
     fn check_kinds_in_rxe_order() {
         let mut t = table();
-        let mr = t.register(PD, 0x1000, 0x100, 0x1000, RW).unwrap().clone();
+        let mr = t
+            .register(PD, 0x1000, 0x100, 0x1000, RW, &mut OsRandom)
+            .unwrap()
+            .clone();
         let k = mr.lkey();
         let kind = |r: Result<&MemoryRegion, KeyError>| r.map(|_| ()).unwrap_err().kind;
         assert!(t
@@ -573,7 +630,7 @@ mod tests {
         ));
         // A region without remote access refuses its lkey used as an rkey.
         let local = t
-            .register(PD, 0, 0x100, 0, AccessFlags::LOCAL_WRITE)
+            .register(PD, 0, 0x100, 0, AccessFlags::LOCAL_WRITE, &mut OsRandom)
             .unwrap()
             .lkey();
         assert!(matches!(
@@ -582,7 +639,7 @@ mod tests {
         ));
         // Local writes need LOCAL_WRITE.
         let ro = t
-            .register(PD, 0, 0x100, 0, AccessFlags::REMOTE_READ)
+            .register(PD, 0, 0x100, 0, AccessFlags::REMOTE_READ, &mut OsRandom)
             .unwrap()
             .lkey();
         assert!(t.check_lkey(PD, ro, 0, 0x100, AccessFlags::empty()).is_ok());
@@ -595,7 +652,10 @@ mod tests {
     #[test]
     fn invalidation_kills_both_keys_until_deregistration() {
         let mut t = table();
-        let mr = t.register(PD, 0x1000, 0x100, 0x1000, RW).unwrap().clone();
+        let mr = t
+            .register(PD, 0x1000, 0x100, 0x1000, RW, &mut OsRandom)
+            .unwrap()
+            .clone();
         let k = mr.lkey();
         assert_eq!(
             t.invalidate(PD2, k).unwrap_err().kind,
@@ -620,7 +680,7 @@ mod tests {
         }
         t.deregister(k).unwrap();
         let local = t
-            .register(PD, 0, 0x100, 0, AccessFlags::LOCAL_WRITE)
+            .register(PD, 0, 0x100, 0, AccessFlags::LOCAL_WRITE, &mut OsRandom)
             .unwrap()
             .clone();
         assert_eq!(
@@ -635,7 +695,10 @@ mod tests {
     fn bounds_near_the_top_of_the_address_space() {
         let mut t = table();
         let base = u64::MAX - 4096;
-        let mr = t.register(PD, base, 4096, base, RW).unwrap().clone();
+        let mr = t
+            .register(PD, base, 4096, base, RW, &mut OsRandom)
+            .unwrap()
+            .clone();
         assert!(mr.contains(base, 4096));
         assert!(mr.contains(u64::MAX - 1, 1));
         assert!(mr.contains(u64::MAX, 0), "zero bytes at the end");
@@ -670,7 +733,7 @@ mod tests {
             prop_assume!(start.checked_add(len).is_some());
             let mr = MemoryRegion {
                 pd: PD, addr: start, iova: start, length: len,
-                access: RW, lkey: 0, rkey: 0, invalidated: false,
+                access: RW, lkey: 0, rkey: 0, invalidated: false, slot: 0,
             };
             let (s, e) = (start as u128, start as u128 + len as u128);
             let (a, b) = (iova as u128, iova as u128 + length as u128);
@@ -685,11 +748,11 @@ mod tests {
             let mut last_key_of_index: HashMap<u32, u32> = HashMap::new();
             for (reg, pick) in ops {
                 if reg {
-                    match t.register(PD, pick as u64 * 8, 8, pick as u64 * 8, RW) {
+                    match t.register(PD, pick as u64 * 8, 8, pick as u64 * 8, RW, &mut OsRandom) {
                         Ok(mr) => {
                             let mr = mr.clone();
-                            if let Some(old) = last_key_of_index.insert(mr.lkey() >> 8, mr.lkey()) {
-                                prop_assert_ne!(old & 0xff, mr.lkey() & 0xff);
+                            if let Some(old) = last_key_of_index.insert(mr.slot(), mr.lkey()) {
+                                prop_assert_ne!(old, mr.lkey());
                             }
                             dead.retain(|&k| k != mr.lkey());
                             live.insert(mr.lkey(), mr);

@@ -19,8 +19,40 @@
 //! every value first and changes the QP only if all are valid, so a failed modify leaves it exactly
 //! as it was.
 //!
-//! PSNs (packet sequence numbers) are 24-bit; QPNs are 24-bit and start at [`MIN_QPN`] (QPN 0 and 1
-//! are the special SMI/GSI QPs; rxe numbers user QPs from 16).
+//! PSNs (packet sequence numbers) are 24-bit; QPNs are 24-bit, at least [`MIN_QPN`] (QPN 0 and 1
+//! are the special SMI/GSI QPs, and rxe reserves everything below 16).
+//!
+//! ## QPNs and PSNs are secrets
+//!
+//! A peer names the QP a packet is for by the QPN in its BTH, and a RoCEv2 packet can come from
+//! anyone who can reach the device's UDP port. The context therefore draws each QPN at random
+//! (from its [`RandomSource`](crate::verbs::random::RandomSource): the operating system's in
+//! every device of this crate), uniformly among the 2^24 - 16 values from 16 up that name no live
+//! QP, and finds the QP by a hash map in O(1) (module [`table`](crate::verbs::table)). At most
+//! [`MAX_QPS`] (2^20) QPs live at once, so a guessed QPN names one of `n` live QPs with
+//! probability `n / (2^24 - 16)`, at most 1/16. Applications draw start PSNs at random too
+//! (`rdma-perf` and `rdma-pingpong` through [`crate::verbs::random::random_psn`], as rdma-core's
+//! tools do with `lrand48()`).
+//!
+//! **Forged requests.** An RC responder (IBTA vol. 1 §9.7.5.1.1) executes a request only at its
+//! expected PSN: 1 PSN of 2^24. The 2^23 PSNs before it are duplicates: a duplicate SEND or WRITE
+//! is only acknowledged again, a duplicate READ is served only inside a READ the peer really sent
+//! (same rkey, a sub-range), and every response goes to the connected peer's address, never to
+//! the forger. The 2^23 - 1 PSNs after it are out of sequence: dropped, with one PSN sequence
+//! error NAK per gap to the peer (its requester resends; nothing is lost). A forged RC WRITE must
+//! also carry a live rkey (32 random bits, see [`crate::verbs::mr`] for the whole product): per
+//! packet `n / 2^24 * 2^-24 * m / 2^32` for `n` QPs and `m` writable regions, at least 2^40
+//! packets on average for any `n * m <= 2^40`. A UC responder starts a new message at any PSN
+//! (§9.8.4), so for UC only the QPN and the rkey stand: `2^56 / (n * m)` packets.
+//!
+//! **Forged responses.** An RC requester (§9.7.5.2, the completer) accepts an ACK, NAK or READ
+//! response only for a PSN it sent and has not had acknowledged: `w` PSNs (at most the engine's
+//! `max_unacked_psns`, 128 by default; `w + 1` for a PSN sequence error NAK), and drops every
+//! other as `drop_unexpected_response`. A forged "remote access error" NAK, which fails the WQE
+//! and moves the QP to ERR, or a forged ACK, which completes WQEs early, thus needs the
+//! requester's QPN and a PSN in its window: probability `n / 2^24 * (w + 1) / 2^24`, about 2^-41
+//! for one QP with a window of 128, so 2^41 packets on average. (With sequential QPNs the QPN
+//! was known and `2^24 / 129`, about 130 000 random-PSN NAKs, killed a transfer on average.)
 
 use crate::verbs::ah::AhAttr;
 use crate::verbs::cq::{rxe_queue_capacity, CqHandle};
@@ -33,7 +65,8 @@ use crate::verbs::srq::SrqHandle;
 use crate::verbs::wr::{validate_send_wr, RecvWr, SendLimits, SendWr, SendWrInfo};
 
 pub use super::attr::{
-    MigState, QpAttrMask, QpState, QpType, MAX_QPN, MAX_RETRY, MAX_TIMER_CODE, MIN_QPN, PSN_MASK,
+    MigState, QpAttrMask, QpState, QpType, MAX_QPN, MAX_QPS, MAX_RETRY, MAX_TIMER_CODE, MIN_QPN,
+    PSN_MASK,
 };
 
 /// QP capabilities (`struct ibv_qp_cap`): queue depths in WRs, SGEs per WR, inline bytes.

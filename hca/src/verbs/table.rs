@@ -1,13 +1,20 @@
-//! Object tables: the slab that holds every PD, MR, CQ, SRQ, AH and QP of a device.
+//! Object tables: the slabs that hold every PD, MR, CQ, SRQ, AH and QP of a device.
 //!
-//! Verbs objects are named by small integers that a peer may see on the wire (the QPN in the BTH,
-//! the index part of an rkey in the RETH) or that a program keeps as a handle. A table stores the
-//! objects in a `Vec` indexed by that integer, so every lookup is O(1), and keeps a *generation*
-//! per slot that changes each time the slot is freed: a handle or key that carries an old
-//! generation no longer resolves, even after the slot is reused.
+//! `ObjectTable` stores objects in a `Vec` indexed by a small integer (the slot), so every
+//! lookup is O(1), and keeps a *generation* per slot that changes each time the slot is freed: a
+//! handle that carries an old generation no longer resolves, even after the slot is reused. PDs,
+//! CQs, SRQs and AHs are named by their slot (a program keeps the handle; no peer sees it).
+//!
+//! QPs and MRs are named by numbers a peer sees on the wire (the QPN in the BTH, the rkey in the
+//! RETH), and an off-path attacker who can guess them can forge requests (see [`crate::verbs::mr`]
+//! and [`crate::verbs::qp`] for the arithmetic). `KeyedTable` therefore names each object by a
+//! number drawn from a [`RandomSource`] (never the slot, a counter or a clock), unique among the
+//! live objects and different from the number the same slot carried last, and finds the slot
+//! through an `IdMap` (open addressing keyed by that number): create, lookup and destroy stay
+//! O(1) in the number of live objects (amortized: the map doubles as it fills).
 //!
 //! Freed slots are reused first-in first-out, and only once more than [`REUSE_DELAY`] of them are
-//! free (or the table is at its limit), so that a just-destroyed QPN or MR index is not handed out
+//! free (or the table is at its limit), so that a just-freed handle's slot is not handed out
 //! again at once (rxe allocates its indices cyclically for the same reason).
 
 use alloc::collections::VecDeque;
@@ -15,6 +22,8 @@ use alloc::vec::Vec;
 use core::fmt;
 use core::hash::{Hash, Hasher};
 use core::marker::PhantomData;
+
+use crate::verbs::random::RandomSource;
 
 /// Freed slots are reused only once more than this many are free (or the table is full).
 pub const REUSE_DELAY: usize = 64;
@@ -97,8 +106,8 @@ pub(crate) struct ObjectTable<T> {
     live: u32,
 }
 
-/// The first generation of a fresh slot: scrambled so that the low bits (an MR key byte) of
-/// neighbouring slots differ (rxe picks a random key byte for the same reason).
+/// The first generation of a fresh slot: scrambled so that handles of neighbouring slots differ
+/// in more than the index.
 fn initial_generation(position: u32) -> u32 {
     position.wrapping_add(1).wrapping_mul(0x9E37_79B9) >> 8
 }
@@ -127,7 +136,7 @@ impl<T> ObjectTable<T> {
 
     /// The slot position the next [`Self::insert`] will use (a new slot is `slots.len()`), or
     /// `None` when the table is full.
-    fn next_position(&self) -> Option<u32> {
+    pub(crate) fn next_position(&self) -> Option<u32> {
         if self.live >= self.max {
             return None;
         }
@@ -139,17 +148,6 @@ impl<T> ObjectTable<T> {
         } else {
             self.free.front().copied()
         }
-    }
-
-    /// The handle the next [`Self::insert`] will return, for objects that must know their own
-    /// number (a QP its QPN); `None` when the table is full.
-    pub(crate) fn peek_next(&self) -> Option<Handle<T>> {
-        let position = self.next_position()?;
-        let generation = self
-            .slots
-            .get(position as usize)
-            .map_or_else(|| initial_generation(position), |s| s.generation);
-        Some(Handle::from_raw(self.base + position, generation))
     }
 
     /// Stores `value` and returns its handle, or gives `value` back when the table is full.
@@ -231,6 +229,234 @@ impl<T> ObjectTable<T> {
     }
 }
 
+/// An open-addressing hash map from a nonzero `u32` id (a QPN, an MR key) to a slot position:
+/// linear probing over a power-of-two array kept at most half full, Fibonacci hashing of the id,
+/// deletion by backward shift (no tombstones). Insert, lookup and remove are O(1) expected
+/// (insert amortized over the doublings).
+///
+/// Ids are drawn at random by this crate, so a peer cannot pick ids that collide; a peer only
+/// looks up ids, and a lookup of an absent id stops at the first empty bucket.
+pub(crate) struct IdMap {
+    /// `(id, position)`; id 0 marks an empty bucket.
+    buckets: Vec<(u32, u32)>,
+    len: usize,
+}
+
+impl IdMap {
+    const MIN_BUCKETS: usize = 16;
+
+    pub(crate) fn new() -> Self {
+        IdMap {
+            buckets: Vec::new(),
+            len: 0,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    fn home(&self, id: u32) -> usize {
+        let bits = self.buckets.len().trailing_zeros();
+        ((u64::from(id).wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> (64 - bits)) as usize
+    }
+
+    fn find(&self, id: u32) -> Option<usize> {
+        if id == 0 || self.buckets.is_empty() {
+            return None;
+        }
+        let mask = self.buckets.len() - 1;
+        let mut i = self.home(id);
+        loop {
+            match self.buckets[i].0 {
+                0 => return None,
+                x if x == id => return Some(i),
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    /// The position stored for `id`.
+    pub(crate) fn get(&self, id: u32) -> Option<u32> {
+        self.find(id).map(|i| self.buckets[i].1)
+    }
+
+    /// Whether `id` is present.
+    pub(crate) fn contains(&self, id: u32) -> bool {
+        self.find(id).is_some()
+    }
+
+    fn place(&mut self, id: u32, position: u32) {
+        let mask = self.buckets.len() - 1;
+        let mut i = self.home(id);
+        while self.buckets[i].0 != 0 {
+            i = (i + 1) & mask;
+        }
+        self.buckets[i] = (id, position);
+    }
+
+    /// Stores `id -> position`; `id` must be nonzero and absent (the caller checked).
+    pub(crate) fn insert(&mut self, id: u32, position: u32) {
+        debug_assert!(id != 0 && !self.contains(id));
+        if (self.len + 1) * 2 > self.buckets.len() {
+            let size = (self.buckets.len() * 2).max(Self::MIN_BUCKETS);
+            let old = core::mem::replace(&mut self.buckets, alloc::vec![(0, 0); size]);
+            for (k, v) in old.into_iter().filter(|&(k, _)| k != 0) {
+                self.place(k, v);
+            }
+        }
+        self.place(id, position);
+        self.len += 1;
+    }
+
+    /// Removes `id`, returning its position.
+    pub(crate) fn remove(&mut self, id: u32) -> Option<u32> {
+        let mut hole = self.find(id)?;
+        let position = self.buckets[hole].1;
+        let mask = self.buckets.len() - 1;
+        let mut j = hole;
+        loop {
+            j = (j + 1) & mask;
+            let (k, _) = self.buckets[j];
+            if k == 0 {
+                break;
+            }
+            // The entry at `j` may fill the hole unless its home lies cyclically in (hole, j].
+            let home = self.home(k);
+            let stays = if hole <= j {
+                hole < home && home <= j
+            } else {
+                hole < home || home <= j
+            };
+            if !stays {
+                self.buckets[hole] = self.buckets[j];
+                hole = j;
+            }
+        }
+        self.buckets[hole] = (0, 0);
+        self.len -= 1;
+        Some(position)
+    }
+}
+
+/// Draws after which [`KeyedTable::insert`] stops drawing and walks up from its last draw to the
+/// next free id (never reached in practice: the tables keep the live ids a small fraction of the
+/// id space, so a draw fails with probability at most 1/16).
+const MAX_DRAWS: u32 = 64;
+
+/// A slab of objects named by random ids: see the [module docs](self).
+pub(crate) struct KeyedTable<T> {
+    slots: ObjectTable<T>,
+    ids: IdMap,
+    /// The id each slot carries now (live) or carried last (free; 0 if never used).
+    slot_ids: Vec<u32>,
+    /// Ids are `random & mask`, at least `min`.
+    mask: u32,
+    min: u32,
+}
+
+impl<T> KeyedTable<T> {
+    /// An empty table of at most `max` live objects named by ids in `[min, mask]` (`min >= 1`;
+    /// `mask` of the form `2^k - 1`). The caller keeps `max` a small fraction of the id space.
+    pub(crate) fn new(max: u32, min: u32, mask: u32) -> Self {
+        debug_assert!(min >= 1 && mask.wrapping_add(1) & mask == 0);
+        KeyedTable {
+            slots: ObjectTable::new(0, max),
+            ids: IdMap::new(),
+            slot_ids: Vec::new(),
+            mask,
+            min,
+        }
+    }
+
+    /// The limit on live objects.
+    pub(crate) fn max(&self) -> u32 {
+        self.slots.max()
+    }
+
+    /// Live objects.
+    pub(crate) fn len(&self) -> u32 {
+        self.slots.len()
+    }
+
+    fn usable(&self, id: u32, position: usize) -> bool {
+        id >= self.min && !self.ids.contains(id) && self.slot_ids.get(position) != Some(&id)
+    }
+
+    /// Draws a fresh id from `random` and stores `make(id, slot)` under it. The id is in
+    /// `[min, mask]`, names no live object, and differs from the id the same slot carried last.
+    /// Returns `Ok(None)` when the table is full; `make`'s error leaves the table unchanged.
+    pub(crate) fn insert<E>(
+        &mut self,
+        random: &mut dyn RandomSource,
+        make: impl FnOnce(u32, u32) -> Result<T, E>,
+    ) -> Result<Option<(u32, &mut T)>, E> {
+        let Some(position) = self.slots.next_position() else {
+            return Ok(None);
+        };
+        let p = position as usize;
+        let mut id = random.next_u32() & self.mask;
+        let mut draws = 1;
+        while !self.usable(id, p) {
+            id = if draws < MAX_DRAWS {
+                draws += 1;
+                random.next_u32() & self.mask
+            } else {
+                id.wrapping_add(1) & self.mask
+            };
+        }
+        let value = make(id, position)?;
+        let Ok(handle) = self.slots.insert(value) else {
+            return Ok(None);
+        };
+        debug_assert_eq!(handle.index(), position);
+        if self.slot_ids.len() <= p {
+            self.slot_ids.resize(p + 1, 0);
+        }
+        self.slot_ids[p] = id;
+        self.ids.insert(id, position);
+        let value = self
+            .slots
+            .get_mut(handle)
+            .expect("inserted just above, in the slot it named");
+        Ok(Some((id, value)))
+    }
+
+    /// The slot position of the live object named `id`. O(1).
+    pub(crate) fn slot(&self, id: u32) -> Option<u32> {
+        self.ids.get(id)
+    }
+
+    /// The live object named `id`. O(1).
+    pub(crate) fn get(&self, id: u32) -> Option<&T> {
+        let (_, value) = self.slots.get_by_index(self.ids.get(id)?)?;
+        Some(value)
+    }
+
+    /// Mutable form of [`Self::get`].
+    pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut T> {
+        let (_, value) = self.slots.get_by_index_mut(self.ids.get(id)?)?;
+        Some(value)
+    }
+
+    /// Removes the object named `id`; the id stops resolving at once. O(1).
+    pub(crate) fn remove(&mut self, id: u32) -> Option<T> {
+        let position = self.ids.get(id)?;
+        let (generation, _) = self.slots.get_by_index(position)?;
+        let value = self.slots.remove(Handle::from_raw(position, generation))?;
+        self.ids.remove(id);
+        Some(value)
+    }
+
+    /// The live objects with their ids, in slot order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &T)> + '_ {
+        self.slots
+            .iter()
+            .map(|(h, v)| (self.slot_ids[h.index() as usize], v))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,22 +509,6 @@ mod tests {
     }
 
     #[test]
-    fn peek_predicts_insert() {
-        let mut t = ObjectTable::new(16, 3);
-        for i in 0..200u32 {
-            let peek = t.peek_next();
-            match t.insert(i) {
-                Ok(h) => assert_eq!(peek, Some(h)),
-                Err(_) => assert_eq!(peek, None),
-            }
-            if i % 3 == 0 {
-                let (h, _) = t.iter().next().map(|(h, v)| (h, *v)).unwrap();
-                t.remove(h).unwrap();
-            }
-        }
-    }
-
-    #[test]
     fn iter_lists_live_objects() {
         let mut t = ObjectTable::new(1, 8);
         let a = t.insert('a').unwrap();
@@ -341,6 +551,104 @@ mod tests {
                 for h in &dead {
                     prop_assert!(t.get(*h).is_none());
                 }
+            }
+        }
+    }
+    /// A counter "random source": the worst case for the map (sequential ids) and for the
+    /// draw-until-usable loop (every id it draws next is taken or was the slot's last).
+    struct Counter(u32);
+
+    impl RandomSource for Counter {
+        fn fill(&mut self, buf: &mut [u8]) {
+            for b in buf.chunks_mut(4) {
+                self.0 = self.0.wrapping_add(1);
+                let n = b.len();
+                b.copy_from_slice(&self.0.to_ne_bytes()[..n]);
+            }
+        }
+    }
+
+    #[test]
+    fn keyed_table_ids_are_in_range_and_never_the_slots_last() {
+        // A table of one over the ids 1 ..= 3: each insert must skip the slot's last id.
+        let mut t: KeyedTable<u32> = KeyedTable::new(1, 1, 3);
+        let mut r = Counter(0);
+        let mut last = 0;
+        for i in 0..50 {
+            let (id, _) = t
+                .insert(&mut r, |id, slot| Ok::<_, ()>(id + slot))
+                .unwrap()
+                .unwrap();
+            assert!((1..=3).contains(&id));
+            assert_ne!(id, last, "round {i}");
+            assert_eq!(t.insert(&mut r, |_, _| Ok::<_, ()>(0)), Ok(None), "full");
+            assert_eq!(t.remove(id), Some(id));
+            assert_eq!(t.get(id), None);
+            last = id;
+        }
+        // A failing constructor leaves nothing behind.
+        assert_eq!(t.insert(&mut r, |_, _| Err::<u32, _>(7)), Err(7));
+        assert_eq!(t.len(), 0);
+    }
+
+    proptest! {
+        #[test]
+        fn id_map_matches_a_map(ops in proptest::collection::vec((any::<bool>(), 1u32..200), 0..600)) {
+            let mut m = IdMap::new();
+            let mut model: HashMap<u32, u32> = HashMap::new();
+            for (n, (insert, id)) in ops.into_iter().enumerate() {
+                if insert {
+                    if let std::collections::hash_map::Entry::Vacant(e) = model.entry(id) {
+                        m.insert(id, n as u32);
+                        e.insert(n as u32);
+                    }
+                } else {
+                    prop_assert_eq!(m.remove(id), model.remove(&id));
+                }
+                prop_assert_eq!(m.len(), model.len());
+                for k in 0..200 {
+                    prop_assert_eq!(m.get(k), model.get(&k).copied());
+                }
+            }
+        }
+
+        #[test]
+        fn keyed_table_matches_a_map(ops in proptest::collection::vec((any::<bool>(), 0usize..64), 0..400), sequential in any::<bool>()) {
+            // Ids in 16 ..= 255 from a counter or the OS; at most 40 live.
+            let mut t: KeyedTable<u32> = KeyedTable::new(40, 16, 255);
+            let mut counter = Counter(0);
+            let mut os = crate::verbs::random::OsRandom;
+            let mut model: HashMap<u32, u32> = HashMap::new();
+            let mut slot_last: HashMap<u32, u32> = HashMap::new();
+            for (insert, pick) in ops {
+                if insert {
+                    let random: &mut dyn RandomSource = if sequential { &mut counter } else { &mut os };
+                    match t.insert(random, |id, slot| Ok::<_, ()>(id ^ slot)).unwrap() {
+                        Some((id, v)) => {
+                            let slot = *v ^ id;
+                            prop_assert!((16..=255).contains(&id));
+                            prop_assert!(model.insert(id, slot).is_none(), "live id reused");
+                            if let Some(last) = slot_last.insert(slot, id) {
+                                prop_assert_ne!(last, id);
+                            }
+                        }
+                        None => prop_assert_eq!(model.len(), 40),
+                    }
+                } else if !model.is_empty() {
+                    let id = *model.keys().nth(pick % model.len()).unwrap();
+                    let slot = model.remove(&id).unwrap();
+                    prop_assert_eq!(t.remove(id), Some(id ^ slot));
+                }
+                prop_assert_eq!(t.len() as usize, model.len());
+                for id in 0..300 {
+                    prop_assert_eq!(t.get(id).map(|v| v ^ id), model.get(&id).copied());
+                    prop_assert_eq!(t.slot(id), model.get(&id).copied());
+                }
+                let mut listed: Vec<_> = t.iter().map(|(id, _)| id).collect();
+                listed.sort_unstable();
+                let mut want: Vec<_> = model.keys().copied().collect();
+                want.sort_unstable();
+                prop_assert_eq!(listed, want);
             }
         }
     }

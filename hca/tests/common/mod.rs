@@ -75,6 +75,9 @@ pub struct Opts {
     pub faults: Faults,
     pub config: EngineConfig,
     pub ipv6: bool,
+    /// `Some(seed)`: MR keys and QPNs from a [`fabric::SeededRandom`], so that two runs send the
+    /// same bytes; `None` (default): from the OS, as on every device.
+    pub random_seed: Option<u64>,
 }
 
 impl Default for Opts {
@@ -96,6 +99,7 @@ impl Default for Opts {
             faults: Faults::none(),
             config: EngineConfig::default(),
             ipv6: false,
+            random_seed: None,
         }
     }
 }
@@ -120,7 +124,16 @@ pub fn ip_of(n: u8, ipv6: bool) -> IpAddr {
 /// Creates side `n` (PD, CQ, MR, a QP in RESET) on a new node of `fabric`.
 pub fn side(fabric: &mut Fabric, n: u8, iova: u64, o: &Opts) -> Peer {
     let ip = ip_of(n, o.ipv6);
-    let node = fabric.add_node(fabric::soft_hca_with(ip, 9000, o.config.clone()));
+    let hca = match o.random_seed {
+        Some(seed) => fabric::soft_hca_random(
+            ip,
+            9000,
+            o.config.clone(),
+            Box::new(fabric::SeededRandom::new(seed ^ u64::from(n))),
+        ),
+        None => fabric::soft_hca_with(ip, 9000, o.config.clone()),
+    };
+    let node = fabric.add_node(hca);
     let h = fabric.node_mut(node);
     let pd = h.alloc_pd().unwrap();
     let cq = h.create_cq(o.cq_depth).unwrap();

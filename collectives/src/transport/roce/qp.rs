@@ -19,9 +19,8 @@ pub(super) struct PendingQp {
 
 /// A random 24-bit PSN (IBTA vol. 1 §9.7.1: PSNs are 24 bits; a random start keeps a stale
 /// packet of an earlier connection from matching).
-fn random_psn(salt: u64) -> u32 {
-    (crate::bootstrap::rendezvous::random_u64() ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15)) as u32
-        & 0x00ff_ffff
+fn random_psn() -> u32 {
+    hca::verbs::random::random_psn()
 }
 
 /// Creates the RC QP of one channel to `peer`, with its own CQ (send and receive), sized
@@ -52,7 +51,7 @@ pub(super) fn create(hca: &Hca, layout: &Layout, peer: usize) -> Result<PendingQ
             },
         )
         .map_err(&verbs)?;
-    let psn = random_psn(u64::from(qpn));
+    let psn = random_psn();
     Ok(PendingQp { qpn, cq, psn })
 }
 

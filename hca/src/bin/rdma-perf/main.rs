@@ -516,7 +516,7 @@ fn run(p: &Params) -> Result<(), Fail> {
                 lid: 0,
                 out_reads: res.out_reads,
                 qpn,
-                psn: common::random_psn()?,
+                psn: common::random_psn(),
                 rkey: res.mr.rkey(),
                 vaddr: res.target(i),
                 gid,

@@ -185,7 +185,7 @@ fn run(cli: &Cli) -> Result<(), Fail> {
     };
     let timeouts = common::oob_timeouts(cli.timeout);
     let timeout = Duration::from_secs(cli.timeout.max(1));
-    let my_psn = common::random_psn()?;
+    let my_psn = common::random_psn();
 
     let (mut ctx, remote) = match &cli.server {
         Some(host) => {
