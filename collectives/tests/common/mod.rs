@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+#[cfg(feature = "perf")]
+pub mod cases;
+
 use std::time::Duration;
 
 use collectives::transport::WaitPolicy;
