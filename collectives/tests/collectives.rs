@@ -203,25 +203,8 @@ fn small_all_reduce_is_one_tree_on_every_rank() {
 fn point_to_point_and_barrier() {
     let n = 4;
     let got = common::with_ranks(n, common::config(TransportKind::InProcess), |comm| {
-        let (r, n) = (comm.rank(), comm.nranks());
-        let send: Vec<u8> = (0..1000).map(|i| (i * 7 + r) as u8).collect();
-        let mut recv = vec![0u8; 1000];
-        // A ring shift in both directions at once: needs the interleaved send_recv.
-        comm.send_recv(
-            &send,
-            1000,
-            Some((r + 1) % n),
-            &mut recv,
-            1000,
-            Some((r + n - 1) % n),
-            DataType::U8,
-        )
-        .unwrap();
-        let from = (r + n - 1) % n;
-        assert!(recv
-            .iter()
-            .enumerate()
-            .all(|(i, &v)| v == (i * 7 + from) as u8));
+        let r = comm.rank();
+        let send = common::ring_shift(comm);
         // Plain send/recv pairs: even ranks send first.
         let peer = r ^ 1;
         let mut got = vec![0u8; 5];

@@ -106,24 +106,7 @@ fn long_runs_wrap_the_step_counter_and_match_shared_memory() {
 fn point_to_point_and_barrier() {
     let n = 4;
     common::with_ranks(n, config(), |comm| {
-        let (r, n) = (comm.rank(), comm.nranks());
-        let send: Vec<u8> = (0..1000).map(|i| (i * 7 + r) as u8).collect();
-        let mut recv = vec![0u8; 1000];
-        comm.send_recv(
-            &send,
-            1000,
-            Some((r + 1) % n),
-            &mut recv,
-            1000,
-            Some((r + n - 1) % n),
-            DataType::U8,
-        )
-        .unwrap();
-        let from = (r + n - 1) % n;
-        assert!(recv
-            .iter()
-            .enumerate()
-            .all(|(i, &v)| v == (i * 7 + from) as u8));
+        common::ring_shift(comm);
         comm.barrier().unwrap();
     });
 }
