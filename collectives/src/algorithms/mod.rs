@@ -382,15 +382,10 @@ impl Op<'_> {
         consume: impl FnOnce(&[u8]) -> Result<(), CollError>,
     ) -> Result<(), CollError> {
         let (rank, desc, timeout) = (self.rank, self.recv_desc, self.timeout);
+        let te = move |source| CollError::Transport { op: desc, source };
         let side = &mut self.recvs[peer];
-        let conn = side.conn().map_err(|e| CollError::Transport {
-            op: desc,
-            source: e,
-        })?;
-        let c = conn.wait(timeout).map_err(|e| CollError::Transport {
-            op: desc,
-            source: e,
-        })?;
+        let conn = side.conn().map_err(te)?;
+        let c = conn.wait(timeout).map_err(te)?;
         check_chunk(
             rank,
             peer,
@@ -402,12 +397,40 @@ impl Op<'_> {
             len,
         )?;
         consume(c.data)?;
-        conn.release().map_err(|e| CollError::Transport {
-            op: desc,
-            source: e,
-        })?;
+        conn.release().map_err(te)?;
         side.received += 1;
         Ok(())
+    }
+
+    /// Receives chunk `chunk` from `peer` into output range `r` of `io` (NCCL's `recv`; the
+    /// chunk must be `r.len()` bytes).
+    pub(crate) fn recv_to_output(
+        &mut self,
+        peer: usize,
+        chunk: usize,
+        io: &mut Io<'_>,
+        r: Range<usize>,
+    ) -> Result<(), CollError> {
+        self.recv_with(peer, chunk, r.len(), |incoming| {
+            io.output(r).copy_from_slice(incoming);
+            Ok(())
+        })
+    }
+
+    /// NCCL's `recvCopySend`: receives chunk `chunk` (output range `r` of `io`) from `prev`
+    /// into the output, returns the slot, and sends the chunk on to `next` from the output (no
+    /// staging copy on RoCE; see [`Op::forward_output`]). Output range `r` is written once, here,
+    /// and never again in the operation.
+    pub(crate) fn recv_copy_send(
+        &mut self,
+        prev: usize,
+        next: usize,
+        chunk: usize,
+        io: &mut Io<'_>,
+        r: Range<usize>,
+    ) -> Result<(), CollError> {
+        self.recv_to_output(prev, chunk, io, r.clone())?;
+        self.forward_output(next, chunk, io, r)
     }
 
     /// Receives chunk `chunk` (`len` bytes) from `from` and sends chunk `chunk` (`len` bytes)
