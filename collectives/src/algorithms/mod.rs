@@ -62,20 +62,22 @@ pub(crate) struct PeerRecv {
     pub received: u64,
 }
 
-fn no_connection(peer: usize) -> TransportError {
-    TransportError::Usage {
-        peer,
-        what: "no connection to this peer",
+/// The channel (index into the `channels` connectors to `peer`) that message number
+/// `messages` goes over: round-robin over the channels.
+fn channel(channels: usize, peer: usize, messages: u64) -> Result<usize, TransportError> {
+    if channels == 0 {
+        return Err(TransportError::Usage {
+            peer,
+            what: "no connection to this peer",
+        });
     }
+    Ok((messages % channels as u64) as usize)
 }
 
 impl PeerSend {
     fn conn(&mut self) -> Result<&mut dyn SendConnector, TransportError> {
-        let n = self.conns.len() as u64;
-        if n == 0 {
-            return Err(no_connection(self.peer));
-        }
-        Ok(&mut *self.conns[(self.sent % n) as usize])
+        let c = channel(self.conns.len(), self.peer, self.sent)?;
+        Ok(&mut *self.conns[c])
     }
 
     pub(crate) fn abort(&mut self, abort: Abort) {
@@ -87,11 +89,8 @@ impl PeerSend {
 
 impl PeerRecv {
     fn conn(&mut self) -> Result<&mut dyn RecvConnector, TransportError> {
-        let n = self.conns.len() as u64;
-        if n == 0 {
-            return Err(no_connection(self.peer));
-        }
-        Ok(&mut *self.conns[(self.received % n) as usize])
+        let c = channel(self.conns.len(), self.peer, self.received)?;
+        Ok(&mut *self.conns[c])
     }
 
     pub(crate) fn abort(&mut self, abort: Abort) {
