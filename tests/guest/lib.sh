@@ -9,6 +9,7 @@
 #
 # Building blocks:
 #   rg_run_init                                  make $RG_RUN, install the cleanup trap
+#   rg_run_start                                 setup.sh, then rg_run_init; sets T_ALL0, CACHE, TIMES
 #   rg_netns_create NS                           a namespace, deleted by the trap (also on failure/timeout)
 #   rg_bridge_add NS BR MTU [ADDR/PFX]           a bridge in it; its address is where a host-side tool binds
 #   rg_tap_add NS BR TAP MTU                     a tap on the bridge, for one guest
@@ -132,6 +133,17 @@ rg_cleanup() {
         ip netns del "$ns" 2>/dev/null || true
     done
     RG_NETNS=()
+}
+
+# rg_run_start: starts a harness run: T_ALL0 (its start, rg_now), setup.sh (rg_die if it fails), CACHE
+# (rg_cache_dir), rg_run_init, and TIMES ($RG_RUN/times.txt, which begins with setup.sh's output).
+rg_run_start() {
+    T_ALL0="$(rg_now)"
+    SETUP_OUT="$(bash "$RG_HERE/setup.sh")" || rg_die "setup.sh failed"
+    CACHE="$(rg_cache_dir)"
+    rg_run_init
+    TIMES="$RG_RUN/times.txt"
+    echo "$SETUP_OUT" >"$TIMES"
 }
 
 # ---------------------------------------------------------------- network namespace, bridge, taps

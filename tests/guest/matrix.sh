@@ -153,12 +153,7 @@ fi
 [ "$(id -u)" -eq 0 ] || rg_die "matrix: must run as root (network namespaces, taps)"
 
 # ---------------------------------------------------------------- setup and build
-T_ALL0="$(rg_now)"
-SETUP_OUT="$(bash "$HERE/setup.sh")" || rg_die "setup.sh failed"
-CACHE="$(rg_cache_dir)"
-rg_run_init
-TIMES="$RG_RUN/times.txt"
-echo "$SETUP_OUT" >"$TIMES"
+rg_run_start
 
 rg_phase_begin "build our tools"
 if [ -n "${ROCE_MATRIX_BIN_DIR:-}" ]; then

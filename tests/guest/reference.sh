@@ -80,12 +80,7 @@ fi
 [ "$(id -u)" -eq 0 ] || rg_die "reference: must run as root (network namespaces, taps)"
 
 # ---------------------------------------------------------------- setup
-T_ALL0="$(rg_now)"
-SETUP_OUT="$(bash "$HERE/setup.sh")" || rg_die "setup.sh failed"
-CACHE="$(rg_cache_dir)"
-rg_run_init
-TIMES="$RG_RUN/times.txt"
-echo "$SETUP_OUT" >"$TIMES"
+rg_run_start
 
 NS="rg-ref-$$-$RANDOM"
 rg_netns_create "$NS"

@@ -84,12 +84,7 @@ fi
 [ "$(id -u)" -eq 0 ] || rg_die "verbs: must run as root (network namespaces, taps)"
 
 # ---------------------------------------------------------------- setup and build
-T_ALL0="$(rg_now)"
-SETUP_OUT="$(bash "$HERE/setup.sh")" || rg_die "setup.sh failed"
-CACHE="$(rg_cache_dir)"
-rg_run_init
-TIMES="$RG_RUN/times.txt"
-echo "$SETUP_OUT" >"$TIMES"
+rg_run_start
 
 rg_phase_begin "build"
 if [ -n "${ROCE_VERBS_BIN_DIR:-}" ]; then
