@@ -37,7 +37,7 @@ use std::time::Duration;
 use crate::datatype::{DataType, RedOp};
 use crate::error::CollError;
 use crate::reduce::{self, KernelError};
-use crate::transport::{Abort, OpDesc, RecvConnector, SendConnector, TransportError};
+use crate::transport::{Abort, OpDesc, RecvChunk, RecvConnector, SendConnector, TransportError};
 
 pub mod chain;
 pub mod doubling;
@@ -279,14 +279,7 @@ impl Op<'_> {
         let te = move |source| CollError::Transport { op: desc, source };
         let side = &mut self.sends[peer];
         let conn = side.conn().map_err(te)?;
-        let slot = conn.wait_slot(timeout).map_err(te)?;
-        if len > slot.len() {
-            return Err(te(TransportError::Usage {
-                peer,
-                what: "chunk larger than a slot",
-            }));
-        }
-        fill(&mut slot[..len])?;
+        fill(slot_of_len(conn, peer, len, timeout).map_err(te)?)?;
         conn.post(len, chunk as u16, &desc).map_err(te)?;
         side.sent += 1;
         side.dirty = true;
@@ -384,17 +377,7 @@ impl Op<'_> {
         let te = move |source| CollError::Transport { op: desc, source };
         let side = &mut self.recvs[peer];
         let conn = side.conn().map_err(te)?;
-        let c = conn.wait(timeout).map_err(te)?;
-        check_chunk(
-            rank,
-            peer,
-            &desc,
-            &c.desc,
-            c.imm.chunk,
-            chunk,
-            c.data.len(),
-            len,
-        )?;
+        let c = wait_chunk(conn, rank, peer, &desc, chunk, len, timeout)?;
         consume(c.data)?;
         conn.release().map_err(te)?;
         side.received += 1;
@@ -449,26 +432,9 @@ impl Op<'_> {
         let rside = &mut self.recvs[from];
         let sside = &mut self.sends[to];
         let rconn = rside.conn().map_err(te)?;
-        let c = rconn.wait(timeout).map_err(te)?;
-        check_chunk(
-            rank,
-            from,
-            &desc,
-            &c.desc,
-            c.imm.chunk,
-            chunk,
-            c.data.len(),
-            len,
-        )?;
+        let c = wait_chunk(rconn, rank, from, &desc, chunk, len, timeout)?;
         let sconn = sside.conn().map_err(te)?;
-        let slot = sconn.wait_slot(timeout).map_err(te)?;
-        if len > slot.len() {
-            return Err(te(TransportError::Usage {
-                peer: to,
-                what: "chunk larger than a slot",
-            }));
-        }
-        f(c.data, &mut slot[..len])?;
+        f(c.data, slot_of_len(sconn, to, len, timeout).map_err(te)?)?;
         sconn.post(len, chunk as u16, &send_desc).map_err(te)?;
         rconn.release().map_err(te)?;
         sside.sent += 1;
@@ -493,43 +459,68 @@ impl Op<'_> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn check_chunk(
+/// Waits (at most `timeout`) for a free slot of `conn`, the channel to `peer`, and returns its
+/// first `len` bytes; a `len` larger than the slot is a usage error.
+fn slot_of_len(
+    conn: &mut dyn SendConnector,
+    peer: usize,
+    len: usize,
+    timeout: Duration,
+) -> Result<&mut [u8], TransportError> {
+    let slot = conn.wait_slot(timeout)?;
+    if len > slot.len() {
+        return Err(TransportError::Usage {
+            peer,
+            what: "chunk larger than a slot",
+        });
+    }
+    Ok(&mut slot[..len])
+}
+
+/// Waits (at most `timeout`) for the next chunk on `conn`, the channel from `peer`, and checks
+/// it against this rank's operation `mine`: the sender's descriptor must be the same (else
+/// [`CollError::Mismatch`]), and the chunk number `chunk` with `len` bytes (else
+/// [`CollError::Protocol`]).
+fn wait_chunk<'c>(
+    conn: &'c mut dyn RecvConnector,
     rank: usize,
     peer: usize,
     mine: &OpDesc,
-    theirs: &OpDesc,
-    got_chunk: u16,
-    want_chunk: usize,
-    got_len: usize,
-    want_len: usize,
-) -> Result<(), CollError> {
-    if theirs != mine {
+    chunk: usize,
+    len: usize,
+    timeout: Duration,
+) -> Result<RecvChunk<'c>, CollError> {
+    let c = conn
+        .wait(timeout)
+        .map_err(|source| CollError::Transport { op: *mine, source })?;
+    if c.desc != *mine {
         return Err(CollError::Mismatch {
             rank,
             mine: *mine,
             peer,
-            theirs: *theirs,
+            theirs: c.desc,
         });
     }
-    if got_chunk != want_chunk as u16 {
+    let got_chunk = c.imm.chunk;
+    if got_chunk != chunk as u16 {
         return Err(CollError::Protocol {
             op: *mine,
             peer,
             what: format!(
                 "chunk {got_chunk} arrived where chunk {} was expected",
-                want_chunk as u16
+                chunk as u16
             ),
         });
     }
-    if got_len != want_len {
+    let got_len = c.data.len();
+    if got_len != len {
         return Err(CollError::Protocol {
             op: *mine,
             peer,
-            what: format!("chunk {got_chunk} has {got_len} bytes, {want_len} expected"),
+            what: format!("chunk {got_chunk} has {got_len} bytes, {len} expected"),
         });
     }
-    Ok(())
+    Ok(c)
 }
 
 /// Byte range of element range `[start, start + len)` clipped to round `k` of chunks of
