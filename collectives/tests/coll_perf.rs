@@ -67,35 +67,36 @@ fn rows(stdout: &str) -> Vec<(u64, u64, String, String)> {
         .collect()
 }
 
-#[test]
-fn bare_all_reduce_on_four_ranks_matches_nccl_tests_output() {
-    let out = coll_perf(&[
-        "all-reduce",
-        "--ranks",
-        "4",
-        "-b",
-        "1K",
-        "-e",
-        "1M",
-        "-f",
-        "2",
-    ]);
+/// Runs `coll-perf` with the arguments of `command_line` (split at white space), which must
+/// succeed and report no wrong element in any row, out of place or in place; returns its
+/// stdout and its rows.
+fn run_clean(command_line: &str) -> (String, Vec<(u64, u64, String, String)>) {
+    let args: Vec<&str> = command_line.split_whitespace().collect();
+    let out = coll_perf(&args);
     let stdout = text(&out.stdout);
     assert!(
         out.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{}",
+        "{command_line}: stdout:\n{stdout}\nstderr:\n{}",
         text(&out.stderr)
     );
     let rows = rows(&stdout);
+    for (_, _, a, b) in &rows {
+        assert_eq!(
+            (a.as_str(), b.as_str()),
+            ("0", "0"),
+            "{command_line}\n{stdout}"
+        );
+    }
+    (stdout, rows)
+}
+
+#[test]
+fn bare_all_reduce_on_four_ranks_matches_nccl_tests_output() {
+    let (stdout, rows) = run_clean("all-reduce --ranks 4 -b 1K -e 1M -f 2");
     assert_eq!(rows.len(), 11, "1K, 2K, ..., 1M:\n{stdout}");
-    for (i, (size, count, wrong_oop, wrong_ip)) in rows.iter().enumerate() {
+    for (i, (size, count, _, _)) in rows.iter().enumerate() {
         assert_eq!(*size, 1024 << i);
         assert_eq!(*count, size / 4);
-        assert_eq!(
-            (wrong_oop.as_str(), wrong_ip.as_str()),
-            ("0", "0"),
-            "{stdout}"
-        );
     }
     for needle in [
         "# Collective test starting: coll-perf all-reduce",
@@ -115,108 +116,27 @@ fn bare_all_reduce_on_four_ranks_matches_nccl_tests_output() {
 #[test]
 fn bare_run_over_roce_on_four_ranks() {
     for coll in ["all-reduce", "all-gather", "broadcast", "all-to-all"] {
-        let out = coll_perf(&[
-            coll,
-            "--ranks",
-            "4",
-            "-b",
-            "1K",
-            "-e",
-            "1M",
-            "-f",
-            "8",
-            "--transport",
-            "roce",
-        ]);
-        let stdout = text(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{coll}: stdout:\n{stdout}\nstderr:\n{}",
-            text(&out.stderr)
-        );
-        let rows = rows(&stdout);
+        let (stdout, rows) = run_clean(&format!(
+            "{coll} --ranks 4 -b 1K -e 1M -f 8 --transport roce"
+        ));
         assert_eq!(rows.len(), 4, "1K, 8K, 64K, 512K:\n{stdout}");
-        for (_, _, a, b) in rows {
-            assert_eq!((a.as_str(), b.as_str()), ("0", "0"), "{coll}\n{stdout}");
-        }
         assert!(stdout.contains("via roce"), "{stdout}");
     }
 }
 
 #[test]
 fn other_collectives_types_and_ops_check_clean() {
-    for args in [
-        &[
-            "all-gather",
-            "--ranks",
-            "3",
-            "-b",
-            "1K",
-            "-e",
-            "64K",
-            "-f",
-            "4",
-            "-d",
-            "half",
-        ][..],
-        &[
-            "reduce-scatter",
-            "--ranks",
-            "3",
-            "-b",
-            "1000",
-            "-e",
-            "1000",
-            "-o",
-            "avg",
-            "-d",
-            "int32",
-        ],
-        &[
-            "broadcast",
-            "--ranks",
-            "2",
-            "-b",
-            "4K",
-            "-e",
-            "4K",
-            "-r",
-            "1",
-            "-d",
-            "bfloat16",
-        ],
-        &[
-            "reduce", "--ranks", "3", "-b", "4K", "-e", "4K", "-r", "2", "-o", "prod", "-d",
-            "double",
-        ],
-        &[
-            "all-to-all",
-            "--ranks",
-            "4",
-            "-b",
-            "8K",
-            "-e",
-            "8K",
-            "-d",
-            "uint8",
-        ],
-        &["scatter", "--ranks", "3", "-b", "3K", "-e", "3K", "-r", "1"],
-        &[
-            "gather", "--ranks", "3", "-b", "3K", "-e", "3K", "-r", "2", "-o", "min", "-n", "2",
-        ],
+    for command_line in [
+        "all-gather --ranks 3 -b 1K -e 64K -f 4 -d half",
+        "reduce-scatter --ranks 3 -b 1000 -e 1000 -o avg -d int32",
+        "broadcast --ranks 2 -b 4K -e 4K -r 1 -d bfloat16",
+        "reduce --ranks 3 -b 4K -e 4K -r 2 -o prod -d double",
+        "all-to-all --ranks 4 -b 8K -e 8K -d uint8",
+        "scatter --ranks 3 -b 3K -e 3K -r 1",
+        "gather --ranks 3 -b 3K -e 3K -r 2 -o min -n 2",
     ] {
-        let out = coll_perf(args);
-        let stdout = text(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{args:?}\n{stdout}\n{}",
-            text(&out.stderr)
-        );
-        let rows = rows(&stdout);
-        assert!(!rows.is_empty(), "{args:?}\n{stdout}");
-        for (_, _, a, b) in rows {
-            assert_eq!((a.as_str(), b.as_str()), ("0", "0"), "{args:?}\n{stdout}");
-        }
+        let (stdout, rows) = run_clean(command_line);
+        assert!(!rows.is_empty(), "{command_line}\n{stdout}");
     }
 }
 

@@ -7,54 +7,13 @@ mod common;
 use collectives::perf::{Case, Collective};
 use collectives::{DataType, RedOp, TransportKind};
 
-/// Counts: empty, single, fewer than ranks, prime, and several chunks of 256 B slots.
-const COUNTS: [usize; 6] = [0, 1, 3, 13, 97, 1000];
-
-/// Type/operator pairs cycled through the counts, so that every type and every operator runs.
-const TYPED_OPS: [(DataType, RedOp); 10] = [
-    (DataType::F32, RedOp::Sum),
-    (DataType::F16, RedOp::Avg),
-    (DataType::Bf16, RedOp::Sum),
-    (DataType::I32, RedOp::Prod),
-    (DataType::U8, RedOp::Max),
-    (DataType::I8, RedOp::Min),
-    (DataType::U32, RedOp::Avg),
-    (DataType::I64, RedOp::Avg),
-    (DataType::U64, RedOp::Prod),
-    (DataType::F64, RedOp::Min),
-];
-
 fn check(collective: Collective, transport: TransportKind, max_ranks: usize) {
-    for n in 1..=max_ranks {
-        let wrong = common::with_ranks(n, common::config(transport), |comm| {
-            let mut failures = Vec::new();
-            let mut rep = 0;
-            for (i, &count) in COUNTS.iter().enumerate() {
-                for in_place in [false, true] {
-                    let (datatype, op) =
-                        TYPED_OPS[(i * 2 + usize::from(in_place) + n) % TYPED_OPS.len()];
-                    let case = Case {
-                        collective,
-                        datatype,
-                        op,
-                        root: (i + n) % n,
-                        count,
-                        in_place,
-                    };
-                    rep += 1;
-                    let wrong = case
-                        .run_checked(comm, rep)
-                        .unwrap_or_else(|e| panic!("rank {}: {case:?}: {e}", comm.rank()));
-                    if wrong != 0 {
-                        failures.push(format!("rank {} {case:?}: {wrong} wrong", comm.rank()));
-                    }
-                }
-            }
-            failures
-        });
-        let wrong: Vec<String> = wrong.into_iter().flatten().collect();
-        assert!(wrong.is_empty(), "{n} ranks:\n{}", wrong.join("\n"));
-    }
+    common::cases::check_every_count(
+        collective,
+        1..=max_ranks,
+        common::config(transport),
+        |_, _| {},
+    );
 }
 
 #[test]
@@ -244,25 +203,8 @@ fn small_all_reduce_is_one_tree_on_every_rank() {
 fn point_to_point_and_barrier() {
     let n = 4;
     let got = common::with_ranks(n, common::config(TransportKind::InProcess), |comm| {
-        let (r, n) = (comm.rank(), comm.nranks());
-        let send: Vec<u8> = (0..1000).map(|i| (i * 7 + r) as u8).collect();
-        let mut recv = vec![0u8; 1000];
-        // A ring shift in both directions at once: needs the interleaved send_recv.
-        comm.send_recv(
-            &send,
-            1000,
-            Some((r + 1) % n),
-            &mut recv,
-            1000,
-            Some((r + n - 1) % n),
-            DataType::U8,
-        )
-        .unwrap();
-        let from = (r + n - 1) % n;
-        assert!(recv
-            .iter()
-            .enumerate()
-            .all(|(i, &v)| v == (i * 7 + from) as u8));
+        let r = comm.rank();
+        let send = common::ring_shift(comm);
         // Plain send/recv pairs: even ranks send first.
         let peer = r ^ 1;
         let mut got = vec![0u8; 5];

@@ -169,67 +169,44 @@ fn offsets() -> impl Strategy<Value = (usize, usize, usize)> {
     (0usize..8, 0usize..8, 0usize..8)
 }
 
-/// Half-precision values from their bits: every finite value, infinities and NaNs included.
-fn f16s() -> impl Strategy<Value = Vec<f16>> {
-    prop::collection::vec(any::<u16>().prop_map(f16::from_bits), 0..700)
+/// One property per data type, named `$name`: [`check`] on two vectors of `$elem` values (the
+/// length of each in `$len`), any operator, byte offsets and an `avg` divisor.
+macro_rules! kernel_props {
+    ($($name:ident: $elem:expr, $len:expr;)*) => {
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+            $(
+                #[test]
+                fn $name(
+                    x in prop::collection::vec($elem, $len),
+                    y in prop::collection::vec($elem, $len),
+                    op in any_op(),
+                    o in offsets(),
+                    n in 1u32..300,
+                ) {
+                    check(&x, &y, op, o, n);
+                }
+            )*
+        }
+    };
 }
 
-fn bf16s() -> impl Strategy<Value = Vec<bf16>> {
-    prop::collection::vec(any::<u16>().prop_map(bf16::from_bits), 0..700)
+// Half-precision values come from their bits: every finite value, infinities and NaNs included.
+kernel_props! {
+    i8_kernels: any::<i8>(), 0..300;
+    u8_kernels: any::<u8>(), 0..300;
+    i32_kernels: any::<i32>(), 0..300;
+    u32_kernels: any::<u32>(), 0..300;
+    i64_kernels: any::<i64>(), 0..300;
+    u64_kernels: any::<u64>(), 0..300;
+    f32_kernels: any::<f32>(), 0..300;
+    f64_kernels: any::<f64>(), 0..300;
+    f16_kernels: any::<u16>().prop_map(f16::from_bits), 0..700;
+    bf16_kernels: any::<u16>().prop_map(bf16::from_bits), 0..700;
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
-
-    #[test]
-    fn i8_kernels(x in prop::collection::vec(any::<i8>(), 0..300), y in prop::collection::vec(any::<i8>(), 0..300), op in any_op(), o in offsets(), n in 1u32..300) {
-        check(&x, &y, op, o, n);
-    }
-
-    #[test]
-    fn u8_kernels(x in prop::collection::vec(any::<u8>(), 0..300), y in prop::collection::vec(any::<u8>(), 0..300), op in any_op(), o in offsets(), n in 1u32..300) {
-        check(&x, &y, op, o, n);
-    }
-
-    #[test]
-    fn i32_kernels(x in prop::collection::vec(any::<i32>(), 0..300), y in prop::collection::vec(any::<i32>(), 0..300), op in any_op(), o in offsets(), n in 1u32..300) {
-        check(&x, &y, op, o, n);
-    }
-
-    #[test]
-    fn u32_kernels(x in prop::collection::vec(any::<u32>(), 0..300), y in prop::collection::vec(any::<u32>(), 0..300), op in any_op(), o in offsets(), n in 1u32..300) {
-        check(&x, &y, op, o, n);
-    }
-
-    #[test]
-    fn i64_kernels(x in prop::collection::vec(any::<i64>(), 0..300), y in prop::collection::vec(any::<i64>(), 0..300), op in any_op(), o in offsets(), n in 1u32..300) {
-        check(&x, &y, op, o, n);
-    }
-
-    #[test]
-    fn u64_kernels(x in prop::collection::vec(any::<u64>(), 0..300), y in prop::collection::vec(any::<u64>(), 0..300), op in any_op(), o in offsets(), n in 1u32..300) {
-        check(&x, &y, op, o, n);
-    }
-
-    #[test]
-    fn f32_kernels(x in prop::collection::vec(any::<f32>(), 0..300), y in prop::collection::vec(any::<f32>(), 0..300), op in any_op(), o in offsets(), n in 1u32..300) {
-        check(&x, &y, op, o, n);
-    }
-
-    #[test]
-    fn f64_kernels(x in prop::collection::vec(any::<f64>(), 0..300), y in prop::collection::vec(any::<f64>(), 0..300), op in any_op(), o in offsets(), n in 1u32..300) {
-        check(&x, &y, op, o, n);
-    }
-
-    #[test]
-    fn f16_kernels(x in f16s(), y in f16s(), op in any_op(), o in offsets(), n in 1u32..300) {
-        check(&x, &y, op, o, n);
-    }
-
-    #[test]
-    fn bf16_kernels(x in bf16s(), y in bf16s(), op in any_op(), o in offsets(), n in 1u32..300) {
-        check(&x, &y, op, o, n);
-    }
 
     /// A sum over `k` ranks accumulated in the type itself (one rounding per step, as the ring
     /// does) stays within `(k - 1) * u * sum(|x_i|)` of the exact sum, with u = 2^-11 (f16) and

@@ -6,23 +6,8 @@
 
 mod common;
 
-use collectives::perf::{Case, Collective};
+use collectives::perf::Collective;
 use collectives::{CollError, CommConfig, DataType, RedOp, TransportKind};
-
-const COUNTS: [usize; 6] = [0, 1, 3, 13, 97, 1000];
-
-const TYPED_OPS: [(DataType, RedOp); 10] = [
-    (DataType::F32, RedOp::Sum),
-    (DataType::F16, RedOp::Avg),
-    (DataType::Bf16, RedOp::Sum),
-    (DataType::I32, RedOp::Prod),
-    (DataType::U8, RedOp::Max),
-    (DataType::I8, RedOp::Min),
-    (DataType::U32, RedOp::Avg),
-    (DataType::I64, RedOp::Avg),
-    (DataType::U64, RedOp::Prod),
-    (DataType::F64, RedOp::Min),
-];
 
 fn config() -> CommConfig {
     common::config(TransportKind::Roce)
@@ -31,43 +16,15 @@ fn config() -> CommConfig {
 /// `collective` on 2, 3 and 4 ranks over RoCE, every count in and out of place, checked on every
 /// rank against the reference.
 fn check(collective: Collective, config: CommConfig) {
-    for n in 2..=4 {
-        let wrong = common::with_ranks(n, config, |comm| {
-            for peer in (0..n).filter(|&p| p != comm.rank()) {
-                assert_eq!(
-                    comm.path(peer),
-                    Some(collectives::topology::Path::Roce),
-                    "--transport roce on one host still takes RoCE"
-                );
-            }
-            let mut failures = Vec::new();
-            let mut rep = 0;
-            for (i, &count) in COUNTS.iter().enumerate() {
-                for in_place in [false, true] {
-                    let (datatype, op) =
-                        TYPED_OPS[(i * 2 + usize::from(in_place) + n) % TYPED_OPS.len()];
-                    let case = Case {
-                        collective,
-                        datatype,
-                        op,
-                        root: (i + n) % n,
-                        count,
-                        in_place,
-                    };
-                    rep += 1;
-                    let wrong = case
-                        .run_checked(comm, rep)
-                        .unwrap_or_else(|e| panic!("rank {}: {case:?}: {e}", comm.rank()));
-                    if wrong != 0 {
-                        failures.push(format!("rank {} {case:?}: {wrong} wrong", comm.rank()));
-                    }
-                }
-            }
-            failures
-        });
-        let wrong: Vec<String> = wrong.into_iter().flatten().collect();
-        assert!(wrong.is_empty(), "{n} ranks:\n{}", wrong.join("\n"));
-    }
+    common::cases::check_every_count(collective, 2..=4, config, |comm, n| {
+        for peer in (0..n).filter(|&p| p != comm.rank()) {
+            assert_eq!(
+                comm.path(peer),
+                Some(collectives::topology::Path::Roce),
+                "--transport roce on one host still takes RoCE"
+            );
+        }
+    });
 }
 
 #[test]
@@ -149,24 +106,7 @@ fn long_runs_wrap_the_step_counter_and_match_shared_memory() {
 fn point_to_point_and_barrier() {
     let n = 4;
     common::with_ranks(n, config(), |comm| {
-        let (r, n) = (comm.rank(), comm.nranks());
-        let send: Vec<u8> = (0..1000).map(|i| (i * 7 + r) as u8).collect();
-        let mut recv = vec![0u8; 1000];
-        comm.send_recv(
-            &send,
-            1000,
-            Some((r + 1) % n),
-            &mut recv,
-            1000,
-            Some((r + n - 1) % n),
-            DataType::U8,
-        )
-        .unwrap();
-        let from = (r + n - 1) % n;
-        assert!(recv
-            .iter()
-            .enumerate()
-            .all(|(i, &v)| v == (i * 7 + from) as u8));
+        common::ring_shift(comm);
         comm.barrier().unwrap();
     });
 }

@@ -474,9 +474,7 @@ impl HostStagingDevice {
         offset: usize,
         len: usize,
     ) -> Result<(), StagingError> {
-        if slot.in_flight {
-            return Err(StagingError::SlotBusy { slot: slot.index });
-        }
+        idle(slot.index, slot.in_flight)?;
         check_range(offset, len, self.memory.len())?;
         if len > slot.buf.lock().unwrap_or_else(|p| p.into_inner()).len() {
             return Err(StagingError::Device(format!(
@@ -548,18 +546,14 @@ impl StagingDevice for HostStagingDevice {
     }
 
     fn slot_read(&self, slot: &HostSlot, dst: &mut [u8]) -> Result<(), StagingError> {
-        if slot.in_flight {
-            return Err(StagingError::SlotBusy { slot: slot.index });
-        }
+        idle(slot.index, slot.in_flight)?;
         dst.copy_from_slice(&slot.buf.lock().unwrap_or_else(|p| p.into_inner())[..dst.len()]);
         self.note(Step::SlotRead(slot.index, dst.len()));
         Ok(())
     }
 
     fn slot_write(&self, slot: &HostSlot, src: &[u8]) -> Result<(), StagingError> {
-        if slot.in_flight {
-            return Err(StagingError::SlotBusy { slot: slot.index });
-        }
+        idle(slot.index, slot.in_flight)?;
         slot.buf.lock().unwrap_or_else(|p| p.into_inner())[..src.len()].copy_from_slice(src);
         self.note(Step::SlotWrite(slot.index, src.len()));
         Ok(())
@@ -623,6 +617,15 @@ impl StagingDevice for HostStagingDevice {
 
 // ---- CUDA
 
+/// `Ok` when slot `index` has no copy in flight, else [`StagingError::SlotBusy`]: the check
+/// before a CPU access to a slot or a new copy on it, on every staging device.
+fn idle(index: usize, in_flight: bool) -> Result<(), StagingError> {
+    if in_flight {
+        return Err(StagingError::SlotBusy { slot: index });
+    }
+    Ok(())
+}
+
 #[cfg(feature = "cuda")]
 pub use cuda_staging::{CudaSlot, CudaStaging};
 
@@ -669,6 +672,21 @@ mod cuda_staging {
         pub fn memory(&self) -> &Arc<CudaMemory> {
             &self.memory
         }
+
+        /// Starts `copy` (between the device memory and `slot`'s pinned buffer) on the stream
+        /// of an idle `slot`, and records the slot's event after it: the slot is in flight
+        /// until [`StagingDevice::wait`] sees the event.
+        fn start_copy(
+            &self,
+            slot: &mut CudaSlot,
+            copy: impl FnOnce(&CudaStream, &PinnedHostMemory) -> Result<(), crate::cuda::CudaError>,
+        ) -> Result<(), StagingError> {
+            idle(slot.index, slot.in_flight)?;
+            copy(&self.stream, &slot.buf).map_err(dev)?;
+            slot.event.record(&self.stream).map_err(dev)?;
+            slot.in_flight = true;
+            Ok(())
+        }
     }
 
     fn dev(e: crate::cuda::CudaError) -> StagingError {
@@ -700,16 +718,12 @@ mod cuda_staging {
         }
 
         fn slot_read(&self, slot: &CudaSlot, dst: &mut [u8]) -> Result<(), StagingError> {
-            if slot.in_flight {
-                return Err(StagingError::SlotBusy { slot: slot.index });
-            }
+            idle(slot.index, slot.in_flight)?;
             slot.buf.read(0, dst).map_err(StagingError::Range)
         }
 
         fn slot_write(&self, slot: &CudaSlot, src: &[u8]) -> Result<(), StagingError> {
-            if slot.in_flight {
-                return Err(StagingError::SlotBusy { slot: slot.index });
-            }
+            idle(slot.index, slot.in_flight)?;
             slot.buf.write(0, src).map_err(StagingError::Range)
         }
 
@@ -719,15 +733,9 @@ mod cuda_staging {
             offset: usize,
             len: usize,
         ) -> Result<(), StagingError> {
-            if slot.in_flight {
-                return Err(StagingError::SlotBusy { slot: slot.index });
-            }
-            self.stream
-                .copy_to_pinned(&slot.buf, 0, &self.memory, offset, len)
-                .map_err(dev)?;
-            slot.event.record(&self.stream).map_err(dev)?;
-            slot.in_flight = true;
-            Ok(())
+            self.start_copy(slot, |stream, buf| {
+                stream.copy_to_pinned(buf, 0, &self.memory, offset, len)
+            })
         }
 
         fn start_upload(
@@ -736,15 +744,9 @@ mod cuda_staging {
             offset: usize,
             len: usize,
         ) -> Result<(), StagingError> {
-            if slot.in_flight {
-                return Err(StagingError::SlotBusy { slot: slot.index });
-            }
-            self.stream
-                .copy_from_pinned(&self.memory, offset, &slot.buf, 0, len)
-                .map_err(dev)?;
-            slot.event.record(&self.stream).map_err(dev)?;
-            slot.in_flight = true;
-            Ok(())
+            self.start_copy(slot, |stream, buf| {
+                stream.copy_from_pinned(&self.memory, offset, buf, 0, len)
+            })
         }
 
         fn wait(&self, slot: &mut CudaSlot, timeout: Duration) -> Result<(), StagingError> {

@@ -325,7 +325,6 @@ impl Repr {
 #[cfg(test)]
 mod test {
     use super::*;
-    use crate::Error;
     use proptest::prelude::*;
 
     // scapy 2.5: raw(AETH(syndrome=0x61, msn=0x123456)) (contrib/roce.py); a NAK "invalid request".
@@ -388,17 +387,7 @@ mod test {
         assert_eq!(buf, NAK_BYTES);
     }
 
-    #[test]
-    fn parse_and_emit() {
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&NAK_BYTES[..]).unwrap()),
-            Ok(NAK_REPR)
-        );
-        let mut buf = [0xa5u8; 4];
-        NAK_REPR.emit(&mut Packet::new_unchecked(&mut buf[..]));
-        assert_eq!(buf, NAK_BYTES);
-        assert_eq!(NAK_REPR.buffer_len(), 4);
-    }
+    test_parse_and_emit!(NAK_BYTES, NAK_REPR);
 
     #[test]
     fn scapy_syndromes() {
@@ -486,20 +475,7 @@ mod test {
         assert_eq!(RnrTimer::from_micros_ceil(491_521), RnrTimer::from_code(0));
     }
 
-    #[test]
-    fn truncated() {
-        for len in 0..HEADER_LEN {
-            assert_eq!(
-                Packet::new_checked(&NAK_BYTES[..len]),
-                Err(Error::Truncated {
-                    layer: Layer::Aeth,
-                    need: 4,
-                    got: len
-                })
-            );
-            assert!(Repr::parse(&Packet::new_unchecked(&NAK_BYTES[..len])).is_err());
-        }
-    }
+    test_truncated!(Layer::Aeth, NAK_BYTES);
 
     fn syndrome_strategy() -> impl Strategy<Value = Syndrome> {
         prop_oneof![
@@ -522,12 +498,7 @@ mod test {
             repr.emit(&mut Packet::new_unchecked(&mut buf[..]));
             prop_assert_eq!(Repr::parse(&Packet::new_checked(&buf[..]).unwrap()), Ok(repr));
         }
-
-        #[test]
-        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..12)) {
-            if let Ok(p) = Packet::new_checked(&data[..]) {
-                let _ = Repr::parse(&p);
-            }
-        }
     }
+
+    test_arbitrary_bytes_never_panic!(0..12);
 }

@@ -433,17 +433,7 @@ mod test {
         assert_eq!(buf, BYTES);
     }
 
-    #[test]
-    fn parse_and_emit() {
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&BYTES[..]).unwrap()),
-            Ok(REPR)
-        );
-        let mut buf = [0xa5u8; 12];
-        REPR.emit(&mut Packet::new_unchecked(&mut buf[..]));
-        assert_eq!(buf, BYTES);
-        assert_eq!(REPR.buffer_len(), 12);
-    }
+    test_parse_and_emit!(BYTES, REPR);
 
     #[test]
     fn ack_packet_with_aeth() {
@@ -521,20 +511,7 @@ mod test {
         }
     }
 
-    #[test]
-    fn truncated() {
-        for len in 0..HEADER_LEN {
-            assert_eq!(
-                Packet::new_checked(&BYTES[..len]),
-                Err(Error::Truncated {
-                    layer: Layer::Bth,
-                    need: 12,
-                    got: len
-                })
-            );
-            assert!(Repr::parse(&Packet::new_unchecked(&BYTES[..len])).is_err());
-        }
-    }
+    test_truncated!(Layer::Bth, BYTES);
 
     #[test]
     fn payload_access() {

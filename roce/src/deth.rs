@@ -141,7 +141,6 @@ impl Repr {
 #[cfg(test)]
 mod test {
     use super::*;
-    use crate::Error;
     use proptest::prelude::*;
 
     // Written by hand from IBTA vol. 1 §9.3.2 (scapy's contrib/roce.py has no DETH):
@@ -171,17 +170,7 @@ mod test {
         assert_eq!(buf, BYTES);
     }
 
-    #[test]
-    fn parse_and_emit() {
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&BYTES[..]).unwrap()),
-            Ok(REPR)
-        );
-        let mut buf = [0xa5u8; 8];
-        REPR.emit(&mut Packet::new_unchecked(&mut buf[..]));
-        assert_eq!(buf, BYTES);
-        assert_eq!(REPR.buffer_len(), 8);
-    }
+    test_parse_and_emit!(BYTES, REPR);
 
     #[test]
     fn reserved_ignored_and_qpn_masked() {
@@ -200,20 +189,7 @@ mod test {
         assert_eq!(buf, BYTES);
     }
 
-    #[test]
-    fn truncated() {
-        for len in 0..HEADER_LEN {
-            assert_eq!(
-                Packet::new_checked(&BYTES[..len]),
-                Err(Error::Truncated {
-                    layer: Layer::Deth,
-                    need: 8,
-                    got: len
-                })
-            );
-            assert!(Repr::parse(&Packet::new_unchecked(&BYTES[..len])).is_err());
-        }
-    }
+    test_truncated!(Layer::Deth, BYTES);
 
     proptest! {
         #[test]
@@ -224,12 +200,7 @@ mod test {
             prop_assert_eq!(buf[4], 0);
             prop_assert_eq!(Repr::parse(&Packet::new_checked(&buf[..]).unwrap()), Ok(repr));
         }
-
-        #[test]
-        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..20)) {
-            if let Ok(p) = Packet::new_checked(&data[..]) {
-                let _ = Repr::parse(&p);
-            }
-        }
     }
+
+    test_arbitrary_bytes_never_panic!(0..20);
 }

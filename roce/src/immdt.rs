@@ -140,7 +140,6 @@ impl Repr {
 #[cfg(test)]
 mod test {
     use super::*;
-    use crate::Error;
     use proptest::prelude::*;
 
     // Written by hand from IBTA vol. 1 §9.3.7 (scapy's contrib/roce.py has no ImmDt): the application
@@ -165,32 +164,17 @@ mod test {
         assert_eq!(buf, BYTES);
     }
 
+    test_parse_and_emit!(BYTES, REPR);
+
     #[test]
-    fn parse_and_emit() {
+    fn host_order() {
         let repr = Repr::parse(&Packet::new_checked(&BYTES[..]).unwrap()).unwrap();
         assert_eq!(repr, REPR);
         assert_eq!(repr.to_host_order(), 0x1234_5678);
         assert_eq!(Repr::from_host_order(0x1234_5678), REPR);
-        let mut buf = [0xa5u8; 4];
-        REPR.emit(&mut Packet::new_unchecked(&mut buf[..]));
-        assert_eq!(buf, BYTES);
-        assert_eq!(REPR.buffer_len(), 4);
     }
 
-    #[test]
-    fn truncated() {
-        for len in 0..HEADER_LEN {
-            assert_eq!(
-                Packet::new_checked(&BYTES[..len]),
-                Err(Error::Truncated {
-                    layer: Layer::ImmDt,
-                    need: 4,
-                    got: len
-                })
-            );
-            assert!(Repr::parse(&Packet::new_unchecked(&BYTES[..len])).is_err());
-        }
-    }
+    test_truncated!(Layer::ImmDt, BYTES);
 
     proptest! {
         #[test]
@@ -202,12 +186,7 @@ mod test {
             prop_assert_eq!(Repr::parse(&Packet::new_checked(&buf[..]).unwrap()), Ok(repr));
             prop_assert_eq!(Repr::from_host_order(repr.to_host_order()), repr);
         }
-
-        #[test]
-        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..12)) {
-            if let Ok(p) = Packet::new_checked(&data[..]) {
-                let _ = Repr::parse(&p);
-            }
-        }
     }
+
+    test_arbitrary_bytes_never_panic!(0..12);
 }

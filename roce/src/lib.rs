@@ -37,6 +37,9 @@ extern crate std;
 
 #[macro_use]
 mod macros;
+#[cfg(test)]
+#[macro_use]
+mod header_tests;
 
 mod error;
 mod wire_field;

@@ -146,7 +146,6 @@ impl Repr {
 #[cfg(test)]
 mod test {
     use super::*;
-    use crate::Error;
     use proptest::prelude::*;
 
     // Written by hand from IBTA vol. 1 §9.3.3 (scapy's contrib/roce.py has no RETH):
@@ -180,30 +179,9 @@ mod test {
         assert_eq!(buf, BYTES);
     }
 
-    #[test]
-    fn parse_and_emit() {
-        let p = Packet::new_checked(&BYTES[..]).unwrap();
-        assert_eq!(Repr::parse(&p), Ok(REPR));
-        let mut buf = [0xa5u8; 16];
-        REPR.emit(&mut Packet::new_unchecked(&mut buf[..]));
-        assert_eq!(buf, BYTES);
-        assert_eq!(REPR.buffer_len(), 16);
-    }
+    test_parse_and_emit!(BYTES, REPR);
 
-    #[test]
-    fn truncated() {
-        for len in 0..HEADER_LEN {
-            assert_eq!(
-                Packet::new_checked(&BYTES[..len]),
-                Err(Error::Truncated {
-                    layer: Layer::Reth,
-                    need: 16,
-                    got: len
-                })
-            );
-            assert!(Repr::parse(&Packet::new_unchecked(&BYTES[..len])).is_err());
-        }
-    }
+    test_truncated!(Layer::Reth, BYTES);
 
     proptest! {
         #[test]
@@ -213,12 +191,7 @@ mod test {
             repr.emit(&mut Packet::new_unchecked(&mut buf[..]));
             prop_assert_eq!(Repr::parse(&Packet::new_checked(&buf[..]).unwrap()), Ok(repr));
         }
-
-        #[test]
-        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..40)) {
-            if let Ok(p) = Packet::new_checked(&data[..]) {
-                let _ = Repr::parse(&p);
-            }
-        }
     }
+
+    test_arbitrary_bytes_never_panic!(0..40);
 }

@@ -9,12 +9,15 @@
 #
 # Building blocks:
 #   rg_run_init                                  make $RG_RUN, install the cleanup trap
+#   rg_run_start                                 setup.sh, then rg_run_init; sets T_ALL0, CACHE, TIMES
 #   rg_netns_create NS                           a namespace, deleted by the trap (also on failure/timeout)
 #   rg_bridge_add NS BR MTU [ADDR/PFX]           a bridge in it; its address is where a host-side tool binds
 #   rg_tap_add NS BR TAP MTU                     a tap on the bridge, for one guest
 #   rg_job_new JOB; rg_job_cell JOB ROLE NAME SECS CMD...; rg_job_cmd JOB LINE   write a job
 #   rg_job_hold JOB PORT SECS / rg_job_release JOB NAME ADDR PORT SECS   keep a guest up for a host job
 #   rg_job_barrier JOB PORT SECS / rg_job_go JOB GUEST PREVCELL ADDR PORT SECS   start a cell on both together
+#   rg_job_pairs JOB PORT PREVCELL SECS CELL...  write guest/host cells into JOB and job-host, started together
+#   rg_cells_matching ARRAY REGEX                keep the cells of ARRAY whose name matches REGEX (--cells)
 #   rg_guest_start SIDE NS TAP MAC ADDR/PFX MTU JOB SECS    boot a guest running JOB (in background)
 #   rg_host_start SIDE NS JOB SECS               run JOB on the host inside NS (in background)
 #   rg_side_wait SIDE SECS                       wait (bounded) for a side; fails if it did not finish
@@ -25,6 +28,7 @@
 #   rg_capture_start NS IF FILE SECS / rg_capture_stop    a bounded pcap (classic format) on the bridge
 #   rg_pcap_checks PCAP WANT_V6 WANT_4K [WANT_1K]  tshark checks over a capture, as table rows
 #   rg_row NAME PASS|FAIL REASON; rg_table TITLE print the result table; $RG_FAILS counts failed rows
+#   rg_rows_failed_sides                         a FAIL row for each side in RG_SIDES_FAILED
 #   rg_table_save FILE; rg_reference_verdict CELL   keep the table; the newest reference verdict of a cell
 # Files of one run: $RG_RUN/sides/SIDE/{result.log,console.log,qemu.log,cmdline,pid,...}.
 
@@ -132,6 +136,17 @@ rg_cleanup() {
     RG_NETNS=()
 }
 
+# rg_run_start: starts a harness run: T_ALL0 (its start, rg_now), setup.sh (rg_die if it fails), CACHE
+# (rg_cache_dir), rg_run_init, and TIMES ($RG_RUN/times.txt, which begins with setup.sh's output).
+rg_run_start() {
+    T_ALL0="$(rg_now)"
+    SETUP_OUT="$(bash "$RG_HERE/setup.sh")" || rg_die "setup.sh failed"
+    CACHE="$(rg_cache_dir)"
+    rg_run_init
+    TIMES="$RG_RUN/times.txt"
+    echo "$SETUP_OUT" >"$TIMES"
+}
+
 # ---------------------------------------------------------------- network namespace, bridge, taps
 rg_netns_create() {  # NS
     ip netns add "$1" || rg_die "cannot create network namespace $1"
@@ -193,6 +208,31 @@ rg_job_go() {
     local log="$RG_RUN/sides/$2/result.log" wait=""
     [ -z "$3" ] || wait="until grep -q -F '@@CELL $3 ' '$log' || grep -q '^@@DONE' '$log'; do sleep 0.2; done; "
     echo "timeout $6 bash -c $(printf '%q' "${wait}until (exec 3<>/dev/tcp/$4/$5) 2>/dev/null; do sleep 0.2; done") || echo '@@BARRIER go port=$5 rc='\$?" >>"$1/run.sh"
+}
+# rg_job_pairs GUEST_JOBDIR PORT PREVCELL SECS CELL...: writes each CELL "NAME|GUEST_ROLE|GUEST_ARGS|OUR_ARGS"
+# into the guest's job and $RG_RUN/job-host, on its own port from PORT up (its barrier on port + 1000).
+# Both sides start a cell together: the host once the guest is through with the previous cell (PREVCELL
+# for the first; empty: none). The barrier and the go are each bounded by SECS; the server runs
+# $CELL_SECS, the client $CELL_SECS + 30, against $GUEST_IP / $HOST_IP.
+rg_job_pairs() {
+    local job="$1" port="$2" prev="$3" secs="$4" c name grole gargs oargs g o
+    shift 4
+    for c in "$@"; do
+        IFS='|' read -r name grole gargs oargs <<<"$c"
+        read -r -a g <<<"$gargs"
+        read -r -a o <<<"$oargs"
+        rg_job_barrier "$job" "$((port + 1000))" "$secs"
+        rg_job_go "$RG_RUN/job-host" g1 "$prev" "$GUEST_IP" "$((port + 1000))" "$secs"
+        prev="$name"
+        if [ "$grole" = server ]; then
+            rg_job_cell "$job" server "$name" "$CELL_SECS" "${g[@]}" -p "$port"
+            rg_job_cell "$RG_RUN/job-host" client "$name" "$((CELL_SECS + 30))" "${o[@]}" -p "$port" "$GUEST_IP"
+        else
+            rg_job_cell "$RG_RUN/job-host" server "$name" "$CELL_SECS" "${o[@]}" -p "$port"
+            rg_job_cell "$job" client "$name" "$((CELL_SECS + 30))" "${g[@]}" -p "$port" "$HOST_IP"
+        fi
+        port=$((port + 1))
+    done
 }
 
 # ---------------------------------------------------------------- sides: guests and host
@@ -381,6 +421,22 @@ rg_row() {  # NAME PASS|FAIL REASON (also reported on stderr at once, so a long 
     RG_ROWS+=("$1|$2|$3")
     [ "$2" = PASS ] || RG_FAILS=$((RG_FAILS + 1))
     echo "  row ${#RG_ROWS[@]}: $2 $1${3:+ ($3)}" >&2
+}
+# rg_rows_failed_sides: a FAIL row "side SIDE" for each side in RG_SIDES_FAILED: its @@SETUP-FAILED line,
+# else where to look.
+rg_rows_failed_sides() {
+    local side
+    for side in "${RG_SIDES_FAILED[@]+"${RG_SIDES_FAILED[@]}"}"; do
+        rg_row "side $side" FAIL "$(grep -m1 -E '^@@SETUP-FAILED' "$RG_RUN/sides/$side/result.log" || echo "did not finish: see $RG_RUN/sides/$side/")"
+    done
+}
+# rg_cells_matching ARRAY REGEX: keeps the cells ("NAME|...") of the array named ARRAY whose NAME matches
+# REGEX.
+rg_cells_matching() {
+    local -n rg_cells_="$1"
+    local kept=() c
+    for c in "${rg_cells_[@]}"; do [[ "${c%%|*}" =~ $2 ]] && kept+=("$c"); done
+    rg_cells_=("${kept[@]+"${kept[@]}"}")
 }
 # rg_table_save FILE: the rows as tab-separated "cell, PASS|FAIL, reason" lines (a later run against this
 # project's stack looks up the reference verdict of the same cell there, to tell whose fault a failure is).

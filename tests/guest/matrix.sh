@@ -140,9 +140,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 if [ -n "$FILTER" ]; then
-    kept=()
-    for c in "${CELLS[@]}"; do [[ "${c%%|*}" =~ $FILTER ]] && kept+=("$c"); done
-    CELLS=("${kept[@]+"${kept[@]}"}")
+    rg_cells_matching CELLS "$FILTER"
 fi
 [ ${#CELLS[@]} -gt 0 ] || rg_die "no cell matches '$FILTER'"
 if [ "$LIST" -eq 1 ]; then
@@ -155,12 +153,7 @@ fi
 [ "$(id -u)" -eq 0 ] || rg_die "matrix: must run as root (network namespaces, taps)"
 
 # ---------------------------------------------------------------- setup and build
-T_ALL0="$(rg_now)"
-SETUP_OUT="$(bash "$HERE/setup.sh")" || rg_die "setup.sh failed"
-CACHE="$(rg_cache_dir)"
-rg_run_init
-TIMES="$RG_RUN/times.txt"
-echo "$SETUP_OUT" >"$TIMES"
+rg_run_start
 
 rg_phase_begin "build our tools"
 if [ -n "${ROCE_MATRIX_BIN_DIR:-}" ]; then
@@ -190,24 +183,7 @@ rg_tap_add "$NS" br0 tap1 "$LINK_MTU"
 # ---------------------------------------------------------------- jobs
 rg_job_new "$RG_RUN/job-g1"
 rg_job_new "$RG_RUN/job-host"
-port=18700 prev=""
-for c in "${CELLS[@]}"; do
-    IFS='|' read -r name grole gargs oargs <<<"$c"
-    read -r -a g <<<"$gargs"
-    read -r -a o <<<"$oargs"
-    # Both sides start the cell together: the host once the guest is through with the previous cell.
-    rg_job_barrier "$RG_RUN/job-g1" "$((port + 1000))" "$((2 * CELL_SECS + 120))"
-    rg_job_go "$RG_RUN/job-host" g1 "$prev" "$GUEST_IP" "$((port + 1000))" "$((2 * CELL_SECS + 120))"
-    prev="$name"
-    if [ "$grole" = server ]; then
-        rg_job_cell "$RG_RUN/job-g1" server "$name" "$CELL_SECS" "${g[@]}" -p "$port"
-        rg_job_cell "$RG_RUN/job-host" client "$name" "$((CELL_SECS + 30))" "${o[@]}" -p "$port" "$GUEST_IP"
-    else
-        rg_job_cell "$RG_RUN/job-host" server "$name" "$CELL_SECS" "${o[@]}" -p "$port"
-        rg_job_cell "$RG_RUN/job-g1" client "$name" "$((CELL_SECS + 30))" "${g[@]}" -p "$port" "$HOST_IP"
-    fi
-    port=$((port + 1))
-done
+rg_job_pairs "$RG_RUN/job-g1" 18700 "" "$((2 * CELL_SECS + 120))" "${CELLS[@]}"
 
 # ---------------------------------------------------------------- boot and run
 PCAP="$RG_RUN/matrix.pcap"
@@ -240,9 +216,7 @@ for c in "${CELLS[@]}"; do
     s="$(rg_side_cell g1 "$name")" k="$(rg_side_cell host "$name")"
     [ -z "$s" ] || [ -z "$k" ] || echo "cell $name: guest $(rg_field secs "$s")s, ours $(rg_field secs "$k")s" >>"$TIMES"
 done
-for side in "${RG_SIDES_FAILED[@]+"${RG_SIDES_FAILED[@]}"}"; do
-    rg_row "side $side" FAIL "$(grep -m1 -E '^@@SETUP-FAILED' "$RG_RUN/sides/$side/result.log" || echo "did not finish: see $RG_RUN/sides/$side/")"
-done
+rg_rows_failed_sides
 
 rg_phase_begin "pcap check"
 want6=0 want4k=0 want1k=0

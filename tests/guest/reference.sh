@@ -66,9 +66,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 if [ -n "$FILTER" ]; then
-    kept=()
-    for c in "${CELLS[@]}"; do [[ "${c%%|*}" =~ $FILTER ]] && kept+=("$c"); done
-    CELLS=("${kept[@]+"${kept[@]}"}")
+    rg_cells_matching CELLS "$FILTER"
 fi
 CELLS+=("${EXTRA[@]+"${EXTRA[@]}"}")
 [ ${#CELLS[@]} -gt 0 ] || rg_die "no cell matches '$FILTER'"
@@ -82,12 +80,7 @@ fi
 [ "$(id -u)" -eq 0 ] || rg_die "reference: must run as root (network namespaces, taps)"
 
 # ---------------------------------------------------------------- setup
-T_ALL0="$(rg_now)"
-SETUP_OUT="$(bash "$HERE/setup.sh")" || rg_die "setup.sh failed"
-CACHE="$(rg_cache_dir)"
-rg_run_init
-TIMES="$RG_RUN/times.txt"
-echo "$SETUP_OUT" >"$TIMES"
+rg_run_start
 
 NS="rg-ref-$$-$RANDOM"
 rg_netns_create "$NS"
@@ -159,9 +152,7 @@ for name in "${HOST_CELLS[@]}" release:g1 release:g2; do
         rg_row "$name" FAIL "${k:+rc=$(rg_field rc "$k"): }$(rg_reason host "$name")"
     fi
 done
-for g in "${RG_SIDES_FAILED[@]+"${RG_SIDES_FAILED[@]}"}"; do
-    rg_row "side $g" FAIL "$(grep -m1 -E '^@@SETUP-FAILED' "$RG_RUN/sides/$g/result.log" || echo "did not finish: see $RG_RUN/sides/$g/")"
-done
+rg_rows_failed_sides
 
 rg_phase_begin "pcap check"
 want6=0 want4k=0 want1k=0

@@ -69,12 +69,8 @@ while [ $# -gt 0 ]; do
     esac
 done
 if [ -n "$FILTER" ]; then
-    kept=()
-    for c in "${SOLO[@]}"; do [[ "${c%%|*}" =~ $FILTER ]] && kept+=("$c"); done
-    SOLO=("${kept[@]+"${kept[@]}"}")
-    kept=()
-    for c in "${PAIRS[@]}"; do [[ "${c%%|*}" =~ $FILTER ]] && kept+=("$c"); done
-    PAIRS=("${kept[@]+"${kept[@]}"}")
+    rg_cells_matching SOLO "$FILTER"
+    rg_cells_matching PAIRS "$FILTER"
 fi
 if [ "$LIST" -eq 1 ]; then
     for c in "${SOLO[@]+"${SOLO[@]}"}"; do IFS='|' read -r n g <<<"$c"; echo "$n"; echo "    guest: $g"; done
@@ -88,12 +84,7 @@ fi
 [ "$(id -u)" -eq 0 ] || rg_die "verbs: must run as root (network namespaces, taps)"
 
 # ---------------------------------------------------------------- setup and build
-T_ALL0="$(rg_now)"
-SETUP_OUT="$(bash "$HERE/setup.sh")" || rg_die "setup.sh failed"
-CACHE="$(rg_cache_dir)"
-rg_run_init
-TIMES="$RG_RUN/times.txt"
-echo "$SETUP_OUT" >"$TIMES"
+rg_run_start
 
 rg_phase_begin "build"
 if [ -n "${ROCE_VERBS_BIN_DIR:-}" ]; then
@@ -146,25 +137,8 @@ for c in "${SOLO[@]+"${SOLO[@]}"}"; do
     rg_job_cell "$JOB" client "$name" "$((CELL_SECS * 3))" "${g[@]}"
     prev="$name"
 done
-port=18800
-for c in "${PAIRS[@]+"${PAIRS[@]}"}"; do
-    IFS='|' read -r name grole gargs oargs <<<"$c"
-    read -r -a g <<<"$gargs"
-    read -r -a o <<<"$oargs"
-    # Both sides start the cell together: the host once the guest is through with the previous cell (the
-    # first pair waits out the guest-only cells: bounded by the whole job).
-    rg_job_barrier "$JOB" "$((port + 1000))" "$JOB_SECS"
-    rg_job_go "$RG_RUN/job-host" g1 "$prev" "$GUEST_IP" "$((port + 1000))" "$JOB_SECS"
-    prev="$name"
-    if [ "$grole" = server ]; then
-        rg_job_cell "$JOB" server "$name" "$CELL_SECS" "${g[@]}" -p "$port"
-        rg_job_cell "$RG_RUN/job-host" client "$name" "$((CELL_SECS + 30))" "${o[@]}" -p "$port" "$GUEST_IP"
-    else
-        rg_job_cell "$RG_RUN/job-host" server "$name" "$CELL_SECS" "${o[@]}" -p "$port"
-        rg_job_cell "$JOB" client "$name" "$((CELL_SECS + 30))" "${g[@]}" -p "$port" "$HOST_IP"
-    fi
-    port=$((port + 1))
-done
+# The first pair waits out the guest-only cells: bounded by the whole job.
+rg_job_pairs "$JOB" 18800 "$prev" "$JOB_SECS" "${PAIRS[@]+"${PAIRS[@]}"}"
 
 # ---------------------------------------------------------------- boot and run
 rg_phase_begin "guest+host (boot+cells)"

@@ -102,9 +102,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 if [ -n "$FILTER" ]; then
-    kept=()
-    for c in "${CELLS[@]}"; do [[ "${c%%|*}" =~ $FILTER ]] && kept+=("$c"); done
-    CELLS=("${kept[@]+"${kept[@]}"}")
+    rg_cells_matching CELLS "$FILTER"
 fi
 RUN_SOLO=1
 [ -z "$FILTER" ] || [[ "$SOLO_CELL" =~ $FILTER ]] || RUN_SOLO=0

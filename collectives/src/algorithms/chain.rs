@@ -29,17 +29,9 @@ pub(crate) fn broadcast(
                 op.forward_output(next, c, io, p.clone())?;
             }
         } else if pos == n - 1 {
-            op.recv_with(prev, c, p.len(), |incoming| {
-                io.output(p.clone()).copy_from_slice(incoming);
-                Ok(())
-            })?;
+            op.recv_to_output(prev, c, io, p)?;
         } else {
-            // recvCopySend: into the output, then on from there (written once, never again).
-            op.recv_with(prev, c, p.len(), |incoming| {
-                io.output(p.clone()).copy_from_slice(incoming);
-                Ok(())
-            })?;
-            op.forward_output(next, c, io, p.clone())?;
+            op.recv_copy_send(prev, next, c, io, p)?;
         }
     }
     Ok(())

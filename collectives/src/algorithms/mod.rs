@@ -37,7 +37,7 @@ use std::time::Duration;
 use crate::datatype::{DataType, RedOp};
 use crate::error::CollError;
 use crate::reduce::{self, KernelError};
-use crate::transport::{Abort, OpDesc, RecvConnector, SendConnector, TransportError};
+use crate::transport::{Abort, OpDesc, RecvChunk, RecvConnector, SendConnector, TransportError};
 
 pub mod chain;
 pub mod doubling;
@@ -62,20 +62,22 @@ pub(crate) struct PeerRecv {
     pub received: u64,
 }
 
-fn no_connection(peer: usize) -> TransportError {
-    TransportError::Usage {
-        peer,
-        what: "no connection to this peer",
+/// The channel (index into the `channels` connectors to `peer`) that message number
+/// `messages` goes over: round-robin over the channels.
+fn channel(channels: usize, peer: usize, messages: u64) -> Result<usize, TransportError> {
+    if channels == 0 {
+        return Err(TransportError::Usage {
+            peer,
+            what: "no connection to this peer",
+        });
     }
+    Ok((messages % channels as u64) as usize)
 }
 
 impl PeerSend {
     fn conn(&mut self) -> Result<&mut dyn SendConnector, TransportError> {
-        let n = self.conns.len() as u64;
-        if n == 0 {
-            return Err(no_connection(self.peer));
-        }
-        Ok(&mut *self.conns[(self.sent % n) as usize])
+        let c = channel(self.conns.len(), self.peer, self.sent)?;
+        Ok(&mut *self.conns[c])
     }
 
     pub(crate) fn abort(&mut self, abort: Abort) {
@@ -87,11 +89,8 @@ impl PeerSend {
 
 impl PeerRecv {
     fn conn(&mut self) -> Result<&mut dyn RecvConnector, TransportError> {
-        let n = self.conns.len() as u64;
-        if n == 0 {
-            return Err(no_connection(self.peer));
-        }
-        Ok(&mut *self.conns[(self.received % n) as usize])
+        let c = channel(self.conns.len(), self.peer, self.received)?;
+        Ok(&mut *self.conns[c])
     }
 
     pub(crate) fn abort(&mut self, abort: Abort) {
@@ -280,14 +279,7 @@ impl Op<'_> {
         let te = move |source| CollError::Transport { op: desc, source };
         let side = &mut self.sends[peer];
         let conn = side.conn().map_err(te)?;
-        let slot = conn.wait_slot(timeout).map_err(te)?;
-        if len > slot.len() {
-            return Err(te(TransportError::Usage {
-                peer,
-                what: "chunk larger than a slot",
-            }));
-        }
-        fill(&mut slot[..len])?;
+        fill(slot_of_len(conn, peer, len, timeout).map_err(te)?)?;
         conn.post(len, chunk as u16, &desc).map_err(te)?;
         side.sent += 1;
         side.dirty = true;
@@ -382,32 +374,45 @@ impl Op<'_> {
         consume: impl FnOnce(&[u8]) -> Result<(), CollError>,
     ) -> Result<(), CollError> {
         let (rank, desc, timeout) = (self.rank, self.recv_desc, self.timeout);
+        let te = move |source| CollError::Transport { op: desc, source };
         let side = &mut self.recvs[peer];
-        let conn = side.conn().map_err(|e| CollError::Transport {
-            op: desc,
-            source: e,
-        })?;
-        let c = conn.wait(timeout).map_err(|e| CollError::Transport {
-            op: desc,
-            source: e,
-        })?;
-        check_chunk(
-            rank,
-            peer,
-            &desc,
-            &c.desc,
-            c.imm.chunk,
-            chunk,
-            c.data.len(),
-            len,
-        )?;
+        let conn = side.conn().map_err(te)?;
+        let c = wait_chunk(conn, rank, peer, &desc, chunk, len, timeout)?;
         consume(c.data)?;
-        conn.release().map_err(|e| CollError::Transport {
-            op: desc,
-            source: e,
-        })?;
+        conn.release().map_err(te)?;
         side.received += 1;
         Ok(())
+    }
+
+    /// Receives chunk `chunk` from `peer` into output range `r` of `io` (NCCL's `recv`; the
+    /// chunk must be `r.len()` bytes).
+    pub(crate) fn recv_to_output(
+        &mut self,
+        peer: usize,
+        chunk: usize,
+        io: &mut Io<'_>,
+        r: Range<usize>,
+    ) -> Result<(), CollError> {
+        self.recv_with(peer, chunk, r.len(), |incoming| {
+            io.output(r).copy_from_slice(incoming);
+            Ok(())
+        })
+    }
+
+    /// NCCL's `recvCopySend`: receives chunk `chunk` (output range `r` of `io`) from `prev`
+    /// into the output, returns the slot, and sends the chunk on to `next` from the output (no
+    /// staging copy on RoCE; see [`Op::forward_output`]). Output range `r` is written once, here,
+    /// and never again in the operation.
+    pub(crate) fn recv_copy_send(
+        &mut self,
+        prev: usize,
+        next: usize,
+        chunk: usize,
+        io: &mut Io<'_>,
+        r: Range<usize>,
+    ) -> Result<(), CollError> {
+        self.recv_to_output(prev, chunk, io, r.clone())?;
+        self.forward_output(next, chunk, io, r)
     }
 
     /// Receives chunk `chunk` (`len` bytes) from `from` and sends chunk `chunk` (`len` bytes)
@@ -427,26 +432,9 @@ impl Op<'_> {
         let rside = &mut self.recvs[from];
         let sside = &mut self.sends[to];
         let rconn = rside.conn().map_err(te)?;
-        let c = rconn.wait(timeout).map_err(te)?;
-        check_chunk(
-            rank,
-            from,
-            &desc,
-            &c.desc,
-            c.imm.chunk,
-            chunk,
-            c.data.len(),
-            len,
-        )?;
+        let c = wait_chunk(rconn, rank, from, &desc, chunk, len, timeout)?;
         let sconn = sside.conn().map_err(te)?;
-        let slot = sconn.wait_slot(timeout).map_err(te)?;
-        if len > slot.len() {
-            return Err(te(TransportError::Usage {
-                peer: to,
-                what: "chunk larger than a slot",
-            }));
-        }
-        f(c.data, &mut slot[..len])?;
+        f(c.data, slot_of_len(sconn, to, len, timeout).map_err(te)?)?;
         sconn.post(len, chunk as u16, &send_desc).map_err(te)?;
         rconn.release().map_err(te)?;
         sside.sent += 1;
@@ -471,43 +459,68 @@ impl Op<'_> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn check_chunk(
+/// Waits (at most `timeout`) for a free slot of `conn`, the channel to `peer`, and returns its
+/// first `len` bytes; a `len` larger than the slot is a usage error.
+fn slot_of_len(
+    conn: &mut dyn SendConnector,
+    peer: usize,
+    len: usize,
+    timeout: Duration,
+) -> Result<&mut [u8], TransportError> {
+    let slot = conn.wait_slot(timeout)?;
+    if len > slot.len() {
+        return Err(TransportError::Usage {
+            peer,
+            what: "chunk larger than a slot",
+        });
+    }
+    Ok(&mut slot[..len])
+}
+
+/// Waits (at most `timeout`) for the next chunk on `conn`, the channel from `peer`, and checks
+/// it against this rank's operation `mine`: the sender's descriptor must be the same (else
+/// [`CollError::Mismatch`]), and the chunk number `chunk` with `len` bytes (else
+/// [`CollError::Protocol`]).
+fn wait_chunk<'c>(
+    conn: &'c mut dyn RecvConnector,
     rank: usize,
     peer: usize,
     mine: &OpDesc,
-    theirs: &OpDesc,
-    got_chunk: u16,
-    want_chunk: usize,
-    got_len: usize,
-    want_len: usize,
-) -> Result<(), CollError> {
-    if theirs != mine {
+    chunk: usize,
+    len: usize,
+    timeout: Duration,
+) -> Result<RecvChunk<'c>, CollError> {
+    let c = conn
+        .wait(timeout)
+        .map_err(|source| CollError::Transport { op: *mine, source })?;
+    if c.desc != *mine {
         return Err(CollError::Mismatch {
             rank,
             mine: *mine,
             peer,
-            theirs: *theirs,
+            theirs: c.desc,
         });
     }
-    if got_chunk != want_chunk as u16 {
+    let got_chunk = c.imm.chunk;
+    if got_chunk != chunk as u16 {
         return Err(CollError::Protocol {
             op: *mine,
             peer,
             what: format!(
                 "chunk {got_chunk} arrived where chunk {} was expected",
-                want_chunk as u16
+                chunk as u16
             ),
         });
     }
-    if got_len != want_len {
+    let got_len = c.data.len();
+    if got_len != len {
         return Err(CollError::Protocol {
             op: *mine,
             peer,
-            what: format!("chunk {got_chunk} has {got_len} bytes, {want_len} expected"),
+            what: format!("chunk {got_chunk} has {got_len} bytes, {len} expected"),
         });
     }
-    Ok(())
+    Ok(c)
 }
 
 /// Byte range of element range `[start, start + len)` clipped to round `k` of chunks of

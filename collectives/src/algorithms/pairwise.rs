@@ -30,10 +30,7 @@ pub(crate) fn all_to_all(op: &mut Op<'_>, io: &mut Io<'_>, count: usize) -> Resu
         for c in 0..rounds(count, ce) {
             let p = piece(block, count, c, ce, es);
             op.send_input(partner, c, io, p.clone())?;
-            op.recv_with(partner, c, p.len(), |incoming| {
-                io.output(p.clone()).copy_from_slice(incoming);
-                Ok(())
-            })?;
+            op.recv_to_output(partner, c, io, p)?;
         }
     }
     Ok(())
@@ -61,10 +58,7 @@ pub(crate) fn scatter(
     } else {
         for c in 0..rounds(count, ce) {
             let p = piece(0, count, c, ce, es);
-            op.recv_with(root, c, p.len(), |incoming| {
-                io.output(p.clone()).copy_from_slice(incoming);
-                Ok(())
-            })?;
+            op.recv_to_output(root, c, io, p)?;
         }
     }
     Ok(())
@@ -85,10 +79,7 @@ pub(crate) fn gather(
             for j in 1..n {
                 let peer = (root + j) % n;
                 let p = piece(peer * count, count, c, ce, es);
-                op.recv_with(peer, c, p.len(), |incoming| {
-                    io.output(p.clone()).copy_from_slice(incoming);
-                    Ok(())
-                })?;
+                op.recv_to_output(peer, c, io, p)?;
             }
         }
     } else {
@@ -118,10 +109,7 @@ pub(crate) fn send_recv(
         }
         if let Some((from, count)) = recv.filter(|_| c < recv_rounds) {
             let p = piece(0, count, c, ce, es);
-            op.recv_with(from, c, p.len(), |incoming| {
-                io.output(p.clone()).copy_from_slice(incoming);
-                Ok(())
-            })?;
+            op.recv_to_output(from, c, io, p)?;
         }
     }
     Ok(())

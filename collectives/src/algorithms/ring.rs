@@ -96,25 +96,6 @@ fn reduce_scatter_round(
     Ok(())
 }
 
-/// NCCL's `recvCopySend` of the all-gather phase: receives chunk `chunk` (output range `p`)
-/// from `prev` into the output, returns the slot, and sends the chunk on to `next` from the
-/// output (no staging copy on RoCE; see [`Op::forward_output`]). Output range `p` is written
-/// once, here, and never again in the operation.
-fn recv_copy_send(
-    op: &mut Op<'_>,
-    io: &mut Io<'_>,
-    prev: usize,
-    next: usize,
-    chunk: usize,
-    p: core::ops::Range<usize>,
-) -> Result<(), CollError> {
-    op.recv_with(prev, chunk, p.len(), |incoming| {
-        io.output(p.clone()).copy_from_slice(incoming);
-        Ok(())
-    })?;
-    op.forward_output(next, chunk, io, p)
-}
-
 /// Ring all-reduce of `count` elements: output = op over all ranks' inputs, on every rank.
 pub(crate) fn all_reduce(op: &mut Op<'_>, io: &mut Io<'_>, count: usize) -> Result<(), CollError> {
     let (n, r) = (op.nranks, op.rank);
@@ -136,15 +117,10 @@ pub(crate) fn all_reduce(op: &mut Op<'_>, io: &mut Io<'_>, count: usize) -> Resu
         let id = |s: usize| k * n + s;
         for t in 1..n - 1 {
             let s = (r + n - t) % n;
-            let p = part(s);
-            recv_copy_send(op, io, prev, next, id(s), p)?;
+            op.recv_copy_send(prev, next, id(s), io, part(s))?;
         }
         let s = (r + 1) % n;
-        let p = part(s);
-        op.recv_with(prev, id(s), p.len(), |incoming| {
-            io.output(p.clone()).copy_from_slice(incoming);
-            Ok(())
-        })?;
+        op.recv_to_output(prev, id(s), io, part(s))?;
     }
     Ok(())
 }
@@ -193,15 +169,10 @@ pub(crate) fn all_gather(op: &mut Op<'_>, io: &mut Io<'_>, count: usize) -> Resu
         op.forward_output(next, id(r), io, part(r))?;
         for t in 1..n - 1 {
             let s = (r + n - t) % n;
-            let p = part(s);
-            recv_copy_send(op, io, prev, next, id(s), p)?;
+            op.recv_copy_send(prev, next, id(s), io, part(s))?;
         }
         let s = (r + 1) % n;
-        let p = part(s);
-        op.recv_with(prev, id(s), p.len(), |incoming| {
-            io.output(p.clone()).copy_from_slice(incoming);
-            Ok(())
-        })?;
+        op.recv_to_output(prev, id(s), io, part(s))?;
     }
     Ok(())
 }

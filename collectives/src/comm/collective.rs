@@ -26,18 +26,12 @@ impl Communicator {
         datatype: DataType,
         op: RedOp,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::AllReduce,
-            datatype,
-            Some(op),
-            None,
-            count,
+        self.collective(
+            Collective::AllReduce(op),
             Buffers::OutOfPlace { send, recv },
-        )?;
-        let max = self.doubling_max;
-        self.run(desc, desc, datatype, op, |o| {
-            all_reduce_algorithm(o, &mut io, count, max)
-        })
+            count,
+            datatype,
+        )
     }
 
     /// In-place all-reduce: `buf` is both input and output.
@@ -51,18 +45,12 @@ impl Communicator {
         datatype: DataType,
         op: RedOp,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::AllReduce,
-            datatype,
-            Some(op),
-            None,
-            count,
+        self.collective(
+            Collective::AllReduce(op),
             Buffers::InPlace(buf),
-        )?;
-        let max = self.doubling_max;
-        self.run(desc, desc, datatype, op, |o| {
-            all_reduce_algorithm(o, &mut io, count, max)
-        })
+            count,
+            datatype,
+        )
     }
 
     /// Typed all-reduce: `count = send.len()`.
@@ -111,17 +99,12 @@ impl Communicator {
         datatype: DataType,
         root: usize,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::Broadcast,
-            datatype,
-            None,
-            Some(root),
-            count,
+        self.collective(
+            Collective::Broadcast { root },
             Buffers::OutOfPlace { send, recv },
-        )?;
-        self.run(desc, desc, datatype, RedOp::Sum, |o| {
-            chain::broadcast(o, &mut io, count, root)
-        })
+            count,
+            datatype,
+        )
     }
 
     /// In-place broadcast: the root's `buf` to every rank's `buf`.
@@ -135,17 +118,12 @@ impl Communicator {
         datatype: DataType,
         root: usize,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::Broadcast,
-            datatype,
-            None,
-            Some(root),
-            count,
+        self.collective(
+            Collective::Broadcast { root },
             Buffers::InPlace(buf),
-        )?;
-        self.run(desc, desc, datatype, RedOp::Sum, |o| {
-            chain::broadcast(o, &mut io, count, root)
-        })
+            count,
+            datatype,
+        )
     }
 
     /// Reduce (NCCL `ncclReduce`): the root's `recv[i] = op(send[i] of every rank)`. `recv` is
@@ -162,17 +140,12 @@ impl Communicator {
         op: RedOp,
         root: usize,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::Reduce,
-            datatype,
-            Some(op),
-            Some(root),
-            count,
+        self.collective(
+            Collective::Reduce { op, root },
             Buffers::OutOfPlace { send, recv },
-        )?;
-        self.run(desc, desc, datatype, op, |o| {
-            chain::reduce(o, &mut io, count, root)
-        })
+            count,
+            datatype,
+        )
     }
 
     /// In-place reduce: the root's `buf` becomes the reduction; other ranks' `buf` is only read.
@@ -187,17 +160,12 @@ impl Communicator {
         op: RedOp,
         root: usize,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::Reduce,
-            datatype,
-            Some(op),
-            Some(root),
-            count,
+        self.collective(
+            Collective::Reduce { op, root },
             Buffers::InPlace(buf),
-        )?;
-        self.run(desc, desc, datatype, op, |o| {
-            chain::reduce(o, &mut io, count, root)
-        })
+            count,
+            datatype,
+        )
     }
 
     /// All-gather (NCCL `ncclAllGather`): every rank's `send` (`count` elements) lands in block
@@ -212,17 +180,12 @@ impl Communicator {
         count: usize,
         datatype: DataType,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::AllGather,
-            datatype,
-            None,
-            None,
-            count,
+        self.collective(
+            Collective::AllGather,
             Buffers::OutOfPlace { send, recv },
-        )?;
-        self.run(desc, desc, datatype, RedOp::Sum, |o| {
-            ring::all_gather(o, &mut io, count)
-        })
+            count,
+            datatype,
+        )
     }
 
     /// In-place all-gather: this rank's input is block `rank` of `buf` (`nranks * count`
@@ -236,17 +199,12 @@ impl Communicator {
         count: usize,
         datatype: DataType,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::AllGather,
-            datatype,
-            None,
-            None,
-            count,
+        self.collective(
+            Collective::AllGather,
             Buffers::InPlace(buf),
-        )?;
-        self.run(desc, desc, datatype, RedOp::Sum, |o| {
-            ring::all_gather(o, &mut io, count)
-        })
+            count,
+            datatype,
+        )
     }
 
     /// Reduce-scatter (NCCL `ncclReduceScatter`): `send` holds `nranks` blocks of `count`
@@ -262,17 +220,12 @@ impl Communicator {
         datatype: DataType,
         op: RedOp,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::ReduceScatter,
-            datatype,
-            Some(op),
-            None,
-            count,
+        self.collective(
+            Collective::ReduceScatter(op),
             Buffers::OutOfPlace { send, recv },
-        )?;
-        self.run(desc, desc, datatype, op, |o| {
-            ring::reduce_scatter(o, &mut io, count)
-        })
+            count,
+            datatype,
+        )
     }
 
     /// In-place reduce-scatter: the result is block `rank` of `buf`, NCCL's
@@ -287,17 +240,12 @@ impl Communicator {
         datatype: DataType,
         op: RedOp,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::ReduceScatter,
-            datatype,
-            Some(op),
-            None,
-            count,
+        self.collective(
+            Collective::ReduceScatter(op),
             Buffers::InPlace(buf),
-        )?;
-        self.run(desc, desc, datatype, op, |o| {
-            ring::reduce_scatter(o, &mut io, count)
-        })
+            count,
+            datatype,
+        )
     }
 
     /// All-to-all: block `j` (`count` elements) of every rank's `send` goes to block `rank` of
@@ -312,17 +260,12 @@ impl Communicator {
         count: usize,
         datatype: DataType,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::AllToAll,
-            datatype,
-            None,
-            None,
-            count,
+        self.collective(
+            Collective::AllToAll,
             Buffers::OutOfPlace { send, recv },
-        )?;
-        self.run(desc, desc, datatype, RedOp::Sum, |o| {
-            pairwise::all_to_all(o, &mut io, count)
-        })
+            count,
+            datatype,
+        )
     }
 
     /// In-place all-to-all.
@@ -335,17 +278,7 @@ impl Communicator {
         count: usize,
         datatype: DataType,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::AllToAll,
-            datatype,
-            None,
-            None,
-            count,
-            Buffers::InPlace(buf),
-        )?;
-        self.run(desc, desc, datatype, RedOp::Sum, |o| {
-            pairwise::all_to_all(o, &mut io, count)
-        })
+        self.collective(Collective::AllToAll, Buffers::InPlace(buf), count, datatype)
     }
 
     /// Scatter: block `j` (`count` elements) of the root's `send` (`nranks * count` elements,
@@ -361,17 +294,12 @@ impl Communicator {
         datatype: DataType,
         root: usize,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::Scatter,
-            datatype,
-            None,
-            Some(root),
-            count,
+        self.collective(
+            Collective::Scatter { root },
             Buffers::OutOfPlace { send, recv },
-        )?;
-        self.run(desc, desc, datatype, RedOp::Sum, |o| {
-            pairwise::scatter(o, &mut io, count, root)
-        })
+            count,
+            datatype,
+        )
     }
 
     /// In-place scatter: every rank passes a buffer of `nranks * count` elements; rank `j`'s
@@ -386,17 +314,12 @@ impl Communicator {
         datatype: DataType,
         root: usize,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::Scatter,
-            datatype,
-            None,
-            Some(root),
-            count,
+        self.collective(
+            Collective::Scatter { root },
             Buffers::InPlace(buf),
-        )?;
-        self.run(desc, desc, datatype, RedOp::Sum, |o| {
-            pairwise::scatter(o, &mut io, count, root)
-        })
+            count,
+            datatype,
+        )
     }
 
     /// Gather: every rank's `send` (`count` elements) goes to block `rank` of the root's `recv`
@@ -412,17 +335,12 @@ impl Communicator {
         datatype: DataType,
         root: usize,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::Gather,
-            datatype,
-            None,
-            Some(root),
-            count,
+        self.collective(
+            Collective::Gather { root },
             Buffers::OutOfPlace { send, recv },
-        )?;
-        self.run(desc, desc, datatype, RedOp::Sum, |o| {
-            pairwise::gather(o, &mut io, count, root)
-        })
+            count,
+            datatype,
+        )
     }
 
     /// In-place gather: every rank's input is block `rank` of its `buf` (`nranks * count`
@@ -437,17 +355,12 @@ impl Communicator {
         datatype: DataType,
         root: usize,
     ) -> Result<(), CollError> {
-        let (desc, mut io) = self.begin(
-            CollKind::Gather,
-            datatype,
-            None,
-            Some(root),
-            count,
+        self.collective(
+            Collective::Gather { root },
             Buffers::InPlace(buf),
-        )?;
-        self.run(desc, desc, datatype, RedOp::Sum, |o| {
-            pairwise::gather(o, &mut io, count, root)
-        })
+            count,
+            datatype,
+        )
     }
 
     /// Barrier: returns once every rank has entered it (dissemination, `ceil(log2 nranks)`
@@ -456,16 +369,63 @@ impl Communicator {
     /// # Errors
     /// A peer that fails.
     pub fn barrier(&mut self) -> Result<(), CollError> {
-        let (desc, _) = self.begin(
-            CollKind::Barrier,
-            DataType::U8,
-            None,
-            None,
-            0,
-            Buffers::None,
-        )?;
-        self.run(desc, desc, DataType::U8, RedOp::Sum, pairwise::barrier)
+        self.collective(Collective::Barrier, Buffers::None, 0, DataType::U8)
     }
+
+    /// Runs collective `c` on `buffers` (`count` elements of `datatype`): checks the arguments
+    /// ([`Self::begin`]), then runs the collective's algorithm. The in-place and out-of-place
+    /// forms of every collective differ only in `buffers`.
+    fn collective(
+        &mut self,
+        c: Collective,
+        buffers: Buffers<'_>,
+        count: usize,
+        datatype: DataType,
+    ) -> Result<(), CollError> {
+        let (kind, op, root) = match c {
+            Collective::AllReduce(op) => (CollKind::AllReduce, Some(op), None),
+            Collective::Broadcast { root } => (CollKind::Broadcast, None, Some(root)),
+            Collective::Reduce { op, root } => (CollKind::Reduce, Some(op), Some(root)),
+            Collective::AllGather => (CollKind::AllGather, None, None),
+            Collective::ReduceScatter(op) => (CollKind::ReduceScatter, Some(op), None),
+            Collective::AllToAll => (CollKind::AllToAll, None, None),
+            Collective::Scatter { root } => (CollKind::Scatter, None, Some(root)),
+            Collective::Gather { root } => (CollKind::Gather, None, Some(root)),
+            Collective::Barrier => (CollKind::Barrier, None, None),
+        };
+        let (desc, mut io) = self.begin(kind, datatype, op, root, count, buffers)?;
+        let doubling_max = self.doubling_max;
+        // Collectives without a reduction carry `Sum`, which they never apply.
+        self.run(desc, desc, datatype, op.unwrap_or(RedOp::Sum), |o| {
+            let io = &mut io;
+            match c {
+                Collective::AllReduce(_) => all_reduce_algorithm(o, io, count, doubling_max),
+                Collective::Broadcast { root } => chain::broadcast(o, io, count, root),
+                Collective::Reduce { root, .. } => chain::reduce(o, io, count, root),
+                Collective::AllGather => ring::all_gather(o, io, count),
+                Collective::ReduceScatter(_) => ring::reduce_scatter(o, io, count),
+                Collective::AllToAll => pairwise::all_to_all(o, io, count),
+                Collective::Scatter { root } => pairwise::scatter(o, io, count, root),
+                Collective::Gather { root } => pairwise::gather(o, io, count, root),
+                Collective::Barrier => pairwise::barrier(o),
+            }
+        })
+    }
+}
+
+/// A collective with the arguments that, besides the buffers, count and data type, its
+/// algorithm takes: its reduction and its root, where it has them.
+#[derive(Clone, Copy)]
+enum Collective {
+    AllReduce(RedOp),
+    Broadcast { root: usize },
+    Reduce { op: RedOp, root: usize },
+    AllGather,
+    ReduceScatter(RedOp),
+    AllToAll,
+    Scatter { root: usize },
+    Gather { root: usize },
+    Barrier,
 }
 
 /// All-reduce by recursive doubling when the buffer is small (at most `doubling_max` bytes and

@@ -2,10 +2,13 @@
 
 #![allow(dead_code)]
 
+#[cfg(feature = "perf")]
+pub mod cases;
+
 use std::time::Duration;
 
 use collectives::transport::WaitPolicy;
-use collectives::{CommConfig, Communicator, TransportKind, UniqueId};
+use collectives::{CommConfig, Communicator, DataType, TransportKind, UniqueId};
 
 /// Small slots (256 B = 64 floats) so that every test moves many chunks per operation, few
 /// slots so that credits run out, short timeouts so that a bug fails instead of hanging.
@@ -45,4 +48,29 @@ pub fn with_ranks<T: Send>(
             .map(|h| h.join().expect("rank thread panicked"))
             .collect()
     })
+}
+
+/// A ring shift in both directions at once (this rank sends 1000 bytes, `(i * 7 + rank) as u8`,
+/// to the next rank while it receives the previous rank's): needs the interleaved `send_recv`.
+/// Asserts the bytes received and returns the bytes sent.
+pub fn ring_shift(comm: &mut Communicator) -> Vec<u8> {
+    let (r, n) = (comm.rank(), comm.nranks());
+    let send: Vec<u8> = (0..1000).map(|i| (i * 7 + r) as u8).collect();
+    let mut recv = vec![0u8; 1000];
+    comm.send_recv(
+        &send,
+        1000,
+        Some((r + 1) % n),
+        &mut recv,
+        1000,
+        Some((r + n - 1) % n),
+        DataType::U8,
+    )
+    .unwrap();
+    let from = (r + n - 1) % n;
+    assert!(recv
+        .iter()
+        .enumerate()
+        .all(|(i, &v)| v == (i * 7 + from) as u8));
+    send
 }
