@@ -34,6 +34,8 @@ step "tests, roce without std" cargo test -p roce --no-default-features
 step "cargo doc -D warnings" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 # The cargo-fuzz target (not a workspace member) must keep building.
 step "the fuzz crate builds" cargo check --manifest-path roce/fuzz/Cargo.toml
+# The responder fuzz target (hca/fuzz, a cargo-fuzz crate of its own): builds on stable.
+step "the hca fuzz crate builds" cargo check --manifest-path hca/fuzz/Cargo.toml
 # Includes the verbs conformance suite on the software backends (tests/tests/verbs_conformance.rs: the fabric and
 # UDP runs must pass every case and agree field for field; about 3 s); its run on rxe0 is in the guest below.
 step "cargo test --workspace" cargo test --workspace
