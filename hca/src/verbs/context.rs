@@ -212,14 +212,8 @@ impl Context {
             pd: pd.index(),
             cause,
         };
-        let p = self
-            .pds
-            .get(pd)
-            .ok_or(err(no_such(Object::Pd, pd.index())))?;
-        if p.users > 0 {
-            return Err(err(Cause::InUse { users: p.users }));
-        }
-        self.pds.remove(pd);
+        let users = self.pds.get(pd).map_or(0, |p| p.users as usize);
+        self.pds.take_unused(pd, Object::Pd, users).map_err(err)?;
         Ok(())
     }
 
@@ -361,14 +355,8 @@ impl Context {
             cq: cq.index(),
             cause,
         };
-        let c = self
-            .cqs
-            .get(cq)
-            .ok_or(err(no_such(Object::Cq, cq.index())))?;
-        if c.users > 0 {
-            return Err(err(Cause::InUse { users: c.users }));
-        }
-        self.cqs.remove(cq);
+        let users = self.cqs.get(cq).map_or(0, |c| c.users as usize);
+        self.cqs.take_unused(cq, Object::Cq, users).map_err(err)?;
         Ok(())
     }
 
@@ -513,16 +501,12 @@ impl Context {
             srq: srq.index(),
             cause,
         };
+        let users = self.srqs.get(srq).map_or(0, |s| s.users as usize);
         let s = self
             .srqs
-            .get(srq)
-            .ok_or(err(no_such(Object::Srq, srq.index())))?;
-        if s.users > 0 {
-            return Err(err(Cause::InUse { users: s.users }));
-        }
-        let pd = s.pd();
-        self.srqs.remove(srq);
-        self.pd_ref(pd, -1);
+            .take_unused(srq, Object::Srq, users)
+            .map_err(err)?;
+        self.pd_ref(s.pd(), -1);
         Ok(())
     }
 
