@@ -99,45 +99,7 @@ fn write_read_and_atomics_complete_in_order_with_their_opcodes_and_results() {
 #[test]
 fn requester_completes_what_was_answered_before_a_nak_and_fails_the_nakked_wr() {
     let (mut f, a, b) = pair(&Opts::default());
-    b.write(0, &7u64.to_ne_bytes());
-    b.write(64, &[0x3c; 64]);
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, 8)],
-            SendOp::AtomicFetchAndAdd {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey(),
-                add: 5,
-            },
-        ),
-    );
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            2,
-            &[a.sge(64, 64)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(64),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            3,
-            &[a.sge(128, 64)],
-            SendOp::RdmaWrite {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey() ^ 0x100,
-            },
-        ),
-    );
+    post_atomic_read_then_bad_write(&mut f, &a, &b);
     let reqs = transmit(&mut f, &a, t_us(0));
     deliver_all(&mut f, &b, &reqs, t_us(1));
     let resp = transmit(&mut f, &b, t_us(1));

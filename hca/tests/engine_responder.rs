@@ -1017,45 +1017,7 @@ fn responses_owed_before_a_class_c_error_are_sent_before_its_nak() {
     // READ the responder executed before the failing request must be answered, not discarded
     // with the error. rxe answers READs and atomics as it executes them, so it never loses one.
     let (mut f, a, b) = pair(&Opts::default());
-    b.write(0, &7u64.to_ne_bytes());
-    b.write(64, &[0x3c; 64]);
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, 8)],
-            SendOp::AtomicFetchAndAdd {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey(),
-                add: 5,
-            },
-        ),
-    );
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            2,
-            &[a.sge(64, 64)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(64),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            3,
-            &[a.sge(128, 64)],
-            SendOp::RdmaWrite {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey() ^ 0x100,
-            },
-        ),
-    );
+    post_atomic_read_then_bad_write(&mut f, &a, &b);
     let reqs = transmit(&mut f, &a, t_us(0));
     assert_eq!(reqs.len(), 3);
     // One receive batch: all three arrive before B transmits anything.
