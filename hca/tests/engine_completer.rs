@@ -36,18 +36,7 @@ fn write_read_and_atomics_complete_in_order_with_their_opcodes_and_results() {
             },
         ),
     );
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            2,
-            &[a.sge(100_000, 10_000)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(50_000),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, read(&a, 2, (100_000, 10_000), &b, 50_000));
     b.write(8 * 1000, &41u64.to_ne_bytes());
     post_send(
         &mut f,
@@ -675,18 +664,7 @@ fn requester_max_rd_atomic_above_the_responders_max_dest_rd_atomic_still_complet
     let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 251) as u8).collect();
     b.write(0, &data);
     for i in 0..32u64 {
-        post_send(
-            &mut f,
-            &a,
-            &send_wr(
-                i,
-                &[a.sge(i * 2048, 2048)],
-                SendOp::RdmaRead {
-                    remote_addr: b.addr(i * 2048),
-                    rkey: b.mr.rkey(),
-                },
-            ),
-        );
+        post(&mut f, &a, read(&a, i, (i * 2048, 2048), &b, i * 2048));
     }
     let wcs = run_for_completions(&mut f, &a, 32, Duration::from_secs(10));
     assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");

@@ -111,31 +111,9 @@ fn modify_to_reset_with_work_outstanding_discards_it_and_the_qp_reconnects_clean
     let (mut f, a, b) = pair(&o);
     a.write(0, &[0x42; 3000]);
     for i in 0..8 {
-        post_send(
-            &mut f,
-            &a,
-            &send_wr(
-                i,
-                &[a.sge(0, 3000)],
-                SendOp::RdmaWrite {
-                    remote_addr: b.addr(0),
-                    rkey: b.mr.rkey(),
-                },
-            ),
-        );
+        post(&mut f, &a, write(&a, i, (0, 3000), &b, 0));
     }
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            100,
-            &[a.sge(8192, 64)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, read(&a, 100, (8192, 64), &b, 0));
     post_recv(&mut f, &a, 200, &[a.sge(16384, 64)]);
     let sent = transmit(&mut f, &a, t_us(0));
     assert!(!sent.is_empty());
@@ -177,18 +155,7 @@ fn modify_to_reset_with_work_outstanding_discards_it_and_the_qp_reconnects_clean
     }
     deliver_all(&mut f, &a, &stale, t_us(3));
     b.write(0, &[0; 3000]);
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, 3000)],
-            SendOp::RdmaWrite {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, write(&a, 1, (0, 3000), &b, 0));
     let wcs = run_for_completions(&mut f, &a, 1, Duration::from_secs(1));
     assert_eq!(
         wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),

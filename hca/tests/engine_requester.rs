@@ -250,18 +250,7 @@ fn sges_and_remote_addresses_near_u64_max_fail_with_loc_prot_err_and_rem_access_
             },
         ),
     );
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            2,
-            &[a.sge(0, 64)],
-            SendOp::RdmaRead {
-                remote_addr: b2.addr(0),
-                rkey: b2.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, read(&a, 2, (0, 64), &b2, 0));
     let wcs = run_for_completions(&mut f, &a, 2, Duration::from_millis(100));
     assert_eq!(
         wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
@@ -523,18 +512,7 @@ fn uc_send_and_write_complete_when_sent_without_acks() {
     a.write(0, &[7; 3000]);
     post_recv(&mut f, &b, 1, &[b.sge(0, 4096)]);
     post_send(&mut f, &a, &send_wr(1, &[a.sge(0, 3000)], SendOp::Send));
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            2,
-            &[a.sge(0, 100)],
-            SendOp::RdmaWrite {
-                remote_addr: b.addr(10_000),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, write(&a, 2, (0, 100), &b, 10_000));
     let pkts = transmit(&mut f, &a, t_us(0));
     let ops: Vec<_> = pkts.iter().map(Pkt::opcode).collect();
     assert_eq!(

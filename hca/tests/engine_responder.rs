@@ -1076,30 +1076,8 @@ fn a_qp_connected_to_itself_serves_its_own_requests() {
     a.write(0, &[0x5e; 5000]);
     a.write(100_000, &41u64.to_ne_bytes());
     post_recv(&mut f, &a, 90, &[a.sge(200_000, 8192)]);
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, 5000)],
-            SendOp::RdmaWrite {
-                remote_addr: a.addr(20_000),
-                rkey: a.mr.rkey(),
-            },
-        ),
-    );
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            2,
-            &[a.sge(40_000, 5000)],
-            SendOp::RdmaRead {
-                remote_addr: a.addr(20_000),
-                rkey: a.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, write(&a, 1, (0, 5000), &a, 20_000));
+    post(&mut f, &a, read(&a, 2, (40_000, 5000), &a, 20_000));
     post_send(
         &mut f,
         &a,
@@ -1707,18 +1685,7 @@ fn a_held_ack_never_holds_back_read_responses() {
     let (mut f, a, b) = pair(&opts_with_ack_delay(20));
     one_send(&mut f, &a, &b);
     b.write(4096, &[7; 100]);
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            2,
-            &[a.sge(4096, 100)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(4096),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, read(&a, 2, (4096, 100), &b, 4096));
     let req = transmit(&mut f, &a, t_us(3));
     deliver_all(&mut f, &b, &req, t_us(4));
     let out = transmit(&mut f, &b, t_us(4));
