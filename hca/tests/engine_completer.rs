@@ -95,7 +95,7 @@ fn requester_completes_what_was_answered_before_a_nak_and_fails_the_nakked_wr() 
     deliver_all(&mut f, &a, &resp, t_us(2));
     let wcs = poll(&mut f, &a);
     assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        statuses(&wcs),
         [
             (1, WcStatus::Success),
             (2, WcStatus::Success),
@@ -502,7 +502,7 @@ fn finite_rnr_retry_ends_in_rnr_retry_exc_err() {
     post_send(&mut f, &a, &send_wr(2, &[a.sge(0, 8)], SendOp::Send));
     let wcs = run_for_completions(&mut f, &a, 2, Duration::from_millis(50));
     assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        statuses(&wcs),
         [(1, WcStatus::RnrRetryExcErr), (2, WcStatus::WrFlushErr)]
     );
     let c = f.node(a.node).counters();
@@ -572,7 +572,7 @@ fn retry_cnt_exhausted_ends_in_retry_exc_err() {
     assert_eq!(sends, 6, "first try and 2 retries of both WRITEs");
     let wcs = poll(&mut f, &a);
     assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        statuses(&wcs),
         [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
     );
     assert_eq!(f.node(a.node).counters().retry_exceeded_err, 1);

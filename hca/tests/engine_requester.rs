@@ -253,7 +253,7 @@ fn sges_and_remote_addresses_near_u64_max_fail_with_loc_prot_err_and_rem_access_
     post(&mut f, &a, read(&a, 2, (0, 64), &b2, 0));
     let wcs = run_for_completions(&mut f, &a, 2, Duration::from_millis(100));
     assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        statuses(&wcs),
         [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]
     );
 }
@@ -470,10 +470,7 @@ fn a_read_longer_than_half_the_window_is_requested_in_segments_two_at_a_time() {
         ]
     );
     let wcs = poll(&mut f, &a);
-    assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        [(5, WcStatus::Success)]
-    );
+    assert_eq!(statuses(&wcs), [(5, WcStatus::Success)]);
     assert_eq!(a.read(65536, len as usize), data);
 }
 
@@ -553,7 +550,7 @@ fn ud_send_larger_than_the_pmtu_completes_with_loc_len_err() {
     assert!(transmit(&mut f, &a, t_us(0)).is_empty());
     let wa = poll(&mut f, &a);
     assert_eq!(
-        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        statuses(&wa),
         [(1, WcStatus::LocLenErr), (2, WcStatus::WrFlushErr)]
     );
     assert_eq!(

@@ -197,7 +197,7 @@ fn read_replayed_during_a_multi_packet_write_does_not_reset_the_write() {
     deliver_all(&mut f, &a, &out, t_us(4));
     let wcs = poll(&mut f, &a);
     assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        statuses(&wcs),
         [(1, WcStatus::Success), (2, WcStatus::Success)]
     );
     assert_eq!(a.read(10_000, 64), vec![0xab; 64]);
@@ -434,7 +434,7 @@ fn send_first_interrupted_by_a_new_message_is_nak_invalid_request_and_fails_the_
         )]
     );
     let wcs = poll(&mut f, &b);
-    let st: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    let st = statuses(&wcs);
     assert_eq!(
         st,
         [(1, WcStatus::RemInvReqErr), (2, WcStatus::WrFlushErr)],
@@ -524,7 +524,7 @@ fn write_middle_shorter_than_the_pmtu_is_nakked_as_an_invalid_request() {
     deliver(&mut f, &a, &nak[0], t_us(2));
     let wcs = poll(&mut f, &a);
     assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        statuses(&wcs),
         [(1, WcStatus::RemInvReqErr), (2, WcStatus::WrFlushErr)]
     );
 }
@@ -1093,7 +1093,7 @@ fn a_qp_connected_to_itself_serves_its_own_requests() {
     );
     post_send(&mut f, &a, &send_wr(4, &[a.sge(0, 3000)], SendOp::Send));
     let wcs = run_for_completions(&mut f, &a, 5, Duration::from_secs(1));
-    let mut got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    let mut got = statuses(&wcs);
     got.sort_unstable_by_key(|g| g.0);
     assert_eq!(
         got,
@@ -1125,7 +1125,7 @@ fn a_qp_connected_to_itself_serves_its_own_requests() {
     );
     post_send(&mut f, &a, &send_wr(6, &[a.sge(0, 8)], SendOp::Send));
     let wcs = run_for_completions(&mut f, &a, 2, Duration::from_secs(1));
-    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    let got = statuses(&wcs);
     assert!(
         matches!(
             got[..],
@@ -1839,10 +1839,7 @@ fn ud_receive_wqe_whose_sge_fails_its_lkey_check_is_loc_qp_op_err_and_the_qp_ent
     deliver(&mut f, &b, &pkts[0], t_us(1));
     assert!(transmit(&mut f, &b, t_us(1)).is_empty(), "no NAK on UD");
     let wb = poll(&mut f, &b);
-    assert_eq!(
-        wb.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        [(1, WcStatus::LocQpOpErr)]
-    );
+    assert_eq!(statuses(&wb), [(1, WcStatus::LocQpOpErr)]);
     assert_eq!(
         f.node(b.node).context().qp(b.qpn).unwrap().state(),
         QpState::Err

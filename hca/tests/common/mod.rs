@@ -305,6 +305,11 @@ pub fn poll(f: &mut Fabric, p: &Peer) -> Vec<WorkCompletion> {
     }
 }
 
+/// The (`wr_id`, status) of each completion, in order: what most tests compare.
+pub fn statuses(wcs: &[WorkCompletion]) -> Vec<(u64, hca::WcStatus)> {
+    wcs.iter().map(|w| (w.wr_id, w.status)).collect()
+}
+
 /// Runs until `n` completions have been polled from `p` (collecting them), or fails.
 pub fn run_for_completions(
     f: &mut Fabric,
