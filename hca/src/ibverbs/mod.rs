@@ -557,10 +557,7 @@ impl Verbs for IbvDevice {
             Err(entry) => {
                 let _ = self.ctx.dealloc_pd(entry.raw).map_err(|(raw, _)| leak(raw));
                 Err(VerbsError::AllocPd {
-                    cause: Cause::TooManyObjects {
-                        object: Object::Pd,
-                        max: o.pds.max(),
-                    },
+                    cause: o.pds.too_many(Object::Pd),
                 }
                 .into())
             }
@@ -668,11 +665,7 @@ impl Verbs for IbvDevice {
                 if self.ctx.destroy_cq(entry.raw).is_ok() {
                     let _ = self.ctx.destroy_comp_channel(entry.channel);
                 }
-                Err(err(Cause::TooManyObjects {
-                    object: Object::Cq,
-                    max: o.cqs.max(),
-                })
-                .into())
+                Err(err(o.cqs.too_many(Object::Cq)).into())
             }
         }
     }
@@ -825,11 +818,7 @@ impl Verbs for IbvDevice {
                     .ctx
                     .destroy_srq(entry.raw)
                     .map_err(|(raw, _)| leak(raw));
-                Err(err(Cause::TooManyObjects {
-                    object: Object::Srq,
-                    max: o.srqs.max(),
-                })
-                .into())
+                Err(err(o.srqs.too_many(Object::Srq)).into())
             }
         }
     }
@@ -900,11 +889,7 @@ impl Verbs for IbvDevice {
             Ok(h) => Ok(cast(h)),
             Err(entry) => {
                 let _ = self.ctx.destroy_ah(entry.raw).map_err(|(raw, _)| leak(raw));
-                Err(err(Cause::TooManyObjects {
-                    object: Object::Ah,
-                    max: o.ahs.max(),
-                })
-                .into())
+                Err(err(o.ahs.too_many(Object::Ah)).into())
             }
         }
     }

@@ -195,10 +195,7 @@ impl Context {
         self.pds
             .insert(Pd::default())
             .map_err(|_| VerbsError::AllocPd {
-                cause: Cause::TooManyObjects {
-                    object: Object::Pd,
-                    max: self.pds.max(),
-                },
+                cause: self.pds.too_many(Object::Pd),
             })
     }
 
@@ -320,12 +317,9 @@ impl Context {
     pub fn create_cq(&mut self, cqe: u32) -> Result<CqHandle, VerbsError> {
         let err = |cause| VerbsError::CreateCq { cqe, cause };
         let cq = CompletionQueue::new(cqe, self.device.attr.max_cqe).map_err(err)?;
-        self.cqs.insert(cq).map_err(|_| {
-            err(Cause::TooManyObjects {
-                object: Object::Cq,
-                max: self.cqs.max(),
-            })
-        })
+        self.cqs
+            .insert(cq)
+            .map_err(|_| err(self.cqs.too_many(Object::Cq)))
     }
 
     /// ibv_resize_cq(3). Returns the new capacity.
@@ -447,12 +441,10 @@ impl Context {
             return Err(err(no_such(Object::Pd, pd.index())));
         }
         let srq = Srq::new(pd, attr, &self.device.attr).map_err(err)?;
-        let h = self.srqs.insert(srq).map_err(|_| {
-            err(Cause::TooManyObjects {
-                object: Object::Srq,
-                max: self.srqs.max(),
-            })
-        })?;
+        let h = self
+            .srqs
+            .insert(srq)
+            .map_err(|_| err(self.srqs.too_many(Object::Srq)))?;
         self.pd_ref(pd, 1);
         Ok(h)
     }
@@ -565,12 +557,10 @@ impl Context {
             return Err(err(no_such(Object::Pd, pd.index())));
         }
         let ah = AddressHandle::new(pd, *attr, &self.device).map_err(err)?;
-        let h = self.ahs.insert(ah).map_err(|_| {
-            err(Cause::TooManyObjects {
-                object: Object::Ah,
-                max: self.ahs.max(),
-            })
-        })?;
+        let h = self
+            .ahs
+            .insert(ah)
+            .map_err(|_| err(self.ahs.too_many(Object::Ah)))?;
         self.pd_ref(pd, 1);
         Ok(h)
     }

@@ -219,6 +219,15 @@ impl<T> ObjectTable<T> {
         Some(value)
     }
 
+    /// What a create verb refuses with when [`Self::insert`] finds the table full: `object`s
+    /// beyond [`Self::max`] (`ENOMEM`, as the device attributes' `max_pd`, `max_cq`, ... say).
+    pub(crate) fn too_many(&self, object: Object) -> Cause {
+        Cause::TooManyObjects {
+            object,
+            max: self.max(),
+        }
+    }
+
     /// Takes the object `handle` names out for a destroy verb: [`Cause::NoSuchObject`] (as
     /// `object`) when the table holds none, else [`Cause::InUse`] while `users` objects still use
     /// it (`EBUSY`, as ibv_dealloc_pd(3), ibv_destroy_cq(3) and ibv_destroy_srq(3) refuse).
