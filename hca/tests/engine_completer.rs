@@ -36,18 +36,7 @@ fn write_read_and_atomics_complete_in_order_with_their_opcodes_and_results() {
             },
         ),
     );
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            2,
-            &[a.sge(100_000, 10_000)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(50_000),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, read(&a, 2, (100_000, 10_000), &b, 50_000));
     b.write(8 * 1000, &41u64.to_ne_bytes());
     post_send(
         &mut f,
@@ -99,52 +88,14 @@ fn write_read_and_atomics_complete_in_order_with_their_opcodes_and_results() {
 #[test]
 fn requester_completes_what_was_answered_before_a_nak_and_fails_the_nakked_wr() {
     let (mut f, a, b) = pair(&Opts::default());
-    b.write(0, &7u64.to_ne_bytes());
-    b.write(64, &[0x3c; 64]);
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, 8)],
-            SendOp::AtomicFetchAndAdd {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey(),
-                add: 5,
-            },
-        ),
-    );
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            2,
-            &[a.sge(64, 64)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(64),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            3,
-            &[a.sge(128, 64)],
-            SendOp::RdmaWrite {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey() ^ 0x100,
-            },
-        ),
-    );
+    post_atomic_read_then_bad_write(&mut f, &a, &b);
     let reqs = transmit(&mut f, &a, t_us(0));
     deliver_all(&mut f, &b, &reqs, t_us(1));
     let resp = transmit(&mut f, &b, t_us(1));
     deliver_all(&mut f, &a, &resp, t_us(2));
     let wcs = poll(&mut f, &a);
     assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        statuses(&wcs),
         [
             (1, WcStatus::Success),
             (2, WcStatus::Success),
@@ -551,7 +502,7 @@ fn finite_rnr_retry_ends_in_rnr_retry_exc_err() {
     post_send(&mut f, &a, &send_wr(2, &[a.sge(0, 8)], SendOp::Send));
     let wcs = run_for_completions(&mut f, &a, 2, Duration::from_millis(50));
     assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        statuses(&wcs),
         [(1, WcStatus::RnrRetryExcErr), (2, WcStatus::WrFlushErr)]
     );
     let c = f.node(a.node).counters();
@@ -621,7 +572,7 @@ fn retry_cnt_exhausted_ends_in_retry_exc_err() {
     assert_eq!(sends, 6, "first try and 2 retries of both WRITEs");
     let wcs = poll(&mut f, &a);
     assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        statuses(&wcs),
         [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
     );
     assert_eq!(f.node(a.node).counters().retry_exceeded_err, 1);
@@ -713,18 +664,7 @@ fn requester_max_rd_atomic_above_the_responders_max_dest_rd_atomic_still_complet
     let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 251) as u8).collect();
     b.write(0, &data);
     for i in 0..32u64 {
-        post_send(
-            &mut f,
-            &a,
-            &send_wr(
-                i,
-                &[a.sge(i * 2048, 2048)],
-                SendOp::RdmaRead {
-                    remote_addr: b.addr(i * 2048),
-                    rkey: b.mr.rkey(),
-                },
-            ),
-        );
+        post(&mut f, &a, read(&a, i, (i * 2048, 2048), &b, i * 2048));
     }
     let wcs = run_for_completions(&mut f, &a, 32, Duration::from_secs(10));
     assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");

@@ -53,14 +53,20 @@ fn arb_faults() -> impl Strategy<Value = Faults> {
 /// 0.2^8 per stall), which a random seed would turn into a rare flake. Set `HCA_PROPTEST_SEED`
 /// (and `PROPTEST_CASES`) to explore other cases.
 fn config() -> ProptestConfig {
+    seeded_config(0x5eed_0003, 10)
+}
+
+/// `cases` cases drawn from `seed`, unless `PROPTEST_CASES` / `HCA_PROPTEST_SEED` say otherwise;
+/// no failure persistence.
+fn seeded_config(seed: u64, cases: u32) -> ProptestConfig {
     let seed = std::env::var("HCA_PROPTEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_0003);
+        .unwrap_or(seed);
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
+        .unwrap_or(cases);
     ProptestConfig {
         cases,
         failure_persistence: None,
@@ -394,20 +400,7 @@ fn build_hostile(
 }
 
 fn hostile_config() -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(64);
-    let seed = std::env::var("HCA_PROPTEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0xadc0_0001);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        rng_seed: proptest::test_runner::RngSeed::Fixed(seed),
-        ..ProptestConfig::default()
-    }
+    seeded_config(0xadc0_0001, 64)
 }
 
 proptest! {

@@ -57,10 +57,7 @@ fn post_send_is_refused_in_reset_init_and_rtr_and_flushed_in_err() {
         .unwrap();
     f.node_mut(a.node).post_send(a.qpn, &wr).unwrap();
     let wcs = poll(&mut f, &a);
-    assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        [(9, WcStatus::WrFlushErr)]
-    );
+    assert_eq!(statuses(&wcs), [(9, WcStatus::WrFlushErr)]);
 }
 
 #[test]
@@ -111,31 +108,9 @@ fn modify_to_reset_with_work_outstanding_discards_it_and_the_qp_reconnects_clean
     let (mut f, a, b) = pair(&o);
     a.write(0, &[0x42; 3000]);
     for i in 0..8 {
-        post_send(
-            &mut f,
-            &a,
-            &send_wr(
-                i,
-                &[a.sge(0, 3000)],
-                SendOp::RdmaWrite {
-                    remote_addr: b.addr(0),
-                    rkey: b.mr.rkey(),
-                },
-            ),
-        );
+        post(&mut f, &a, write(&a, i, (0, 3000), &b, 0));
     }
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            100,
-            &[a.sge(8192, 64)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, read(&a, 100, (8192, 64), &b, 0));
     post_recv(&mut f, &a, 200, &[a.sge(16384, 64)]);
     let sent = transmit(&mut f, &a, t_us(0));
     assert!(!sent.is_empty());
@@ -177,23 +152,9 @@ fn modify_to_reset_with_work_outstanding_discards_it_and_the_qp_reconnects_clean
     }
     deliver_all(&mut f, &a, &stale, t_us(3));
     b.write(0, &[0; 3000]);
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, 3000)],
-            SendOp::RdmaWrite {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, write(&a, 1, (0, 3000), &b, 0));
     let wcs = run_for_completions(&mut f, &a, 1, Duration::from_secs(1));
-    assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        [(1, WcStatus::Success)]
-    );
+    assert_eq!(statuses(&wcs), [(1, WcStatus::Success)]);
     assert_eq!(b.read(0, 3000), vec![0x42; 3000]);
 }
 
@@ -217,7 +178,7 @@ fn write_with_a_wrong_rkey_is_rem_access_err_and_flushes_every_later_wr() {
     post(&mut f, &a, write(&a, 2, (0, 100), &b, 0));
     post_send(&mut f, &a, &send_wr(3, &[a.sge(0, 10)], SendOp::Send));
     let wcs = run_for_completions(&mut f, &a, 5, Duration::from_millis(10));
-    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    let got = statuses(&wcs);
     assert_eq!(
         got,
         [
@@ -244,10 +205,7 @@ fn write_with_a_wrong_rkey_is_rem_access_err_and_flushes_every_later_wr() {
     // A WR posted in ERR completes at once with a flush error.
     post_send(&mut f, &a, &send_wr(4, &[a.sge(0, 10)], SendOp::Send));
     post_recv(&mut f, &a, 72, &[a.sge(0, 64)]);
-    let late: Vec<_> = poll(&mut f, &a)
-        .iter()
-        .map(|w| (w.wr_id, w.status))
-        .collect();
+    let late = statuses(&poll(&mut f, &a));
     assert_eq!(
         late,
         [(4, WcStatus::WrFlushErr), (72, WcStatus::WrFlushErr)]

@@ -14,9 +14,7 @@ use common::crafted_packets::*;
 use common::uc_ud::*;
 use common::work_requests::*;
 use common::*;
-use hca::{
-    Datagram, DropReason, Instant, QpAttr, QpAttrMask, QpState, RateControl, SendOp, WcStatus,
-};
+use hca::{Datagram, DropReason, Instant, QpAttr, QpAttrMask, QpState, RateControl, WcStatus};
 use proptest::prelude::*;
 use roce::ipv4::Ecn;
 use roce::packet::{ExtReprs, TransportRepr};
@@ -27,18 +25,7 @@ use roce::Opcode;
 /// A valid packet from A to B (an RDMA WRITE ONLY) and the pair.
 fn setup() -> (hca::fabric::Fabric, Peer, Peer, Pkt) {
     let (mut f, a, b) = pair(&Opts::default());
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, 64)],
-            SendOp::RdmaWrite {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, write(&a, 1, (0, 64), &b, 0));
     let pkt = transmit(&mut f, &a, t_us(0)).remove(0);
     (f, a, b, pkt)
 }

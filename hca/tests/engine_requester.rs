@@ -250,21 +250,10 @@ fn sges_and_remote_addresses_near_u64_max_fail_with_loc_prot_err_and_rem_access_
             },
         ),
     );
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            2,
-            &[a.sge(0, 64)],
-            SendOp::RdmaRead {
-                remote_addr: b2.addr(0),
-                rkey: b2.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, read(&a, 2, (0, 64), &b2, 0));
     let wcs = run_for_completions(&mut f, &a, 2, Duration::from_millis(100));
     assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        statuses(&wcs),
         [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]
     );
 }
@@ -481,10 +470,7 @@ fn a_read_longer_than_half_the_window_is_requested_in_segments_two_at_a_time() {
         ]
     );
     let wcs = poll(&mut f, &a);
-    assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        [(5, WcStatus::Success)]
-    );
+    assert_eq!(statuses(&wcs), [(5, WcStatus::Success)]);
     assert_eq!(a.read(65536, len as usize), data);
 }
 
@@ -523,18 +509,7 @@ fn uc_send_and_write_complete_when_sent_without_acks() {
     a.write(0, &[7; 3000]);
     post_recv(&mut f, &b, 1, &[b.sge(0, 4096)]);
     post_send(&mut f, &a, &send_wr(1, &[a.sge(0, 3000)], SendOp::Send));
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            2,
-            &[a.sge(0, 100)],
-            SendOp::RdmaWrite {
-                remote_addr: b.addr(10_000),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, write(&a, 2, (0, 100), &b, 10_000));
     let pkts = transmit(&mut f, &a, t_us(0));
     let ops: Vec<_> = pkts.iter().map(Pkt::opcode).collect();
     assert_eq!(
@@ -575,7 +550,7 @@ fn ud_send_larger_than_the_pmtu_completes_with_loc_len_err() {
     assert!(transmit(&mut f, &a, t_us(0)).is_empty());
     let wa = poll(&mut f, &a);
     assert_eq!(
-        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        statuses(&wa),
         [(1, WcStatus::LocLenErr), (2, WcStatus::WrFlushErr)]
     );
     assert_eq!(

@@ -197,7 +197,7 @@ fn read_replayed_during_a_multi_packet_write_does_not_reset_the_write() {
     deliver_all(&mut f, &a, &out, t_us(4));
     let wcs = poll(&mut f, &a);
     assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        statuses(&wcs),
         [(1, WcStatus::Success), (2, WcStatus::Success)]
     );
     assert_eq!(a.read(10_000, 64), vec![0xab; 64]);
@@ -434,7 +434,7 @@ fn send_first_interrupted_by_a_new_message_is_nak_invalid_request_and_fails_the_
         )]
     );
     let wcs = poll(&mut f, &b);
-    let st: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    let st = statuses(&wcs);
     assert_eq!(
         st,
         [(1, WcStatus::RemInvReqErr), (2, WcStatus::WrFlushErr)],
@@ -524,7 +524,7 @@ fn write_middle_shorter_than_the_pmtu_is_nakked_as_an_invalid_request() {
     deliver(&mut f, &a, &nak[0], t_us(2));
     let wcs = poll(&mut f, &a);
     assert_eq!(
-        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        statuses(&wcs),
         [(1, WcStatus::RemInvReqErr), (2, WcStatus::WrFlushErr)]
     );
 }
@@ -1017,45 +1017,7 @@ fn responses_owed_before_a_class_c_error_are_sent_before_its_nak() {
     // READ the responder executed before the failing request must be answered, not discarded
     // with the error. rxe answers READs and atomics as it executes them, so it never loses one.
     let (mut f, a, b) = pair(&Opts::default());
-    b.write(0, &7u64.to_ne_bytes());
-    b.write(64, &[0x3c; 64]);
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, 8)],
-            SendOp::AtomicFetchAndAdd {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey(),
-                add: 5,
-            },
-        ),
-    );
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            2,
-            &[a.sge(64, 64)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(64),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            3,
-            &[a.sge(128, 64)],
-            SendOp::RdmaWrite {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey() ^ 0x100,
-            },
-        ),
-    );
+    post_atomic_read_then_bad_write(&mut f, &a, &b);
     let reqs = transmit(&mut f, &a, t_us(0));
     assert_eq!(reqs.len(), 3);
     // One receive batch: all three arrive before B transmits anything.
@@ -1114,30 +1076,8 @@ fn a_qp_connected_to_itself_serves_its_own_requests() {
     a.write(0, &[0x5e; 5000]);
     a.write(100_000, &41u64.to_ne_bytes());
     post_recv(&mut f, &a, 90, &[a.sge(200_000, 8192)]);
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, 5000)],
-            SendOp::RdmaWrite {
-                remote_addr: a.addr(20_000),
-                rkey: a.mr.rkey(),
-            },
-        ),
-    );
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            2,
-            &[a.sge(40_000, 5000)],
-            SendOp::RdmaRead {
-                remote_addr: a.addr(20_000),
-                rkey: a.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, write(&a, 1, (0, 5000), &a, 20_000));
+    post(&mut f, &a, read(&a, 2, (40_000, 5000), &a, 20_000));
     post_send(
         &mut f,
         &a,
@@ -1153,7 +1093,7 @@ fn a_qp_connected_to_itself_serves_its_own_requests() {
     );
     post_send(&mut f, &a, &send_wr(4, &[a.sge(0, 3000)], SendOp::Send));
     let wcs = run_for_completions(&mut f, &a, 5, Duration::from_secs(1));
-    let mut got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    let mut got = statuses(&wcs);
     got.sort_unstable_by_key(|g| g.0);
     assert_eq!(
         got,
@@ -1185,7 +1125,7 @@ fn a_qp_connected_to_itself_serves_its_own_requests() {
     );
     post_send(&mut f, &a, &send_wr(6, &[a.sge(0, 8)], SendOp::Send));
     let wcs = run_for_completions(&mut f, &a, 2, Duration::from_secs(1));
-    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    let got = statuses(&wcs);
     assert!(
         matches!(
             got[..],
@@ -1745,18 +1685,7 @@ fn a_held_ack_never_holds_back_read_responses() {
     let (mut f, a, b) = pair(&opts_with_ack_delay(20));
     one_send(&mut f, &a, &b);
     b.write(4096, &[7; 100]);
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            2,
-            &[a.sge(4096, 100)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(4096),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, read(&a, 2, (4096, 100), &b, 4096));
     let req = transmit(&mut f, &a, t_us(3));
     deliver_all(&mut f, &b, &req, t_us(4));
     let out = transmit(&mut f, &b, t_us(4));
@@ -1910,10 +1839,7 @@ fn ud_receive_wqe_whose_sge_fails_its_lkey_check_is_loc_qp_op_err_and_the_qp_ent
     deliver(&mut f, &b, &pkts[0], t_us(1));
     assert!(transmit(&mut f, &b, t_us(1)).is_empty(), "no NAK on UD");
     let wb = poll(&mut f, &b);
-    assert_eq!(
-        wb.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        [(1, WcStatus::LocQpOpErr)]
-    );
+    assert_eq!(statuses(&wb), [(1, WcStatus::LocQpOpErr)]);
     assert_eq!(
         f.node(b.node).context().qp(b.qpn).unwrap().state(),
         QpState::Err

@@ -6,6 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
+use common::work_requests::*;
 use common::*;
 use gpu_p2p::{HostMemory, Memory, MemoryError, MemoryKind};
 use hca::engine::{GatherTransmit, MAX_TX_SEGMENTS, MAX_UDP_PAYLOAD};
@@ -294,18 +295,7 @@ fn uc_and_ud_sends_are_copied_because_they_complete_when_built() {
 fn read_responses_are_gathered_from_the_responders_mr() {
     let (mut f, a, b) = pair(&Opts::default());
     b.write(4096, &pattern(2500, 4));
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, 2500)],
-            SendOp::RdmaRead {
-                remote_addr: b.addr(4096),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    post(&mut f, &a, read(&a, 1, (0, 2500), &b, 4096));
     let req = transmit(&mut f, &a, t_us(1));
     deliver_all(&mut f, &b, &req, t_us(2));
     let resp = transmit_gather(&mut f, &b, t_us(3));

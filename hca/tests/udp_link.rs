@@ -6,6 +6,9 @@
 #![cfg(feature = "std")]
 #![allow(unsafe_code)]
 
+#[path = "common/tun.rs"]
+mod tun;
+
 use std::io::IoSlice;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -14,6 +17,7 @@ use std::time::{Duration, Instant};
 use hca::link::udp::{RecvBatch, RoceSocket, RoceSocketConfig, SendDatagram};
 use hca::link::{LinkError, Waker};
 use roce::ipv4::Ecn;
+use tun::in_tun_namespace;
 
 fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -558,38 +562,9 @@ fn oversized_datagrams_are_dropped_and_counted() {
 /// is opt-in on IPv4.
 #[test]
 fn ipv4_identification_on_the_wire() {
-    if !is_root() || !std::path::Path::new("/dev/net/tun").exists() {
-        eprintln!("skipped: needs root and /dev/net/tun");
-        return;
-    }
     // Everything runs in one thread that moves into a new network namespace (per-thread for
     // CLONE_NEWNET), so the host's network is untouched.
-    std::thread::spawn(|| {
-        // SAFETY: unshare(2) of the calling thread's network namespace; no pointers.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!(
-                "skipped: unshare(CLONE_NEWNET): {}",
-                std::io::Error::last_os_error()
-            );
-            return;
-        }
-        let tun = match Tun::open("rocetun0") {
-            Some(t) => t,
-            None => return,
-        };
-        let ip = |args: &[&str]| {
-            std::process::Command::new("ip")
-                .args(args)
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false)
-        };
-        if !(ip(&["addr", "add", "10.77.0.1/24", "dev", "rocetun0"])
-            && ip(&["link", "set", "rocetun0", "up"]))
-        {
-            eprintln!("skipped: could not configure the TUN device with ip(8)");
-            return;
-        }
+    in_tun_namespace("rocetun0", "10.77.0.1/24", |tun| {
         let mut c = RoceSocketConfig::new(addr("10.77.0.1:4791"));
         c.gso_ipv4 = true;
         let mut l = RoceSocket::bind(c).unwrap();
@@ -602,7 +577,11 @@ fn ipv4_identification_on_the_wire() {
             assert_eq!(l.send(&[d]).unwrap(), 1);
         }
         assert_eq!(l.send(&[d, d, d]).unwrap(), 3);
-        let ids: Vec<(u16, bool)> = (0..6).filter_map(|_| tun.next_udp_ident()).collect();
+        // The (identification, DF) of each IPv4 UDP packet.
+        let ids: Vec<(u16, bool)> = (0..6)
+            .filter_map(|_| tun.next_udp(Duration::from_secs(2)))
+            .map(|p| (u16::from_be_bytes([p[4], p[5]]), p[6] & 0x40 != 0))
+            .collect();
         eprintln!(
             "IPv4 (ident, DF) on the wire: {ids:?}; offloads {:?}",
             l.offloads()
@@ -620,80 +599,7 @@ fn ipv4_identification_on_the_wire() {
                 "GSO numbers segments"
             );
         }
-    })
-    .join()
-    .unwrap();
-}
-
-/// A TUN device (no packet-info header) read with poll(2) and read(2).
-struct Tun {
-    fd: std::os::fd::OwnedFd,
-}
-
-impl Tun {
-    fn open(name: &str) -> Option<Tun> {
-        use std::os::fd::FromRawFd;
-        // SAFETY: open(2) of a NUL-terminated path.
-        let fd = unsafe { libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if fd < 0 {
-            eprintln!(
-                "skipped: open /dev/net/tun: {}",
-                std::io::Error::last_os_error()
-            );
-            return None;
-        }
-        // SAFETY: fd was just opened and is owned by nobody else.
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        // struct ifreq: 16-byte name, then the flags (short) in the union.
-        let mut ifr = [0u8; 40];
-        ifr[..name.len()].copy_from_slice(name.as_bytes());
-        let flags = (libc::IFF_TUN | libc::IFF_NO_PI) as i16;
-        ifr[16..18].copy_from_slice(&flags.to_ne_bytes());
-        // SAFETY: TUNSETIFF reads and writes a struct ifreq (40 bytes) at the pointer given.
-        let rc = unsafe {
-            libc::ioctl(
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                libc::TUNSETIFF as _,
-                ifr.as_mut_ptr(),
-            )
-        };
-        if rc < 0 {
-            eprintln!("skipped: TUNSETIFF: {}", std::io::Error::last_os_error());
-            return None;
-        }
-        Some(Tun { fd })
-    }
-
-    /// The (identification, DF) of the next IPv4 UDP packet the device carries, skipping others;
-    /// `None` after 2 s without one.
-    fn next_udp_ident(&self) -> Option<(u16, bool)> {
-        use std::os::fd::AsRawFd;
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let mut buf = [0u8; 65536];
-        while Instant::now() < deadline {
-            let mut pfd = libc::pollfd {
-                fd: self.fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one live pollfd.
-            if unsafe { libc::poll(&mut pfd, 1, 100) } <= 0 {
-                continue;
-            }
-            // SAFETY: buf is a live buffer of buf.len() bytes.
-            let n = unsafe { libc::read(pfd.fd, buf.as_mut_ptr().cast(), buf.len()) };
-            if n < 28 {
-                continue;
-            }
-            let p = &buf[..n as usize];
-            if p[0] >> 4 == 4 && p[9] == 17 {
-                let ident = u16::from_be_bytes([p[4], p[5]]);
-                let df = p[6] & 0x40 != 0;
-                return Some((ident, df));
-            }
-        }
-        None
-    }
+    });
 }
 
 /// A GSO send the kernel refuses (here: IPv6 without UDP checksums, which GSO cannot do, forced

@@ -424,6 +424,40 @@ fn errno_of(e: &hca::verbs::api::DeviceError) -> c_int {
     e.errno().unwrap_or(libc::EIO)
 }
 
+/// What an object-creating verb hands the program: `make(value)` boxed, as the C struct it starts
+/// with (`repr(C)`, first field), or null with `errno` set when the verb was refused.
+fn boxed_or_null<T, A, C>(
+    made: Result<T, hca::verbs::api::DeviceError>,
+    make: impl FnOnce(T) -> A,
+) -> *mut C {
+    match made {
+        Ok(value) => Box::into_raw(Box::new(make(value))).cast(),
+        Err(e) => {
+            set_errno(errno_of(&e));
+            null_mut()
+        }
+    }
+}
+
+/// What an object-destroying verb returns: 0 after freeing `obj` once the device destroyed what it
+/// stands for, or the refusal's errno with `obj` left alone.
+///
+/// # Safety
+/// `obj` is from `Box::into_raw` (as [`boxed_or_null`] makes it) and is not used after a 0 return.
+unsafe fn free_if_destroyed<A>(
+    destroyed: Result<(), hca::verbs::api::DeviceError>,
+    obj: *mut A,
+) -> c_int {
+    match destroyed {
+        Ok(()) => {
+            // SAFETY: the caller's promise: freed once, here.
+            drop(unsafe { Box::from_raw(obj) });
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Device list.
 
@@ -878,20 +912,13 @@ symver!(ibv_fork_init, "IBVERBS_1.1");
 #[no_mangle]
 pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
     // SAFETY: the caller's context.
-    match unsafe { inner(context) }.verbs.alloc_pd() {
-        Ok(handle) => Box::into_raw(Box::new(AbiPd {
-            pd: ibv_pd {
-                context,
-                handle: handle.index(),
-            },
-            handle,
-        }))
-        .cast(),
-        Err(e) => {
-            set_errno(errno_of(&e));
-            null_mut()
-        }
-    }
+    boxed_or_null(unsafe { inner(context) }.verbs.alloc_pd(), |handle| AbiPd {
+        pd: ibv_pd {
+            context,
+            handle: handle.index(),
+        },
+        handle,
+    })
 }
 symver!(ibv_alloc_pd, "IBVERBS_1.1");
 
@@ -904,14 +931,9 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     // SAFETY: the caller's promise: an AbiPd.
     let p = unsafe { &*pd.cast::<AbiPd>() };
     // SAFETY: its context is open.
-    match unsafe { inner(p.pd.context) }.verbs.dealloc_pd(p.handle) {
-        Ok(()) => {
-            // SAFETY: freed once, here.
-            drop(unsafe { Box::from_raw(pd.cast::<AbiPd>()) });
-            0
-        }
-        Err(e) => errno_of(&e),
-    }
+    let destroyed = unsafe { inner(p.pd.context) }.verbs.dealloc_pd(p.handle);
+    // SAFETY: an AbiPd from ibv_alloc_pd.
+    unsafe { free_if_destroyed(destroyed, pd.cast::<AbiPd>()) }
 }
 symver!(ibv_dealloc_pd, "IBVERBS_1.1");
 
@@ -935,31 +957,25 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
         base: addr as usize,
         len: length,
     });
-    match i.verbs.reg_mr(
+    let registered = i.verbs.reg_mr(
         p.handle,
         memory,
         0,
         length,
         iova,
         AccessFlags::from_bits_retain(access),
-    ) {
-        Ok(mr) => Box::into_raw(Box::new(AbiMr {
-            mr: ibv_mr {
-                context: p.pd.context,
-                pd,
-                addr,
-                length,
-                handle: mr.lkey(),
-                lkey: mr.lkey(),
-                rkey: mr.rkey(),
-            },
-        }))
-        .cast(),
-        Err(e) => {
-            set_errno(errno_of(&e));
-            null_mut()
-        }
-    }
+    );
+    boxed_or_null(registered, |mr| AbiMr {
+        mr: ibv_mr {
+            context: p.pd.context,
+            pd,
+            addr,
+            length,
+            handle: mr.lkey(),
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+        },
+    })
 }
 symver!(ibv_reg_mr_iova2, "IBVERBS_1.8");
 
@@ -1021,14 +1037,9 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     // SAFETY: the caller's promise.
     let m = unsafe { &*mr };
     // SAFETY: its context is open.
-    match unsafe { inner(m.context) }.verbs.dereg_mr(m.lkey) {
-        Ok(()) => {
-            // SAFETY: freed once, here.
-            drop(unsafe { Box::from_raw(mr.cast::<AbiMr>()) });
-            0
-        }
-        Err(e) => errno_of(&e),
-    }
+    let destroyed = unsafe { inner(m.context) }.verbs.dereg_mr(m.lkey);
+    // SAFETY: an AbiMr from ibv_reg_mr.
+    unsafe { free_if_destroyed(destroyed, mr.cast::<AbiMr>()) }
 }
 symver!(ibv_dereg_mr, "IBVERBS_1.1");
 
@@ -1762,21 +1773,17 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         set_errno(libc::EINVAL);
         return null_mut();
     }
-    match i.verbs.create_ah(p.handle, &translate::ah_attr_from(a)) {
-        Ok(handle) => Box::into_raw(Box::new(AbiAh {
+    boxed_or_null(
+        i.verbs.create_ah(p.handle, &translate::ah_attr_from(a)),
+        |handle| AbiAh {
             ah: ibv_ah {
                 context: p.pd.context,
                 pd,
                 handle: handle.index(),
             },
             handle,
-        }))
-        .cast(),
-        Err(e) => {
-            set_errno(errno_of(&e));
-            null_mut()
-        }
-    }
+        },
+    )
 }
 symver!(ibv_create_ah, "IBVERBS_1.1");
 
@@ -1789,14 +1796,9 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     // SAFETY: the caller's promise.
     let h = unsafe { &*ah.cast::<AbiAh>() };
     // SAFETY: its context is open.
-    match unsafe { inner(h.ah.context) }.verbs.destroy_ah(h.handle) {
-        Ok(()) => {
-            // SAFETY: freed once, here.
-            drop(unsafe { Box::from_raw(ah.cast::<AbiAh>()) });
-            0
-        }
-        Err(e) => errno_of(&e),
-    }
+    let destroyed = unsafe { inner(h.ah.context) }.verbs.destroy_ah(h.handle);
+    // SAFETY: an AbiAh from ibv_create_ah.
+    unsafe { free_if_destroyed(destroyed, ah.cast::<AbiAh>()) }
 }
 symver!(ibv_destroy_ah, "IBVERBS_1.1");
 

@@ -595,6 +595,23 @@ impl SoftHca {
         Ok(())
     }
 
+    /// Moves every QP not yet in ERR to ERR, as [`Self::modify_qp`] does (each outstanding WR
+    /// completes with `IBV_WC_WR_FLUSH_ERR`): what closing a device does to its QPs. Every state
+    /// -> ERR, RESET included, is a valid transition (IBTA 10.3.1), so none is refused.
+    pub fn error_all_qps(&mut self) {
+        let qpns: Vec<u32> = self.ctx.qpns().collect();
+        for qpn in qpns {
+            let state = self.ctx.qp(qpn).map(|q| q.state());
+            if matches!(state, Some(st) if st != QpState::Err) {
+                let attr = QpAttr {
+                    qp_state: QpState::Err,
+                    ..QpAttr::default()
+                };
+                let _ = self.modify_qp(qpn, &attr, QpAttrMask::STATE);
+            }
+        }
+    }
+
     /// ibv_modify_qp(3), then the transport follows: RESET forgets everything, ERR flushes every
     /// WR with IBV_WC_WR_FLUSH_ERR, `rq_psn` / `sq_psn` set the expected and next PSNs, SQD
     /// stops starting new WRs until the send queue drains (then `IBV_EVENT_SQ_DRAINED` if asked).

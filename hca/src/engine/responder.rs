@@ -464,7 +464,11 @@ impl QpTransport {
             status: WcStatus::RemAccessErr,
             event: AsyncEventType::QpAccessErr,
         };
-        let mrs = env.ctx.mrs();
+        let (mrs, pd) = (env.ctx.mrs(), self.pd);
+        // Whether the R_Key refuses `access` to `len` bytes at `va` (none checked for none).
+        let denied = |rkey: u32, va: u64, len: u64, access: AccessFlags| {
+            len > 0 && mrs.check_rkey(pd, rkey, va, len, access).is_err()
+        };
         match pkt.info.operation {
             Operation::RdmaWrite => {
                 if pkt.opcode.starts_message() {
@@ -483,16 +487,12 @@ impl QpTransport {
                     // RC checks the whole range on the first packet; UC checks each packet's
                     // range as it writes it (Execute), so the packets before a bad one land.
                     if self.qp_type == QpType::Rc
-                        && reth.dma_len > 0
-                        && mrs
-                            .check_rkey(
-                                self.pd,
-                                reth.rkey,
-                                reth.virtual_address,
-                                u64::from(reth.dma_len),
-                                AccessFlags::REMOTE_WRITE,
-                            )
-                            .is_err()
+                        && denied(
+                            reth.rkey,
+                            reth.virtual_address,
+                            u64::from(reth.dma_len),
+                            AccessFlags::REMOTE_WRITE,
+                        )
                     {
                         return access_error;
                     }
@@ -511,17 +511,12 @@ impl QpTransport {
                 let Some(reth) = pkt.ext.reth else {
                     return RespState::Drop(DropReason::Length);
                 };
-                if reth.dma_len > 0
-                    && mrs
-                        .check_rkey(
-                            self.pd,
-                            reth.rkey,
-                            reth.virtual_address,
-                            u64::from(reth.dma_len),
-                            AccessFlags::REMOTE_READ,
-                        )
-                        .is_err()
-                {
+                if denied(
+                    reth.rkey,
+                    reth.virtual_address,
+                    u64::from(reth.dma_len),
+                    AccessFlags::REMOTE_READ,
+                ) {
                     return access_error;
                 }
             }
@@ -529,16 +524,7 @@ impl QpTransport {
                 let Some(a) = pkt.ext.atomic_eth else {
                     return RespState::Drop(DropReason::Length);
                 };
-                if mrs
-                    .check_rkey(
-                        self.pd,
-                        a.rkey,
-                        a.virtual_address,
-                        8,
-                        AccessFlags::REMOTE_ATOMIC,
-                    )
-                    .is_err()
-                {
+                if denied(a.rkey, a.virtual_address, 8, AccessFlags::REMOTE_ATOMIC) {
                     return access_error;
                 }
                 // rxe ERR_MISALIGNED_ATOMIC: class C, invalid request.

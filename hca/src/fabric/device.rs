@@ -42,7 +42,7 @@ use crate::verbs::event::AsyncEvent;
 use crate::verbs::gid::{GidEntry, GidType};
 use crate::verbs::mr::{AccessFlags, MemoryRegion};
 use crate::verbs::pd::PdHandle;
-use crate::verbs::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState};
+use crate::verbs::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr};
 use crate::verbs::srq::{SrqAttr, SrqAttrMask, SrqHandle};
 use crate::verbs::wc::{WcOpcode, WorkCompletion};
 use crate::verbs::wr::{RecvWr, SendWr};
@@ -444,18 +444,7 @@ impl Verbs for FabricDevice {
             return;
         }
         self.engine_kick(|e| {
-            let qpns: Vec<u32> = e.context().qpns().collect();
-            for qpn in qpns {
-                let state = e.context().qp(qpn).map(|q| q.state());
-                if matches!(state, Some(st) if st != QpState::Err) {
-                    let attr = QpAttr {
-                        qp_state: QpState::Err,
-                        ..QpAttr::default()
-                    };
-                    // Every state -> ERR is a valid transition (IBTA 10.3.1).
-                    let _ = e.modify_qp(qpn, &attr, QpAttrMask::STATE);
-                }
-            }
+            e.error_all_qps();
         });
     }
     fn is_closed(&self) -> bool {
@@ -474,7 +463,7 @@ impl Drop for FabricDevice {
 mod tests {
     use super::*;
     use crate::verbs::connect::{self, ConnectAttr};
-    use crate::verbs::qp::{QpCap, QpType};
+    use crate::verbs::qp::{QpCap, QpState, QpType};
     use crate::verbs::wc::WcStatus;
     use crate::verbs::wr::{SendFlags, SendOp, Sge};
     use core::net::Ipv4Addr;

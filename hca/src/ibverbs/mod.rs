@@ -223,28 +223,6 @@ fn no_such(object: Object, id: u32) -> Cause {
     Cause::NoSuchObject { object, id }
 }
 
-/// Takes the entry of `handle` out of `table` for a destroy verb: [`Cause::NoSuchObject`] when
-/// the table holds none, else [`Cause::InUse`] while `users` objects still use it (`EBUSY`, as
-/// ibv_dealloc_pd(3), ibv_destroy_cq(3) and ibv_destroy_srq(3) refuse).
-fn take_unused<E, T>(
-    table: &mut ObjectTable<E>,
-    handle: Handle<T>,
-    object: Object,
-    users: usize,
-) -> Result<E, Cause> {
-    if table.get(cast(handle)).is_none() {
-        return Err(no_such(object, handle.index()));
-    }
-    if users > 0 {
-        return Err(Cause::InUse {
-            users: users as u32,
-        });
-    }
-    table
-        .remove(cast(handle))
-        .ok_or(no_such(object, handle.index()))
-}
-
 impl IbvDevice {
     /// Opens the RDMA device `device` (a name ibv_devices(1) lists: `rxe0`, `mlx5_0`) through
     /// `libibverbs.so.1`.
@@ -579,10 +557,7 @@ impl Verbs for IbvDevice {
             Err(entry) => {
                 let _ = self.ctx.dealloc_pd(entry.raw).map_err(|(raw, _)| leak(raw));
                 Err(VerbsError::AllocPd {
-                    cause: Cause::TooManyObjects {
-                        object: Object::Pd,
-                        max: o.pds.max(),
-                    },
+                    cause: o.pds.too_many(Object::Pd),
                 }
                 .into())
             }
@@ -596,7 +571,10 @@ impl Verbs for IbvDevice {
         };
         let mut o = self.write();
         let users = o.pd_users(pd);
-        let entry = take_unused(&mut o.pds, pd, Object::Pd, users).map_err(err)?;
+        let entry = o
+            .pds
+            .take_unused(cast(pd), Object::Pd, users)
+            .map_err(err)?;
         match self.ctx.dealloc_pd(entry.raw) {
             Ok(()) => Ok(()),
             Err((raw, e)) => {
@@ -687,11 +665,7 @@ impl Verbs for IbvDevice {
                 if self.ctx.destroy_cq(entry.raw).is_ok() {
                     let _ = self.ctx.destroy_comp_channel(entry.channel);
                 }
-                Err(err(Cause::TooManyObjects {
-                    object: Object::Cq,
-                    max: o.cqs.max(),
-                })
-                .into())
+                Err(err(o.cqs.too_many(Object::Cq)).into())
             }
         }
     }
@@ -703,7 +677,10 @@ impl Verbs for IbvDevice {
         };
         let mut o = self.write();
         let users = o.cq_users(cq);
-        let entry = take_unused(&mut o.cqs, cq, Object::Cq, users).map_err(err)?;
+        let entry = o
+            .cqs
+            .take_unused(cast(cq), Object::Cq, users)
+            .map_err(err)?;
         match self.ctx.destroy_cq(entry.raw) {
             Ok(()) => {
                 let _ = self
@@ -841,11 +818,7 @@ impl Verbs for IbvDevice {
                     .ctx
                     .destroy_srq(entry.raw)
                     .map_err(|(raw, _)| leak(raw));
-                Err(err(Cause::TooManyObjects {
-                    object: Object::Srq,
-                    max: o.srqs.max(),
-                })
-                .into())
+                Err(err(o.srqs.too_many(Object::Srq)).into())
             }
         }
     }
@@ -875,7 +848,10 @@ impl Verbs for IbvDevice {
         };
         let mut o = self.write();
         let users = o.qps.values().filter(|q| q.init.srq == Some(srq)).count();
-        let entry = take_unused(&mut o.srqs, srq, Object::Srq, users).map_err(err)?;
+        let entry = o
+            .srqs
+            .take_unused(cast(srq), Object::Srq, users)
+            .map_err(err)?;
         self.ctx.destroy_srq(entry.raw).map_err(|(raw, e)| {
             leak(raw);
             err(os(e)).into()
@@ -913,11 +889,7 @@ impl Verbs for IbvDevice {
             Ok(h) => Ok(cast(h)),
             Err(entry) => {
                 let _ = self.ctx.destroy_ah(entry.raw).map_err(|(raw, _)| leak(raw));
-                Err(err(Cause::TooManyObjects {
-                    object: Object::Ah,
-                    max: o.ahs.max(),
-                })
-                .into())
+                Err(err(o.ahs.too_many(Object::Ah)).into())
             }
         }
     }

@@ -95,7 +95,7 @@ use crate::verbs::event::AsyncEvent;
 use crate::verbs::gid::{Gid, GidEntry, GidType};
 use crate::verbs::mr::{AccessFlags, MemoryRegion};
 use crate::verbs::pd::PdHandle;
-use crate::verbs::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr, QpState};
+use crate::verbs::qp::{ModifyOutcome, QpAttr, QpAttrMask, QpInitAttr};
 use crate::verbs::srq::{SrqAttr, SrqAttrMask, SrqHandle};
 use crate::verbs::wc::{WcOpcode, WorkCompletion};
 use crate::verbs::wr::{RecvWr, SendWr};
@@ -993,18 +993,7 @@ impl<L: SoftLink> SoftDevice<L> {
             let mut e = lock(&s.engine);
             let now = s.now();
             e.handle_timeout(now);
-            let qpns: Vec<u32> = e.context().qpns().collect();
-            for qpn in qpns {
-                let state = e.context().qp(qpn).map(|q| q.state());
-                if matches!(state, Some(st) if st != QpState::Err) {
-                    let attr = QpAttr {
-                        qp_state: QpState::Err,
-                        ..QpAttr::default()
-                    };
-                    // RESET -> ERR and every other state -> ERR are valid transitions.
-                    let _ = e.modify_qp(qpn, &attr, QpAttrMask::STATE);
-                }
-            }
+            e.error_all_qps();
         }
         s.epoch.fetch_add(1, Ordering::Release);
         s.notify_cq_waiters();

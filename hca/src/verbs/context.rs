@@ -195,10 +195,7 @@ impl Context {
         self.pds
             .insert(Pd::default())
             .map_err(|_| VerbsError::AllocPd {
-                cause: Cause::TooManyObjects {
-                    object: Object::Pd,
-                    max: self.pds.max(),
-                },
+                cause: self.pds.too_many(Object::Pd),
             })
     }
 
@@ -212,14 +209,8 @@ impl Context {
             pd: pd.index(),
             cause,
         };
-        let p = self
-            .pds
-            .get(pd)
-            .ok_or(err(no_such(Object::Pd, pd.index())))?;
-        if p.users > 0 {
-            return Err(err(Cause::InUse { users: p.users }));
-        }
-        self.pds.remove(pd);
+        let users = self.pds.get(pd).map_or(0, |p| p.users as usize);
+        self.pds.take_unused(pd, Object::Pd, users).map_err(err)?;
         Ok(())
     }
 
@@ -326,12 +317,9 @@ impl Context {
     pub fn create_cq(&mut self, cqe: u32) -> Result<CqHandle, VerbsError> {
         let err = |cause| VerbsError::CreateCq { cqe, cause };
         let cq = CompletionQueue::new(cqe, self.device.attr.max_cqe).map_err(err)?;
-        self.cqs.insert(cq).map_err(|_| {
-            err(Cause::TooManyObjects {
-                object: Object::Cq,
-                max: self.cqs.max(),
-            })
-        })
+        self.cqs
+            .insert(cq)
+            .map_err(|_| err(self.cqs.too_many(Object::Cq)))
     }
 
     /// ibv_resize_cq(3). Returns the new capacity.
@@ -361,14 +349,8 @@ impl Context {
             cq: cq.index(),
             cause,
         };
-        let c = self
-            .cqs
-            .get(cq)
-            .ok_or(err(no_such(Object::Cq, cq.index())))?;
-        if c.users > 0 {
-            return Err(err(Cause::InUse { users: c.users }));
-        }
-        self.cqs.remove(cq);
+        let users = self.cqs.get(cq).map_or(0, |c| c.users as usize);
+        self.cqs.take_unused(cq, Object::Cq, users).map_err(err)?;
         Ok(())
     }
 
@@ -459,12 +441,10 @@ impl Context {
             return Err(err(no_such(Object::Pd, pd.index())));
         }
         let srq = Srq::new(pd, attr, &self.device.attr).map_err(err)?;
-        let h = self.srqs.insert(srq).map_err(|_| {
-            err(Cause::TooManyObjects {
-                object: Object::Srq,
-                max: self.srqs.max(),
-            })
-        })?;
+        let h = self
+            .srqs
+            .insert(srq)
+            .map_err(|_| err(self.srqs.too_many(Object::Srq)))?;
         self.pd_ref(pd, 1);
         Ok(h)
     }
@@ -513,16 +493,12 @@ impl Context {
             srq: srq.index(),
             cause,
         };
+        let users = self.srqs.get(srq).map_or(0, |s| s.users as usize);
         let s = self
             .srqs
-            .get(srq)
-            .ok_or(err(no_such(Object::Srq, srq.index())))?;
-        if s.users > 0 {
-            return Err(err(Cause::InUse { users: s.users }));
-        }
-        let pd = s.pd();
-        self.srqs.remove(srq);
-        self.pd_ref(pd, -1);
+            .take_unused(srq, Object::Srq, users)
+            .map_err(err)?;
+        self.pd_ref(s.pd(), -1);
         Ok(())
     }
 
@@ -581,12 +557,10 @@ impl Context {
             return Err(err(no_such(Object::Pd, pd.index())));
         }
         let ah = AddressHandle::new(pd, *attr, &self.device).map_err(err)?;
-        let h = self.ahs.insert(ah).map_err(|_| {
-            err(Cause::TooManyObjects {
-                object: Object::Ah,
-                max: self.ahs.max(),
-            })
-        })?;
+        let h = self
+            .ahs
+            .insert(ah)
+            .map_err(|_| err(self.ahs.too_many(Object::Ah)))?;
         self.pd_ref(pd, 1);
         Ok(h)
     }

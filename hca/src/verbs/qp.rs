@@ -1107,6 +1107,23 @@ mod tests {
         Some(qp)
     }
 
+    /// Calls `f(type, from, to, required, optional, qp)` for every transition the kernel table
+    /// allows, with `qp` a QP of that type in `from` (none for RC in SQE).
+    fn for_each_allowed_transition(
+        d: &Device,
+        mut f: impl FnMut(QpType, QpState, QpState, QpAttrMask, QpAttrMask, Qp),
+    ) {
+        for t in QpType::ALL {
+            for from in QpState::ALL {
+                for to in QpState::ALL {
+                    if let (Some((req, opt)), Some(qp)) = (oracle(t, from, to), qp_in(t, from, d)) {
+                        f(t, from, to, req, opt, qp);
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn implementation_matches_the_kernel_table() {
         for t in QpType::ALL {
@@ -1159,110 +1176,86 @@ mod tests {
     #[test]
     fn every_missing_required_attribute_is_named() {
         let d = device();
-        for t in QpType::ALL {
-            for from in QpState::ALL {
-                for to in QpState::ALL {
-                    let (Some((req, _)), Some(qp)) = (oracle(t, from, to), qp_in(t, from, &d))
-                    else {
-                        continue;
-                    };
-                    for (_, bit) in req.iter_names() {
-                        let mut q = qp.clone();
-                        let r = q.modify(&full_attr(to, from), (req - bit) | M::STATE, &d);
-                        assert_eq!(
-                            r,
-                            Err(Cause::MissingAttributes {
-                                qp_type: t,
-                                from,
-                                to,
-                                missing: bit
-                            })
-                        );
-                        assert_eq!(q, qp);
-                    }
-                }
+        for_each_allowed_transition(&d, |t, from, to, req, _, qp| {
+            for (_, bit) in req.iter_names() {
+                let mut q = qp.clone();
+                let r = q.modify(&full_attr(to, from), (req - bit) | M::STATE, &d);
+                assert_eq!(
+                    r,
+                    Err(Cause::MissingAttributes {
+                        qp_type: t,
+                        from,
+                        to,
+                        missing: bit
+                    })
+                );
+                assert_eq!(q, qp);
             }
-        }
+        });
     }
 
     #[test]
     fn every_disallowed_attribute_is_refused() {
         let d = device();
-        for t in QpType::ALL {
-            for from in QpState::ALL {
-                for to in QpState::ALL {
-                    let (Some((req, opt)), Some(qp)) = (oracle(t, from, to), qp_in(t, from, &d))
-                    else {
-                        continue;
-                    };
-                    let mut bits: Vec<QpAttrMask> = QpAttrMask::all().iter().collect();
-                    bits.push(QpAttrMask::from_bits_retain(1 << 30));
-                    for bit in bits {
-                        if (req | opt | M::STATE).contains(bit) {
-                            continue;
-                        }
-                        let mut q = qp.clone();
-                        let r = q.modify(&full_attr(to, from), req | bit | M::STATE, &d);
-                        assert_eq!(
-                            r,
-                            Err(Cause::DisallowedAttributes {
-                                qp_type: t,
-                                from,
-                                to,
-                                extra: bit
-                            }),
-                            "{t} {from}->{to} {bit:?}"
-                        );
-                        assert_eq!(q, qp);
-                    }
+        for_each_allowed_transition(&d, |t, from, to, req, opt, qp| {
+            let mut bits: Vec<QpAttrMask> = QpAttrMask::all().iter().collect();
+            bits.push(QpAttrMask::from_bits_retain(1 << 30));
+            for bit in bits {
+                if (req | opt | M::STATE).contains(bit) {
+                    continue;
                 }
+                let mut q = qp.clone();
+                let r = q.modify(&full_attr(to, from), req | bit | M::STATE, &d);
+                assert_eq!(
+                    r,
+                    Err(Cause::DisallowedAttributes {
+                        qp_type: t,
+                        from,
+                        to,
+                        extra: bit
+                    }),
+                    "{t} {from}->{to} {bit:?}"
+                );
+                assert_eq!(q, qp);
             }
-        }
+        });
     }
 
     #[test]
     fn every_optional_attribute_is_accepted_and_applied() {
         let d = device();
-        for t in QpType::ALL {
-            for from in QpState::ALL {
-                for to in QpState::ALL {
-                    let (Some((req, opt)), Some(qp)) = (oracle(t, from, to), qp_in(t, from, &d))
-                    else {
-                        continue;
-                    };
-                    let attr = full_attr(to, from);
-                    let mut q = qp.clone();
-                    let mask = req | (opt - M::ALT_PATH) | M::STATE;
-                    q.modify(&attr, mask, &d)
-                        .unwrap_or_else(|e| panic!("{t} {from}->{to}: {e}"));
-                    if to != Reset {
-                        let got = q.query();
-                        if mask.contains(M::QKEY) {
-                            assert_eq!(got.qkey, attr.qkey);
-                        }
-                        if mask.contains(M::SQ_PSN) {
-                            assert_eq!(got.sq_psn, attr.sq_psn);
-                        }
-                        if mask.contains(M::AV) {
-                            assert_eq!(got.ah_attr, attr.ah_attr);
-                        }
-                        if mask.contains(M::PATH_MIG_STATE) {
-                            assert_eq!(got.path_mig_state, attr.path_mig_state);
-                        }
-                    }
-                    if opt.contains(M::ALT_PATH) {
-                        let mut q = qp.clone();
-                        assert_eq!(
-                            q.modify(&attr, req | M::ALT_PATH | M::STATE, &d),
-                            Err(Cause::UnsupportedAttribute {
-                                attr: "alt_ah_attr"
-                            })
-                        );
-                        assert_eq!(q, qp);
-                    }
+        for_each_allowed_transition(&d, |t, from, to, req, opt, qp| {
+            let attr = full_attr(to, from);
+            let mut q = qp.clone();
+            let mask = req | (opt - M::ALT_PATH) | M::STATE;
+            q.modify(&attr, mask, &d)
+                .unwrap_or_else(|e| panic!("{t} {from}->{to}: {e}"));
+            if to != Reset {
+                let got = q.query();
+                if mask.contains(M::QKEY) {
+                    assert_eq!(got.qkey, attr.qkey);
+                }
+                if mask.contains(M::SQ_PSN) {
+                    assert_eq!(got.sq_psn, attr.sq_psn);
+                }
+                if mask.contains(M::AV) {
+                    assert_eq!(got.ah_attr, attr.ah_attr);
+                }
+                if mask.contains(M::PATH_MIG_STATE) {
+                    assert_eq!(got.path_mig_state, attr.path_mig_state);
                 }
             }
-        }
+            if opt.contains(M::ALT_PATH) {
+                let mut q = qp.clone();
+                assert_eq!(
+                    q.modify(&attr, req | M::ALT_PATH | M::STATE, &d),
+                    Err(Cause::UnsupportedAttribute {
+                        attr: "alt_ah_attr"
+                    })
+                );
+                assert_eq!(q, qp);
+            }
+        });
     }
 
     #[test]

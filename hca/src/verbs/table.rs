@@ -23,6 +23,7 @@ use core::fmt;
 use core::hash::{Hash, Hasher};
 use core::marker::PhantomData;
 
+use crate::verbs::error::{Cause, Object};
 use crate::verbs::random::RandomSource;
 
 /// Freed slots are reused only once more than this many are free (or the table is full).
@@ -216,6 +217,39 @@ impl<T> ObjectTable<T> {
         self.free.push_back(position as u32);
         self.live -= 1;
         Some(value)
+    }
+
+    /// What a create verb refuses with when [`Self::insert`] finds the table full: `object`s
+    /// beyond [`Self::max`] (`ENOMEM`, as the device attributes' `max_pd`, `max_cq`, ... say).
+    pub(crate) fn too_many(&self, object: Object) -> Cause {
+        Cause::TooManyObjects {
+            object,
+            max: self.max(),
+        }
+    }
+
+    /// Takes the object `handle` names out for a destroy verb: [`Cause::NoSuchObject`] (as
+    /// `object`) when the table holds none, else [`Cause::InUse`] while `users` objects still use
+    /// it (`EBUSY`, as ibv_dealloc_pd(3), ibv_destroy_cq(3) and ibv_destroy_srq(3) refuse).
+    pub(crate) fn take_unused(
+        &mut self,
+        handle: Handle<T>,
+        object: Object,
+        users: usize,
+    ) -> Result<T, Cause> {
+        let no_such = Cause::NoSuchObject {
+            object,
+            id: handle.index,
+        };
+        if self.get(handle).is_none() {
+            return Err(no_such);
+        }
+        if users > 0 {
+            return Err(Cause::InUse {
+                users: users as u32,
+            });
+        }
+        self.remove(handle).ok_or(no_such)
     }
 
     /// The live objects with their handles, in index order.

@@ -246,18 +246,7 @@ pub fn opts_with_psn(a_psn: u32) -> Opts {
 /// A posts one 64-byte RDMA WRITE (PSN `A_PSN`) and transmits it; B never sees it.
 pub fn a_with_one_write() -> (hca::fabric::Fabric, Peer, Peer) {
     let (mut f, a, b) = pair(&Opts::default());
-    post_send(
-        &mut f,
-        &a,
-        &send_wr(
-            1,
-            &[a.sge(0, 64)],
-            SendOp::RdmaWrite {
-                remote_addr: b.addr(0),
-                rkey: b.mr.rkey(),
-            },
-        ),
-    );
+    work_requests::post(&mut f, &a, work_requests::write(&a, 1, (0, 64), &b, 0));
     assert_eq!(transmit(&mut f, &a, t_us(0)).len(), 1);
     (f, a, b)
 }
@@ -314,6 +303,11 @@ pub fn poll(f: &mut Fabric, p: &Peer) -> Vec<WorkCompletion> {
             return out;
         }
     }
+}
+
+/// The (`wr_id`, status) of each completion, in order: what most tests compare.
+pub fn statuses(wcs: &[WorkCompletion]) -> Vec<(u64, hca::WcStatus)> {
+    wcs.iter().map(|w| (w.wr_id, w.status)).collect()
 }
 
 /// Runs until `n` completions have been polled from `p` (collecting them), or fails.

@@ -596,14 +596,10 @@ impl PerftestConn {
         local: &[PerftestDest],
     ) -> Result<Vec<PerftestDest>, OobError> {
         let first = non_empty(local)?;
-        let mut remote = Vec::with_capacity(local.len());
         if test.extra_first_hand_shake() {
             self.hand_shake(first)?;
         }
-        for d in local {
-            remote.push(self.hand_shake(d)?);
-        }
-        Ok(remote)
+        local.iter().map(|d| self.hand_shake(d)).collect()
     }
 
     /// The hand-shakes after `ctx_connect`, up to the start of the test (see the
@@ -616,16 +612,15 @@ impl PerftestConn {
         local: &[PerftestDest],
     ) -> Result<Vec<PerftestDest>, OobError> {
         let first = non_empty(local)?;
-        let mut remote = Vec::with_capacity(local.len());
         if test.sync_before_per_qp() {
             self.hand_shake(first)?;
         }
-        for d in local {
-            remote.push(self.hand_shake(d)?);
-        }
+        let mut remote = local
+            .iter()
+            .map(|d| self.hand_shake(d))
+            .collect::<Result<Vec<_>, _>>()?;
         if !test.sync_before_per_qp() {
-            let r0 = self.hand_shake(first)?;
-            remote[0] = r0;
+            remote[0] = self.hand_shake(first)?;
         }
         Ok(remote)
     }
