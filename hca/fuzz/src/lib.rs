@@ -43,6 +43,7 @@ use std::sync::Arc;
 use gpu_p2p::{HostMemory, Memory};
 use hca::engine::{IPV4_IDENT, MAX_UDP_PAYLOAD};
 use hca::verbs::connect::{self, ConnectAttr};
+use hca::verbs::random::RandomSource;
 use hca::{
     AccessFlags, CqHandle, Datagram, Device, EngineConfig, Gid, GidEntry, GidType, Instant,
     MemoryRegion, PathMtu, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr,
@@ -184,12 +185,31 @@ fn qp_attr(qp_type: QpType, cq: CqHandle) -> QpInitAttr {
     }
 }
 
+/// The harness's keys and QPNs: deterministic (splitmix64 from a fixed seed), so that an input
+/// replays the same engine every time. The harness reads every key and QPN back from the engine
+/// and assumes none; a peer must never be able to predict them in a real device (which draws
+/// them from the OS, `hca::verbs::random::OsRandom`), but a fuzz input is no peer.
+struct FuzzRandom(u64);
+
+impl RandomSource for FuzzRandom {
+    fn fill(&mut self, buf: &mut [u8]) {
+        for b in buf {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            *b = (z ^ (z >> 31)) as u8;
+        }
+    }
+}
+
 impl Harness {
     fn new() -> Harness {
         let ip = IpAddr::V4(LOCAL_IP);
-        let mut hca = SoftHca::new(
+        let mut hca = SoftHca::with_random(
             Device::soft_roce([2, 0, 10, 0, 0, 1], 9000),
             EngineConfig::default(),
+            Box::new(FuzzRandom(0x5eed)),
         );
         let sgid = hca
             .add_gid(
