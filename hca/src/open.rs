@@ -423,15 +423,7 @@ pub fn link_local_scope(ip: IpAddr) -> u32 {
     if v6.segments()[0] & 0xffc0 != 0xfe80 {
         return 0;
     }
-    let want: String = v6.octets().iter().map(|b| format!("{b:02x}")).collect();
-    let table = std::fs::read_to_string("/proc/net/if_inet6").unwrap_or_default();
-    table
-        .lines()
-        .find_map(|line| {
-            let mut f = line.split_whitespace();
-            (f.next()? == want).then(|| u32::from_str_radix(f.next()?, 16).ok())?
-        })
-        .unwrap_or(0)
+    crate::link::udp::ipv6_interface(v6).map_or(0, |(index, _)| index)
 }
 
 #[cfg(test)]

@@ -138,17 +138,7 @@ impl UdpDeviceConfig {
 fn interface_mtu(ip: IpAddr) -> Option<u32> {
     let name = match ip {
         IpAddr::V4(v4) => udp::ipv4_interface(v4)?,
-        IpAddr::V6(v6) => {
-            let want: String = v6.octets().iter().map(|b| format!("{b:02x}")).collect();
-            let table = std::fs::read_to_string("/proc/net/if_inet6").ok()?;
-            table.lines().find_map(|line| {
-                let mut f = line.split_whitespace();
-                if f.next()? != want {
-                    return None;
-                }
-                f.nth(4).map(str::to_owned)
-            })?
-        }
+        IpAddr::V6(v6) => udp::ipv6_interface(v6)?.1,
     };
     let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok()?;
     mtu.trim().parse().ok()

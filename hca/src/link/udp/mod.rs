@@ -29,9 +29,10 @@ mod cmsg;
 pub mod socket;
 
 pub use socket::{
-    ipv4_interface, DropDirections, DropHook, LinkCounters, LinkPoller, Offloads, Readiness,
-    RecvBatch, RecvDatagram, RecvIter, RoceSocket, RoceSocketConfig, SendDatagram, DEFAULT_BATCH,
-    DEFAULT_MAX_PAYLOAD, GRO_SLOT_BYTES, GSO_MAX_SEGMENTS, MAX_BATCH, MAX_SRC_PORTS, ROCEV2_PORT,
+    ipv4_interface, ipv6_interface, DropDirections, DropHook, LinkCounters, LinkPoller, Offloads,
+    Readiness, RecvBatch, RecvDatagram, RecvIter, RoceSocket, RoceSocketConfig, SendDatagram,
+    DEFAULT_BATCH, DEFAULT_MAX_PAYLOAD, GRO_SLOT_BYTES, GSO_MAX_SEGMENTS, MAX_BATCH, MAX_SRC_PORTS,
+    ROCEV2_PORT,
 };
 
 /// Most packets built and sent per round (one sendmmsg(2) call, or GSO trains of at most 64).

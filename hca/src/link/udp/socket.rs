@@ -142,6 +142,24 @@ pub fn ipv4_interface(ip: std::net::Ipv4Addr) -> Option<String> {
     sys::ipv4_interface(ip).ok().flatten()
 }
 
+/// The index and name of the network interface that holds the local IPv6 address `ip`, from
+/// `/proc/net/if_inet6` (proc(5): address in hex, interface index in hex, prefix length, scope,
+/// flags, name); `None` when no interface holds it or procfs does not say. The index is the scope
+/// id a link-local address needs; the name finds `/sys/class/net/<name>/mtu`.
+pub fn ipv6_interface(ip: std::net::Ipv6Addr) -> Option<(u32, String)> {
+    let want: String = ip.octets().iter().map(|b| format!("{b:02x}")).collect();
+    let table = std::fs::read_to_string("/proc/net/if_inet6").ok()?;
+    table.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            [addr, index, _, _, _, name, ..] if *addr == want => {
+                Some((u32::from_str_radix(index, 16).ok()?, (*name).to_owned()))
+            }
+            _ => None,
+        }
+    })
+}
+
 /// How to open a [`RoceSocket`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoceSocketConfig {
