@@ -35,22 +35,13 @@ use hca::{
 
 use crate::config::{device_specs, DeviceConfig};
 
-/// Gives `$name` the version `$ver` (`@@`: the default a program links against).
-macro_rules! symver {
-    ($name:ident, $ver:literal) => {
-        core::arch::global_asm!(concat!(
-            ".symver ",
-            stringify!($name),
-            ", ",
-            stringify!($name),
-            "@@",
-            $ver
-        ));
-    };
-}
-
 /// Most SGEs one WR may carry (rxe's `max_sge` is 32; the device reports its own limit).
 const MAX_SGE: usize = 32;
+
+/// `IB_UVERBS_ACCESS_OPTIONAL_RANGE` (bits 20..=29, `IBV_ACCESS_RELAXED_ORDERING` first): access
+/// flags a provider may ignore (`<infiniband/ib_user_ioctl_verbs.h>`; ibv_reg_mr(3) "optional
+/// access flags"); the software HCA ignores them, as a kernel that does not know them does.
+const ACCESS_OPTIONAL_RANGE: c_uint = (((1 << 29) << 1) - 1) & !((1 << 20) - 1);
 
 /// `IBV_LINK_LAYER_ETHERNET`.
 const LINK_LAYER_ETHERNET: u8 = 2;
@@ -59,7 +50,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn set_errno(e: c_int) {
+pub(crate) fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno slot.
     unsafe { *libc::__errno_location() = e };
 }
@@ -937,7 +928,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
 }
 symver!(ibv_dealloc_pd, "IBVERBS_1.1");
 
-/// ibv_reg_mr_iova2(3).
+/// ibv_reg_mr_iova2(3): the optional access flags (`IBV_ACCESS_RELAXED_ORDERING`, ...) are ignored.
 ///
 /// # Safety
 /// `pd` is from ibv_alloc_pd; `addr .. addr + length` stays allocated until ibv_dereg_mr.
@@ -963,7 +954,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
         0,
         length,
         iova,
-        AccessFlags::from_bits_retain(access),
+        AccessFlags::from_bits_retain(access & !ACCESS_OPTIONAL_RANGE),
     );
     boxed_or_null(registered, |mr| AbiMr {
         mr: ibv_mr {

@@ -258,6 +258,100 @@ fn exports_carry_rdma_core_symbol_versions() {
     }
 }
 
+/// `(version, name)` of every libibverbs symbol `file` imports (undefined, versioned
+/// `IBVERBS_*`), from `objdump -T`.
+fn imported_ibverbs_symbols(file: &Path) -> Vec<(String, String)> {
+    let o = Command::new("objdump")
+        .arg("-T")
+        .arg(file)
+        .output()
+        .expect("objdump");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.contains("*UND*"))
+        .filter_map(|l| {
+            let mut it = l.split_whitespace().rev();
+            let name = it.next()?.to_owned();
+            let ver = it.next()?.trim_matches(['(', ')']).to_owned();
+            ver.starts_with("IBVERBS").then_some((ver, name))
+        })
+        .collect()
+}
+
+/// Every Debian library and program of rdma-core's family that links against libibverbs
+/// (librdmacm, the mlx4/mlx5/efa/mana direct-verbs libraries, the ibverbs-providers plugins,
+/// perftest's binaries) finds each symbol it imports, with the version it asks for, in ours;
+/// and each perftest binary loads with every symbol bound at start (`LD_BIND_NOW=1`).
+#[test]
+fn debian_libraries_and_perftest_find_every_import() {
+    let Some(write_bw) = tool("ib_write_bw") else {
+        return;
+    };
+    let so = lib_dir().join("libibverbs.so.1");
+    let o = Command::new("objdump").arg("-T").arg(&so).output();
+    let Ok(o) = o else {
+        eprintln!("objdump (binutils) is not installed: skipped");
+        return;
+    };
+    let exported: Vec<(String, String)> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| !l.contains("*UND*"))
+        .filter_map(|l| {
+            let mut it = l.split_whitespace().rev();
+            let name = it.next()?.to_owned();
+            let ver = it.next()?.trim_matches(['(', ')']).to_owned();
+            ver.starts_with("IBVERBS").then_some((ver, name))
+        })
+        .collect();
+    let libdir = Path::new("/usr/lib/x86_64-linux-gnu");
+    let mut files: Vec<PathBuf> = [
+        "librdmacm.so.1",
+        "libmlx4.so.1",
+        "libmlx5.so.1",
+        "libefa.so.1",
+        "libmana.so.1",
+    ]
+    .iter()
+    .map(|f| libdir.join(f))
+    .filter(|p| p.exists())
+    .collect();
+    if let Ok(rd) = std::fs::read_dir(libdir.join("libibverbs")) {
+        files.extend(rd.filter_map(|e| e.ok().map(|e| e.path())));
+    }
+    let perftest: Vec<PathBuf> = ["send", "write", "read", "atomic"]
+        .iter()
+        .flat_map(|k| ["bw", "lat"].map(|m| Path::new("/usr/bin").join(format!("ib_{k}_{m}"))))
+        .filter(|p| p.exists())
+        .collect();
+    files.extend(perftest.iter().cloned());
+    assert!(files.contains(&libdir.join("librdmacm.so.1")) && files.contains(&write_bw));
+    let mut missing = Vec::new();
+    for f in &files {
+        for (v, n) in imported_ibverbs_symbols(f) {
+            if !exported.iter().any(|(ev, en)| *ev == v && *en == n) {
+                missing.push(format!("{}: {n}@{v}", f.display()));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "not exported:\n{}", missing.join("\n"));
+    for exe in &perftest {
+        let o = Command::new("timeout")
+            .args(["10"])
+            .arg(exe)
+            .arg("-V")
+            .env("LD_LIBRARY_PATH", lib_dir())
+            .env("LD_BIND_NOW", "1")
+            .output()
+            .expect("run perftest");
+        let out = text(&o);
+        assert!(
+            out.contains("Version") && !out.contains("symbol lookup error"),
+            "{}: {out}",
+            exe.display()
+        );
+    }
+}
+
 /// The symbols NCCL's IB transport resolves (nccl `src/misc/ibvsymbols.cc`) and the versions it
 /// asks dlvsym(3) for.
 const NCCL_SYMBOLS: &[(&str, &str)] = &[
