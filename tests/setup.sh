@@ -14,6 +14,7 @@ command -v ibv_rc_pingpong >/dev/null 2>&1 || need+=(ibverbs-utils)
 command -v ib_write_bw >/dev/null 2>&1 || need+=(perftest)
 command -v objdump >/dev/null 2>&1 || need+=(binutils)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+[ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then

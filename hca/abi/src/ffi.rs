@@ -14,6 +14,7 @@
 // The constants keep verbs.h's names, as bindgen writes them.
 #![allow(non_upper_case_globals)]
 
+use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use core::mem::{offset_of, size_of};
 use core::ptr::{self, null_mut};
@@ -36,7 +37,7 @@ use hca::{
 use crate::config::{device_specs, DeviceConfig};
 
 /// Most SGEs one WR may carry (rxe's `max_sge` is 32; the device reports its own limit).
-const MAX_SGE: usize = 32;
+pub(crate) const MAX_SGE: usize = 32;
 
 /// `IB_UVERBS_ACCESS_OPTIONAL_RANGE` (bits 20..=29, `IBV_ACCESS_RELAXED_ORDERING` first): access
 /// flags a provider may ignore (`<infiniband/ib_user_ioctl_verbs.h>`; ibv_reg_mr(3) "optional
@@ -46,7 +47,7 @@ const ACCESS_OPTIONAL_RANGE: c_uint = (((1 << 29) << 1) - 1) & !((1 << 20) - 1);
 /// `IBV_LINK_LAYER_ETHERNET`.
 const LINK_LAYER_ETHERNET: u8 = 2;
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -61,9 +62,9 @@ pub(crate) fn set_errno(e: c_int) {
 /// A range of the program's memory registered with ibv_reg_mr(3). The verbs contract makes the
 /// program keep it allocated until ibv_dereg_mr(3), as with any HCA.
 #[derive(Debug)]
-struct AppMemory {
-    base: usize,
-    len: usize,
+pub(crate) struct AppMemory {
+    pub(crate) base: usize,
+    pub(crate) len: usize,
 }
 
 impl AppMemory {
@@ -305,8 +306,8 @@ struct AbiChannel {
 type ChannelOf = (usize, Arc<EventQueue<usize>>);
 
 /// The Rust side of a context.
-struct Inner {
-    verbs: Arc<dyn Verbs>,
+pub(crate) struct Inner {
+    pub(crate) verbs: Arc<dyn Verbs>,
     /// The CQs with a completion channel: handle -> (`struct ibv_cq` address, channel).
     cqs: Mutex<HashMap<CqHandle, ChannelOf>>,
     /// Async events, as `struct ibv_async_event`s (element addresses resolved when queued).
@@ -375,29 +376,36 @@ const CONTEXT_OFFSET: usize = offset_of!(AbiContext, vctx) + offset_of!(verbs_co
 ///
 /// # Safety
 /// `ctx` was returned by [`ibv_open_device`] and not closed.
-unsafe fn inner<'a>(ctx: *mut ibv_context) -> &'a Inner {
+pub(crate) unsafe fn inner<'a>(ctx: *mut ibv_context) -> &'a Inner {
     // SAFETY: the caller's promise; `ibv_context` sits at CONTEXT_OFFSET of an AbiContext.
     unsafe { &(*ctx.cast::<u8>().sub(CONTEXT_OFFSET).cast::<AbiContext>()).inner }
 }
 
 #[repr(C)]
-struct AbiPd {
-    pd: ibv_pd,
-    handle: PdHandle,
+pub(crate) struct AbiPd {
+    pub(crate) pd: ibv_pd,
+    pub(crate) handle: PdHandle,
 }
 #[repr(C)]
 struct AbiMr {
     mr: ibv_mr,
 }
+/// A CQ: `struct ibv_cq_ex` first, whose leading fields are `struct ibv_cq`'s (verbs.h keeps
+/// them in step, so `ibv_cq_ex_to_cq` is a cast), then the handle and the completion that
+/// `start_poll` / `next_poll` took (the `read_*` callbacks read it).
 #[repr(C)]
-struct AbiCq {
-    cq: ibv_cq,
-    handle: CqHandle,
+pub(crate) struct AbiCq {
+    pub(crate) cqx: ibv_cq_ex,
+    pub(crate) handle: CqHandle,
+    pub(crate) current: UnsafeCell<WorkCompletion>,
 }
+/// A QP: `struct ibv_qp_ex` first, which starts with `struct ibv_qp` (`qp_base`), then its type
+/// and, for a QP made by ibv_create_qp_ex with send-ops flags, the work-request builder.
 #[repr(C)]
-struct AbiQp {
-    qp: ibv_qp,
-    qp_type: QpType,
+pub(crate) struct AbiQp {
+    pub(crate) qpx: ibv_qp_ex,
+    pub(crate) qp_type: QpType,
+    pub(crate) builder: Option<Box<UnsafeCell<crate::extended::Builder>>>,
 }
 #[repr(C)]
 struct AbiSrq {
@@ -405,19 +413,19 @@ struct AbiSrq {
     handle: SrqHandle,
 }
 #[repr(C)]
-struct AbiAh {
-    ah: ibv_ah,
-    handle: AhHandle,
+pub(crate) struct AbiAh {
+    pub(crate) ah: ibv_ah,
+    pub(crate) handle: AhHandle,
 }
 
 /// The errno of a refused verb (`EIO` for a device failure that carries none).
-fn errno_of(e: &hca::verbs::api::DeviceError) -> c_int {
+pub(crate) fn errno_of(e: &hca::verbs::api::DeviceError) -> c_int {
     e.errno().unwrap_or(libc::EIO)
 }
 
 /// What an object-creating verb hands the program: `make(value)` boxed, as the C struct it starts
 /// with (`repr(C)`, first field), or null with `errno` set when the verb was refused.
-fn boxed_or_null<T, A, C>(
+pub(crate) fn boxed_or_null<T, A, C>(
     made: Result<T, hca::verbs::api::DeviceError>,
     make: impl FnOnce(T) -> A,
 ) -> *mut C {
@@ -435,7 +443,7 @@ fn boxed_or_null<T, A, C>(
 ///
 /// # Safety
 /// `obj` is from `Box::into_raw` (as [`boxed_or_null`] makes it) and is not used after a 0 return.
-unsafe fn free_if_destroyed<A>(
+pub(crate) unsafe fn free_if_destroyed<A>(
     destroyed: Result<(), hca::verbs::api::DeviceError>,
     obj: *mut A,
 ) -> c_int {
@@ -568,6 +576,8 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     let async_fd = inner.async_events.fd.as_raw_fd();
     let mut vctx = verbs_context {
         query_port: Some(vctx_query_port),
+        create_qp_ex: Some(crate::extended::vctx_create_qp_ex),
+        create_cq_ex: Some(crate::extended::vctx_create_cq_ex),
         sz: size_of::<verbs_context>(),
         ..verbs_context::default()
     };
@@ -1108,20 +1118,24 @@ pub unsafe extern "C" fn ibv_create_cq(
             return null_mut();
         }
     };
-    let mut cq = ibv_cq {
+    let mut cq = ibv_cq_ex {
         context,
         channel,
         cq_context,
         handle: handle.index(),
         cqe,
-        ..ibv_cq::default()
+        ..ibv_cq_ex::default()
     };
     // SAFETY: fresh mutex and condition variable, as libibverbs initialises them.
     unsafe {
         libc::pthread_mutex_init(ptr::from_mut(&mut cq.mutex).cast(), ptr::null());
         libc::pthread_cond_init(ptr::from_mut(&mut cq.cond).cast(), ptr::null());
     }
-    let b = Box::into_raw(Box::new(AbiCq { cq, handle }));
+    let b = Box::into_raw(Box::new(AbiCq {
+        cqx: cq,
+        handle,
+        current: UnsafeCell::new(WorkCompletion::success(0, WcOpcode::Send, 0, 0)),
+    }));
     lock(&i.cq_addrs).insert(handle, b as usize);
     if !channel.is_null() {
         // SAFETY: the caller's channel, an AbiChannel.
@@ -1142,15 +1156,15 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     // SAFETY: the caller's promise.
     let c = unsafe { &*cq.cast::<AbiCq>() };
     // SAFETY: its context is open.
-    let i = unsafe { inner(c.cq.context) };
+    let i = unsafe { inner(c.cqx.context) };
     if let Err(e) = i.verbs.destroy_cq(c.handle) {
         return errno_of(&e);
     }
     lock(&i.cqs).remove(&c.handle);
     lock(&i.cq_addrs).remove(&c.handle);
-    if !c.cq.channel.is_null() {
+    if !c.cqx.channel.is_null() {
         // SAFETY: the channel outlives its CQs (ibv_destroy_comp_channel refuses otherwise).
-        unsafe { (*c.cq.channel).refcnt -= 1 };
+        unsafe { (*c.cqx.channel).refcnt -= 1 };
     }
     // SAFETY: freed once, here.
     drop(unsafe { Box::from_raw(cq.cast::<AbiCq>()) });
@@ -1204,7 +1218,7 @@ unsafe extern "C" fn op_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) ->
     // SAFETY: the caller's CQ, an AbiCq of an open context.
     let (c, i) = unsafe {
         let c = &*cq.cast::<AbiCq>();
-        (c, inner(c.cq.context))
+        (c, inner(c.cqx.context))
     };
     match i.verbs.req_notify_cq(c.handle, solicited_only != 0) {
         Ok(()) => 0,
@@ -1212,7 +1226,7 @@ unsafe extern "C" fn op_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) ->
     }
 }
 
-fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
+pub(crate) fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
     let mut wc = ibv_wc {
         wr_id: w.wr_id,
         status: w.status as u32,
@@ -1240,7 +1254,7 @@ unsafe extern "C" fn op_poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ib
     // SAFETY: the caller's CQ, an AbiCq of an open context.
     let (c, i) = unsafe {
         let c = &*cq.cast::<AbiCq>();
-        (c, inner(c.cq.context))
+        (c, inner(c.cqx.context))
     };
     let want = usize::try_from(num_entries).unwrap_or(0);
     let mut buf = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 16];
@@ -1366,7 +1380,11 @@ symver!(ibv_destroy_srq, "IBVERBS_1.1");
 ///
 /// # Safety
 /// `list` has `n` entries.
-unsafe fn sges(list: *const ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE]) -> Result<usize, c_int> {
+pub(crate) unsafe fn sges(
+    list: *const ibv_sge,
+    n: c_int,
+    out: &mut [Sge; MAX_SGE],
+) -> Result<usize, c_int> {
     let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
     if n > MAX_SGE {
         return Err(libc::EINVAL);
@@ -1383,7 +1401,7 @@ unsafe fn sges(list: *const ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE]) -> Resu
     Ok(n)
 }
 
-const NO_SGE: Sge = Sge {
+pub(crate) const NO_SGE: Sge = Sge {
     addr: 0,
     length: 0,
     lkey: 0,
@@ -1440,6 +1458,16 @@ pub unsafe extern "C" fn ibv_create_qp(
     pd: *mut ibv_pd,
     init: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
+    // SAFETY: the caller's promise.
+    unsafe { create_qp(pd, init) }
+}
+symver!(ibv_create_qp, "IBVERBS_1.1");
+
+/// ibv_create_qp(3)'s work, shared with ibv_create_qp_ex: an [`AbiQp`] without a builder.
+///
+/// # Safety
+/// As [`ibv_create_qp`].
+pub(crate) unsafe fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
     // SAFETY: the caller's promise.
     let (p, a) = unsafe { (&*pd.cast::<AbiPd>(), &mut *init) };
     // SAFETY: its context is open.
@@ -1500,11 +1528,17 @@ pub unsafe extern "C" fn ibv_create_qp(
         libc::pthread_mutex_init(ptr::from_mut(&mut qp.mutex).cast(), ptr::null());
         libc::pthread_cond_init(ptr::from_mut(&mut qp.cond).cast(), ptr::null());
     }
-    let b = Box::into_raw(Box::new(AbiQp { qp, qp_type }));
+    let b = Box::into_raw(Box::new(AbiQp {
+        qpx: ibv_qp_ex {
+            qp_base: qp,
+            ..ibv_qp_ex::default()
+        },
+        qp_type,
+        builder: None,
+    }));
     lock(&i.qps).insert(qpn, b as usize);
     b.cast()
 }
-symver!(ibv_create_qp, "IBVERBS_1.1");
 
 /// ibv_modify_qp(3). PSNs are masked to 24 bits, as rxe and mlx5 do.
 ///
@@ -1519,15 +1553,15 @@ pub unsafe extern "C" fn ibv_modify_qp(
     // SAFETY: the caller's promise.
     let (q, a) = unsafe { (&mut *qp.cast::<AbiQp>(), &*attr) };
     // SAFETY: its context is open.
-    let i = unsafe { inner(q.qp.context) };
+    let i = unsafe { inner(q.qpx.qp_base.context) };
     let mut rust = translate::qp_attr_from(a);
     rust.sq_psn &= 0x00ff_ffff;
     rust.rq_psn &= 0x00ff_ffff;
     let mask = QpAttrMask::from_bits_retain(mask as u32);
-    match i.verbs.modify_qp(q.qp.qp_num, &rust, mask) {
+    match i.verbs.modify_qp(q.qpx.qp_base.qp_num, &rust, mask) {
         Ok(_) => {
             if mask.contains(QpAttrMask::STATE) {
-                q.qp.state = a.qp_state;
+                q.qpx.qp_base.state = a.qp_state;
             }
             0
         }
@@ -1550,21 +1584,21 @@ pub unsafe extern "C" fn ibv_query_qp(
     // SAFETY: the caller's promise.
     let q = unsafe { &mut *qp.cast::<AbiQp>() };
     // SAFETY: its context is open.
-    let i = unsafe { inner(q.qp.context) };
-    match i.verbs.query_qp(q.qp.qp_num) {
+    let i = unsafe { inner(q.qpx.qp_base.context) };
+    match i.verbs.query_qp(q.qpx.qp_base.qp_num) {
         Ok((a, ini)) => {
             let raw = translate::qp_attr(&a);
-            q.qp.state = raw.qp_state;
+            q.qpx.qp_base.state = raw.qp_state;
             // SAFETY: the caller's out parameters.
             unsafe {
                 *attr = raw;
                 *init = ibv_qp_init_attr {
-                    qp_context: q.qp.qp_context,
-                    send_cq: q.qp.send_cq,
-                    recv_cq: q.qp.recv_cq,
-                    srq: q.qp.srq,
+                    qp_context: q.qpx.qp_base.qp_context,
+                    send_cq: q.qpx.qp_base.send_cq,
+                    recv_cq: q.qpx.qp_base.recv_cq,
+                    srq: q.qpx.qp_base.srq,
                     cap: translate::qp_cap(&ini.cap),
-                    qp_type: q.qp.qp_type,
+                    qp_type: q.qpx.qp_base.qp_type,
                     sq_sig_all: c_int::from(ini.sq_sig_all),
                 };
             }
@@ -1584,10 +1618,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     // SAFETY: the caller's promise.
     let q = unsafe { &*qp.cast::<AbiQp>() };
     // SAFETY: its context is open.
-    let i = unsafe { inner(q.qp.context) };
-    match i.verbs.destroy_qp(q.qp.qp_num) {
+    let i = unsafe { inner(q.qpx.qp_base.context) };
+    match i.verbs.destroy_qp(q.qpx.qp_base.qp_num) {
         Ok(()) => {
-            lock(&i.qps).remove(&q.qp.qp_num);
+            lock(&i.qps).remove(&q.qpx.qp_base.qp_num);
+            crate::extended::drop_builder(q);
             // SAFETY: freed once, here.
             drop(unsafe { Box::from_raw(qp.cast::<AbiQp>()) });
             0
@@ -1597,11 +1632,18 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 }
 symver!(ibv_destroy_qp, "IBVERBS_1.1");
 
-/// `struct ibv_qp_ex` of a QP: null, as rdma-core for a QP not made by ibv_create_qp_ex (which
-/// this library does not offer in phase 1).
+/// ibv_qp_to_qp_ex(3): the `struct ibv_qp_ex` of a QP made by ibv_create_qp_ex (the same
+/// address: `qp_base` is its first field); null for one made by ibv_create_qp, as rdma-core.
+///
+/// # Safety
+/// `qp` is from ibv_create_qp or ibv_create_qp_ex.
 #[no_mangle]
-pub extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
-    null_mut()
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // SAFETY: the caller's QP, an AbiQp.
+    match unsafe { qp.cast::<AbiQp>().as_ref() } {
+        Some(q) if q.builder.is_some() => qp.cast(),
+        _ => null_mut(),
+    }
 }
 symver!(ibv_qp_to_qp_ex, "IBVERBS_1.6");
 
@@ -1609,7 +1651,7 @@ symver!(ibv_qp_to_qp_ex, "IBVERBS_1.6");
 ///
 /// # Safety
 /// `r` is a valid WR (its AH, for UD, from ibv_create_ah).
-unsafe fn send_op(r: &ibv_send_wr, qp_type: QpType) -> Result<SendOp, c_int> {
+pub(crate) unsafe fn send_op(r: &ibv_send_wr, qp_type: QpType) -> Result<SendOp, c_int> {
     // SAFETY: plain-data unions read as the opcode says.
     unsafe {
         let imm = u32::from_be(r.__bindgen_anon_1.imm_data);
@@ -1677,7 +1719,7 @@ unsafe extern "C" fn op_post_send(
     // SAFETY: the caller's QP, an AbiQp of an open context.
     let (q, i) = unsafe {
         let q = &*qp.cast::<AbiQp>();
-        (q, inner(q.qp.context))
+        (q, inner(q.qpx.qp_base.context))
     };
     let mut buf = [NO_SGE; MAX_SGE];
     let mut w = wr;
@@ -1690,7 +1732,7 @@ unsafe extern "C" fn op_post_send(
             let op = unsafe { send_op(r, q.qp_type) }?;
             i.verbs
                 .post_send(
-                    q.qp.qp_num,
+                    q.qpx.qp_base.qp_num,
                     &SendWr {
                         wr_id: r.wr_id,
                         sg_list: &buf[..n],
@@ -1718,7 +1760,7 @@ unsafe extern "C" fn op_post_recv(
     // SAFETY: the caller's QP, an AbiQp of an open context.
     let (q, i) = unsafe {
         let q = &*qp.cast::<AbiQp>();
-        (q, inner(q.qp.context))
+        (q, inner(q.qpx.qp_base.context))
     };
     let mut buf = [NO_SGE; MAX_SGE];
     let mut w = wr;
@@ -1729,7 +1771,7 @@ unsafe extern "C" fn op_post_recv(
         let rc = unsafe { sges(r.sg_list, r.num_sge, &mut buf) }.and_then(|n| {
             i.verbs
                 .post_recv(
-                    q.qp.qp_num,
+                    q.qpx.qp_base.qp_num,
                     &RecvWr {
                         wr_id: r.wr_id,
                         sg_list: &buf[..n],
