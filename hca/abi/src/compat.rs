@@ -255,6 +255,16 @@ symver!(verbs_init_cq, "IBVERBS_PRIVATE_34");
 pub extern "C" fn __verbs_log(_ctx: *mut verbs_context, _level: u32, _format: *const c_char) {}
 symver!(__verbs_log, "IBVERBS_PRIVATE_34");
 
+/// ibv_is_fork_initialized(3) (`IBVERBS_1.13`): `IBV_FORK_UNNEEDED` (2), what rdma-core returns
+/// when the kernel keeps registered pages valid across fork(2): the software HCA reads and writes
+/// the process's memory through its own mappings and pins nothing, so a child's copy-on-write
+/// cannot detach a registration.
+#[no_mangle]
+pub extern "C" fn ibv_is_fork_initialized() -> c_int {
+    2
+}
+symver!(ibv_is_fork_initialized, "IBVERBS_1.13");
+
 /// ibv_get_sysfs_path (rdma-core driver.h, `IBVERBS_1.0`): `$SYSFS_PATH` or `/sys`, as
 /// rdma-core; the devices here have no sysfs entries.
 #[no_mangle]

@@ -389,6 +389,8 @@ pub(crate) struct AbiPd {
 #[repr(C)]
 struct AbiMr {
     mr: ibv_mr,
+    /// The mapping of a dma-buf MR, unmapped when the MR is freed.
+    _mapping: Option<Mapping>,
 }
 /// A CQ: `struct ibv_cq_ex` first, whose leading fields are `struct ibv_cq`'s (verbs.h keeps
 /// them in step, so `ibv_cq_ex_to_cq` is a cast), then the handle and the completion that
@@ -577,6 +579,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     let mut vctx = verbs_context {
         query_port: Some(vctx_query_port),
         create_qp_ex: Some(crate::extended::vctx_create_qp_ex),
+        query_device_ex: Some(vctx_query_device_ex),
         create_cq_ex: Some(crate::extended::vctx_create_cq_ex),
         sz: size_of::<verbs_context>(),
         ..verbs_context::default()
@@ -678,6 +681,43 @@ pub unsafe extern "C" fn ibv_query_device(
     0
 }
 symver!(ibv_query_device, "IBVERBS_1.1");
+
+/// `verbs_context->query_device_ex`, which verbs.h's inline ibv_query_device_ex(3) calls: the
+/// attributes of ibv_query_device(3) in `orig_attr`, `device_cap_flags_ex` repeating
+/// `device_cap_flags` and `phys_port_cnt_ex` 1 (as rxe's kernel driver reports them); the
+/// extensions the software HCA lacks (ODP, TSO, RSS, packet pacing, tag matching, device memory,
+/// PCI atomics, completion timestamps) are zero. Copies at most `attr_size` bytes (a program
+/// built against a shorter `struct ibv_device_attr_ex`); `EINVAL` when `input` has a
+/// `comp_mask` bit set or `attr_size` is below `struct ibv_device_attr`.
+///
+/// # Safety
+/// `context` is open; `attr` points to `attr_size` bytes; `input` is null or valid.
+unsafe extern "C" fn vctx_query_device_ex(
+    context: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    // SAFETY: the caller's input, if any.
+    if unsafe { input.as_ref() }.is_some_and(|x| x.comp_mask != 0)
+        || attr_size < size_of::<ibv_device_attr>()
+    {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller's promise.
+    let (i, dev) = unsafe { (inner(context), &*(*context).device.cast::<AbiDevice>()) };
+    let orig = device_attr(&i.verbs.query_device(), dev.guid);
+    let ex = ibv_device_attr_ex {
+        orig_attr: orig,
+        device_cap_flags_ex: u64::from(orig.device_cap_flags),
+        phys_port_cnt_ex: u32::from(orig.phys_port_cnt),
+        ..ibv_device_attr_ex::default()
+    };
+    let n = attr_size.min(size_of::<ibv_device_attr_ex>());
+    // SAFETY: `n` bytes fit both the local and the caller's structure.
+    unsafe { ptr::copy_nonoverlapping(ptr::from_ref(&ex).cast::<u8>(), attr.cast::<u8>(), n) };
+    0
+}
 
 fn port_attr(v: &dyn Verbs) -> ibv_port_attr {
     let p = v.query_port();
@@ -950,6 +990,24 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     iova: u64,
     access: c_uint,
 ) -> *mut ibv_mr {
+    // SAFETY: forwarded.
+    unsafe { reg_mr(pd, addr, length, iova, access, None) }
+}
+symver!(ibv_reg_mr_iova2, "IBVERBS_1.8");
+
+/// Registers `addr .. addr + length` of the program's memory (or of `mapping`, which the MR
+/// then owns and unmaps when it is deregistered).
+///
+/// # Safety
+/// As [`ibv_reg_mr_iova2`].
+unsafe fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+    mapping: Option<Mapping>,
+) -> *mut ibv_mr {
     // SAFETY: the caller's promise: an AbiPd of an open context.
     let p = unsafe { &*pd.cast::<AbiPd>() };
     // SAFETY: as above.
@@ -976,9 +1034,39 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
             lkey: mr.lkey(),
             rkey: mr.rkey(),
         },
+        _mapping: mapping,
     })
 }
-symver!(ibv_reg_mr_iova2, "IBVERBS_1.8");
+
+/// A dma-buf's pages mapped into the process; munmap(2) when dropped.
+struct Mapping {
+    base: *mut c_void,
+    len: usize,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: a mapping made by ibv_reg_dmabuf_mr, unmapped once, here.
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+/// `DMA_BUF_MAGIC` (`<linux/magic.h>`): the `f_type` fstatfs(2) reports for a dma-buf.
+const DMA_BUF_MAGIC: i64 = 0x444d_4142;
+
+/// Whether `fd` is a dma-buf (its file system is the kernel's dma-buf one).
+// `f_type` is `__fsword_t`: i64 on x86-64, narrower elsewhere.
+#[allow(clippy::useless_conversion)]
+fn is_dmabuf(fd: c_int) -> bool {
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: fstatfs(2) fills the zeroed struct or fails.
+    let mut st: libc::statfs = unsafe { core::mem::zeroed() };
+    // SAFETY: as above.
+    let rc = unsafe { libc::fstatfs(fd, &mut st) };
+    rc == 0 && i64::from(st.f_type) == DMA_BUF_MAGIC
+}
 
 /// ibv_reg_mr(3): the MR's I/O virtual address is `addr`.
 ///
@@ -1013,19 +1101,73 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
 }
 symver!(ibv_reg_mr_iova, "IBVERBS_1.7");
 
-/// ibv_reg_dmabuf_mr(3): not supported by the software HCA in phase 1 (`EOPNOTSUPP`, what NCCL
-/// tests for).
+/// ibv_reg_dmabuf_mr(3): registers `length` bytes at `offset` of the dma-buf `fd` (at I/O
+/// virtual address `iova`) by mapping them into the process with mmap(2), which a dma-buf whose
+/// exporter supports CPU access allows (udmabuf, for one); the mapping lives until
+/// ibv_dereg_mr. `mr->addr` is `offset`, as rdma-core sets it. Null with `errno`:
+/// `EOPNOTSUPP` when `fd` is not a dma-buf (fstatfs(2) type `DMA_BUF_MAGIC`) or cannot be
+/// mapped: what NCCL's probe with `fd` -1 takes for "no dma-buf support", as on rxe;
+/// `EINVAL` for a zero or overflowing length; else as ibv_reg_mr(3).
+///
+/// # Safety
+/// `pd` is from ibv_alloc_pd.
 #[no_mangle]
-pub extern "C" fn ibv_reg_dmabuf_mr(
-    _pd: *mut ibv_pd,
-    _offset: u64,
-    _length: usize,
-    _iova: u64,
-    _fd: c_int,
-    _access: c_int,
+pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
+    pd: *mut ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
 ) -> *mut ibv_mr {
-    set_errno(libc::EOPNOTSUPP);
-    null_mut()
+    if !is_dmabuf(fd) {
+        set_errno(libc::EOPNOTSUPP);
+        return null_mut();
+    }
+    // SAFETY: sysconf(3) has no preconditions.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let start = offset & !(page - 1);
+    let delta = (offset - start) as usize;
+    let (Some(len), Ok(off)) = (length.checked_add(delta), libc::off_t::try_from(start)) else {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    };
+    if length == 0 {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    // SAFETY: a new shared mapping of the caller's dma-buf, or MAP_FAILED.
+    let base = unsafe {
+        libc::mmap(
+            null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            off,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        set_errno(libc::EOPNOTSUPP);
+        return null_mut();
+    }
+    let mapping = Mapping { base, len };
+    // SAFETY: the mapping covers `delta .. delta + length` and lives as long as the MR.
+    let mr = unsafe {
+        reg_mr(
+            pd,
+            base.cast::<u8>().add(delta).cast(),
+            length,
+            iova,
+            access as c_uint,
+            Some(mapping),
+        )
+    };
+    if !mr.is_null() {
+        // SAFETY: just made.
+        unsafe { (*mr).addr = offset as usize as *mut c_void };
+    }
+    mr
 }
 symver!(ibv_reg_dmabuf_mr, "IBVERBS_1.12");
 
