@@ -281,7 +281,8 @@ impl fmt::Display for OobError {
                     waited.as_secs_f64()
                 )?;
                 if *refused > 0 {
-                    write!(f, " ({refused} connections refused, each logged)")?;
+                    let s = if *refused == 1 { "" } else { "s" };
+                    write!(f, " (refused {refused} connection{s}, as logged above)")?;
                 }
                 Ok(())
             }
