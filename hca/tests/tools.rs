@@ -951,12 +951,7 @@ fn servers_take_clients_over_ipv4_and_ipv6() {
                 &version[..],
                 "perftest version \"1.00\" is below 5.70",
             ),
-            (
-                PINGPONG,
-                &[][..],
-                &junk[..],
-                "malformed pingpong address: ",
-            ),
+            (PINGPONG, &[][..], &junk[..], "malformed pingpong address: "),
         ] {
             let (a, _) = addresses();
             let port = free_port();
@@ -996,7 +991,10 @@ fn servers_take_clients_over_ipv4_and_ipv6() {
                     .any(|l| l.starts_with(&refused) && l.contains(needle)),
                 "{bin} over {host} (from {me}): {err}"
             );
-            assert!(err.contains("(refused 1 connection, as logged above)"), "{err}");
+            assert!(
+                err.contains("(refused 1 connection, as logged above)"),
+                "{err}"
+            );
         }
     }
 }

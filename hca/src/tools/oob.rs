@@ -513,7 +513,10 @@ impl OobListener {
         first: &FirstMessage<'_, T>,
         log: &OobLogger,
     ) -> Result<Accepted<T>, OobError> {
-        assert!(first.len <= MAX_FIRST_LEN, "first message above MAX_FIRST_LEN");
+        assert!(
+            first.len <= MAX_FIRST_LEN,
+            "first message above MAX_FIRST_LEN"
+        );
         let start = Instant::now();
         let addr = self.addr;
         // Duration::MAX (no limit) does not fit an Instant.
@@ -1091,9 +1094,14 @@ mod tests {
         let lines = lines.lock().unwrap().clone();
         // MAX_LOGGED lines, the "counted" notice, the summary.
         assert_eq!(lines.len(), MAX_LOGGED + 2, "{lines:#?}");
-        let evicted = lines.iter().filter(|l| l.contains("the oldest of more than 64")).count();
+        let evicted = lines
+            .iter()
+            .filter(|l| l.contains("the oldest of more than 64"))
+            .count();
         assert_eq!(evicted, 2, "{lines:#?}");
-        assert!(lines.iter().any(|l| l.contains("sent 0 of the 2 bytes of its greeting within 0.3 s")));
+        assert!(lines
+            .iter()
+            .any(|l| l.contains("sent 0 of the 2 bytes of its greeting within 0.3 s")));
         assert_eq!(
             lines.last().unwrap(),
             &format!(
