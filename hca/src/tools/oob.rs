@@ -688,7 +688,7 @@ pub const MAX_LOGGED: usize = 32;
 
 /// The longest first message a server reads: perftest's version is 16 bytes, pingpong's
 /// address 52.
-pub(crate) const MAX_FIRST_LEN: usize = 64;
+pub const MAX_FIRST_LEN: usize = 64;
 
 /// Where a tool's server writes its log lines (a refused connection, the count of those not
 /// logged one by one): one call per line, without the newline.
