@@ -1078,8 +1078,17 @@ mod tests {
             let dial = || TcpStream::connect(("127.0.0.1", port)).unwrap();
             // MAX_PENDING + 2 silent connections: the first two are evicted, the others time out.
             let silent: Vec<TcpStream> = (0..MAX_PENDING + 2).map(|_| dial()).collect();
-            // Past their 300 ms deadline, the client.
-            std::thread::sleep(Duration::from_millis(800));
+            // Once the server has closed every one of them (each read sees EOF; bounded by a
+            // read timeout far past their 300 ms deadline), the client.
+            for mut s in &silent {
+                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                let mut b = [0u8; 1];
+                match s.read(&mut b) {
+                    Ok(0) => {}
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {}
+                    other => panic!("a silent connection was not closed: {other:?}"),
+                }
+            }
             let mut client = dial();
             client.write_all(b"hi").unwrap();
             let mut reply = [0u8; 2];
