@@ -44,6 +44,11 @@ pub(crate) const MAX_SGE: usize = 32;
 /// access flags"); the software HCA ignores them, as a kernel that does not know them does.
 const ACCESS_OPTIONAL_RANGE: c_uint = (((1 << 29) << 1) - 1) & !((1 << 20) - 1);
 
+/// `IBV_DEVICE_SYS_IMAGE_GUID` (verbs.h `enum ibv_device_cap_flags`).
+const DEVICE_SYS_IMAGE_GUID: c_uint = 1 << 11;
+/// `IBV_DEVICE_RC_RNR_NAK_GEN` (verbs.h `enum ibv_device_cap_flags`).
+const DEVICE_RC_RNR_NAK_GEN: c_uint = 1 << 12;
+
 /// `IBV_LINK_LAYER_ETHERNET`.
 const LINK_LAYER_ETHERNET: u8 = 2;
 
@@ -644,7 +649,9 @@ fn device_attr(a: &DeviceAttr, guid: u64) -> ibv_device_attr {
     out.hw_ver = a.hw_ver;
     out.max_qp = c(a.max_qp);
     out.max_qp_wr = c(a.max_qp_wr);
-    out.device_cap_flags = 0;
+    // What the software HCA does of rxe's RXE_DEVICE_CAP_FLAGS (rxe_param.h): a system image
+    // GUID and RNR NAKs on RC; not memory windows, path migration or SRQ resizing.
+    out.device_cap_flags = DEVICE_SYS_IMAGE_GUID | DEVICE_RC_RNR_NAK_GEN;
     out.max_sge = c(a.max_sge);
     out.max_sge_rd = c(a.max_sge_rd);
     out.max_cq = c(a.max_cq);

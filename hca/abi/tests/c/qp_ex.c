@@ -167,6 +167,17 @@ int main(void)
 	connect_to(&a, &b);
 	connect_to(&b, &a);
 
+	/* ibv_query_device_ex through verbs_context: the ibv_query_device attributes and more. */
+	struct ibv_device_attr da;
+	struct ibv_device_attr_ex dx;
+	memset(&dx, 0xff, sizeof dx);
+	CHECK(ibv_query_device(a.ctx, &da) == 0 && ibv_query_device_ex(a.ctx, NULL, &dx) == 0,
+	      "query_device(_ex)");
+	CHECK(memcmp(&da, &dx.orig_attr, sizeof da) == 0 && dx.phys_port_cnt_ex == 1 &&
+		      dx.device_cap_flags_ex == da.device_cap_flags && dx.odp_caps.general_caps == 0,
+	      "query_device_ex fields");
+	CHECK(da.device_cap_flags & IBV_DEVICE_RC_RNR_NAK_GEN, "RNR NAK generation reported");
+
 	/* Unsupported requests fail as rxe's do. */
 	struct ibv_cq_init_attr_ex bad_cq = {.cqe = 4, .wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP};
 	CHECK(!ibv_create_cq_ex(a.ctx, &bad_cq) && errno == EOPNOTSUPP, "timestamp CQ refused");
