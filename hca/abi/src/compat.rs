@@ -467,3 +467,140 @@ pub unsafe extern "C" fn ibv_copy_path_rec_to_kern(
     d.packet_life_time_selector = s.packet_life_time_selector;
 }
 symver!(ibv_copy_path_rec_to_kern, "IBVERBS_1.0");
+
+/// `_ibv_query_gid_table` (`IBVERBS_1.11`; ibv_query_gid_table(3) is an inline wrapper): the
+/// valid entries of port 1's GID table into `entries` (`entry_size` bytes apart), in index
+/// order; their number, or a negative errno: `-EINVAL` for flags, a short `entry_size` or a
+/// table longer than `max_entries` (rdma-core's returns).
+///
+/// # Safety
+/// `context` is open; `entries` has room for `max_entries` entries of `entry_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_table(
+    context: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    if flags != 0 || entry_size < core::mem::size_of::<ibv_gid_entry>() {
+        return -(libc::EINVAL as isize);
+    }
+    let mut port = ibv_port_attr::default();
+    // SAFETY: the caller's context; a full `struct ibv_port_attr`.
+    let rc = unsafe { crate::ffi::query_port_full(context, &mut port) };
+    if rc != 0 {
+        return -(rc as isize);
+    }
+    let mut n = 0usize;
+    for index in 0..u32::try_from(port.gid_tbl_len).unwrap_or(0) {
+        let mut e = ibv_gid_entry::default();
+        // SAFETY: as above; one entry of ours.
+        let rc = unsafe {
+            crate::ffi::_ibv_query_gid_ex(context, 1, index, &mut e, 0, core::mem::size_of_val(&e))
+        };
+        if rc == libc::ENODATA {
+            continue;
+        }
+        if rc != 0 {
+            return -(rc as isize);
+        }
+        if n == max_entries {
+            return -(libc::EINVAL as isize);
+        }
+        // SAFETY: entry `n` of the caller's array, `entry_size` bytes apart.
+        unsafe { *entries.cast::<u8>().add(n * entry_size).cast::<ibv_gid_entry>() = e };
+        n += 1;
+    }
+    n as isize
+}
+symver!(_ibv_query_gid_table, "IBVERBS_1.11");
+
+/// ibv_query_qp_data_in_order(3) (`IBVERBS_1.14`): 0, "not guaranteed", what rdma-core returns
+/// for a provider that does not report it.
+#[no_mangle]
+pub extern "C" fn ibv_query_qp_data_in_order(_qp: *mut ibv_qp, _op: u32, _flags: u32) -> c_int {
+    0
+}
+symver!(ibv_query_qp_data_in_order, "IBVERBS_1.14");
+
+/// ibv_query_srq(3) (`IBVERBS_1.1`): `EOPNOTSUPP`, as rdma-core for a provider without it (the
+/// software HCA's verbs have no SRQ query: its armed limit changes when the limit event fires).
+#[no_mangle]
+pub extern "C" fn ibv_query_srq(_srq: *mut ibv_srq, _attr: *mut ibv_srq_attr) -> c_int {
+    libc::EOPNOTSUPP
+}
+symver!(ibv_query_srq, "IBVERBS_1.1");
+
+/// `IBV_REREG_MR_ERR_INPUT` (verbs.h `enum ibv_rereg_mr_err_code`).
+const REREG_MR_ERR_INPUT: c_int = -1;
+/// `IBV_REREG_MR_FLAGS_SUPPORTED`: change translation, PD, access.
+const REREG_MR_FLAGS_SUPPORTED: c_int = 0x7;
+
+/// ibv_rereg_mr(3) (`IBVERBS_1.1`): `IBV_REREG_MR_ERR_INPUT` with `errno` `EINVAL` for unknown
+/// flags, else with `EOPNOTSUPP` (rdma-core's for a provider without rereg; the MR is unchanged).
+#[no_mangle]
+pub extern "C" fn ibv_rereg_mr(
+    _mr: *mut ibv_mr,
+    flags: c_int,
+    _pd: *mut ibv_pd,
+    _addr: *mut c_void,
+    _length: usize,
+    _access: c_int,
+) -> c_int {
+    set_errno(if flags & !REREG_MR_FLAGS_SUPPORTED != 0 {
+        libc::EINVAL
+    } else {
+        libc::EOPNOTSUPP
+    });
+    REREG_MR_ERR_INPUT
+}
+symver!(ibv_rereg_mr, "IBVERBS_1.1");
+
+/// ibv_import_device(3) (`IBVERBS_1.10`): a context shared through a kernel command fd, which
+/// the software HCA has not: null, `errno` `EOPNOTSUPP`.
+#[no_mangle]
+pub extern "C" fn ibv_import_device(_cmd_fd: c_int) -> *mut ibv_context {
+    set_errno(libc::EOPNOTSUPP);
+    null_mut()
+}
+symver!(ibv_import_device, "IBVERBS_1.10");
+
+/// ibv_import_pd(3) (`IBVERBS_1.10`): null, `errno` `EOPNOTSUPP` (no imported contexts).
+#[no_mangle]
+pub extern "C" fn ibv_import_pd(_context: *mut ibv_context, _handle: u32) -> *mut ibv_pd {
+    set_errno(libc::EOPNOTSUPP);
+    null_mut()
+}
+symver!(ibv_import_pd, "IBVERBS_1.10");
+
+/// ibv_import_mr(3) (`IBVERBS_1.10`): null, `errno` `EOPNOTSUPP`.
+#[no_mangle]
+pub extern "C" fn ibv_import_mr(_pd: *mut ibv_pd, _handle: u32) -> *mut ibv_mr {
+    set_errno(libc::EOPNOTSUPP);
+    null_mut()
+}
+symver!(ibv_import_mr, "IBVERBS_1.10");
+
+/// ibv_import_dm(3) (`IBVERBS_1.13`): null, `errno` `EOPNOTSUPP` (no device memory either).
+#[no_mangle]
+pub extern "C" fn ibv_import_dm(_context: *mut ibv_context, _handle: u32) -> *mut c_void {
+    set_errno(libc::EOPNOTSUPP);
+    null_mut()
+}
+symver!(ibv_import_dm, "IBVERBS_1.13");
+
+/// ibv_unimport_pd(3) (`IBVERBS_1.10`): nothing was imported, nothing to release.
+#[no_mangle]
+pub extern "C" fn ibv_unimport_pd(_pd: *mut ibv_pd) {}
+symver!(ibv_unimport_pd, "IBVERBS_1.10");
+
+/// ibv_unimport_mr(3) (`IBVERBS_1.10`): as [`ibv_unimport_pd`].
+#[no_mangle]
+pub extern "C" fn ibv_unimport_mr(_mr: *mut ibv_mr) {}
+symver!(ibv_unimport_mr, "IBVERBS_1.10");
+
+/// ibv_unimport_dm(3) (`IBVERBS_1.13`): as [`ibv_unimport_pd`].
+#[no_mangle]
+pub extern "C" fn ibv_unimport_dm(_dm: *mut c_void) {}
+symver!(ibv_unimport_dm, "IBVERBS_1.13");

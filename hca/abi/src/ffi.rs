@@ -756,6 +756,15 @@ fn port_attr(v: &dyn Verbs) -> ibv_port_attr {
 
 /// `verbs_context->query_port`, which verbs.h's inline ibv_query_port calls: copies at most
 /// `len` bytes (a program built against an older, shorter `struct ibv_port_attr`).
+/// Port 1's attributes, the whole current `struct ibv_port_attr`.
+///
+/// # Safety
+/// `context` is open.
+pub(crate) unsafe fn query_port_full(context: *mut ibv_context, out: &mut ibv_port_attr) -> c_int {
+    // SAFETY: the caller's context; `out` is a whole structure.
+    unsafe { vctx_query_port(context, 1, out, size_of::<ibv_port_attr>()) }
+}
+
 unsafe extern "C" fn vctx_query_port(
     context: *mut ibv_context,
     port_num: u8,
