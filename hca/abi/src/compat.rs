@@ -509,7 +509,12 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
             return -(libc::EINVAL as isize);
         }
         // SAFETY: entry `n` of the caller's array, `entry_size` bytes apart.
-        unsafe { *entries.cast::<u8>().add(n * entry_size).cast::<ibv_gid_entry>() = e };
+        unsafe {
+            *entries
+                .cast::<u8>()
+                .add(n * entry_size)
+                .cast::<ibv_gid_entry>() = e
+        };
         n += 1;
     }
     n as isize

@@ -49,6 +49,10 @@ const DEVICE_SYS_IMAGE_GUID: c_uint = 1 << 11;
 /// `IBV_DEVICE_RC_RNR_NAK_GEN` (verbs.h `enum ibv_device_cap_flags`).
 const DEVICE_RC_RNR_NAK_GEN: c_uint = 1 << 12;
 
+/// `IBV_ACCESS_MW_BIND`: lets memory windows bind to the MR; accepted and ignored, as a device
+/// without memory windows does (none can be allocated: `ibv_alloc_mw` fails with `EOPNOTSUPP`).
+const ACCESS_MW_BIND: c_uint = 1 << 4;
+
 /// `IBV_LINK_LAYER_ETHERNET`.
 const LINK_LAYER_ETHERNET: u8 = 2;
 
@@ -313,6 +317,12 @@ type ChannelOf = (usize, Arc<EventQueue<usize>>);
 /// The Rust side of a context.
 pub(crate) struct Inner {
     pub(crate) verbs: Arc<dyn Verbs>,
+    /// The HCA this context is on, shared with the process's other contexts on it.
+    shared: Arc<Shared>,
+    /// `context->cmd_fd`: rdma-core's is the kernel uverbs device; here `/dev/null`, so that a
+    /// program may dup(2) or close-on-exec it as it would the real one (ibv_import_device on it
+    /// then fails with `EOPNOTSUPP`).
+    cmd_fd: OwnedFd,
     /// The CQs with a completion channel: handle -> (`struct ibv_cq` address, channel).
     cqs: Mutex<HashMap<CqHandle, ChannelOf>>,
     /// Async events, as `struct ibv_async_event`s (element addresses resolved when queued).
@@ -330,41 +340,77 @@ unsafe impl Send for Inner {}
 unsafe impl Sync for Inner {}
 
 impl Inner {
-    /// Routes what the device queued: CQ events to their channels, async events to the async
-    /// queue (the device's event hook).
+    /// Queues `ev` on this context's async queue if the element is one of its objects (or the
+    /// port / device, which every context hears); whether it was queued.
+    fn route_async(&self, ev: &hca::AsyncEvent) -> bool {
+        let mut raw = ibv_async_event {
+            event_type: ev.event_type as u32,
+            ..ibv_async_event::default()
+        };
+        let found = match ev.element {
+            EventElement::Cq(h) => lock(&self.cq_addrs).get(&h).map(|&a| {
+                raw.element.cq = a as *mut ibv_cq;
+            }),
+            EventElement::Qp(qpn) => lock(&self.qps).get(&qpn).map(|&a| {
+                raw.element.qp = a as *mut ibv_qp;
+            }),
+            EventElement::Srq(h) => lock(&self.srqs).get(&h).map(|&a| {
+                raw.element.srq = a as *mut ibv_srq;
+            }),
+            EventElement::Port(p) => {
+                raw.element.port_num = c_int::from(p);
+                Some(())
+            }
+            EventElement::Device => Some(()),
+        };
+        if found.is_some() {
+            self.async_events.push(raw);
+        }
+        found.is_some()
+    }
+}
+
+/// One opened software HCA and the contexts of this process on it: ibv_open_device on a device
+/// already open in the process opens another context on the same HCA (as a kernel device
+/// serves many contexts), since the HCA's UDP port can be bound once.
+pub(crate) struct Shared {
+    verbs: Arc<dyn Verbs>,
+    contexts: Mutex<Vec<Weak<Inner>>>,
+}
+
+impl Shared {
+    /// Routes what the device queued (its event hook): a CQ event to the channel of the context
+    /// owning the CQ, an async event to the context owning its element (port and device events
+    /// to every context).
     fn dispatch(&self) {
+        let live: Vec<Arc<Inner>> = lock(&self.contexts)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
         while let Some(cq) = self.verbs.poll_cq_event() {
-            let target = lock(&self.cqs).get(&cq).cloned();
-            if let Some((addr, channel)) = target {
-                channel.push(addr);
+            for i in &live {
+                let target = lock(&i.cqs).get(&cq).cloned();
+                if let Some((addr, channel)) = target {
+                    channel.push(addr);
+                    break;
+                }
             }
         }
         while let Some(ev) = self.verbs.poll_event() {
-            let mut raw = ibv_async_event {
-                event_type: ev.event_type as u32,
-                ..ibv_async_event::default()
-            };
-            let found = match ev.element {
-                EventElement::Cq(h) => lock(&self.cq_addrs).get(&h).map(|&a| {
-                    raw.element.cq = a as *mut ibv_cq;
-                }),
-                EventElement::Qp(qpn) => lock(&self.qps).get(&qpn).map(|&a| {
-                    raw.element.qp = a as *mut ibv_qp;
-                }),
-                EventElement::Srq(h) => lock(&self.srqs).get(&h).map(|&a| {
-                    raw.element.srq = a as *mut ibv_srq;
-                }),
-                EventElement::Port(p) => {
-                    raw.element.port_num = c_int::from(p);
-                    Some(())
+            let broadcast = matches!(ev.element, EventElement::Port(_) | EventElement::Device);
+            for i in &live {
+                if i.route_async(&ev) && !broadcast {
+                    break;
                 }
-                EventElement::Device => Some(()),
-            };
-            if found.is_some() {
-                self.async_events.push(raw);
             }
         }
     }
+}
+
+/// The HCAs open in this process, by device index (a `Weak`: the last context's close drops it).
+fn open_devices() -> &'static Mutex<HashMap<usize, Weak<Shared>>> {
+    static OPEN: OnceLock<Mutex<HashMap<usize, Weak<Shared>>>> = OnceLock::new();
+    OPEN.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
 /// A context: `struct verbs_context` (ending with the `struct ibv_context` handed out) first.
@@ -549,14 +595,40 @@ symver!(ibv_get_device_index, "IBVERBS_1.9");
 pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
     // SAFETY: the caller's promise: an AbiDevice.
     let dev = unsafe { &*device.cast::<AbiDevice>() };
-    let verbs = match open(&dev.config.spec, &OpenOptions::default()) {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("libibverbs (software HCA): {}: {e}", dev.config.name);
-            set_errno(e.errno().unwrap_or(libc::ENODEV));
-            return null_mut();
+    let index = devices()
+        .iter()
+        .position(|d| ptr::eq(d, dev))
+        .unwrap_or(usize::MAX);
+    let mut open_now = lock(open_devices());
+    let shared = match open_now.get(&index).and_then(Weak::upgrade) {
+        Some(s) => s,
+        None => {
+            let verbs = match open(&dev.config.spec, &OpenOptions::default()) {
+                Ok(v) => v,
+                Err(e) => {
+                    eprintln!("libibverbs (software HCA): {}: {e}", dev.config.name);
+                    set_errno(e.errno().unwrap_or(libc::ENODEV));
+                    return null_mut();
+                }
+            };
+            let shared = Arc::new(Shared {
+                verbs: verbs.clone(),
+                contexts: Mutex::new(Vec::new()),
+            });
+            let weak: Weak<Shared> = Arc::downgrade(&shared);
+            if let Err(e) = verbs.set_event_hook(Box::new(move || {
+                if let Some(s) = weak.upgrade() {
+                    s.dispatch();
+                }
+            })) {
+                eprintln!("libibverbs (software HCA): {}: {e}", dev.config.name);
+            }
+            open_now.insert(index, Arc::downgrade(&shared));
+            shared
         }
     };
+    drop(open_now);
+    let verbs = shared.verbs.clone();
     let async_events = match EventQueue::new() {
         Ok(q) => q,
         Err(e) => {
@@ -564,21 +636,31 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             return null_mut();
         }
     };
+    // SAFETY: open(2) of a constant path; a new descriptor or -1.
+    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if null < 0 {
+        set_errno(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EMFILE),
+        );
+        return null_mut();
+    }
     let inner = Arc::new(Inner {
         verbs: verbs.clone(),
+        shared: shared.clone(),
+        // SAFETY: the descriptor just opened, owned here.
+        cmd_fd: unsafe { OwnedFd::from_raw_fd(null) },
         cqs: Mutex::new(HashMap::new()),
         async_events,
         qps: Mutex::new(HashMap::new()),
         srqs: Mutex::new(HashMap::new()),
         cq_addrs: Mutex::new(HashMap::new()),
     });
-    let weak: Weak<Inner> = Arc::downgrade(&inner);
-    if let Err(e) = verbs.set_event_hook(Box::new(move || {
-        if let Some(i) = weak.upgrade() {
-            i.dispatch();
-        }
-    })) {
-        eprintln!("libibverbs (software HCA): {}: {e}", dev.config.name);
+    {
+        let mut contexts = lock(&shared.contexts);
+        contexts.retain(|w| w.strong_count() > 0);
+        contexts.push(Arc::downgrade(&inner));
     }
     let async_fd = inner.async_events.fd.as_raw_fd();
     let mut vctx = verbs_context {
@@ -590,7 +672,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         ..verbs_context::default()
     };
     vctx.context.device = device;
-    vctx.context.cmd_fd = -1;
+    vctx.context.cmd_fd = inner.cmd_fd.as_raw_fd();
     vctx.context.async_fd = async_fd;
     vctx.context.num_comp_vectors = 1;
     vctx.context.abi_compat = usize::MAX as *mut c_void;
@@ -607,7 +689,8 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
 }
 symver!(ibv_open_device, "IBVERBS_1.1");
 
-/// ibv_close_device(3): closes the device (its QPs flush) and frees the context.
+/// ibv_close_device(3): frees the context; the last context of the process on its device closes
+/// the software HCA (its QPs flush).
 ///
 /// # Safety
 /// `context` is open; the program destroyed (or abandons) its objects.
@@ -622,7 +705,14 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
                 .cast::<AbiContext>(),
         )
     };
-    b.inner.verbs.close();
+    let shared = b.inner.shared.clone();
+    drop(b);
+    let mut open_now = lock(open_devices());
+    // The last context on the HCA closes it (its QPs flush); the map's entry is a Weak.
+    if Arc::strong_count(&shared) == 1 {
+        shared.verbs.close();
+        open_now.retain(|_, w| !ptr::eq(w.as_ptr(), Arc::as_ptr(&shared)));
+    }
     0
 }
 symver!(ibv_close_device, "IBVERBS_1.1");
@@ -644,7 +734,12 @@ fn device_attr(a: &DeviceAttr, guid: u64) -> ibv_device_attr {
     out.sys_image_guid = guid.to_be();
     out.max_mr_size = a.max_mr_size;
     out.page_size_cap = a.page_size_cap;
-    out.vendor_id = a.vendor_id;
+    // rxe's RXE_VENDOR_ID (rxe_param.h) where the HCA names no vendor.
+    out.vendor_id = if a.vendor_id == 0 {
+        0x00ff_ffff
+    } else {
+        a.vendor_id
+    };
     out.vendor_part_id = a.vendor_part_id;
     out.hw_ver = a.hw_ver;
     out.max_qp = c(a.max_qp);
@@ -1038,7 +1133,7 @@ unsafe fn reg_mr(
         0,
         length,
         iova,
-        AccessFlags::from_bits_retain(access & !ACCESS_OPTIONAL_RANGE),
+        AccessFlags::from_bits_retain(access & !(ACCESS_OPTIONAL_RANGE | ACCESS_MW_BIND)),
     );
     boxed_or_null(registered, |mr| AbiMr {
         mr: ibv_mr {
@@ -1261,14 +1356,21 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     // SAFETY: the caller's context.
     let i = unsafe { inner(context) };
+    // rxe's checks (rxe_cq_chk_attr): 1 ..= max_cqe entries; the one completion vector, 0.
     let Ok(n) = u32::try_from(cqe) else {
         set_errno(libc::EINVAL);
         return null_mut();
     };
+    // SAFETY: the caller's context.
+    let vectors = unsafe { (*context).num_comp_vectors };
+    if n == 0 || n > i.verbs.query_device().max_cqe || comp_vector < 0 || comp_vector >= vectors {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
     let handle = match i.verbs.create_cq(n) {
         Ok(h) => h,
         Err(e) => {
@@ -2007,7 +2109,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
 ) -> c_int {
     // SAFETY: the caller's context.
     let i = unsafe { inner(context) };
-    i.dispatch();
+    i.shared.dispatch();
     match i.async_events.pop() {
         Ok(ev) => {
             // SAFETY: the caller's out parameter.
