@@ -79,20 +79,18 @@ impl Builder {
     }
 }
 
-/// The QP and its builder of a `struct ibv_qp_ex` this library made with a builder.
+/// The QP and its builder of a `struct ibv_qp_ex` this library made with a builder (None for
+/// one without, which the `wr_*` callbacks never see: only QPs with a builder have them).
 ///
 /// # Safety
 /// `qp` is from [`vctx_create_qp_ex`] and not destroyed; the caller serialises the builder
 /// calls of this QP (ibv_wr_post(3)).
-unsafe fn parts<'a>(qp: *mut ibv_qp_ex) -> (&'a AbiQp, &'a mut Builder) {
+unsafe fn parts<'a>(qp: *mut ibv_qp_ex) -> Option<(&'a AbiQp, &'a mut Builder)> {
     // SAFETY: the caller's promise; the builder is in an UnsafeCell, used by one thread.
     unsafe {
         let q = &*qp.cast::<AbiQp>();
-        let b = q
-            .builder
-            .as_ref()
-            .expect("QPs with the wr_* callbacks have a builder");
-        (q, &mut *b.get())
+        let b = q.builder.as_ref()?;
+        Some((q, &mut *b.get()))
     }
 }
 
@@ -103,7 +101,9 @@ unsafe fn parts<'a>(qp: *mut ibv_qp_ex) -> (&'a AbiQp, &'a mut Builder) {
 /// As [`parts`].
 unsafe fn begin(qp: *mut ibv_qp_ex, opcode: ibv_wr_opcode, fill: impl FnOnce(&mut ibv_send_wr)) {
     // SAFETY: the caller's promise.
-    let (_, b) = unsafe { parts(qp) };
+    let Some((_, b)) = (unsafe { parts(qp) }) else {
+        return;
+    };
     if b.err != 0 {
         return;
     }
@@ -141,17 +141,23 @@ fn last(b: &mut Builder) -> Option<&mut Pending> {
 
 unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
     // SAFETY: a QP of ours with a builder.
-    unsafe { parts(qp) }.1.clear();
+    if let Some((_, b)) = unsafe { parts(qp) } {
+        b.clear();
+    }
 }
 
 unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
     // SAFETY: as above.
-    unsafe { parts(qp) }.1.clear();
+    if let Some((_, b)) = unsafe { parts(qp) } {
+        b.clear();
+    }
 }
 
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     // SAFETY: as above.
-    let (q, b) = unsafe { parts(qp) };
+    let Some((q, b)) = (unsafe { parts(qp) }) else {
+        return libc::EINVAL;
+    };
     if b.err != 0 {
         let e = b.err;
         b.clear();
@@ -317,7 +323,9 @@ unsafe extern "C" fn wr_set_ud_addr(
     remote_qkey: u32,
 ) {
     // SAFETY: as above.
-    let (_, b) = unsafe { parts(qp) };
+    let Some((_, b)) = (unsafe { parts(qp) }) else {
+        return;
+    };
     if let Some(p) = last(b) {
         p.wr.wr.ud = ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
             ah,
@@ -335,7 +343,9 @@ unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length
 
 unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge) {
     // SAFETY: as above.
-    let (_, b) = unsafe { parts(qp) };
+    let Some((_, b)) = (unsafe { parts(qp) }) else {
+        return;
+    };
     let max_sge = b.max_sge;
     let at = b.sges.len();
     let Some(p) = last(b) else { return };
@@ -368,7 +378,9 @@ unsafe extern "C" fn wr_set_inline_data_list(
     buf_list: *const ibv_data_buf,
 ) {
     // SAFETY: as above.
-    let (_, b) = unsafe { parts(qp) };
+    let Some((_, b)) = (unsafe { parts(qp) }) else {
+        return;
+    };
     let max_inline = b.max_inline;
     let at = b.inline.len();
     if last(b).is_none() {
