@@ -1,7 +1,7 @@
 //! Links the cdylib as rdma-core's libibverbs: SONAME `libibverbs.so.1` and the version nodes of
 //! rdma-core 44 (`IBVERBS_1.0` ... `IBVERBS_1.14`, `IBVERBS_PRIVATE_34`, as its
 //! `libibverbs/libibverbs.map.in` defines them). Each exported function gets its version from the
-//! `symver!` line next to its definition in src/ffi.rs, src/compat.rs or src/extended.rs (a `.symver` directive); this script
+//! `symver!` line next to its definition in src/ffi.rs, src/compat.rs or src/ffi/extended.rs (a `.symver` directive); this script
 //! writes the linker version script from those lines, so the two cannot disagree.
 use std::fmt::Write as _;
 
@@ -23,7 +23,7 @@ const NODES: &[&str] = &[
 ];
 
 /// The files whose `symver!` lines export functions.
-const SOURCES: &[&str] = &["ffi.rs", "compat.rs", "extended.rs"];
+const SOURCES: &[&str] = &["ffi.rs", "compat.rs", "ffi/extended.rs"];
 
 fn main() {
     let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");

@@ -36,6 +36,9 @@ use hca::{
 
 use crate::config::{device_specs, DeviceConfig};
 
+// ibv_create_qp_ex / ibv_create_cq_ex: an implementation file of this module.
+mod extended;
+
 /// Most SGEs one WR may carry (rxe's `max_sge` is 32; the device reports its own limit).
 pub(crate) const MAX_SGE: usize = 32;
 
@@ -458,7 +461,7 @@ pub(crate) struct AbiCq {
 pub(crate) struct AbiQp {
     pub(crate) qpx: ibv_qp_ex,
     pub(crate) qp_type: QpType,
-    pub(crate) builder: Option<Box<UnsafeCell<crate::extended::Builder>>>,
+    pub(crate) builder: Option<Box<UnsafeCell<extended::Builder>>>,
 }
 #[repr(C)]
 struct AbiSrq {
@@ -665,9 +668,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     let async_fd = inner.async_events.fd.as_raw_fd();
     let mut vctx = verbs_context {
         query_port: Some(vctx_query_port),
-        create_qp_ex: Some(crate::extended::vctx_create_qp_ex),
+        create_qp_ex: Some(extended::vctx_create_qp_ex),
         query_device_ex: Some(vctx_query_device_ex),
-        create_cq_ex: Some(crate::extended::vctx_create_cq_ex),
+        create_cq_ex: Some(extended::vctx_create_cq_ex),
         sz: size_of::<verbs_context>(),
         ..verbs_context::default()
     };
@@ -1882,7 +1885,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     match i.verbs.destroy_qp(q.qpx.qp_base.qp_num) {
         Ok(()) => {
             lock(&i.qps).remove(&q.qpx.qp_base.qp_num);
-            crate::extended::drop_builder(q);
+            extended::drop_builder(q);
             // SAFETY: freed once, here.
             drop(unsafe { Box::from_raw(qp.cast::<AbiQp>()) });
             0

@@ -58,6 +58,4 @@ macro_rules! symver {
 mod compat;
 pub mod config;
 #[allow(unsafe_code)]
-mod extended;
-#[allow(unsafe_code)]
 mod ffi;

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use hca::ibverbs::ffi::*;
 use hca::{AccessFlags, SendFlags, SendWr, Sge, WcOpcode, WorkCompletion};
 
-use crate::ffi::{
+use super::{
     errno_of, ibv_create_cq, inner, send_op, set_errno, wc_to_c, AbiCq, AbiPd, AbiQp, AppMemory,
     MAX_SGE,
 };
@@ -474,7 +474,7 @@ pub(crate) unsafe extern "C" fn vctx_create_qp_ex(
     }
     // SAFETY: `struct ibv_qp_init_attr_ex` begins with `struct ibv_qp_init_attr`'s fields
     // (verbs.h; rdma-core casts it so); the PD is the caller's.
-    let qp = unsafe { crate::ffi::create_qp(a.pd, attr.cast::<ibv_qp_init_attr>()) };
+    let qp = unsafe { super::create_qp(a.pd, attr.cast::<ibv_qp_init_attr>()) };
     if qp.is_null() {
         return qp;
     }
@@ -508,7 +508,7 @@ pub(crate) unsafe extern "C" fn vctx_create_qp_ex(
             Err(e) => {
                 let errno = errno_of(&e);
                 // SAFETY: the QP just made, not handed out.
-                unsafe { crate::ffi::ibv_destroy_qp(qp) };
+                unsafe { super::ibv_destroy_qp(qp) };
                 set_errno(errno);
                 return null_mut();
             }
