@@ -379,6 +379,9 @@ impl Inner {
 pub(crate) struct Shared {
     verbs: Arc<dyn Verbs>,
     contexts: Mutex<Vec<Weak<Inner>>>,
+    /// The process that opened it: a child of fork(2) inherits the map but not the HCA's
+    /// progress thread, so it opens devices of its own.
+    pid: u32,
 }
 
 impl Shared {
@@ -603,7 +606,11 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         .position(|d| ptr::eq(d, dev))
         .unwrap_or(usize::MAX);
     let mut open_now = lock(open_devices());
-    let shared = match open_now.get(&index).and_then(Weak::upgrade) {
+    let reusable = open_now
+        .get(&index)
+        .and_then(Weak::upgrade)
+        .filter(|s| s.pid == std::process::id());
+    let shared = match reusable {
         Some(s) => s,
         None => {
             let verbs = match open(&dev.config.spec, &OpenOptions::default()) {
@@ -617,6 +624,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             let shared = Arc::new(Shared {
                 verbs: verbs.clone(),
                 contexts: Mutex::new(Vec::new()),
+                pid: std::process::id(),
             });
             let weak: Weak<Shared> = Arc::downgrade(&shared);
             if let Err(e) = verbs.set_event_hook(Box::new(move || {

@@ -189,6 +189,11 @@ int main(void)
 	pid_t child = fork();
 	CHECK(child >= 0, "fork");
 	if (child == 0) {
+		/* The parent's device stays the parent's: its address is bound (by the socket this
+		 * child inherited), so opening it here fails at once instead of sharing an HCA whose
+		 * progress thread did not survive fork (one process per device address). */
+		errno = 0;
+		CHECK(!ibv_open_device(list[0]) && errno != 0, "parent's device in the child");
 		struct end c, d;
 		make(list[2], &c, 0);
 		make(list[3], &d, 0);
