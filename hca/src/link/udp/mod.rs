@@ -26,6 +26,7 @@ use crate::verbs::gid::{Gid, GidEntry, GidType};
 use crate::link::{FlushReport, Link, LinkError, RecvState};
 
 mod cmsg;
+pub mod share;
 pub mod socket;
 
 pub use socket::{
@@ -313,11 +314,20 @@ impl Link for UdpLink {
 
     fn deliver<F: FnMut(&Datagram<'_>)>(&mut self, mut f: F) -> Result<usize, LinkError> {
         let batch = if self.small { &self.rx_idle } else { &self.rx };
+        let mine = self.link.share_slot();
         let mut n = 0;
+        let mut strays = 0;
         for d in batch.iter() {
-            f(&datagram(&d));
             n += 1;
+            if let (Some(slot), Some(q)) = (mine, d.payload.get(5..8)) {
+                if share::slot_of_qpn(u32::from_be_bytes([0, q[0], q[1], q[2]])) != slot {
+                    strays += 1;
+                    continue;
+                }
+            }
+            f(&datagram(&d));
         }
+        self.link.count_strays(strays);
         Ok(n)
     }
 

@@ -196,6 +196,10 @@ pub struct RoceSocketConfig {
     /// [module docs](self#the-udp-source-port)). Default 0: every datagram leaves from the bound
     /// port.
     pub src_ports: usize,
+    /// Share the address and port with other processes of this host
+    /// ([`super::share`]: `SO_REUSEPORT`, steering by destination QPN, a slot per process).
+    /// Also keeps each GSO train to datagrams for one destination slot. Default `false`.
+    pub share: bool,
 }
 
 /// A seeded loss generator on a link (see the [module docs](self#fault-injection)): each
@@ -283,6 +287,7 @@ impl RoceSocketConfig {
             send_buffer_bytes: None,
             drop: None,
             src_ports: 0,
+            share: false,
         }
     }
 }
@@ -325,6 +330,9 @@ pub struct LinkCounters {
     /// Datagrams the kernel dropped for lack of receive-buffer room since the socket was opened
     /// (`SO_RXQ_OVFL`, socket(7)); the last value reported.
     pub rx_kernel_drops: u64,
+    /// Datagrams a shared socket ([`RoceSocketConfig::share`]) received for another process's
+    /// slot and dropped (see [`super::share`]).
+    pub rx_strays: u64,
     /// Datagrams the kernel accepted for sending.
     pub tx_datagrams: u64,
     /// UDP payload bytes accepted for sending.
@@ -552,6 +560,8 @@ pub struct RoceSocket {
     counters: LinkCounters,
     plans: Vec<MsgPlan<SEND_CONTROL>>,
     dropper: Option<Dropper>,
+    /// The slot of a shared socket ([`RoceSocketConfig::share`]).
+    claim: Option<super::share::SlotClaim>,
 }
 
 impl RoceSocket {
@@ -626,7 +636,18 @@ impl RoceSocket {
         let gro = config.gro
             && !hooked
             && sys::set_int(fd.as_fd(), libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
-        sys::bind(fd.as_fd(), &local).map_err(|source| LinkError::Bind { local, source })?;
+        let claim = if config.share {
+            let (claim, ()) = super::share::claim_and_bind(local, |_| {
+                super::share::set_reuseport(fd.as_fd())?;
+                sys::bind(fd.as_fd(), &local)?;
+                super::share::attach_steering(fd.as_fd())
+            })
+            .map_err(|source| LinkError::Bind { local, source })?;
+            Some(claim)
+        } else {
+            sys::bind(fd.as_fd(), &local).map_err(|source| LinkError::Bind { local, source })?;
+            None
+        };
         let bound = sys::local_addr(fd.as_fd()).map_err(|source| LinkError::SetOption {
             local,
             option: "getsockname",
@@ -659,9 +680,21 @@ impl RoceSocket {
             },
             plans: Vec::with_capacity(config.batch),
             dropper: config.drop.filter(|d| d.ppm > 0).map(Dropper::new),
+            claim,
             config,
             counters: LinkCounters::default(),
         })
+    }
+
+    /// Adds `n` to [`LinkCounters::rx_strays`].
+    pub(crate) fn count_strays(&mut self, n: u64) {
+        self.counters.rx_strays += n;
+    }
+
+    /// The slot of a shared socket ([`RoceSocketConfig::share`], [`super::share`]); `None` when
+    /// the socket is not shared.
+    pub fn share_slot(&self) -> Option<usize> {
+        self.claim.as_ref().map(|c| c.slot())
     }
 
     /// The bound local address and port (the port the kernel picked if the config said 0). Every
@@ -995,6 +1028,7 @@ impl RoceSocket {
                     || len > seg
                     || total + len > self.max_udp_payload()
                     || *iov + d.parts.len() > sys::MAX_IOV
+                    || (self.config.share && dst_slot(d) != dst_slot(first))
                     || self.check(d).is_err()
                 {
                     break;
@@ -1279,6 +1313,15 @@ impl Sender {
             })?
             .port();
         Ok(Sender { fd, port })
+    }
+}
+
+/// The destination slot ([`super::share::slot_of_qpn`]) of a datagram whose first part starts
+/// with its BTH; slot 0 when it is too short.
+fn dst_slot(d: &SendDatagram<'_>) -> usize {
+    match d.parts.first().and_then(|p| p.get(5..8)) {
+        Some(q) => super::share::slot_of_qpn(u32::from_be_bytes([0, q[0], q[1], q[2]])),
+        None => 0,
     }
 }
 

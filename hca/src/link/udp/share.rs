@@ -1,0 +1,260 @@
+//! Many processes, one device: every process of a host that opens a device on the same address
+//! and UDP port (4791, which RoCEv2 fixes as the destination port, IBTA vol. 1 Annex A17.2.2)
+//! binds its own socket with `SO_REUSEPORT`; a classic-BPF program attached to the reuseport
+//! group (`SO_ATTACH_REUSEPORT_CBPF`, socket(7); unprivileged) steers each datagram to the socket
+//! of the process that owns its destination QPN.
+//!
+//! # QPN ranges
+//! The top [`SLOT_BITS`] bits of a 24-bit QPN name the process's *slot* (0 ..
+//! [`MAX_SLOTS`]); the other [`RANDOM_QPN_BITS`] (19) stay random, drawn from the operating
+//! system's random source as every QPN is ([`crate::verbs::random`]). QP 1 (GSI, the CM's
+//! MADs) goes to slot 0: the first process that opened the device. A datagram too short to hold
+//! a BTH also goes to slot 0 (its engine drops it).
+//!
+//! # Slots
+//! A process claims the lowest free slot by binding the abstract Unix socket name
+//! `soft-hca/<address>/<port>/slot<N>` (unix(7): abstract names are unique per network
+//! namespace and released by the kernel when the last descriptor closes, so a process killed
+//! with SIGKILL frees its slot and leaves no file behind). Claiming and binding happen while the
+//! process holds the abstract name `.../join`, so processes join the reuseport group in slot
+//! order.
+//!
+//! # The kernel's index
+//! The program returns an index into the reuseport group's socket array
+//! (`reuseport_select_sock` in the kernel's `net/core/sock_reuseport.c`; an index at or above the
+//! group size falls back to the 4-tuple hash). A socket joins at the end of the array, so while
+//! no member has left, the socket of slot `N` sits at index `N`. When a member closes,
+//! `reuseport_detach_sock` moves the *last* socket into its hole: the datagrams of the last slot
+//! then reach another process, which counts and drops them ([`ShareCounters::strays`]) until
+//! the group is rebuilt. This is the known limit of this mode: kill or close processes in the
+//! reverse order of their opening (the tests do), or reopen the survivors.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// Bits of the QPN that name the owning process's slot.
+pub const SLOT_BITS: u32 = 5;
+/// Processes that can share one device address and port: `2^SLOT_BITS`.
+pub const MAX_SLOTS: usize = 1 << SLOT_BITS;
+/// Random bits left in a QPN drawn by a shared device: `24 - SLOT_BITS`.
+pub const RANDOM_QPN_BITS: u32 = 24 - SLOT_BITS;
+/// The GSI's QPN (IBTA vol. 1 section 3.9.5.1): steered to slot 0.
+pub const GSI_QPN: u32 = 1;
+/// Longest wait for another process's join to finish.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The slot a destination QPN belongs to (QP 1 and QP 0: slot 0).
+pub fn slot_of_qpn(qpn: u32) -> usize {
+    if qpn <= GSI_QPN {
+        0
+    } else {
+        ((qpn & 0x00ff_ffff) >> RANDOM_QPN_BITS) as usize
+    }
+}
+
+/// `(mask, value)`: the QPN bits a process in `slot` fixes, and their value (`qpn & mask ==
+/// value`).
+pub fn qpn_prefix(slot: usize) -> (u32, u32) {
+    let mask = ((MAX_SLOTS as u32) - 1) << RANDOM_QPN_BITS;
+    (mask, ((slot as u32) << RANDOM_QPN_BITS) & mask)
+}
+
+/// The steering program, classic BPF run by the kernel on the UDP payload of each datagram:
+/// the destination QPN is BTH bytes 5..8 (IBTA vol. 1 section 9.2: opcode, flags, P_Key,
+/// reserved, DestQP), so it loads the big-endian word at offset 4, keeps 24 bits and returns
+/// `qpn >> RANDOM_QPN_BITS`, or 0 for QP 1. A packet shorter than 8 bytes ends the program with
+/// 0 (filter.txt: an out-of-bounds absolute load returns 0).
+pub fn steering_program() -> [libc::sock_filter; 6] {
+    let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    [
+        op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 4),
+        op(libc::BPF_ALU | libc::BPF_AND | libc::BPF_K, 0, 0, 0x00ff_ffff),
+        op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 2, 0, GSI_QPN),
+        op(libc::BPF_ALU | libc::BPF_RSH | libc::BPF_K, 0, 0, RANDOM_QPN_BITS),
+        op(libc::BPF_RET | libc::BPF_A, 0, 0, 0),
+        op(libc::BPF_RET | libc::BPF_K, 0, 0, 0),
+    ]
+}
+
+/// Sets `SO_REUSEPORT` on `fd` (before bind).
+pub(crate) fn set_reuseport(fd: BorrowedFd<'_>) -> io::Result<()> {
+    crate::link::sys::set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)
+}
+
+/// Attaches [`steering_program`] to the reuseport group of bound socket `fd`
+/// (`SO_ATTACH_REUSEPORT_CBPF`, socket(7)); it replaces the group's program, which is the same
+/// in every member.
+pub(crate) fn attach_steering(fd: BorrowedFd<'_>) -> io::Result<()> {
+    crate::link::sys::attach_reuseport_cbpf(fd, &steering_program())
+}
+
+/// Binds an abstract Unix datagram socket named `name` (unix(7)); `AddrInUse` if another
+/// socket holds it.
+fn bind_abstract(name: &str) -> io::Result<OwnedFd> {
+    crate::link::sys::bind_abstract_unix(name.as_bytes())
+}
+
+/// A process's claim on a slot of a shared address: held while this value lives (and by the
+/// kernel only as long as the process does).
+#[derive(Debug)]
+pub struct SlotClaim {
+    slot: usize,
+    _name: OwnedFd,
+}
+
+impl SlotClaim {
+    /// The slot claimed.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+}
+
+/// Claims the lowest free slot of `local` and, while holding the join lock, runs `bind` (which
+/// binds the reuseport socket), so that sockets join the group in slot order.
+///
+/// Errors: `AddrInUse` ("all slots taken") when [`MAX_SLOTS`] processes share `local`;
+/// `TimedOut` when another process held the join lock for [`JOIN_TIMEOUT`]; `bind`'s error.
+pub(crate) fn claim_and_bind<T>(
+    local: SocketAddr,
+    bind: impl FnOnce(usize) -> io::Result<T>,
+) -> io::Result<(SlotClaim, T)> {
+    let base = format!("soft-hca/{local}");
+    let started = Instant::now();
+    let _join = loop {
+        match bind_abstract(&format!("{base}/join")) {
+            Ok(fd) => break fd,
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && started.elapsed() < JOIN_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("another process held {base}/join for 5 s"),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    for slot in 0..MAX_SLOTS {
+        match bind_abstract(&format!("{base}/slot{slot}")) {
+            Ok(name) => {
+                let bound = bind(slot)?;
+                return Ok((SlotClaim { slot, _name: name }, bound));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AddrInUse,
+        format!("all {MAX_SLOTS} slots of {local} are taken"),
+    ))
+}
+
+/// Counters of a shared socket.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ShareCounters {
+    /// Datagrams received for another slot's QPN and dropped.
+    pub strays: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::UdpSocket;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn prefix_and_slot_agree() {
+        for slot in 0..MAX_SLOTS {
+            let (mask, value) = qpn_prefix(slot);
+            assert_eq!(mask.count_ones(), SLOT_BITS);
+            for low in [0x10u32, 0x1234, (1 << RANDOM_QPN_BITS) - 1] {
+                let qpn = value | (low & !mask);
+                assert_eq!(slot_of_qpn(qpn), slot, "{qpn:#x}");
+            }
+        }
+        assert_eq!(slot_of_qpn(GSI_QPN), 0);
+        assert_eq!(slot_of_qpn(0), 0);
+    }
+
+    /// A reuseport group of `n` sockets on 127.0.0.1 (a free port) with the program attached.
+    fn group(n: usize) -> Option<Vec<UdpSocket>> {
+        let mut socks = Vec::new();
+        let mut addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        for _ in 0..n {
+            let fd = crate::link::sys::udp_socket(false).ok()?;
+            set_reuseport(fd.as_fd()).unwrap();
+            crate::link::sys::bind(fd.as_fd(), &addr).ok()?;
+            addr = crate::link::sys::local_addr(fd.as_fd()).unwrap();
+            attach_steering(fd.as_fd()).expect("SO_ATTACH_REUSEPORT_CBPF");
+            let s = UdpSocket::from(fd);
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            socks.push(s);
+        }
+        Some(socks)
+    }
+
+    fn bth(qpn: u32) -> [u8; 12] {
+        let mut p = [0u8; 12];
+        p[0] = 0x0a; // RC RDMA WRITE Only
+        p[2..4].copy_from_slice(&0xffffu16.to_be_bytes());
+        p[4..8].copy_from_slice(&(qpn & 0x00ff_ffff).to_be_bytes());
+        p[4] = 0xa5; // reserved byte: must not matter
+        p
+    }
+
+    /// The kernel runs the program on crafted BTHs: each lands on the socket of its slot.
+    #[test]
+    fn kernel_steers_by_destination_qpn() {
+        let n = 4;
+        let Some(socks) = group(n) else {
+            eprintln!("skip: no loopback UDP");
+            return;
+        };
+        let to = socks[0].local_addr().unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut cases = Vec::new();
+        for slot in 0..n {
+            let (_, value) = qpn_prefix(slot);
+            cases.push((value | 0x12345, slot));
+            cases.push((value | 0x10, slot));
+        }
+        cases.push((GSI_QPN, 0));
+        for (i, (qpn, slot)) in cases.iter().enumerate() {
+            let mut p = bth(*qpn).to_vec();
+            p.push(i as u8);
+            tx.send_to(&p, to).unwrap();
+            let mut buf = [0u8; 64];
+            let len = socks[*slot].recv(&mut buf).expect("datagram on its slot's socket");
+            assert_eq!(&buf[..len], &p[..], "QPN {qpn:#x}");
+        }
+        // Nothing strayed onto another socket.
+        for s in &socks {
+            s.set_nonblocking(true).unwrap();
+            let mut buf = [0u8; 64];
+            assert!(s.recv(&mut buf).is_err());
+        }
+    }
+
+    /// Slots are exclusive while held and free once dropped.
+    #[test]
+    fn slots_are_claimed_in_order_and_released() {
+        let local: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let local = SocketAddr::new(local.ip(), 40000 + (std::process::id() % 20000) as u16);
+        let (a, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
+        let (b, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
+        assert_eq!((a.slot(), b.slot()), (0, 1));
+        drop(a);
+        let (c, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
+        assert_eq!(c.slot(), 0);
+    }
+}
