@@ -25,13 +25,18 @@
 //! group size falls back to the 4-tuple hash). A socket joins at the end of the array, so while
 //! no member has left, the socket of slot `N` sits at index `N`. When a member closes,
 //! `reuseport_detach_sock` moves the *last* socket into its hole: the datagrams of the last slot
-//! then reach another process, which counts and drops them ([`ShareCounters::strays`]) until
-//! the group is rebuilt. This is the known limit of this mode: kill or close processes in the
-//! reverse order of their opening (the tests do), or reopen the survivors.
+//! then reach another process. Any process that receives a datagram of another slot (a *stray*)
+//! forwards it, with its source address, ports, ECN, DSCP and hop limit ([`FORWARD_HEADER`]),
+//! over its slot's abstract Unix socket to the owner's (`LinkCounters::rx_forwarded`), which
+//! polls that socket along with its UDP socket and hands the datagram to its engine as if it
+//! had come from the wire; a stray whose slot nobody holds, or whose owner's queue is full, is
+//! dropped and counted (`LinkCounters::rx_strays`). Correctness thus never depends on the
+//! kernel's index; a moved slot costs one extra local hop per datagram until the group is
+//! rebuilt (its processes reopen).
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// Bits of the QPN that name the owning process's slot.
@@ -114,6 +119,145 @@ impl SlotClaim {
     pub fn slot(&self) -> usize {
         self.slot
     }
+
+    /// The slot's abstract Unix socket: strays forwarded to this process arrive on it.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self._name.as_fd()
+    }
+}
+
+/// Bytes before the payload of a forwarded datagram: source address (16, IPv4 as IPv4-mapped
+/// IPv6), destination address (16), source port (2, big-endian), ECN, DSCP, hop limit, and a
+/// flag byte (1: the addresses are IPv4).
+pub const FORWARD_HEADER: usize = 38;
+/// Forwarded datagrams received per round.
+const FORWARD_BATCH: usize = 16;
+/// Bytes of one forwarded datagram's slot: a header and the largest UDP payload.
+const FORWARD_SLOT: usize = FORWARD_HEADER + 65536;
+
+/// A received datagram as forwarding carries it.
+#[derive(Debug, Clone, Copy)]
+pub struct Forwarded<'a> {
+    /// Source address and port.
+    pub src: SocketAddr,
+    /// Destination address.
+    pub dst: std::net::IpAddr,
+    /// ECN codepoint bits, DSCP, hop limit as received.
+    pub ecn: u8,
+    /// DSCP.
+    pub dscp: u8,
+    /// Hop limit / TTL.
+    pub hop_limit: u8,
+    /// The UDP payload.
+    pub payload: &'a [u8],
+}
+
+fn ip16(ip: std::net::IpAddr) -> [u8; 16] {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        std::net::IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+fn ip_of(b: &[u8], v4: bool) -> std::net::IpAddr {
+    let mut o = [0u8; 16];
+    o.copy_from_slice(&b[..16]);
+    let v6 = std::net::Ipv6Addr::from(o);
+    match v6.to_ipv4_mapped() {
+        Some(v) if v4 => std::net::IpAddr::V4(v),
+        _ => std::net::IpAddr::V6(v6),
+    }
+}
+
+/// Encodes the header of a forwarded datagram.
+pub fn forward_header(d: &Forwarded<'_>) -> [u8; FORWARD_HEADER] {
+    let mut h = [0u8; FORWARD_HEADER];
+    h[..16].copy_from_slice(&ip16(d.src.ip()));
+    h[16..32].copy_from_slice(&ip16(d.dst));
+    h[32..34].copy_from_slice(&d.src.port().to_be_bytes());
+    h[34] = d.ecn;
+    h[35] = d.dscp;
+    h[36] = d.hop_limit;
+    h[37] = u8::from(d.src.is_ipv4());
+    h
+}
+
+/// Decodes a forwarded datagram; `None` when shorter than its header.
+pub fn parse_forwarded(b: &[u8]) -> Option<Forwarded<'_>> {
+    let (h, payload) = (b.get(..FORWARD_HEADER)?, &b[FORWARD_HEADER..]);
+    let v4 = h[37] == 1;
+    let port = u16::from_be_bytes([h[32], h[33]]);
+    Some(Forwarded {
+        src: SocketAddr::new(ip_of(&h[..16], v4), port),
+        dst: ip_of(&h[16..32], v4),
+        ecn: h[34] & 3,
+        dscp: h[35] & 0x3f,
+        hop_limit: h[36],
+        payload,
+    })
+}
+
+/// Stray forwarding of a shared link: strays go to their owner's slot socket, and datagrams
+/// forwarded to this process are read from its own (see the [module docs](self)).
+#[derive(Debug)]
+pub(crate) struct Forwarder {
+    /// The abstract names of the slots, `soft-hca/ADDR:PORT/slotN`.
+    names: Vec<Vec<u8>>,
+    rx: Vec<u8>,
+    lens: [usize; FORWARD_BATCH],
+    count: usize,
+}
+
+impl Forwarder {
+    pub(crate) fn new(local: SocketAddr) -> Forwarder {
+        Forwarder {
+            names: (0..MAX_SLOTS)
+                .map(|s| format!("soft-hca/{local}/slot{s}").into_bytes())
+                .collect(),
+            rx: Vec::new(),
+            lens: [0; FORWARD_BATCH],
+            count: 0,
+        }
+    }
+
+    /// Sends datagram `d` to the process of `slot` over `fd` (the sender's own slot socket).
+    /// `false` when it could not go (nobody holds the slot, or its queue is full): the caller
+    /// counts it dropped.
+    pub(crate) fn forward(&self, fd: BorrowedFd<'_>, slot: usize, d: &Forwarded<'_>) -> bool {
+        let head = forward_header(d);
+        let Some(name) = self.names.get(slot) else {
+            return false;
+        };
+        crate::link::sys::send_abstract_unix(fd, name, &[&head, d.payload]).is_ok()
+    }
+
+    /// Reads up to 16 forwarded datagrams from `fd` without blocking; how many.
+    pub(crate) fn recv(&mut self, fd: BorrowedFd<'_>) -> usize {
+        if self.rx.is_empty() {
+            self.rx = vec![0; FORWARD_BATCH * FORWARD_SLOT];
+        }
+        self.count = 0;
+        while self.count < FORWARD_BATCH {
+            let i = self.count;
+            let buf = &mut self.rx[i * FORWARD_SLOT..(i + 1) * FORWARD_SLOT];
+            match crate::link::sys::recv_dontwait(fd, buf) {
+                Ok(n) if n <= FORWARD_SLOT => {
+                    self.lens[i] = n;
+                    self.count += 1;
+                }
+                Ok(_) => continue, // truncated: not one of ours; dropped
+                Err(_) => break,
+            }
+        }
+        self.count
+    }
+
+    /// The datagrams the last [`Forwarder::recv`] read.
+    pub(crate) fn received(&self) -> impl Iterator<Item = Forwarded<'_>> {
+        (0..self.count).filter_map(move |i| {
+            parse_forwarded(&self.rx[i * FORWARD_SLOT..i * FORWARD_SLOT + self.lens[i]])
+        })
+    }
 }
 
 /// Claims the lowest free slot of `local` and, while holding the join lock, runs `bind` (which
@@ -158,18 +302,10 @@ pub(crate) fn claim_and_bind<T>(
     ))
 }
 
-/// Counters of a shared socket.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct ShareCounters {
-    /// Datagrams received for another slot's QPN and dropped.
-    pub strays: u64,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::net::UdpSocket;
-    use std::os::fd::AsFd;
 
     #[test]
     fn prefix_and_slot_agree() {
@@ -256,5 +392,60 @@ mod tests {
         drop(a);
         let (c, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
         assert_eq!(c.slot(), 0);
+    }
+}
+
+#[cfg(test)]
+mod forward_tests {
+    use super::*;
+
+    #[test]
+    fn forwarded_header_round_trips() {
+        for (src, dst) in [
+            ("10.1.2.3:49152", "10.1.2.4"),
+            ("[fe80::1]:50000", "fe80::2"),
+        ] {
+            let d = Forwarded {
+                src: src.parse().unwrap(),
+                dst: dst.parse().unwrap(),
+                ecn: 2,
+                dscp: 26,
+                hop_limit: 63,
+                payload: b"BTH...",
+            };
+            let mut b = forward_header(&d).to_vec();
+            b.extend_from_slice(d.payload);
+            let e = parse_forwarded(&b).unwrap();
+            assert_eq!((e.src, e.dst, e.ecn, e.dscp, e.hop_limit), (d.src, d.dst, 2, 26, 63));
+            assert_eq!(e.payload, d.payload);
+        }
+        assert!(parse_forwarded(&[0; FORWARD_HEADER - 1]).is_none());
+    }
+
+    /// A stray sent to a held slot arrives there; to a free slot it fails.
+    #[test]
+    fn strays_reach_their_owner() {
+        let local: SocketAddr = format!("127.0.0.1:{}", 20000 + std::process::id() % 20000)
+            .parse()
+            .unwrap();
+        let (a, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
+        let (b, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
+        let fa = Forwarder::new(local);
+        let mut fb = Forwarder::new(local);
+        let d = Forwarded {
+            src: "127.0.0.9:50001".parse().unwrap(),
+            dst: local.ip(),
+            ecn: 1,
+            dscp: 0,
+            hop_limit: 64,
+            payload: &[7; 100],
+        };
+        assert!(fa.forward(a.fd(), b.slot(), &d));
+        assert!(!fa.forward(a.fd(), 5, &d), "slot 5 is free");
+        assert_eq!(fb.recv(b.fd()), 1);
+        let got: Vec<_> = fb.received().collect();
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].src, got[0].payload), (d.src, d.payload));
+        assert_eq!(fb.recv(b.fd()), 0);
     }
 }

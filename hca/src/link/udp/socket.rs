@@ -331,8 +331,11 @@ pub struct LinkCounters {
     /// (`SO_RXQ_OVFL`, socket(7)); the last value reported.
     pub rx_kernel_drops: u64,
     /// Datagrams a shared socket ([`RoceSocketConfig::share`]) received for another process's
-    /// slot and dropped (see [`super::share`]).
+    /// slot and could not forward (nobody holds the slot, or its queue was full): dropped (see
+    /// [`super::share`]).
     pub rx_strays: u64,
+    /// Datagrams a shared socket received for another process's slot and forwarded to it.
+    pub rx_forwarded: u64,
     /// Datagrams the kernel accepted for sending.
     pub tx_datagrams: u64,
     /// UDP payload bytes accepted for sending.
@@ -686,9 +689,15 @@ impl RoceSocket {
         })
     }
 
-    /// Adds `n` to [`LinkCounters::rx_strays`].
-    pub(crate) fn count_strays(&mut self, n: u64) {
-        self.counters.rx_strays += n;
+    /// Adds to [`LinkCounters::rx_strays`] and [`LinkCounters::rx_forwarded`].
+    pub(crate) fn count_strays(&mut self, dropped: u64, forwarded: u64) {
+        self.counters.rx_strays += dropped;
+        self.counters.rx_forwarded += forwarded;
+    }
+
+    /// The slot claim of a shared socket.
+    pub(crate) fn claim(&self) -> Option<&super::share::SlotClaim> {
+        self.claim.as_ref()
     }
 
     /// The slot of a shared socket ([`RoceSocketConfig::share`], [`super::share`]); `None` when
@@ -1145,7 +1154,8 @@ impl RoceSocket {
         timeout: Duration,
     ) -> Result<Readiness, LinkError> {
         let out = self.fd_of(self.blocked.load(Ordering::Relaxed));
-        wait_on(self.fd.as_fd(), out, self.local, writable, waker, timeout)
+        let extra = self.claim.as_ref().map(|c| c.fd());
+        wait_on(self.fd.as_fd(), out, extra, self.local, writable, waker, timeout)
     }
 
     /// A second handle on this link's socket that can only wait for it
@@ -1162,8 +1172,18 @@ impl RoceSocket {
             local: self.local,
             source,
         })?;
+        let extra = match &self.claim {
+            Some(c) => Some(c.fd().try_clone_to_owned().map_err(|source| {
+                LinkError::Socket {
+                    local: self.local,
+                    source,
+                }
+            })?),
+            None => None,
+        };
         Ok(LinkPoller {
             fd,
+            extra,
             senders: Arc::clone(&self.senders),
             blocked: Arc::clone(&self.blocked),
             local: self.local,
@@ -1173,9 +1193,11 @@ impl RoceSocket {
 
 /// poll(2) on a link's socket (`fd`: readable), the socket that last refused a send (`out`:
 /// writable, if asked for) and, if given, a waker's eventfd; see [`RoceSocket::wait`].
+#[allow(clippy::too_many_arguments)]
 fn wait_on(
     fd: BorrowedFd<'_>,
     out: BorrowedFd<'_>,
+    extra: Option<BorrowedFd<'_>>,
     local: SocketAddr,
     writable: bool,
     waker: Option<&Waker>,
@@ -1183,25 +1205,22 @@ fn wait_on(
 ) -> Result<Readiness, LinkError> {
     let out_events = if writable { libc::POLLOUT } else { 0 };
     let map = |source| LinkError::Poll { local, source };
-    let (sock, sent, wake) = match waker {
-        Some(w) => {
-            let [s, o, k] = sys::poll(
-                [
-                    (fd, libc::POLLIN),
-                    (out, out_events),
-                    (w.as_fd(), libc::POLLIN),
-                ],
-                timeout,
-            )
-            .map_err(map)?;
-            (s, o, k)
-        }
-        None => {
-            let [s, o] =
-                sys::poll([(fd, libc::POLLIN), (out, out_events)], timeout).map_err(map)?;
-            (s, o, 0)
-        }
-    };
+    // A shared link's slot socket (forwarded strays) is read along with the UDP socket; without
+    // one, or without a waker, the socket's own entry stands in with no events.
+    let (x, x_events) = extra.map_or((fd, 0), |x| (x, libc::POLLIN));
+    let (k, k_events) = waker.map_or((fd, 0), |w| (w.as_fd(), libc::POLLIN));
+    let [s, o, w, e] = sys::poll(
+        [
+            (fd, libc::POLLIN),
+            (out, out_events),
+            (k, k_events),
+            (x, x_events),
+        ],
+        timeout,
+    )
+    .map_err(map)?;
+    let (sock, sent) = (s | (e & libc::POLLIN), o);
+    let wake = if waker.is_some() { w } else { 0 };
     let woken = match waker {
         Some(w) if wake & libc::POLLIN != 0 => w.take()?,
         _ => false,
@@ -1330,6 +1349,8 @@ fn dst_slot(d: &SendDatagram<'_>) -> usize {
 #[derive(Debug)]
 pub struct LinkPoller {
     fd: OwnedFd,
+    /// A duplicate of a shared link's slot socket ([`super::share`]).
+    extra: Option<OwnedFd>,
     senders: Arc<[Sender]>,
     blocked: Arc<AtomicUsize>,
     local: SocketAddr,
@@ -1350,7 +1371,8 @@ impl LinkPoller {
             &self.senders,
             self.blocked.load(Ordering::Relaxed),
         );
-        wait_on(self.fd.as_fd(), out, self.local, writable, waker, timeout)
+        let extra = self.extra.as_ref().map(|x| x.as_fd());
+        wait_on(self.fd.as_fd(), out, extra, self.local, writable, waker, timeout)
     }
 }
 
