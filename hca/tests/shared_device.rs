@@ -77,9 +77,18 @@ impl Proc {
         let start = Instant::now();
         while !self.output().contains(text) {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("{} exited ({status}) before {text:?}:\n{}", self.name, self.output());
+                panic!(
+                    "{} exited ({status}) before {text:?}:\n{}",
+                    self.name,
+                    self.output()
+                );
             }
-            assert!(start.elapsed() < DEADLINE, "{}: no {text:?}:\n{}", self.name, self.output());
+            assert!(
+                start.elapsed() < DEADLINE,
+                "{}: no {text:?}:\n{}",
+                self.name,
+                self.output()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -141,22 +150,38 @@ fn leftovers(addr: Ipv4Addr) -> Vec<String> {
 fn eight_pairs_on_one_address_with_checked_data() {
     let addr = address(1);
     let pairs: Vec<_> = (0..8)
-        .map(|i| pair(PINGPONG, &[], addr, &["-s", "16384", "-n", "200", "--chk"], i))
+        .map(|i| {
+            pair(
+                PINGPONG,
+                &[],
+                addr,
+                &["-s", "16384", "-n", "200", "--chk"],
+                i,
+            )
+        })
         .collect();
     for (server, client) in pairs {
         let (cs, co) = client.finish();
         let (ss, so) = server.finish();
-        assert!(cs.success() && ss.success(), "client {cs}:\n{co}\nserver {ss}:\n{so}");
+        assert!(
+            cs.success() && ss.success(),
+            "client {cs}:\n{co}\nserver {ss}:\n{so}"
+        );
         assert!(co.contains("200 iters"), "{co}");
     }
     assert_eq!(leftovers(addr), Vec::<String>::new());
 }
 
-/// 3 `write-bw` pairs run; a 4th pair joins last and is killed with SIGKILL mid-transfer: the
-/// others complete, and nothing of the killed processes is left.
+/// A `write-bw` pair opens first (the lowest slots), 3 more pairs follow; the first pair is
+/// killed with SIGKILL mid-transfer. The kernel then moves the last members of the reuseport
+/// group into the holes, so the others' datagrams reach the wrong processes and must be
+/// forwarded: the 3 pairs complete all the same, and nothing of the killed processes is left.
 #[test]
 fn sigkill_leaves_the_others_running_and_frees_its_slot() {
     let addr = address(2);
+    let (mut vs, mut vc) = pair(PERF, &["write-bw"], addr, &["-s", "65536", "-D", "60"], 9);
+    vs.wait_for("remote address");
+    vc.wait_for("remote address");
     let args = ["-s", "65536", "-D", "4"];
     let mut pairs: Vec<_> = (0..3)
         .map(|i| pair(PERF, &["write-bw"], addr, &args, i))
@@ -165,16 +190,15 @@ fn sigkill_leaves_the_others_running_and_frees_its_slot() {
         s.wait_for("remote address");
         c.wait_for("remote address");
     }
-    // The victims open their devices last (the highest slots), as the share module asks.
-    let (mut vs, mut vc) = pair(PERF, &["write-bw"], addr, &["-s", "65536", "-D", "60"], 9);
-    vs.wait_for("remote address");
-    vc.wait_for("remote address");
     vc.sigkill();
     vs.sigkill();
     for (server, client) in pairs {
         let (cs, co) = client.finish();
         let (ss, so) = server.finish();
-        assert!(cs.success() && ss.success(), "client {cs}:\n{co}\nserver {ss}:\n{so}");
+        assert!(
+            cs.success() && ss.success(),
+            "client {cs}:\n{co}\nserver {ss}:\n{so}"
+        );
         assert!(co.contains("65536"), "{co}");
     }
     let _ = (vs.finish(), vc.finish());

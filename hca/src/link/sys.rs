@@ -729,7 +729,10 @@ pub(crate) fn send_abstract_unix(
         iov_len: 0,
     }; 4];
     if parts.len() > iov.len() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many parts"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many parts",
+        ));
     }
     for (v, p) in iov.iter_mut().zip(parts) {
         v.iov_base = p.as_ptr().cast_mut().cast();
@@ -743,7 +746,13 @@ pub(crate) fn send_abstract_unix(
     msg.msg_iovlen = parts.len() as _;
     // SAFETY: `msg` points at `addr` and `iov`, which point at live borrowed bytes; the kernel
     // only reads them.
-    let rc = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    let rc = unsafe {
+        libc::sendmsg(
+            fd.as_raw_fd(),
+            &msg,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
     if rc < 0 {
         Err(io::Error::last_os_error())
     } else {

@@ -80,9 +80,19 @@ pub fn steering_program() -> [libc::sock_filter; 6] {
     };
     [
         op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 4),
-        op(libc::BPF_ALU | libc::BPF_AND | libc::BPF_K, 0, 0, 0x00ff_ffff),
+        op(
+            libc::BPF_ALU | libc::BPF_AND | libc::BPF_K,
+            0,
+            0,
+            0x00ff_ffff,
+        ),
         op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 2, 0, GSI_QPN),
-        op(libc::BPF_ALU | libc::BPF_RSH | libc::BPF_K, 0, 0, RANDOM_QPN_BITS),
+        op(
+            libc::BPF_ALU | libc::BPF_RSH | libc::BPF_K,
+            0,
+            0,
+            RANDOM_QPN_BITS,
+        ),
         op(libc::BPF_RET | libc::BPF_A, 0, 0, 0),
         op(libc::BPF_RET | libc::BPF_K, 0, 0, 0),
     ]
@@ -370,7 +380,9 @@ mod tests {
             p.push(i as u8);
             tx.send_to(&p, to).unwrap();
             let mut buf = [0u8; 64];
-            let len = socks[*slot].recv(&mut buf).expect("datagram on its slot's socket");
+            let len = socks[*slot]
+                .recv(&mut buf)
+                .expect("datagram on its slot's socket");
             assert_eq!(&buf[..len], &p[..], "QPN {qpn:#x}");
         }
         // Nothing strayed onto another socket.
@@ -416,7 +428,10 @@ mod forward_tests {
             let mut b = forward_header(&d).to_vec();
             b.extend_from_slice(d.payload);
             let e = parse_forwarded(&b).unwrap();
-            assert_eq!((e.src, e.dst, e.ecn, e.dscp, e.hop_limit), (d.src, d.dst, 2, 26, 63));
+            assert_eq!(
+                (e.src, e.dst, e.ecn, e.dscp, e.hop_limit),
+                (d.src, d.dst, 2, 26, 63)
+            );
             assert_eq!(e.payload, d.payload);
         }
         assert!(parse_forwarded(&[0; FORWARD_HEADER - 1]).is_none());

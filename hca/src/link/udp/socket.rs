@@ -1155,7 +1155,15 @@ impl RoceSocket {
     ) -> Result<Readiness, LinkError> {
         let out = self.fd_of(self.blocked.load(Ordering::Relaxed));
         let extra = self.claim.as_ref().map(|c| c.fd());
-        wait_on(self.fd.as_fd(), out, extra, self.local, writable, waker, timeout)
+        wait_on(
+            self.fd.as_fd(),
+            out,
+            extra,
+            self.local,
+            writable,
+            waker,
+            timeout,
+        )
     }
 
     /// A second handle on this link's socket that can only wait for it
@@ -1173,12 +1181,14 @@ impl RoceSocket {
             source,
         })?;
         let extra = match &self.claim {
-            Some(c) => Some(c.fd().try_clone_to_owned().map_err(|source| {
-                LinkError::Socket {
-                    local: self.local,
-                    source,
-                }
-            })?),
+            Some(c) => Some(
+                c.fd()
+                    .try_clone_to_owned()
+                    .map_err(|source| LinkError::Socket {
+                        local: self.local,
+                        source,
+                    })?,
+            ),
             None => None,
         };
         Ok(LinkPoller {
@@ -1372,7 +1382,15 @@ impl LinkPoller {
             self.blocked.load(Ordering::Relaxed),
         );
         let extra = self.extra.as_ref().map(|x| x.as_fd());
-        wait_on(self.fd.as_fd(), out, extra, self.local, writable, waker, timeout)
+        wait_on(
+            self.fd.as_fd(),
+            out,
+            extra,
+            self.local,
+            writable,
+            waker,
+            timeout,
+        )
     }
 }
 
