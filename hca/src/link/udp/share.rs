@@ -30,7 +30,9 @@
 //! over its slot's abstract Unix socket to the owner's (`LinkCounters::rx_forwarded`), which
 //! polls that socket along with its UDP socket and hands the datagram to its engine as if it
 //! had come from the wire; a stray whose slot nobody holds, or whose owner's queue is full, is
-//! dropped and counted (`LinkCounters::rx_strays`). Correctness thus never depends on the
+//! dropped and counted (`LinkCounters::rx_strays`). The owner's queue holds
+//! `net.unix.max_dgram_qlen` datagrams (unix(7); 10 by default), so bursts of strays lose some:
+//! RC retransmits them. Correctness thus never depends on the
 //! kernel's index; a moved slot costs one extra local hop per datagram until the group is
 //! rebuilt (its processes reopen).
 
