@@ -86,8 +86,8 @@ pub mod tools;
 pub mod verbs;
 
 pub use engine::{
-    Counters, Datagram, DiagRecord, DropReason, EngineConfig, Instant, RateControl, SoftHca,
-    Transmit,
+    Counters, Datagram, DcqcnParams, DiagRecord, DropReason, EngineConfig, Instant, RateControl,
+    ReactionPoint, SoftHca, Transmit,
 };
 pub use verbs::ah::{AddressHandle, AhAttr, AhHandle};
 pub use verbs::context::Context;

@@ -242,6 +242,11 @@ impl SoftHca {
         bump!(self.counters.rcvd_pkts);
         if cnp {
             bump!(self.counters.cnp_rcvd);
+            let rp = self.qp_transport(qpn).and_then(|t| t.rp.as_mut());
+            if let Some(rp) = rp {
+                rp.on_cnp(now);
+                self.after_qp(qpn, now);
+            }
             if let Some(hook) = self.rate_control.as_mut() {
                 hook.on_cnp(now, qpn);
             }
