@@ -133,7 +133,10 @@ fn dcqcn_on_without_cnps_sends_exactly_what_dcqcn_off_sends() {
 /// Marks CE on the first data packet from node 0 and logs (time ns, from, UDP payload bytes,
 /// opcode) of every packet.
 #[derive(Clone, Default)]
-struct MarkFirst(Arc<Mutex<(bool, Vec<(u64, usize, usize, u8)>)>>);
+struct MarkFirst(Arc<Mutex<(bool, Vec<Logged>)>>);
+
+/// (time ns, from node, UDP payload bytes, first BTH byte = opcode).
+type Logged = (u64, usize, usize, u8);
 
 impl Tap for MarkFirst {
     fn on_packet(&mut self, now: Instant, p: &mut WirePacket) -> bool {
@@ -226,4 +229,74 @@ fn per_qp_setting_and_errors() {
         matches!(e, hca::VerbsError::ModifyQp { qpn, .. } if qpn == ghost),
         "{e:?}"
     );
+}
+
+// ---- the notification point (IBTA vol. 1 Annex A17.9.2; mlx5 `roce_np`) ----
+
+/// CE marks reaching B at `times_us` (one request packet each), under B's `config`: the CNPs B
+/// sends as (time us, DSCP, ECN, BECN, destination QPN), and B's (cnp_sent, cnp_suppressed).
+fn notify(config: EngineConfig, times_us: &[u64]) -> (Vec<SentCnp>, (u64, u64), u32) {
+    let o = Opts {
+        config,
+        ..Opts::default()
+    };
+    let (mut f, a, b) = pair(&o);
+    let mut cnps = Vec::new();
+    for (i, &t) in times_us.iter().enumerate() {
+        let sg = [a.sge(0, 8)];
+        let op = SendOp::RdmaWrite {
+            remote_addr: b.addr(0),
+            rkey: b.mr.rkey(),
+        };
+        post_send(&mut f, &a, &send_wr(i as u64, &sg, op));
+        let mut pkts = transmit(&mut f, &a, t_us(t));
+        assert_eq!(pkts.len(), 1);
+        pkts[0].tx.ecn = Ecn::Ce;
+        deliver(&mut f, &b, &pkts[0], t_us(t));
+        for p in transmit(&mut f, &b, t_us(t)) {
+            if p.opcode() == roce::Opcode::Cnp {
+                let bth = p.parsed().transport.bth;
+                cnps.push((t, p.tx.dscp, p.tx.ecn, bth.becn, bth.dest_qpn));
+            }
+        }
+    }
+    let c = f.node(b.node).counters();
+    (cnps, (c.cnp_sent, c.cnp_suppressed), a.qpn)
+}
+
+use roce::ipv4::Ecn;
+
+/// A CNP B sent: (time us, DSCP, ECN, BECN, destination QPN).
+type SentCnp = (u64, u8, Ecn, bool, u32);
+
+#[test]
+fn cnps_follow_min_time_between_cnps_and_the_cnp_dscp() {
+    // mlx5's NP: min_time_between_cnps 4 us; a CNP DSCP of 26 instead of the default 48.
+    let config = EngineConfig {
+        cnp_interval: Duration::from_micros(4),
+        cnp_dscp: 26,
+        ..EngineConfig::default()
+    };
+    let (cnps, counts, a_qpn) = notify(config, &[0, 2, 4, 5, 9, 12]);
+    let times: Vec<u64> = cnps.iter().map(|c| c.0).collect();
+    // 0 sends; 2 is within 4 us; 4 is 4 us later (not less): sends; 5 within; 9 sends; 12 within.
+    assert_eq!(times, [0, 4, 9]);
+    assert_eq!(counts, (3, 3));
+    for c in &cnps {
+        assert_eq!((c.1, c.2, c.3, c.4), (26, Ecn::NotEct, true, a_qpn));
+    }
+    // The paper's NP: one CNP per 50 us per QP at most.
+    let (cnps, counts, _) = notify(EngineConfig::default(), &[0, 20, 49, 50, 90, 100]);
+    let times: Vec<u64> = cnps.iter().map(|c| c.0).collect();
+    assert_eq!(times, [0, 50, 100]);
+    assert_eq!(counts, (3, 3));
+    assert!(cnps.iter().all(|c| c.1 == 48));
+    // Zero: every CE mark is answered.
+    let config = EngineConfig {
+        cnp_interval: Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let (cnps, counts, _) = notify(config, &[0, 0, 1, 1]);
+    assert_eq!(cnps.len(), 4);
+    assert_eq!(counts, (4, 0));
 }

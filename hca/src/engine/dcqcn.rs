@@ -277,9 +277,7 @@ impl ReactionPoint {
             .max(p.rpg_min_rate)
             .min(p.rpg_max_rate);
         let g = p.g();
-        self.alpha = ((u128::from(self.alpha) * u128::from(ALPHA_ONE - g) >> ALPHA_SHIFT) as u64
-            + g)
-            .min(ALPHA_ONE);
+        self.alpha = (decay(self.alpha, g) + g).min(ALPHA_ONE);
         self.restart(now);
         self.stats.cuts += 1;
     }
@@ -350,7 +348,7 @@ impl ReactionPoint {
         let mut n = 0;
         while let Some(at) = self.alpha_at.filter(|&at| at <= now && self.limited) {
             let g = self.params.g();
-            self.alpha = (u128::from(self.alpha) * u128::from(ALPHA_ONE - g) >> ALPHA_SHIFT) as u64;
+            self.alpha = decay(self.alpha, g);
             n += 1;
             self.alpha_at = Some(if n >= MAX_CATCH_UP { now + k } else { at + k });
         }
@@ -403,6 +401,11 @@ impl ReactionPoint {
     }
 }
 
+/// `(1 - g) * alpha`, both in units of 2^-20, rounded down.
+fn decay(alpha: u64, g: u64) -> u64 {
+    ((u128::from(alpha) * u128::from(ALPHA_ONE.saturating_sub(g))) >> ALPHA_SHIFT) as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -447,7 +450,7 @@ mod tests {
         assert_eq!(rp.stages(), (0, 0));
         // 61 us: cut again with the new alpha: 15 058 593 750 * 1044496 / 2^21, rounded down.
         rp.on_cnp(us(61));
-        let cut = (15_058_593_750u128 * 1_044_496 >> 21) as u64;
+        let cut = ((15_058_593_750u128 * 1_044_496) >> 21) as u64;
         assert_eq!(rp.rate(), 15_058_593_750 - cut);
         assert_eq!(rp.target_rate(), 15_058_593_750);
         // The timers restarted at the last CNP.
@@ -624,7 +627,7 @@ mod tests {
         rp.on_cnp(us(0));
         let after_first = rp.rate();
         // mlx5: alpha starts at 1023/1024: RC = 40 G - 40 G * (1023 * 1024) / 2^21.
-        assert_eq!(after_first, G40 - (G40 as u128 * 1_047_552 >> 21) as u64);
+        assert_eq!(after_first, G40 - ((G40 as u128 * 1_047_552) >> 21) as u64);
         rp.on_cnp(us(2));
         assert_eq!(rp.rate(), after_first);
         assert_eq!(rp.stats().cnps_ignored, 1);
