@@ -37,7 +37,7 @@ fn main() {
     }
     let duration = Duration::from_millis(ms);
     println!(
-        "{:>3} {:>10} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>8} {:>8}",
+        "{:>3} {:>10} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>8} {:>6} {:>8}",
         "N",
         "control",
         "tot Gb/s",
@@ -49,6 +49,7 @@ fn main() {
         "pauses",
         "drops",
         "retries",
+        "failed",
         if victim { "victim" } else { "ecn" }
     );
     for &n in &senders {
@@ -83,7 +84,7 @@ fn report(o: &Outcome, victim: bool) {
         format!("{}", o.receiver_port.ecn_marked)
     };
     println!(
-        "{:>3} {:>10} {:>8.2} {:>8.2} {:>8.2} {:>8.3} {:>9.1} {:>9.1} {:>7} {:>7} {:>8} {:>8}",
+        "{:>3} {:>10} {:>8.2} {:>8.2} {:>8.2} {:>8.3} {:>9.1} {:>9.1} {:>7} {:>7} {:>8} {:>6} {:>8}",
         s.senders,
         s.control.name(),
         tot,
@@ -95,6 +96,7 @@ fn report(o: &Outcome, victim: bool) {
         o.pauses(),
         o.drops(),
         retries,
+        o.flows.iter().map(|f| f.failed).sum::<u64>(),
         last
     );
 }

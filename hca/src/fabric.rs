@@ -26,9 +26,9 @@
 
 #[cfg(feature = "std")]
 pub mod device;
-pub mod switch;
 #[cfg(feature = "std")]
 pub mod incast;
+pub mod switch;
 
 use alloc::boxed::Box;
 use alloc::collections::BinaryHeap;
