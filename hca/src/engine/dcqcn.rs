@@ -338,7 +338,7 @@ impl ReactionPoint {
     }
 
     /// The time reached `now`: run the alpha timer and the rate-increase timer for every period
-    /// that ended (at most [`MAX_CATCH_UP`] each; then they restart from `now`).
+    /// that ended (at most 4096 of each; then they restart from `now`).
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.next_tx <= now {
             // Passed: a packet sent from now on is spaced from its own time anyway.

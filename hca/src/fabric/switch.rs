@@ -117,8 +117,11 @@ pub struct SwitchConfig {
 }
 
 impl SwitchConfig {
-    /// The DCQCN paper's testbed (§5): 40 Gb/s links, 1 us of propagation, RED with the paper's
-    /// thresholds, PFC on priority 0 with `xoff` 100 KB above `xon`... see the fields.
+    /// The DCQCN paper's setting (§5): 40 Gb/s links, RED with the paper's thresholds
+    /// ([`Red::PAPER`]); 1 us of propagation per link; lossless: PFC on priority 0 with `xoff`
+    /// 300 KB per ingress ([`Pfc::for_link`]), lossy: 300 KB per egress queue; traces every
+    /// 100 us. The buffer sizes are this model's choice, not the paper's (its switch shares
+    /// 12 MB with dynamic thresholds).
     pub fn paper(lossless: bool) -> SwitchConfig {
         let line_rate = 40_000_000_000;
         let link_delay = Duration::from_micros(1);
