@@ -182,8 +182,10 @@ pub struct ReactionPoint {
     alpha_at: Option<Instant>,
     increase_at: Option<Instant>,
     last_cut: Option<Instant>,
-    /// The paced QP may send its next packet at this instant.
-    next_tx: Instant,
+    /// When the last paced packet started.
+    last_tx: Instant,
+    /// Its size in bits; 0: no packet holds the next one back.
+    last_bits: u64,
     stats: RpStats,
 }
 
@@ -202,7 +204,8 @@ impl ReactionPoint {
             alpha_at: None,
             increase_at: None,
             last_cut: None,
-            next_tx: Instant::ZERO,
+            last_tx: Instant::ZERO,
+            last_bits: 0,
             stats: RpStats::default(),
         }
     }
@@ -293,16 +296,16 @@ impl ReactionPoint {
     }
 
     /// The QP sent a packet of `wire_bytes` bytes (see [`wire_bytes`]) at `now`: the pacer holds
-    /// the next one back by `8 * wire_bytes / RC` and the byte counter advances. Nothing happens
-    /// while unlimited.
+    /// the next one back by `8 * wire_bytes / RC` (at the `RC` in force when the next may go: a
+    /// rate raised meanwhile shortens the wait, as a NIC's rate limiter refills at its current
+    /// rate) and the byte counter advances. A packet sent early is taken to have left at its
+    /// pacing time. Nothing happens while unlimited.
     pub fn on_sent(&mut self, now: Instant, wire_bytes: u64) {
         if !self.limited {
             return;
         }
-        let rc = self.rc.max(1);
-        let nanos = (u128::from(wire_bytes) * 8 * 1_000_000_000).div_ceil(u128::from(rc));
-        let nanos = u64::try_from(nanos).unwrap_or(u64::MAX);
-        self.next_tx = self.next_tx.max(now).saturating_add_nanos(nanos);
+        self.last_tx = self.allowed().map_or(now, |t| t.max(now));
+        self.last_bits = wire_bytes.saturating_mul(8);
         self.bytes = self.bytes.saturating_add(wire_bytes);
         let b = self.params.rpg_byte_reset.max(1);
         let mut n = 0;
@@ -315,15 +318,28 @@ impl ReactionPoint {
         }
     }
 
+    /// When the next packet may start at the current rate, if a packet holds it back.
+    fn allowed(&self) -> Option<Instant> {
+        if !self.limited || self.last_bits == 0 {
+            return None;
+        }
+        let nanos =
+            (u128::from(self.last_bits) * 1_000_000_000).div_ceil(u128::from(self.rc.max(1)));
+        Some(
+            self.last_tx
+                .saturating_add_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)),
+        )
+    }
+
     /// When the paced QP may send its next packet (`None`: now; unlimited or not held back).
     pub fn next_send(&self, now: Instant) -> Option<Instant> {
-        (self.limited && self.next_tx > now).then_some(self.next_tx)
+        self.allowed().filter(|&t| t > now)
     }
 
     /// The pacing time of the last packet sent, until [`ReactionPoint::handle_timeout`] passes
     /// it (`None` while unlimited or once passed): the engine's wake-up for a paced requester.
     pub fn pacing_deadline(&self) -> Option<Instant> {
-        (self.limited && self.next_tx != Instant::ZERO).then_some(self.next_tx)
+        self.allowed()
     }
 
     /// The earliest timer (alpha or rate increase), `None` while unlimited.
@@ -340,10 +356,6 @@ impl ReactionPoint {
     /// The time reached `now`: run the alpha timer and the rate-increase timer for every period
     /// that ended (at most 4096 of each; then they restart from `now`).
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.next_tx <= now {
-            // Passed: a packet sent from now on is spaced from its own time anyway.
-            self.next_tx = Instant::ZERO;
-        }
         let k = self.params.dce_tcp_rtt.max(Duration::from_nanos(1));
         let mut n = 0;
         while let Some(at) = self.alpha_at.filter(|&at| at <= now && self.limited) {
@@ -360,6 +372,10 @@ impl ReactionPoint {
             n += 1;
             self.increase_at = Some(if n >= MAX_CATCH_UP { now + t } else { at + t });
             self.increase();
+        }
+        if self.allowed().is_some_and(|t| t <= now) {
+            // Passed: a packet sent from now on is spaced from its own time.
+            self.last_bits = 0;
         }
     }
 
@@ -397,6 +413,7 @@ impl ReactionPoint {
         self.t_count = 0;
         self.bc_count = 0;
         self.bytes = 0;
+        self.last_bits = 0;
         self.stats.releases += 1;
     }
 }
@@ -594,6 +611,27 @@ mod tests {
         assert_eq!(rp.next_send(us(5)), Some(Instant::from_nanos(5500)));
         assert_eq!(wire_bytes(1078, false), 1078 + 66);
         assert_eq!(wire_bytes(1078, true), 1078 + 86);
+    }
+
+    #[test]
+    fn a_rate_raised_meanwhile_shortens_the_wait() {
+        let mut rp = ReactionPoint::new(DcqcnParams::paper(G40));
+        rp.on_cnp(us(0)); // RC 20 G, RT 40 G
+        rp.on_cnp(us(0)); // RC 10 G, RT 20 G
+        rp.on_cnp(us(0)); // RC 5 G, RT 10 G
+        rp.on_sent(us(54), 62_500); // 500 000 bits: 100 us at 5 Gb/s
+        assert_eq!(rp.next_send(us(54)), Some(us(154)));
+        // 55 us: fast recovery to 7.5 Gb/s: the same bits take 66 667 ns from 54 us.
+        rp.handle_timeout(us(55));
+        assert_eq!(rp.rate(), 7_500_000_000);
+        assert_eq!(
+            rp.next_send(us(55)),
+            Some(Instant::from_nanos(54_000 + 66_667))
+        );
+        assert_eq!(rp.pacing_deadline(), rp.next_send(us(55)));
+        // Once passed, nothing holds the next packet back.
+        rp.handle_timeout(us(121));
+        assert_eq!(rp.pacing_deadline(), None);
     }
 
     #[test]
