@@ -70,6 +70,8 @@ extern crate alloc;
 #[cfg(all(test, not(feature = "std")))]
 extern crate std;
 
+#[cfg(feature = "std")]
+pub mod cm;
 pub mod engine;
 #[cfg(feature = "fabric")]
 pub mod fabric;
