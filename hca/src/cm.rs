@@ -56,12 +56,12 @@ use roce::mad::{self, MAD_LEN};
 use crate::engine::gsi::ReceivedMad;
 use crate::engine::{Instant, SoftHca};
 use crate::verbs::connect::{self, ConnectAttr};
+use crate::verbs::device::PathMtu;
 use crate::verbs::error::VerbsError;
 use crate::verbs::gid::{Gid, GidType};
 use crate::verbs::mr::AccessFlags;
 use crate::verbs::qp::{QpAttr, QpAttrMask, QpState, QpType};
 use crate::verbs::random::{random_psn, OsRandom, RandomSource};
-use crate::PathMtu;
 
 /// Most listened-on service IDs.
 pub const MAX_LISTENERS: usize = 256;

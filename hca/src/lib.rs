@@ -82,6 +82,8 @@ pub mod link;
 #[cfg(all(feature = "std", target_os = "linux"))]
 pub mod open;
 #[cfg(feature = "std")]
+pub mod rdma_cm;
+#[cfg(feature = "std")]
 pub mod soft;
 #[cfg(feature = "tools")]
 pub mod tools;

@@ -1043,5 +1043,116 @@ pub const fn service_id(port_space: u16, port: u16) -> u64 {
     ((port_space as u64) << 16) | port as u64
 }
 
+/// The RDMA CM addressing header (Linux `cma.c` `struct cma_hdr`) that the active side puts at the
+/// start of a REQ's (and SIDR_REQ's) private data, so that an IP-addressed listener can match the
+/// connection to its bound address (IBTA Annex A11, "RDMA IP CM Service"):
+///
+/// ```text
+///  0         1          2        4                  20                 36
+/// +---------+----------+--------+------------------+------------------+
+/// | version | IPVer<<4 | sport  | source address   | dest. address    |
+/// +---------+----------+--------+------------------+------------------+
+/// ```
+///
+/// The version is [`CmaHdr::VERSION`] (0); IPVer is 4 or 6 in the high nibble; an IPv4 address
+/// sits in the last 4 of its 16 bytes, the first 12 zero. The consumer's own private data follows
+/// (at most [`CmaHdr::REQ_USER_DATA_LEN`] = 56 bytes in a REQ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CmaHdr {
+    /// The active side's source port.
+    pub src_port: u16,
+    /// The active side's address.
+    pub src_addr: core::net::IpAddr,
+    /// The address the active side connects to.
+    pub dst_addr: core::net::IpAddr,
+}
+
+impl CmaHdr {
+    /// Length of the header in bytes.
+    pub const LEN: usize = 36;
+    /// `CMA_VERSION`.
+    pub const VERSION: u8 = 0;
+    /// Private data bytes left to the consumer in a REQ (92 - 36; `rdma_connect`'s limit).
+    pub const REQ_USER_DATA_LEN: usize = REQ_PRIVATE_DATA_LEN - CmaHdr::LEN;
+
+    /// Parses the header at the start of `data`.
+    ///
+    /// # Errors
+    /// [`Error::Truncated`] (layer `Cm`) if `data` is shorter than 36 bytes; [`Error::BadVersion`]
+    /// for a CMA version other than 0; [`Error::Malformed`] for an IP version other than 4 or 6.
+    pub fn parse(data: &[u8]) -> Result<CmaHdr> {
+        check_len(Layer::Cm, CmaHdr::LEN, data.len())?;
+        if data[0] != CmaHdr::VERSION {
+            return Err(Error::BadVersion {
+                layer: Layer::Cm,
+                version: data[0],
+            });
+        }
+        let addr = |range: core::ops::Range<usize>, v6: bool| -> core::net::IpAddr {
+            let b: [u8; 16] = read_array(data, range);
+            if v6 {
+                core::net::Ipv6Addr::from(b).into()
+            } else {
+                core::net::Ipv4Addr::new(b[12], b[13], b[14], b[15]).into()
+            }
+        };
+        let v6 = match data[1] >> 4 {
+            4 => false,
+            6 => true,
+            _ => {
+                return Err(Error::Malformed {
+                    layer: Layer::Cm,
+                    what: "cma_hdr IP version is neither 4 nor 6",
+                })
+            }
+        };
+        Ok(CmaHdr {
+            src_port: read_u16(data, 2..4),
+            src_addr: addr(4..20, v6),
+            dst_addr: addr(20..36, v6),
+        })
+    }
+
+    /// Writes the header into the first 36 bytes of `data`.
+    ///
+    /// # Errors
+    /// [`Error::BufferTooSmall`] if `data` is shorter than 36 bytes; [`Error::Malformed`] if the
+    /// two addresses are of different families.
+    pub fn emit(&self, data: &mut [u8]) -> Result<()> {
+        if data.len() < CmaHdr::LEN {
+            return Err(Error::BufferTooSmall {
+                need: CmaHdr::LEN,
+                got: data.len(),
+            });
+        }
+        let bytes = |a: core::net::IpAddr| -> [u8; 16] {
+            match a {
+                core::net::IpAddr::V4(v4) => {
+                    let mut b = [0u8; 16];
+                    b[12..].copy_from_slice(&v4.octets());
+                    b
+                }
+                core::net::IpAddr::V6(v6) => v6.octets(),
+            }
+        };
+        let version = match (self.src_addr, self.dst_addr) {
+            (core::net::IpAddr::V4(_), core::net::IpAddr::V4(_)) => 4,
+            (core::net::IpAddr::V6(_), core::net::IpAddr::V6(_)) => 6,
+            _ => {
+                return Err(Error::Malformed {
+                    layer: Layer::Cm,
+                    what: "cma_hdr addresses of different families",
+                })
+            }
+        };
+        data[0] = CmaHdr::VERSION;
+        data[1] = version << 4;
+        write_u16(data, 2..4, self.src_port);
+        write_array(data, 4..20, bytes(self.src_addr));
+        write_array(data, 20..36, bytes(self.dst_addr));
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod test;

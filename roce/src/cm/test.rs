@@ -383,3 +383,45 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn cma_hdr_layout_round_trip_and_errors() {
+    use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let h = CmaHdr {
+        src_port: 0x1234,
+        src_addr: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+        dst_addr: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)),
+    };
+    let mut b = [0xa5u8; CmaHdr::LEN];
+    h.emit(&mut b).unwrap();
+    // cma.c: version 0, IP version in the high nibble, IPv4 in the last 4 of 16 bytes.
+    assert_eq!(b[..4], [0, 0x40, 0x12, 0x34]);
+    assert_eq!(b[4..20], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 1]);
+    assert_eq!(b[32..36], [10, 0, 0, 2]);
+    assert_eq!(CmaHdr::parse(&b), Ok(h));
+    let h6 = CmaHdr {
+        src_port: 1,
+        src_addr: IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1)),
+        dst_addr: IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2)),
+    };
+    h6.emit(&mut b).unwrap();
+    assert_eq!(b[1], 0x60);
+    assert_eq!(CmaHdr::parse(&b), Ok(h6));
+    assert!(matches!(
+        CmaHdr::parse(&b[..35]),
+        Err(Error::Truncated { .. })
+    ));
+    let mut bad = b;
+    bad[0] = 1;
+    assert!(matches!(CmaHdr::parse(&bad), Err(Error::BadVersion { .. })));
+    let mut bad = b;
+    bad[1] = 0x50;
+    assert!(matches!(CmaHdr::parse(&bad), Err(Error::Malformed { .. })));
+    let mixed = CmaHdr {
+        dst_addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        ..h6
+    };
+    assert!(mixed.emit(&mut b).is_err());
+    assert!(h.emit(&mut b[..35]).is_err());
+    assert_eq!(CmaHdr::REQ_USER_DATA_LEN, 56);
+}
