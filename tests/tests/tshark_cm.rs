@@ -296,3 +296,229 @@ fn tshark_dissects_every_cm_message_as_infiniband_cm() {
         }
     }
 }
+
+/// Records every packet the fabric carries (shared with the test through the mutex).
+struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<hca::fabric::WirePacket>>>);
+
+impl hca::fabric::Tap for Recorder {
+    fn on_packet(&mut self, _now: hca::Instant, packet: &mut hca::fabric::WirePacket) -> bool {
+        let copy = hca::fabric::WirePacket {
+            data: packet.data.clone(),
+            ..*packet
+        };
+        self.0.lock().unwrap().push(copy);
+        true
+    }
+}
+
+/// The frame a wire packet of the fabric is on an Ethernet link: the engine's UDP payload under
+/// the IP and UDP headers it was sent with (IPv4 identification `IPV4_IDENT`, DF), the ICRC
+/// recomputed by `roce` and required to equal the one the engine wrote.
+fn frame_of(p: &hca::fabric::WirePacket) -> Vec<u8> {
+    let parsed = roce::packet::parse_udp_payload(&p.data).expect("engine packet parses");
+    let ip = match (p.src_ip, p.dst_ip) {
+        (std::net::IpAddr::V4(s), std::net::IpAddr::V4(d)) => IpRepr::Ipv4(ipv4::Repr {
+            src_addr: s,
+            dst_addr: d,
+            protocol: ipv4::IpProtocol::Udp,
+            payload_len: 0,
+            hop_limit: p.hop_limit,
+            dscp: p.dscp,
+            ecn: p.ecn,
+            ident: hca::engine::IPV4_IDENT,
+            dont_frag: true,
+        }),
+        (std::net::IpAddr::V6(s), std::net::IpAddr::V6(d)) => IpRepr::Ipv6(ipv6::Repr {
+            src_addr: s,
+            dst_addr: d,
+            next_header: ipv4::IpProtocol::Udp,
+            payload_len: 0,
+            hop_limit: p.hop_limit,
+            dscp: p.dscp,
+            ecn: p.ecn,
+            flow_label: 0,
+        }),
+        _ => panic!("mixed address families"),
+    };
+    let eth = ethernet::Repr {
+        src_addr: ethernet::Address([0x02, 0, 0, 0, 0, 0x01]),
+        dst_addr: ethernet::Address([0x02, 0, 0, 0, 0, 0x02]),
+        vlan: None,
+        ethertype: ethernet::EtherType::Ipv4,
+    };
+    let repr = PacketRepr {
+        ip,
+        udp_src_port: p.src_port,
+        udp_checksum: false,
+        transport: parsed.transport,
+    };
+    let mut frame = vec![0u8; 18 + repr.ip_packet_len(parsed.payload.len())];
+    let len = packet::build_frame(&eth, &repr, &[parsed.payload], &mut frame).expect("frame");
+    frame.truncate(len);
+    let rebuilt = roce::parse_frame(&frame).expect("rebuilt frame parses, ICRC verified");
+    assert_eq!(
+        rebuilt.icrc, parsed.icrc,
+        "roce computes the ICRC the engine wrote"
+    );
+    frame
+}
+
+#[test]
+fn tshark_dissects_a_cm_exchange_between_two_engines() {
+    use hca::cm::{AcceptParams, Cm, CmConfig, CmEventKind, ConnectParams};
+    use hca::{AccessFlags, QpCap, QpInitAttr, QpType};
+
+    let Some(tshark) = tshark() else {
+        if std::env::var_os("ROCE_SKIP_TSHARK").is_some() {
+            eprintln!("tshark not found; skipped because ROCE_SKIP_TSHARK is set");
+            return;
+        }
+        panic!("tshark not found: run `bash tests/setup.sh` as root (or set ROCE_SKIP_TSHARK=1)");
+    };
+    let mut f = hca::fabric::Fabric::new(1, hca::fabric::Faults::default());
+    let ips: [std::net::IpAddr; 2] = ["10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap()];
+    let mut nodes = Vec::new();
+    for ip in ips {
+        let mut h = hca::fabric::soft_hca(ip, 9000);
+        let pd = h.alloc_pd().unwrap();
+        let cq = h.create_cq(16).unwrap();
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let init = QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap,
+            sq_sig_all: false,
+        };
+        let qpn = h.create_qp(pd, &init).unwrap();
+        nodes.push((f.add_node(h), qpn));
+    }
+    let wire = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    f.set_tap(Some(Box::new(Recorder(wire.clone()))));
+    let config = CmConfig {
+        response_timeout: 14,
+        timewait: std::time::Duration::from_millis(10),
+        ..CmConfig::default()
+    };
+    let mut cms = [Cm::new(config.clone()), Cm::new(config)];
+    let sid = cm::service_id(cm::port_space::TCP, 18515);
+    cms[1].listen(sid).unwrap();
+    let access = AccessFlags::REMOTE_WRITE;
+    let now = f.now();
+    let a_id = cms[0]
+        .connect(
+            now,
+            f.node_mut(nodes[0].0),
+            &ConnectParams {
+                qpn: nodes[0].1,
+                local_ip: ips[0],
+                remote_ip: ips[1],
+                service_id: sid,
+                path_mtu: roce::PathMtu::Mtu1024,
+                access,
+                rd_atomic: 1,
+                private_data: b"captured",
+            },
+        )
+        .unwrap();
+    let mut events: Vec<(usize, CmEventKind)> = Vec::new();
+    let mut disconnected = false;
+    for _ in 0..2000 {
+        let now = f.now();
+        for (i, cm) in cms.iter_mut().enumerate() {
+            let node = nodes[i].0;
+            while let Some(m) = f.node_mut(node).poll_mad() {
+                cm.handle_mad(now, f.node_mut(node), &m);
+            }
+            if cm.poll_timeout().is_some_and(|t| t <= now) {
+                cm.handle_timeout(now, f.node_mut(node));
+            }
+            while let Some(e) = cm.poll_event() {
+                if matches!(e.kind, CmEventKind::ConnectRequest { .. }) {
+                    let p = AcceptParams {
+                        qpn: nodes[1].1,
+                        access,
+                        rd_atomic: 1,
+                        private_data: b"ok",
+                    };
+                    cm.accept(now, f.node_mut(node), e.id, &p).unwrap();
+                }
+                events.push((i, e.kind));
+            }
+        }
+        let established = events
+            .iter()
+            .filter(|(_, k)| matches!(k, CmEventKind::Established { .. }))
+            .count();
+        if established == 2 && !disconnected {
+            cms[0]
+                .disconnect(now, f.node_mut(nodes[0].0), a_id)
+                .unwrap();
+            disconnected = true;
+        }
+        if events
+            .iter()
+            .filter(|(_, k)| *k == CmEventKind::TimewaitExit)
+            .count()
+            == 2
+        {
+            break;
+        }
+        f.run_for(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(
+        events
+            .iter()
+            .filter(|(_, k)| *k == CmEventKind::TimewaitExit)
+            .count(),
+        2,
+        "{events:?}"
+    );
+    let frames: Vec<Vec<u8>> = wire.lock().unwrap().iter().map(frame_of).collect();
+    let attrs: Vec<u16> = frames
+        .iter()
+        .map(|fr| {
+            let p = roce::parse_frame(fr).unwrap();
+            mad::Repr::parse_mad(p.payload).unwrap().attr_id
+        })
+        .collect();
+    // REQ, REP, RTU, DREQ, DREP in this order, nothing else.
+    assert_eq!(attrs, vec![0x10, 0x13, 0x14, 0x15, 0x16]);
+
+    let dir = std::env::temp_dir().join(format!("roce-tshark-cm-x-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("cm-exchange.pcap");
+    write_pcap(&path, frames.iter().map(Vec::as_slice)).expect("write pcap");
+    let seen = dissect_fields(&tshark, &path, &FIELDS).expect("run tshark");
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(seen.len(), 5);
+    for (f, attr) in seen.iter().zip(&attrs) {
+        assert!(
+            f[1].trim().is_empty() && !f[0].contains("_ws.malformed"),
+            "malformed: {f:?}"
+        );
+        assert_eq!(tshark_num(&f[3]), Some(0x07), "class CM: {f:?}");
+        assert_eq!(
+            tshark_num(&f[6]),
+            Some(u64::from(*attr)),
+            "attribute: {f:?}"
+        );
+    }
+    assert_eq!(
+        tshark_num(&seen[0][8]),
+        Some(u64::from(nodes[0].1)),
+        "REQ local QPN"
+    );
+    assert_eq!(
+        tshark_num(&seen[1][10]),
+        Some(u64::from(nodes[1].1)),
+        "REP local QPN"
+    );
+}
