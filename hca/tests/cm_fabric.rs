@@ -415,3 +415,56 @@ fn a_req_flood_is_bounded_per_remote() {
     assert_eq!(w.cms[1].connection_count(), 8);
     assert_eq!(w.cms[1].counters().refused_resources, 32);
 }
+
+#[test]
+fn a_rep_for_no_req_and_malformed_or_unsupported_mads() {
+    let mut w = World::new();
+    // A forged REP for a REQ B never sent: B answers REJ InvalidCommId (Linux cm_rep_handler).
+    let mut buf = [0u8; mad::MAD_LEN];
+    roce::cm::Message::Rep(roce::cm::Rep {
+        local_comm_id: 0x1234,
+        remote_comm_id: 0x5678,
+        local_qkey: 0,
+        local_qpn: 0x99,
+        local_eecn: 0,
+        starting_psn: 1,
+        responder_resources: 1,
+        initiator_depth: 1,
+        target_ack_delay: 0,
+        failover_accepted: 0,
+        end_to_end_flow_control: false,
+        rnr_retry_count: 7,
+        srq: false,
+        local_ca_guid: 0,
+        private_data: [0; roce::cm::REP_PRIVATE_DATA_LEN],
+    })
+    .emit_mad(77, &mut buf)
+    .unwrap();
+    let (a_ip, b_ip, a_node) = (w.a.ip, w.b.ip, w.a.node);
+    w.f.node_mut(a_node).gsi_send(a_ip, b_ip, 1, &buf).unwrap();
+    // A REJ with a Rejected Info Length above 72: malformed.
+    let mut bad = [0u8; mad::MAD_LEN];
+    roce::cm::Message::Rtu(roce::cm::Rtu {
+        local_comm_id: 1,
+        remote_comm_id: 2,
+        private_data: [0; roce::cm::RTU_PRIVATE_DATA_LEN],
+    })
+    .emit_mad(78, &mut bad)
+    .unwrap();
+    bad[17] = 0x12; // attribute REJ
+    bad[mad::HEADER_LEN + 9] = 73 << 1;
+    w.f.node_mut(a_node).gsi_send(a_ip, b_ip, 1, &bad).unwrap();
+    // A LAP: refused as unsupported.
+    let mut lap = bad;
+    lap[17] = 0x19;
+    w.f.node_mut(a_node).gsi_send(a_ip, b_ip, 1, &lap).unwrap();
+    // Only A's CM sees the REJ that comes back; it matches none of A's connections.
+    assert!(
+        w.run_until(Duration::from_secs(1), |w| w.cms[0].counters().unmatched
+            == 1)
+    );
+    let c = w.cms[1].counters();
+    assert_eq!((c.unmatched, c.malformed, c.unsupported), (1, 1, 1));
+    assert_eq!(w.cms[1].connection_count(), 0);
+    assert!(w.events.iter().all(Vec::is_empty), "{:?}", w.events);
+}
