@@ -39,8 +39,11 @@
 //!   with [`CmEventKind::TimewaitExit`], after which the Communication ID is forgotten.
 //! * A REP, RTU or DREP that matches no connection is answered with REJ `InvalidCommId` (REP)
 //!   or dropped, and counted ([`CmCounters`]); malformed MADs are dropped and counted. LAP/APR
-//!   are refused (counted as unsupported), SIDR_REQ is answered with SIDR_REP status
-//!   `Unsupported` (UD service resolution is not built).
+//!   are refused (counted as unsupported).
+//! * **SIDR** (UD service resolution, §12.11): [`Cm::sidr_resolve`] sends a SIDR_REQ, resent like
+//!   a REQ, answered by [`CmEventKind::SidrResolved`] or [`CmEventKind::Unreachable`]. A SIDR_REQ
+//!   for a listened-on service is reported once ([`CmEventKind::SidrRequest`], duplicates
+//!   ignored) and answered by [`Cm::sidr_answer`]; for any other service SIDR_REP `Unsupported`.
 //!
 //! Every table is bounded: connections by [`CmConfig::max_connections`], listeners by
 //! [`MAX_LISTENERS`], events by [`MAX_EVENTS`] (older events are kept, newer ones counted as
@@ -163,6 +166,30 @@ pub enum CmEventKind {
     Disconnected,
     /// `RDMA_CM_EVENT_TIMEWAIT_EXIT`: the Communication ID is forgotten.
     TimewaitExit,
+    /// A SIDR_REQ for a listened-on service (UD service resolution, IBTA §12.11): answer with
+    /// [`Cm::sidr_answer`]; the event's `id` names the request.
+    SidrRequest {
+        /// The service ID asked for.
+        service_id: u64,
+        /// The requester's address.
+        remote_ip: IpAddr,
+        /// The local address the request came to.
+        local_ip: IpAddr,
+        /// The SIDR_REQ's private data (216 bytes).
+        private_data: Vec<u8>,
+    },
+    /// The answer to [`Cm::sidr_resolve`] (`RDMA_CM_EVENT_ESTABLISHED` of a UD ID when `status`
+    /// is `Success`, else `UNREACHABLE` in librdmacm).
+    SidrResolved {
+        /// The SIDR_REP's status.
+        status: cm::SidrStatus,
+        /// The serving UD QP.
+        qpn: u32,
+        /// Its Q_Key.
+        qkey: u32,
+        /// The SIDR_REP's private data (136 bytes).
+        private_data: Vec<u8>,
+    },
 }
 
 /// One event of connection `id`.
@@ -283,9 +310,32 @@ struct Conn {
     tid: u64,
 }
 
+/// An outstanding SIDR_REQ of ours.
+#[derive(Debug, Clone)]
+struct SidrOut {
+    local_ip: IpAddr,
+    remote_ip: IpAddr,
+    msg: Message,
+    tid: u64,
+    retries_left: u8,
+    deadline: Instant,
+}
+
+/// A SIDR_REQ reported to the consumer, waiting for [`Cm::sidr_answer`].
+#[derive(Debug, Clone)]
+struct SidrIn {
+    local_ip: IpAddr,
+    remote_ip: IpAddr,
+    request_id: u32,
+    service_id: u64,
+    tid: u64,
+}
+
 /// The communication manager of one device; see the [module docs](self).
 #[derive(Debug)]
 pub struct Cm {
+    sidr_out: HashMap<u32, SidrOut>,
+    sidr_in: HashMap<u32, SidrIn>,
     config: CmConfig,
     conns: HashMap<CommId, Conn>,
     /// (remote address, remote Communication ID) -> local ID: duplicate REQ detection.
@@ -330,6 +380,8 @@ impl Cm {
     /// A CM with no connections or listeners.
     pub fn new(config: CmConfig) -> Cm {
         Cm {
+            sidr_out: HashMap::new(),
+            sidr_in: HashMap::new(),
             config,
             conns: HashMap::new(),
             by_remote: HashMap::new(),
@@ -357,7 +409,89 @@ impl Cm {
 
     /// When [`Cm::handle_timeout`] should be called next.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.conns.values().filter_map(|c| c.deadline).min()
+        let conns = self.conns.values().filter_map(|c| c.deadline);
+        conns
+            .chain(self.sidr_out.values().map(|s| s.deadline))
+            .min()
+    }
+
+    /// Asks `remote_ip` which UD QP serves `service_id` (SIDR_REQ, IBTA §12.11.1), with
+    /// `private_data` (at most 216 bytes); resent like a REQ. The answer is a
+    /// [`CmEventKind::SidrResolved`] event, or [`CmEventKind::Unreachable`] when the retries are
+    /// spent; the event's `id` is the returned request ID.
+    ///
+    /// # Errors
+    /// [`CmError::PrivateDataTooLong`]; [`CmError::TooMany`] beyond
+    /// [`CmConfig::max_connections`] outstanding requests.
+    pub fn sidr_resolve(
+        &mut self,
+        now: Instant,
+        hca: &mut SoftHca,
+        local_ip: IpAddr,
+        remote_ip: IpAddr,
+        service_id: u64,
+        private_data: &[u8],
+    ) -> Result<u32, CmError> {
+        let private_data = padded::<{ cm::SIDR_REQ_PRIVATE_DATA_LEN }>(private_data)?;
+        if self.sidr_out.len() >= self.config.max_connections {
+            return Err(CmError::TooMany);
+        }
+        let id = (0..64)
+            .map(|_| OsRandom.next_u32())
+            .find(|id| *id != 0 && !self.sidr_out.contains_key(id))
+            .ok_or(CmError::TooMany)?;
+        let msg = Message::SidrReq(cm::SidrReq {
+            request_id: id,
+            pkey: mad::DEFAULT_PKEY,
+            service_id,
+            private_data,
+        });
+        let tid = self.tid();
+        self.send(hca, local_ip, remote_ip, &msg, tid);
+        self.sidr_out.insert(
+            id,
+            SidrOut {
+                local_ip,
+                remote_ip,
+                msg,
+                tid,
+                retries_left: self.config.max_cm_retries,
+                deadline: now + timeout_of(self.config.response_timeout),
+            },
+        );
+        Ok(id)
+    }
+
+    /// Answers a [`CmEventKind::SidrRequest`] with a SIDR_REP: `Some((qpn, qkey))` gives status
+    /// `Success` with the serving UD QP, `None` status `Reject`; `private_data` at most 136 bytes.
+    ///
+    /// # Errors
+    /// [`CmError::BadState`] for an unknown request; [`CmError::PrivateDataTooLong`].
+    pub fn sidr_answer(
+        &mut self,
+        hca: &mut SoftHca,
+        id: u32,
+        qp: Option<(u32, u32)>,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        let private_data = padded::<{ cm::SIDR_REP_PRIVATE_DATA_LEN }>(private_data)?;
+        let r = self.sidr_in.remove(&id).ok_or(CmError::BadState)?;
+        let (status, (qpn, qkey)) = match qp {
+            Some(q) => (cm::SidrStatus::Success, q),
+            None => (cm::SidrStatus::Reject, (0, 0)),
+        };
+        let rep = Message::SidrRep(cm::SidrRep {
+            request_id: r.request_id,
+            status,
+            info_len: 0,
+            qpn,
+            service_id: r.service_id,
+            qkey,
+            info: [0; cm::SIDR_REP_INFO_LEN],
+            private_data,
+        });
+        self.send(hca, r.local_ip, r.remote_ip, &rep, r.tid);
+        Ok(())
     }
 
     /// Accepts REQs for `service_id` (e.g. [`roce::cm::service_id`] of a port space and port).
@@ -679,6 +813,29 @@ impl Cm {
     /// Fires the timers due at `now`: resends, gives up (Unreachable / ConnectError /
     /// Disconnected), ends timewait.
     pub fn handle_timeout(&mut self, now: Instant, hca: &mut SoftHca) {
+        let due_sidr: Vec<u32> = self
+            .sidr_out
+            .iter()
+            .filter(|(_, s)| s.deadline <= now)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in due_sidr {
+            let Some(s) = self.sidr_out.get(&id).cloned() else {
+                continue;
+            };
+            if s.retries_left == 0 {
+                self.sidr_out.remove(&id);
+                self.event(id, CmEventKind::Unreachable);
+                continue;
+            }
+            self.counters.retransmits += 1;
+            self.send(hca, s.local_ip, s.remote_ip, &s.msg, s.tid);
+            let wait = timeout_of(self.config.response_timeout);
+            if let Some(o) = self.sidr_out.get_mut(&id) {
+                o.retries_left -= 1;
+                o.deadline = now + wait;
+            }
+        }
         let due: Vec<CommId> = self
             .conns
             .iter()
@@ -770,22 +927,85 @@ impl Cm {
             Message::Mra(mra) => self.on_mra(now, m, &mra),
             Message::Dreq(dreq) => self.on_dreq(now, hca, m, tid, &dreq),
             Message::Drep(drep) => self.on_drep(now, m, &drep),
-            Message::SidrReq(sidr) => {
-                self.counters.unsupported += 1;
-                let rep = Message::SidrRep(cm::SidrRep {
-                    request_id: sidr.request_id,
-                    status: cm::SidrStatus::Unsupported,
-                    info_len: 0,
-                    qpn: 0,
-                    service_id: sidr.service_id,
-                    qkey: 0,
-                    info: [0; cm::SIDR_REP_INFO_LEN],
-                    private_data: [0; cm::SIDR_REP_PRIVATE_DATA_LEN],
-                });
-                self.send(hca, m.dst_ip, m.src_ip, &rep, tid);
-            }
-            Message::SidrRep(_) => self.counters.unmatched += 1,
+            Message::SidrReq(sidr) => self.on_sidr_req(hca, m, tid, &sidr),
+            Message::SidrRep(rep) => self.on_sidr_rep(m, &rep),
         }
+    }
+
+    fn on_sidr_req(&mut self, hca: &mut SoftHca, m: &ReceivedMad, tid: u64, req: &cm::SidrReq) {
+        let duplicate = self
+            .sidr_in
+            .values()
+            .any(|r| r.remote_ip == m.src_ip && r.request_id == req.request_id);
+        if duplicate {
+            self.counters.duplicate_req += 1;
+            return;
+        }
+        let status = if !self.listeners.contains(&req.service_id) {
+            Some(cm::SidrStatus::Unsupported)
+        } else if self.sidr_in.len() >= self.config.max_connections {
+            self.counters.refused_resources += 1;
+            Some(cm::SidrStatus::NoQp)
+        } else {
+            None
+        };
+        let id = (0..64)
+            .map(|_| OsRandom.next_u32())
+            .find(|id| *id != 0 && !self.sidr_in.contains_key(id));
+        let (None, Some(id)) = (status, id) else {
+            let rep = Message::SidrRep(cm::SidrRep {
+                request_id: req.request_id,
+                status: status.unwrap_or(cm::SidrStatus::NoQp),
+                info_len: 0,
+                qpn: 0,
+                service_id: req.service_id,
+                qkey: 0,
+                info: [0; cm::SIDR_REP_INFO_LEN],
+                private_data: [0; cm::SIDR_REP_PRIVATE_DATA_LEN],
+            });
+            self.send(hca, m.dst_ip, m.src_ip, &rep, tid);
+            return;
+        };
+        self.sidr_in.insert(
+            id,
+            SidrIn {
+                local_ip: m.dst_ip,
+                remote_ip: m.src_ip,
+                request_id: req.request_id,
+                service_id: req.service_id,
+                tid,
+            },
+        );
+        self.event(
+            id,
+            CmEventKind::SidrRequest {
+                service_id: req.service_id,
+                remote_ip: m.src_ip,
+                local_ip: m.dst_ip,
+                private_data: req.private_data.to_vec(),
+            },
+        );
+    }
+
+    fn on_sidr_rep(&mut self, m: &ReceivedMad, rep: &cm::SidrRep) {
+        let known = self
+            .sidr_out
+            .get(&rep.request_id)
+            .is_some_and(|s| s.remote_ip == m.src_ip);
+        if !known {
+            self.counters.unmatched += 1;
+            return;
+        }
+        self.sidr_out.remove(&rep.request_id);
+        self.event(
+            rep.request_id,
+            CmEventKind::SidrResolved {
+                status: rep.status,
+                qpn: rep.qpn,
+                qkey: rep.qkey,
+                private_data: rep.private_data.to_vec(),
+            },
+        );
     }
 
     /// The connection `id` names, if it belongs to the MAD's sender.

@@ -539,6 +539,13 @@ impl RdmaCm {
                         });
                     }
                 }
+                // UD (RDMA_PS_UDP, SIDR) is not offered at this layer: refuse, do not leave it
+                // pending.
+                CmEventKind::SidrRequest { .. } => {
+                    self.refused += 1;
+                    let _ = self.cm.sidr_answer(hca, e.id, None, &[]);
+                }
+                CmEventKind::SidrResolved { .. } => {}
                 kind => {
                     let Some(&id) = self.by_comm.get(&e.id) else {
                         continue;
@@ -563,7 +570,9 @@ impl RdmaCm {
                         }
                         CmEventKind::Disconnected => (RdmaCmEventType::Disconnected, 0, Vec::new()),
                         CmEventKind::TimewaitExit => (RdmaCmEventType::TimewaitExit, 0, Vec::new()),
-                        CmEventKind::ConnectRequest { .. } => continue,
+                        CmEventKind::ConnectRequest { .. }
+                        | CmEventKind::SidrRequest { .. }
+                        | CmEventKind::SidrResolved { .. } => continue,
                     };
                     if matches!(
                         event,

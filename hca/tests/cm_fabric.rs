@@ -2,7 +2,9 @@
 //! a virtual clock, with faults: connect / accept / disconnect with QP transitions and data, lost
 //! REQ / REP / RTU / DREQ (retries), a duplicated REQ (reported once), a peer that never answers
 //! (bounded, then UNREACHABLE and ERR), REJ for an unknown service, a consumer reject with private
-//! data, and a REQ flood that cannot grow the passive side's state past its bound.
+//! data, a REQ flood that cannot grow the passive side's state past its bound, a REP for no REQ,
+//! malformed and unsupported MADs, and SIDR (UD service resolution) with loss, duplicates and a
+//! dead peer.
 
 mod common;
 
@@ -467,4 +469,100 @@ fn a_rep_for_no_req_and_malformed_or_unsupported_mads() {
     assert_eq!((c.unmatched, c.malformed, c.unsupported), (1, 1, 1));
     assert_eq!(w.cms[1].connection_count(), 0);
     assert!(w.events.iter().all(Vec::is_empty), "{:?}", w.events);
+}
+
+fn sidr_resolve(w: &mut World, sid: u64) -> u32 {
+    let (now, a_ip, b_ip, node) = (w.f.now(), w.a.ip, w.b.ip, w.a.node);
+    w.cms[0]
+        .sidr_resolve(now, w.f.node_mut(node), a_ip, b_ip, sid, b"which qp?")
+        .unwrap()
+}
+
+#[test]
+fn sidr_resolves_a_ud_service_with_a_lost_req_and_a_duplicate() {
+    let mut w = World::new();
+    let ud = service_id(port_space::UDP, 7174);
+    w.cms[1].listen(ud).unwrap();
+    let left = drop_first(&mut w, AttrId::SidrReq, 1);
+    let id = sidr_resolve(&mut w, ud);
+    assert!(w.run_until(Duration::from_secs(1), |w| !w.events[1].is_empty()));
+    assert_eq!(*left.lock().unwrap(), 0, "the first SIDR_REQ was lost");
+    let req = w.events[1][0].clone();
+    let CmEventKind::SidrRequest {
+        service_id: s,
+        remote_ip,
+        private_data,
+        ..
+    } = &req.kind
+    else {
+        panic!("{req:?}")
+    };
+    assert_eq!((*s, *remote_ip), (ud, w.a.ip));
+    assert_eq!(&private_data[..9], b"which qp?");
+    // A's next resend arrives while the request waits for the consumer: not reported again.
+    assert!(w.run_until(Duration::from_secs(1), |w| w.cms[1]
+        .counters()
+        .duplicate_req
+        >= 1));
+    assert_eq!(w.events[1].len(), 1);
+    let node = w.b.node;
+    w.cms[1]
+        .sidr_answer(
+            w.f.node_mut(node),
+            req.id,
+            Some((0x4242, 0x1111_2222)),
+            b"here",
+        )
+        .unwrap();
+    let resolved = |w: &World| {
+        w.has(0, |e| {
+            e.id == id && matches!(e.kind, CmEventKind::SidrResolved { .. })
+        })
+    };
+    assert!(
+        w.run_until(Duration::from_secs(1), resolved),
+        "{:?}",
+        w.events
+    );
+    let CmEventKind::SidrResolved {
+        status,
+        qpn,
+        qkey,
+        private_data,
+    } = &w.events[0].last().unwrap().kind
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        (*status, *qpn, *qkey),
+        (roce::cm::SidrStatus::Success, 0x4242, 0x1111_2222)
+    );
+    assert_eq!(&private_data[..4], b"here");
+    assert_eq!(w.cms[0].poll_timeout(), None, "nothing outstanding");
+    assert!(w.cms[1]
+        .sidr_answer(w.f.node_mut(node), req.id, None, b"")
+        .is_err());
+}
+
+#[test]
+fn sidr_for_an_unknown_service_and_a_dead_peer() {
+    let mut w = World::new();
+    let id = sidr_resolve(&mut w, service_id(port_space::UDP, 1));
+    assert!(w.run_until(Duration::from_secs(1), |w| !w.events[0].is_empty()));
+    assert!(matches!(
+        w.events[0][0].kind,
+        CmEventKind::SidrResolved {
+            status: roce::cm::SidrStatus::Unsupported,
+            ..
+        }
+    ));
+    assert_eq!(w.events[0][0].id, id);
+
+    let mut w = World::new();
+    w.b_alive = false;
+    let id = sidr_resolve(&mut w, service_id(port_space::UDP, 1));
+    let gone = |w: &World| w.has(0, |e| e.id == id && e.kind == CmEventKind::Unreachable);
+    assert!(w.run_until(Duration::from_secs(2), gone));
+    assert_eq!(w.cms[0].counters().retransmits, 3);
+    assert_eq!(w.cms[0].poll_timeout(), None);
 }
