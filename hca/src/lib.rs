@@ -70,6 +70,8 @@ extern crate alloc;
 #[cfg(all(test, not(feature = "std")))]
 extern crate std;
 
+#[cfg(feature = "std")]
+pub mod cm;
 pub mod engine;
 #[cfg(feature = "fabric")]
 pub mod fabric;
@@ -79,6 +81,8 @@ pub mod ibverbs;
 pub mod link;
 #[cfg(all(feature = "std", target_os = "linux"))]
 pub mod open;
+#[cfg(feature = "std")]
+pub mod rdma_cm;
 #[cfg(feature = "std")]
 pub mod soft;
 #[cfg(feature = "tools")]

@@ -42,6 +42,7 @@
 pub mod counters;
 pub mod dcqcn;
 pub mod diag;
+pub mod gsi;
 pub mod time;
 
 mod completer;
@@ -266,6 +267,8 @@ pub struct SoftHca {
     ready: VecDeque<u32>,
     timers: BinaryHeap<Reverse<(Instant, u32)>>,
     cnps: VecDeque<PendingCnp>,
+    /// QP1: the GSI's MAD queues (module `gsi`).
+    gsi: gsi::Gsi,
     cq_events: VecDeque<CqHandle>,
     counters: Counters,
     diag: diag::DiagLog,
@@ -308,6 +311,7 @@ impl SoftHca {
             ready: VecDeque::new(),
             timers: BinaryHeap::new(),
             cnps: VecDeque::new(),
+            gsi: gsi::Gsi::default(),
             cq_events: VecDeque::new(),
             counters: Counters::default(),
             diag: diag::DiagLog::default(),
@@ -934,6 +938,12 @@ impl SoftHca {
             }
             return None;
         }
+        // QP1's MADs and the QPs take turns, so neither a MAD flood nor busy QPs starve the other.
+        if !self.gsi.send.is_empty() && (self.ready.is_empty() || self.gsi.turn) {
+            self.gsi.turn = false;
+            return self.build_gsi(out);
+        }
+        self.gsi.turn = true;
         for _ in 0..self.ready.len() {
             let qpn = self.ready.pop_front()?;
             let result = match self.split(qpn, now) {
@@ -1014,6 +1024,10 @@ impl SoftHca {
                 }
                 TxResult::Nothing => self.after_qp(qpn, now),
             }
+        }
+        if !self.gsi.send.is_empty() {
+            self.gsi.turn = false;
+            return self.build_gsi(out);
         }
         None
     }
