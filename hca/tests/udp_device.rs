@@ -1480,10 +1480,20 @@ fn shared_devices_forward_strays_after_the_group_reorders() {
     }
     let w = open_shared();
     assert_eq!(slot(&w), Some(0));
-    let (sb, ob) = pair_of(b, open(&other, Progress::Thread), QpType::Rc, Conn::default());
+    let (sb, ob) = pair_of(
+        b,
+        open(&other, Progress::Thread),
+        QpType::Rc,
+        Conn::default(),
+    );
     all_rc_operations(&ob, &sb);
     all_rc_operations(&sb, &ob);
-    let (sw, ow) = pair_of(w, open(&other, Progress::Thread), QpType::Rc, Conn::default());
+    let (sw, ow) = pair_of(
+        w,
+        open(&other, Progress::Thread),
+        QpType::Rc,
+        Conn::default(),
+    );
     all_rc_operations(&ow, &sw);
     all_rc_operations(&sw, &ow);
     let counters = |s: &Side| s.dev.with_link_mut(|l| *l.link().counters());

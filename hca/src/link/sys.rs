@@ -587,54 +587,6 @@ pub(crate) fn ipv4_interface(ip: Ipv4Addr) -> io::Result<Option<String>> {
     Ok(found)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sockaddr_round_trips() {
-        for addr in [
-            "127.0.0.2:4791".parse::<SocketAddr>().unwrap(),
-            "[fe80::1%3]:4791".parse().unwrap(),
-            SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::LOCALHOST, 65535, 0x12345, 0)),
-        ] {
-            assert_eq!(SockAddrBuf::new(&addr).socket_addr(), Some(addr));
-        }
-        // A family the link does not speak, or a short length, reads as None.
-        let mut unix = SockAddrBuf::empty();
-        unix.bytes[0..2].copy_from_slice(&(libc::AF_UNIX as u16).to_ne_bytes());
-        assert_eq!(unix.socket_addr(), None);
-        let mut short = SockAddrBuf::new(&"[::1]:1".parse().unwrap());
-        short.len = 16;
-        assert_eq!(short.socket_addr(), None);
-    }
-
-    #[test]
-    fn sockaddr_layout_matches_libc() {
-        // The byte offsets used above are those of the C structures.
-        assert_eq!(mem::size_of::<libc::sockaddr_in>(), 16);
-        assert_eq!(mem::size_of::<libc::sockaddr_in6>(), 28);
-        assert_eq!(mem::offset_of!(libc::sockaddr_in, sin_port), 2);
-        assert_eq!(mem::offset_of!(libc::sockaddr_in, sin_addr), 4);
-        assert_eq!(mem::offset_of!(libc::sockaddr_in6, sin6_port), 2);
-        assert_eq!(mem::offset_of!(libc::sockaddr_in6, sin6_flowinfo), 4);
-        assert_eq!(mem::offset_of!(libc::sockaddr_in6, sin6_addr), 8);
-        assert_eq!(mem::offset_of!(libc::sockaddr_in6, sin6_scope_id), 24);
-    }
-
-    #[test]
-    fn eventfd_counts_and_resets() {
-        let fd = eventfd().unwrap();
-        assert_eq!(eventfd_take(fd.as_fd()).unwrap(), 0);
-        eventfd_add(fd.as_fd(), 1).unwrap();
-        eventfd_add(fd.as_fd(), 2).unwrap();
-        assert_eq!(eventfd_take(fd.as_fd()).unwrap(), 3);
-        assert_eq!(eventfd_take(fd.as_fd()).unwrap(), 0);
-    }
-
-    use std::os::fd::AsFd;
-}
-
 /// setsockopt(2) `SO_ATTACH_REUSEPORT_CBPF` (socket(7)): attaches the classic-BPF `program` to
 /// the reuseport group of `fd`; the kernel copies it.
 pub(crate) fn attach_reuseport_cbpf(
@@ -777,4 +729,52 @@ pub(crate) fn recv_dontwait(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<us
     } else {
         Ok(rc as usize)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockaddr_round_trips() {
+        for addr in [
+            "127.0.0.2:4791".parse::<SocketAddr>().unwrap(),
+            "[fe80::1%3]:4791".parse().unwrap(),
+            SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::LOCALHOST, 65535, 0x12345, 0)),
+        ] {
+            assert_eq!(SockAddrBuf::new(&addr).socket_addr(), Some(addr));
+        }
+        // A family the link does not speak, or a short length, reads as None.
+        let mut unix = SockAddrBuf::empty();
+        unix.bytes[0..2].copy_from_slice(&(libc::AF_UNIX as u16).to_ne_bytes());
+        assert_eq!(unix.socket_addr(), None);
+        let mut short = SockAddrBuf::new(&"[::1]:1".parse().unwrap());
+        short.len = 16;
+        assert_eq!(short.socket_addr(), None);
+    }
+
+    #[test]
+    fn sockaddr_layout_matches_libc() {
+        // The byte offsets used above are those of the C structures.
+        assert_eq!(mem::size_of::<libc::sockaddr_in>(), 16);
+        assert_eq!(mem::size_of::<libc::sockaddr_in6>(), 28);
+        assert_eq!(mem::offset_of!(libc::sockaddr_in, sin_port), 2);
+        assert_eq!(mem::offset_of!(libc::sockaddr_in, sin_addr), 4);
+        assert_eq!(mem::offset_of!(libc::sockaddr_in6, sin6_port), 2);
+        assert_eq!(mem::offset_of!(libc::sockaddr_in6, sin6_flowinfo), 4);
+        assert_eq!(mem::offset_of!(libc::sockaddr_in6, sin6_addr), 8);
+        assert_eq!(mem::offset_of!(libc::sockaddr_in6, sin6_scope_id), 24);
+    }
+
+    #[test]
+    fn eventfd_counts_and_resets() {
+        let fd = eventfd().unwrap();
+        assert_eq!(eventfd_take(fd.as_fd()).unwrap(), 0);
+        eventfd_add(fd.as_fd(), 1).unwrap();
+        eventfd_add(fd.as_fd(), 2).unwrap();
+        assert_eq!(eventfd_take(fd.as_fd()).unwrap(), 3);
+        assert_eq!(eventfd_take(fd.as_fd()).unwrap(), 0);
+    }
+
+    use std::os::fd::AsFd;
 }
