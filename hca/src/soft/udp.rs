@@ -77,12 +77,12 @@ pub struct UdpDeviceConfig {
     pub drop: Option<DropHook>,
     /// Share the address and port with other processes of this host ([`udp::share`]: a slot
     /// per process, QPNs carrying the slot, steering by destination QPN). Default: `true` when
-    /// the environment variable [`SHARE_ENV`] is `1`, else `false`.
+    /// the environment variable `SOFT_HCA_SHARE` is `1`, else `false`.
     pub share: bool,
 }
 
 /// The environment variable that turns [`UdpDeviceConfig::share`] on by default: `1`.
-pub const SHARE_ENV: &str = "SOFT_HCA_SHARE";
+pub(crate) const SHARE_ENV: &str = "SOFT_HCA_SHARE";
 
 /// Default [`UdpDeviceConfig::src_ports`]: 4 flows. Each sending socket is a separate sendmmsg(2)
 /// and its own GSO trains, so more ports cost batching when many QPs send at once: `rdma-perf
