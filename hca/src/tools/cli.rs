@@ -125,6 +125,7 @@ pub const TOOL_LINKS: LinkForms = LinkForms {
     udp_port: false,
     vfio: LinkForms::PARSED.vfio,
     verbs: true,
+    xdp: LinkForms::PARSED.xdp,
 };
 
 /// Parses a `--link` / `-d` value (see [`DeviceSpec`]) for `rdma-perf` / `rdma-pingpong`.
