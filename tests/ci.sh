@@ -38,6 +38,8 @@ step "the fuzz crate builds" cargo check --manifest-path roce/fuzz/Cargo.toml
 step "the hca fuzz crate builds" cargo check --manifest-path hca/fuzz/Cargo.toml
 # Includes the verbs conformance suite on the software backends (tests/tests/verbs_conformance.rs: the fabric and
 # UDP runs must pass every case and agree field for field; about 3 s); its run on rxe0 is in the guest below.
+# Also the AF_XDP link against the UDP link over a veth pair between two network namespaces (hca/tests/xdp_netns.rs,
+# root: tools with data checked, ping / TCP alongside, the XDP program gone after exit and SIGKILL; about 10 s).
 step "cargo test --workspace" cargo test --workspace
 # Real peers: Linux soft-RoCE (rdma_rxe) and rdma-core's tools in QEMU TCG guests (tests/guest/README.md).
 step "guest harness setup (kernel, initramfs)" bash tests/guest/setup.sh
