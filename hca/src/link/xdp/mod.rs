@@ -38,3 +38,27 @@ pub use link::{
     RING_SIZE, RX_FRAMES,
 };
 pub use program::AttachMode;
+
+/// Runs `f` with the calling thread in the network namespace `name` (`/var/run/netns/NAME`, as
+/// ip-netns(8) makes them) and moves the thread back after; sockets `f` opens and threads it
+/// starts stay in `name`. For a process that drives devices on both sides of a namespace
+/// boundary (the conformance suite across a veth pair). Needs `CAP_SYS_ADMIN`.
+///
+/// # Errors
+/// The namespace (or this thread's own, `/proc/thread-self/ns/net`) cannot be opened, or
+/// setns(2) fails (`EPERM`); `f` is then not run.
+pub fn with_netns<T>(name: &str, f: impl FnOnce() -> T) -> std::io::Result<T> {
+    use std::os::fd::AsFd;
+    if name.is_empty() || name.contains('/') {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("not a network namespace name: {name:?}"),
+        ));
+    }
+    let own = std::fs::File::open("/proc/thread-self/ns/net")?;
+    let target = std::fs::File::open(format!("/var/run/netns/{name}"))?;
+    sys::setns_net(target.as_fd())?;
+    let out = f();
+    sys::setns_net(own.as_fd())?;
+    Ok(out)
+}

@@ -603,3 +603,9 @@ pub(crate) fn ipv4_addresses(name: &str) -> io::Result<Vec<std::net::Ipv4Addr>> 
     unsafe { libc::freeifaddrs(head) };
     Ok(found)
 }
+
+/// setns(2) of the calling thread into the network namespace `fd` refers to.
+pub(crate) fn setns_net(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain setns(2) on a live descriptor; it affects only the calling thread.
+    check(unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) })
+}
