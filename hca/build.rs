@@ -33,10 +33,12 @@ fn main() {
 fn compile(object: &Path) -> Result<(), String> {
     let candidates: Vec<String> = match env::var("CLANG") {
         Ok(c) => vec![c],
-        Err(_) => ["clang", "clang-14", "clang-15", "clang-16", "clang-17", "clang-18", "clang-19"]
-            .iter()
-            .map(|s| (*s).to_string())
-            .collect(),
+        Err(_) => [
+            "clang", "clang-14", "clang-15", "clang-16", "clang-17", "clang-18", "clang-19",
+        ]
+        .iter()
+        .map(|s| (*s).to_string())
+        .collect(),
     };
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     // Debian keeps <asm/types.h> under the target's multiarch directory.

@@ -33,9 +33,9 @@ use crate::ibverbs::IbvDevice;
 use crate::link::udp::DropHook;
 #[cfg(all(feature = "std", target_os = "linux"))]
 use crate::link::vfio::VfioLinkConfig;
-use crate::soft::{AnyConfig, AnyDevice, Progress, UdpDeviceConfig, VfioDeviceConfig};
 #[cfg(all(feature = "std", target_os = "linux"))]
 use crate::soft::XdpDeviceConfig;
+use crate::soft::{AnyConfig, AnyDevice, Progress, UdpDeviceConfig, VfioDeviceConfig};
 use crate::verbs::api::{DeviceError, Verbs};
 
 #[cfg(all(feature = "std", target_os = "linux"))]
@@ -583,7 +583,7 @@ mod tests {
         let linux = cfg!(all(feature = "std", target_os = "linux"));
         let e = "tcp:1.2.3.4".parse::<DeviceSpec>().unwrap_err();
         let all = if linux {
-            "udp:ADDRESS[:PORT], vfio:PCI_ADDRESS or verbs:DEVICE"
+            "udp:ADDRESS[:PORT], vfio:PCI_ADDRESS, xdp:IFNAME or verbs:DEVICE"
         } else {
             "udp:ADDRESS[:PORT] or verbs:DEVICE"
         };
@@ -606,6 +606,7 @@ mod tests {
             udp_port: false,
             vfio: false,
             verbs: false,
+            xdp: false,
         };
         assert_eq!(udp_only.list(), "udp:ADDRESS without a port");
         let e = "verbs:".parse::<DeviceSpec>().unwrap_err();

@@ -126,16 +126,23 @@ fn wait_attached(p: &Pair, want: bool) -> bool {
 
 /// Runs `prog` as server in `server_ns` on `server_link` and as client in the other
 /// namespace, both with `args`; returns both outputs.
-fn cell(
-    p: &Pair,
-    prog: &str,
-    args: &[&str],
-    xdp_server: bool,
-) -> (Output, Output) {
+fn cell(p: &Pair, prog: &str, args: &[&str], xdp_server: bool) -> (Output, Output) {
     let (sns, cns, slink, clink, server_ip) = if xdp_server {
-        (&p.a, &p.b, "xdp:xa0".to_string(), format!("udp:{B_IP}"), A_IP)
+        (
+            &p.a,
+            &p.b,
+            "xdp:xa0".to_string(),
+            format!("udp:{B_IP}"),
+            A_IP,
+        )
     } else {
-        (&p.b, &p.a, format!("udp:{B_IP}"), "xdp:xa0".to_string(), B_IP)
+        (
+            &p.b,
+            &p.a,
+            format!("udp:{B_IP}"),
+            "xdp:xa0".to_string(),
+            B_IP,
+        )
     };
     let server = spawn_in(
         sns,
@@ -195,12 +202,22 @@ fn other_traffic_passes_and_the_program_goes_with_the_process() {
     let server = spawn_in(
         &p.a,
         PERF,
-        &["send-lat", "--link", "xdp:xa0", "--timeout", "60", "-n", "100"],
+        &[
+            "send-lat",
+            "--link",
+            "xdp:xa0",
+            "--timeout",
+            "60",
+            "-n",
+            "100",
+        ],
     );
     assert!(wait_attached(&p, true), "XDP program not attached");
     // ping and TCP to A's address still reach A's kernel stack.
     let ping = Command::new("ip")
-        .args(["netns", "exec", &p.b, "ping", "-c", "3", "-i", "0.2", "-W", "2", A_IP])
+        .args([
+            "netns", "exec", &p.b, "ping", "-c", "3", "-i", "0.2", "-W", "2", A_IP,
+        ])
         .output()
         .unwrap();
     assert!(ping.status.success(), "ping: {}", text(&ping));
@@ -230,17 +247,39 @@ fn other_traffic_passes_and_the_program_goes_with_the_process() {
         ])
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&tcp.stdout).trim(), "pdx-ecor", "{}", text(&tcp));
+    assert_eq!(
+        String::from_utf8_lossy(&tcp.stdout).trim(),
+        "pdx-ecor",
+        "{}",
+        text(&tcp)
+    );
     assert!(finish(echo).status.success());
     // The client completes the server's run; the program goes when the link closes.
     let client = spawn_in(
         &p.b,
         PERF,
-        &["send-lat", "--link", "udp:10.77.0.2", "--timeout", "60", "-n", "100", A_IP],
+        &[
+            "send-lat",
+            "--link",
+            "udp:10.77.0.2",
+            "--timeout",
+            "60",
+            "-n",
+            "100",
+            A_IP,
+        ],
     );
     let (s, c) = (finish(server), finish(client));
-    assert!(s.status.success() && c.status.success(), "{}\n{}", text(&s), text(&c));
-    assert!(wait_attached(&p, false), "XDP program left attached after exit");
+    assert!(
+        s.status.success() && c.status.success(),
+        "{}\n{}",
+        text(&s),
+        text(&c)
+    );
+    assert!(
+        wait_attached(&p, false),
+        "XDP program left attached after exit"
+    );
 
     // SIGKILL: the kernel closes the BPF link with the process.
     let mut server = spawn_in(
@@ -251,13 +290,30 @@ fn other_traffic_passes_and_the_program_goes_with_the_process() {
     assert!(wait_attached(&p, true), "XDP program not attached");
     server.kill().unwrap();
     server.wait().unwrap();
-    assert!(wait_attached(&p, false), "XDP program left attached after SIGKILL");
+    assert!(
+        wait_attached(&p, false),
+        "XDP program left attached after SIGKILL"
+    );
 
     // A second link on the same queue is refused while the first runs, with the interface named.
-    let first = spawn_in(&p.a, PERF, &["send-lat", "--link", "xdp:xa0", "--timeout", "60"]);
+    let first = spawn_in(
+        &p.a,
+        PERF,
+        &["send-lat", "--link", "xdp:xa0", "--timeout", "60"],
+    );
     assert!(wait_attached(&p, true));
     let second = Command::new("ip")
-        .args(["netns", "exec", &p.a, PERF, "send-lat", "--link", "xdp:xa0", "--timeout", "5"])
+        .args([
+            "netns",
+            "exec",
+            &p.a,
+            PERF,
+            "send-lat",
+            "--link",
+            "xdp:xa0",
+            "--timeout",
+            "5",
+        ])
         .output()
         .unwrap();
     assert!(!second.status.success());
@@ -269,7 +325,17 @@ fn other_traffic_passes_and_the_program_goes_with_the_process() {
 
     // No such interface: a clear error.
     let none = Command::new("ip")
-        .args(["netns", "exec", &p.a, PERF, "send-lat", "--link", "xdp:nosuch0", "--timeout", "5"])
+        .args([
+            "netns",
+            "exec",
+            &p.a,
+            PERF,
+            "send-lat",
+            "--link",
+            "xdp:nosuch0",
+            "--timeout",
+            "5",
+        ])
         .output()
         .unwrap();
     assert!(!none.status.success());

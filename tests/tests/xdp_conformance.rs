@@ -60,8 +60,9 @@ fn conformance_between_the_xdp_and_udp_links_agrees_with_the_fabric() {
         guard.0.push(ns.clone());
     }
     assert!(
-        ip(&["link", "add", "xa0", "netns", &a, "type", "veth", "peer", "name", "xb0", "netns", &b])
-            && ip(&["-n", &a, "addr", "add", "10.77.0.1/24", "dev", "xa0"])
+        ip(&[
+            "link", "add", "xa0", "netns", &a, "type", "veth", "peer", "name", "xb0", "netns", &b
+        ]) && ip(&["-n", &a, "addr", "add", "10.77.0.1/24", "dev", "xa0"])
             && ip(&["-n", &b, "addr", "add", "10.77.0.2/24", "dev", "xb0"])
             && ip(&["-n", &a, "link", "set", "xa0", "up"])
             && ip(&["-n", &b, "link", "set", "xb0", "up"]),
@@ -79,7 +80,13 @@ fn conformance_between_the_xdp_and_udp_links_agrees_with_the_fabric() {
     // The suite bounds every wait itself (completions, retries); the child needs no timer here.
     let run = Command::new("ip")
         .args(["netns", "exec", &a, CONFORMANCE, "--link", "xdp:xa0"])
-        .args(["--link2", "udp:10.77.0.2:4791", "--link2-netns", &b, "--compare"])
+        .args([
+            "--link2",
+            "udp:10.77.0.2:4791",
+            "--link2-netns",
+            &b,
+            "--compare",
+        ])
         .arg(&reference)
         .output()
         .unwrap();

@@ -76,7 +76,13 @@ impl AnyDevice {
                 let link = crate::link::xdp::XdpLink::open(&c.link)?;
                 let engine = c.engine.clone();
                 let progress = c.progress;
-                SoftDevice::with_link(AnyLink::Xdp(link), AnyConfig::Xdp(c), engine, progress, None)
+                SoftDevice::with_link(
+                    AnyLink::Xdp(link),
+                    AnyConfig::Xdp(c),
+                    engine,
+                    progress,
+                    None,
+                )
             }
         }
     }

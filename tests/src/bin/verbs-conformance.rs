@@ -91,7 +91,11 @@ fn main() -> ExitCode {
             }
         },
     };
-    let pair = match open_pair_in(&args.link, args.link2.as_deref(), args.link2_netns.as_deref()) {
+    let pair = match open_pair_in(
+        &args.link,
+        args.link2.as_deref(),
+        args.link2_netns.as_deref(),
+    ) {
         Ok(p) => p,
         Err(e) => {
             // One line; a bad device name already lists the devices.

@@ -155,12 +155,13 @@ pub fn open_pair_in(
             });
         };
         let a = open_udp(link, &a_spec)?;
-        let b = hca::link::xdp::with_netns(ns, || open_udp(b_text, b_spec)).map_err(|source| {
-            BackendError::Netns {
-                name: ns.to_owned(),
-                source,
-            }
-        })??;
+        let b =
+            hca::link::xdp::with_netns(ns, || open_udp(b_text, b_spec)).map_err(|source| {
+                BackendError::Netns {
+                    name: ns.to_owned(),
+                    source,
+                }
+            })??;
         return Ok(pair(a, Some(b)));
     }
     match (a_spec, b_spec) {

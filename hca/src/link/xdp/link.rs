@@ -278,17 +278,21 @@ impl XdpLink {
         }
         let rx: Vec<u64> = (0..RX_FRAMES).map(|i| (i * FRAME_SIZE) as u64).collect();
         if xsk.fill_free() < RX_FRAMES as u32 {
-            return Err(sock_err("fill ring", io::Error::other("fill ring too small")));
+            return Err(sock_err(
+                "fill ring",
+                io::Error::other("fill ring too small"),
+            ));
         }
         xsk.fill(rx.into_iter());
         let tx_free = (RX_FRAMES..FRAMES)
             .map(|i| (i * FRAME_SIZE) as u64)
             .collect();
-        let program = program::attach(ifindex, config.queue, xsk.as_fd(), config.native)
-            .map_err(|reason| XdpError::Program {
+        let program = program::attach(ifindex, config.queue, xsk.as_fd(), config.native).map_err(
+            |reason| XdpError::Program {
                 ifname: ifname.clone(),
                 reason,
-            })?;
+            },
+        )?;
         Ok(XdpLink {
             program,
             xsk,

@@ -117,7 +117,11 @@ impl KernelNeighbours {
                     Some(IpAddr::V6(s)) => s,
                     _ => Ipv6Addr::UNSPECIFIED,
                 };
-                let src_scope = if is_link_local(&src6) { self.ifindex } else { 0 };
+                let src_scope = if is_link_local(&src6) {
+                    self.ifindex
+                } else {
+                    0
+                };
                 (
                     SocketAddr::V6(SocketAddrV6::new(src6, 0, 0, src_scope)),
                     SocketAddr::V6(SocketAddrV6::new(v6, 9, 0, scope)),

@@ -1,6 +1,6 @@
 //! The XDP program of the link (`hca/xdp/roce_redirect.bpf.c`, built by `hca/build.rs`): loaded
-//! with the `aya` crate, attached to the interface through a BPF link (`BPF_LINK_CREATE`, Linux
-//! >= 5.9), native (driver) mode first and generic (skb) mode when the driver refuses, and the
+//! with the `aya` crate, attached to the interface through a BPF link (`BPF_LINK_CREATE`, since
+//! Linux 5.9), native (driver) mode first and generic (skb) mode when the driver refuses, and the
 //! link's AF_XDP socket put in its `ROCE_XSKS` map at the bound queue's index.
 //!
 //! The attachment is a file descriptor of this process: dropping [`Attached`] (the link closes)
@@ -15,7 +15,8 @@ use aya::programs::{Xdp, XdpFlags};
 use aya::Ebpf;
 
 /// The object file `hca/build.rs` compiled (empty when it had no clang).
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/roce_redirect.bpf.o"));
+static OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/roce_redirect.bpf.o"));
 
 /// The program's name (its function) and the map's, in the object.
 const PROGRAM: &str = "roce_redirect";
@@ -39,7 +40,9 @@ pub(crate) struct Attached {
 
 impl std::fmt::Debug for Attached {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Attached").field("mode", &self.mode).finish()
+        f.debug_struct("Attached")
+            .field("mode", &self.mode)
+            .finish()
     }
 }
 
@@ -57,9 +60,11 @@ pub(crate) fn attach(
     native: bool,
 ) -> Result<Attached, String> {
     if !program_built() {
-        return Err("the XDP program was not built (hca/build.rs found no clang and libbpf-dev; \
+        return Err(
+            "the XDP program was not built (hca/build.rs found no clang and libbpf-dev; \
                     tests/setup.sh installs them)"
-            .to_string());
+                .to_string(),
+        );
     }
     let mut ebpf = Ebpf::load(OBJECT).map_err(|e| format!("loading the XDP object: {e}"))?;
     let prog: &mut Xdp = ebpf

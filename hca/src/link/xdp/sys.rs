@@ -257,7 +257,8 @@ impl Xsk {
             flags: 0,
             tx_metadata_len: 0,
         };
-        setsockopt(&fd, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg).map_err(|e| ("XDP_UMEM_REG", e))?;
+        setsockopt(&fd, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg)
+            .map_err(|e| ("XDP_UMEM_REG", e))?;
         for (name, what) in [
             (libc::XDP_UMEM_FILL_RING, "XDP_UMEM_FILL_RING"),
             (libc::XDP_UMEM_COMPLETION_RING, "XDP_UMEM_COMPLETION_RING"),
@@ -288,8 +289,13 @@ impl Xsk {
         }
         let fill = Ring::new(&fd, &off.fr, ring_size, libc::XDP_UMEM_PGOFF_FILL_RING)
             .map_err(|e| ("mmap of the fill ring", e))?;
-        let comp = Ring::new(&fd, &off.cr, ring_size, libc::XDP_UMEM_PGOFF_COMPLETION_RING)
-            .map_err(|e| ("mmap of the completion ring", e))?;
+        let comp = Ring::new(
+            &fd,
+            &off.cr,
+            ring_size,
+            libc::XDP_UMEM_PGOFF_COMPLETION_RING,
+        )
+        .map_err(|e| ("mmap of the completion ring", e))?;
         let rx = Ring::new(&fd, &off.rx, ring_size, libc::XDP_PGOFF_RX_RING as u64)
             .map_err(|e| ("mmap of the RX ring", e))?;
         let tx = Ring::new(&fd, &off.tx, ring_size, libc::XDP_PGOFF_TX_RING as u64)
@@ -487,7 +493,12 @@ impl Xsk {
     pub(crate) fn busy_poll(&self, usecs: u32, budget: u32) -> io::Result<()> {
         let one: libc::c_int = 1;
         setsockopt(&self.fd, libc::SOL_SOCKET, libc::SO_PREFER_BUSY_POLL, &one)?;
-        setsockopt(&self.fd, libc::SOL_SOCKET, libc::SO_BUSY_POLL, &(usecs as libc::c_int))?;
+        setsockopt(
+            &self.fd,
+            libc::SOL_SOCKET,
+            libc::SO_BUSY_POLL,
+            &(usecs as libc::c_int),
+        )?;
         setsockopt(
             &self.fd,
             libc::SOL_SOCKET,
