@@ -27,14 +27,16 @@ impl SoftLink for AnyLink {
     fn set_peer_port(&mut self, ip: std::net::IpAddr, port: u16) -> bool {
         match self {
             AnyLink::Udp(l) => SoftLink::set_peer_port(l, ip, port),
-            AnyLink::Vfio(_) | AnyLink::Xdp(_) => false,
+            AnyLink::Xdp(l) => SoftLink::set_peer_port(l, ip, port),
+            AnyLink::Vfio(_) => false,
         }
     }
 
     fn udp_port(&self) -> Option<u16> {
         match self {
             AnyLink::Udp(l) => SoftLink::udp_port(l),
-            AnyLink::Vfio(_) | AnyLink::Xdp(_) => None,
+            AnyLink::Xdp(l) => SoftLink::udp_port(l),
+            AnyLink::Vfio(_) => None,
         }
     }
 }

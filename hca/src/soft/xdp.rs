@@ -38,6 +38,16 @@ impl XdpDeviceConfig {
 
 impl SoftLink for XdpLink {
     type DeviceConfig = XdpDeviceConfig;
+
+    /// The link sends to the RoCEv2 port only: `true` for 4791, `false` for any other.
+    fn set_peer_port(&mut self, _ip: std::net::IpAddr, port: u16) -> bool {
+        port == super::ROCEV2_PORT
+    }
+
+    /// The port the XDP program steers to the link: 4791.
+    fn udp_port(&self) -> Option<u16> {
+        Some(super::ROCEV2_PORT)
+    }
 }
 
 impl XdpDevice {
