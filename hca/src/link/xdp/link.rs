@@ -334,7 +334,7 @@ impl XdpLink {
         self.me.ipv4
     }
 
-    /// The link's clock (for [`XdpLink::new_soft_hca`]'s engine).
+    /// The link's clock: the time since it opened.
     pub fn now(&self) -> Instant {
         Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
     }

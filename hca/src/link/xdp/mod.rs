@@ -16,7 +16,7 @@
 //! Transmitted frames are built whole in a UMEM frame: the engine writes the UDP payload
 //! ([`SoftHca::poll_transmit`](crate::engine::SoftHca::poll_transmit)) at [`PAYLOAD_AT`], the
 //! link writes the Ethernet, IP and UDP headers in front of it with the `roce` crate, the
-//! destination MAC from the kernel's neighbour table ([`neigh`]).
+//! destination MAC from the kernel's neighbour table (module `neigh`).
 //!
 //! The socket is bound with `XDP_USE_NEED_WAKEUP`: a sendto(2) is made only when the kernel
 //! asks for one on the TX ring, a recvfrom(2) only when it asks on the fill ring; with

@@ -3,9 +3,9 @@
 //! Linux 5.9), native (driver) mode first and generic (skb) mode when the driver refuses, and the
 //! link's AF_XDP socket put in its `ROCE_XSKS` map at the bound queue's index.
 //!
-//! The attachment is a file descriptor of this process: dropping [`Attached`] (the link closes)
-//! detaches the program, and so does the kernel when the process exits for any reason, SIGKILL
-//! included, since the BPF link is not pinned. Needs `CAP_NET_ADMIN` and `CAP_BPF` (or
+//! The attachment is a file descriptor of this process: dropping the `Attached` value (the link
+//! closes) detaches the program, and so does the kernel when the process exits for any reason,
+//! SIGKILL included, since the BPF link is not pinned. Needs `CAP_NET_ADMIN` and `CAP_BPF` (or
 //! `CAP_SYS_ADMIN`), i.e. root, as the AF_XDP socket does (`CAP_NET_RAW`).
 
 use std::os::fd::{AsRawFd, BorrowedFd};
