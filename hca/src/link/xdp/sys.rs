@@ -194,6 +194,11 @@ pub(crate) struct KernelStats {
     pub(crate) tx_ring_empty_descs: u64,
 }
 
+/// Retries of a bind(2) that found the queue busy.
+const BUSY_RETRIES: u32 = 50;
+/// Wait between those retries (so at most 1 s in all).
+const BUSY_RETRY_WAIT: Duration = Duration::from_millis(20);
+
 /// An AF_XDP socket bound to one queue of one interface, with its UMEM and rings.
 #[derive(Debug)]
 pub(crate) struct Xsk {
@@ -317,11 +322,22 @@ impl Xsk {
                 )
             })
         };
-        let mode = if zero_copy && bind(libc::XDP_ZEROCOPY).is_ok() {
-            BindMode::ZeroCopy
-        } else {
-            bind(libc::XDP_COPY).map_err(|e| ("bind", e))?;
-            BindMode::Copy
+        // A socket closed just before (the previous run on this queue) leaves the queue busy
+        // until the kernel's deferred teardown of its buffer pool ran: EBUSY is retried for up to
+        // BUSY_RETRIES x BUSY_RETRY_WAIT, then reported.
+        let mut tries = 0;
+        let mode = loop {
+            if zero_copy && bind(libc::XDP_ZEROCOPY).is_ok() {
+                break BindMode::ZeroCopy;
+            }
+            match bind(libc::XDP_COPY) {
+                Ok(()) => break BindMode::Copy,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < BUSY_RETRIES => {
+                    tries += 1;
+                    std::thread::sleep(BUSY_RETRY_WAIT);
+                }
+                Err(e) => return Err(("bind", e)),
+            }
         };
         Ok(Xsk {
             fill,
