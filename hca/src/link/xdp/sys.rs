@@ -195,8 +195,8 @@ pub(crate) struct KernelStats {
 }
 
 /// Retries of a bind(2) that found the queue busy.
-const BUSY_RETRIES: u32 = 50;
-/// Wait between those retries (so at most 1 s in all).
+const BUSY_RETRIES: u32 = 150;
+/// Wait between those retries (so at most 3 s in all).
 const BUSY_RETRY_WAIT: Duration = Duration::from_millis(20);
 
 /// An AF_XDP socket bound to one queue of one interface, with its UMEM and rings.
