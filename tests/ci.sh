@@ -54,8 +54,8 @@ step "rxe-to-rxe reference matrix (guest)" cargo test -p tests --test guest_refe
 # RoCEv2 frame of its capture (rxe's and ours) re-verified by the roce crate (tests/guest/matrix.sh).
 step "our tools against rxe (guest matrix)" cargo test -p tests --test guest_matrix -- --ignored \
     --test-threads 1 --nocapture matrix_passes_and_every_icrc_verifies
-# Kernel bypass on a kernel NIC: the AF_XDP link (--link xdp:br0) against rxe in a guest, IPv4 at MTU 1024
-# (ibv_rc_pingpong -c and ib_write_bw, both roles), every RoCEv2 frame of the tap's capture re-verified.
+# Kernel bypass on a kernel NIC: the AF_XDP link (--link xdp:br0) against rxe in a guest, IPv4 and IPv6 at MTU
+# 1024 (ibv_rc_pingpong -c and ib_write_bw, both roles), every RoCEv2 frame of the tap's capture re-verified.
 step "AF_XDP link against rxe (guest)" cargo test -p tests --test guest_matrix -- --ignored \
     --test-threads 1 --nocapture xdp_link_against_rxe_and_every_icrc_verifies
 # Kernel bypass: the VFIO userspace virtio-net driver in a q35 + intel-iommu guest against rxe (tests/guest/vfio.sh).

@@ -54,12 +54,19 @@ both() {
     CELLS+=("$1:ours-server|client|$2|$3")
 }
 # Our device's address for a GID kind: IPv4 (the IPv4-mapped GID) or the bridge's link-local address.
-# ROCE_MATRIX_OUR_LINK=xdp runs our tools on the AF_XDP link on the bridge (`--link xdp:br0`, IPv4 cells only:
-# its default GID is the IPv4 one) instead of the UDP socket.
+# ROCE_MATRIX_OUR_LINK=xdp runs our tools on the AF_XDP link on the bridge (`--link xdp:br0`; its GID table is
+# rxe's: 1 = the bridge's link-local address, 2 = IPv4, the default) instead of the UDP socket. Its path MTU
+# stops at 2048 (4096-byte UMEM frames): run it on the mtu1024 cells.
 OUR_LINK="${ROCE_MATRIX_OUR_LINK:-udp}"
 link_of() {
     if [ "$OUR_LINK" = xdp ]; then echo "xdp:br0"
     elif [ "$1" = ipv4 ]; then echo "udp:$HOST_IP"; else echo "udp:$HOST_LL"; fi
+}
+# Our tools' GID option for a GID kind: none on the UDP link (one GID), the link-local one on xdp: for IPv6.
+ours_gid() {  # pp|perf GIDKIND
+    if [ "$OUR_LINK" = xdp ] && [ "$2" = ipv6ll ]; then
+        if [ "$1" = pp ]; then echo "-g 1"; else echo "-x 1"; fi
+    fi
 }
 gidx_of() { if [ "$1" = ipv4 ]; then echo 1; else echo 0; fi; }  # rxe: GID 1 = IPv4, 0 = link-local
 ours_tmo="--timeout $CELL_SECS"
@@ -71,11 +78,11 @@ pingpong_cells() {  # MTU GIDKIND
     link="$(link_of "$g")" gi="$(gidx_of "$g")"
     for t in rc uc; do
         both "ibv_${t}_pingpong:mtu$mtu:$g" "ibv_${t}_pingpong -d rxe0 -g $gi -m $mtu -s 4096 -n 10 -c" \
-            "rdma-pingpong --$t --link $link -m $mtu -s 4096 -n 10 -c $ours_tmo"
+            "rdma-pingpong --$t --link $link $(ours_gid pp "$g") -m $mtu -s 4096 -n 10 -c $ours_tmo"
     done
     # UD has no path MTU option: a message fills one packet of the MTU (-s MTU; both ports run 4096).
     both "ibv_ud_pingpong:mtu$mtu:$g" "ibv_ud_pingpong -d rxe0 -g $gi -s $mtu -n 10 -c" \
-        "rdma-pingpong --ud --link $link -s $mtu -n 10 -c $ours_tmo"
+        "rdma-pingpong --ud --link $link $(ours_gid pp "$g") -s $mtu -n 10 -c $ours_tmo"
 }
 perftest_cells() {  # MTU GIDKIND TOOL...
     local mtu="$1" g="$2" link gi t sub size
@@ -86,7 +93,7 @@ perftest_cells() {  # MTU GIDKIND TOOL...
         size="-s 4096"
         [ "$t" != ib_atomic_bw ] || size=""
         both "$t:mtu$mtu:$g" "$t -d rxe0 -x $gi -m $mtu $size -n 5 -F" \
-            "rdma-perf $sub --link $link -m $mtu $size -n 5 $perf_tmo"
+            "rdma-perf $sub --link $link $(ours_gid perf "$g") -m $mtu $size -n 5 $perf_tmo"
     done
 }
 for mtu in 1024 4096; do
