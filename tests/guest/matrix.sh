@@ -286,7 +286,7 @@ cat "$TIMES"
 echo "guest g1: $(rg_side_times g1)"
 awk -v a="$T_ALL0" -v b="$(rg_now)" 'BEGIN{printf "total %.1f s\n", b-a}'
 echo
-rg_table "conformance matrix: ours (host, $HOST_IP / $HOST_LL, UDP link) <-> rxe0 (guest g1, $GUEST_IP), link MTU $LINK_MTU"
+rg_table "conformance matrix: ours (host, $HOST_IP / $HOST_LL, $( [ "$OUR_LINK" = xdp ] && echo AF_XDP link || echo UDP link )) <-> rxe0 (guest g1, $GUEST_IP), link MTU $LINK_MTU"
 rg_table_save "$RG_RUN/table.tsv"
 echo
 echo "== the matrix: our tool as client / as server =="
