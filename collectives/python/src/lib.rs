@@ -16,6 +16,10 @@
 //!   with `rank R:` and whose `rank` attribute is this rank; `peer` names the peer at fault when
 //!   the error names one.
 
+// pyo3 0.22's #[pymethods] expansion converts each `PyResult` into itself, which clippy
+// (1.85+) reports at every method returning one.
+#![allow(clippy::useless_conversion)]
+
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -160,7 +164,9 @@ impl Store for PyStore {
         loop {
             let there = Python::with_gil(|py| {
                 let list = PyList::new_bound(py, keys);
-                self.0.call_method1(py, "check", (list,))?.extract::<bool>(py)
+                self.0
+                    .call_method1(py, "check", (list,))?
+                    .extract::<bool>(py)
             })
             .map_err(store_err)?;
             if there {
@@ -239,13 +245,16 @@ struct PyCommunicator {
     inner: AsyncCommunicator,
 }
 
+/// How an operation ended: `Ok`, or its error's text and the peer it names.
+type Outcome = Result<(), (String, Option<usize>)>;
+
 /// The handle of one operation: `wait([timeout])`, `is_completed()`.
 #[pyclass(name = "Work", module = "rocecoll._native", frozen)]
 struct PyWork {
     rank: usize,
     work: Mutex<Option<Work<Done>>>,
     /// The result once taken (`Ok` or the error's text and peer).
-    outcome: Mutex<Option<Result<(), (String, Option<usize>)>>>,
+    outcome: Mutex<Option<Outcome>>,
 }
 
 impl PyWork {
@@ -257,7 +266,7 @@ impl PyWork {
         }
     }
 
-    fn settle(&self, outcome: &Result<(), (String, Option<usize>)>) -> PyResult<()> {
+    fn settle(&self, outcome: &Outcome) -> PyResult<()> {
         match outcome {
             Ok(()) => Ok(()),
             Err((msg, peer)) => Err(coll_err(self.rank, msg, *peer)),
@@ -273,14 +282,21 @@ impl PyWork {
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let timeout = timeout_of(timeout)?;
-        if let Some(o) = self.outcome.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        if let Some(o) = self
+            .outcome
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
             return self.settle(o).map(|()| true);
         }
         let mut slot = self.work.lock().unwrap_or_else(|p| p.into_inner());
         let Some(w) = slot.take() else {
             // Another thread took it and is settling it: wait for its outcome.
             drop(slot);
-            return Err(PyRuntimeError::new_err("Work.wait called from two threads at once"));
+            return Err(PyRuntimeError::new_err(
+                "Work.wait called from two threads at once",
+            ));
         };
         if let Some(t) = timeout {
             let done = py.allow_threads(|| w.wait_timeout(t));
@@ -303,7 +319,12 @@ impl PyWork {
 
     /// Whether the operation has ended (never blocks).
     fn is_completed(&self) -> bool {
-        if self.outcome.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+        if self
+            .outcome
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+        {
             return true;
         }
         self.work
@@ -315,7 +336,11 @@ impl PyWork {
 }
 
 impl PyCommunicator {
-    fn wrap(py: Python<'_>, made: Result<Communicator, collectives::InitError>, rank: usize) -> PyResult<PyCommunicator> {
+    fn wrap(
+        py: Python<'_>,
+        made: Result<Communicator, collectives::InitError>,
+        rank: usize,
+    ) -> PyResult<PyCommunicator> {
         let comm = made.map_err(|e| coll_err(rank, &e, None))?;
         let inner = AsyncCommunicator::new(comm).map_err(|e| coll_err(rank, &e, None))?;
         let _ = py;
@@ -410,10 +435,12 @@ impl PyCommunicator {
         let (dt, op, t) = (datatype(dtype)?, redop(op)?, timeout_of(timeout)?);
         let mut b = Buf::get(buf, true, "all_reduce buffer")?;
         let n = count_of(b.len(), dt, "all_reduce buffer")?;
-        Ok(self.work(self.inner.submit(CollKind::AllReduce, t, move |c| {
-            c.all_reduce_in_place(b.as_mut(), n, dt, op)
-                .map(|()| Done::One(b))
-        })))
+        Ok(
+            self.work(self.inner.submit(CollKind::AllReduce, t, move |c| {
+                c.all_reduce_in_place(b.as_mut(), n, dt, op)
+                    .map(|()| Done::One(b))
+            })),
+        )
     }
 
     /// In-place broadcast of `buf` from `root`.
@@ -428,10 +455,12 @@ impl PyCommunicator {
         let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
         let mut b = Buf::get(buf, true, "broadcast buffer")?;
         let n = count_of(b.len(), dt, "broadcast buffer")?;
-        Ok(self.work(self.inner.submit(CollKind::Broadcast, t, move |c| {
-            c.broadcast_in_place(b.as_mut(), n, dt, root)
-                .map(|()| Done::One(b))
-        })))
+        Ok(
+            self.work(self.inner.submit(CollKind::Broadcast, t, move |c| {
+                c.broadcast_in_place(b.as_mut(), n, dt, root)
+                    .map(|()| Done::One(b))
+            })),
+        )
     }
 
     /// In-place reduce of `buf` to `root` (other ranks' buffers are left as they were or
@@ -468,10 +497,12 @@ impl PyCommunicator {
         let mut r = Buf::get(recv, true, "all_gather output")?;
         disjoint(&s, &r)?;
         let n = count_of(s.len(), dt, "all_gather input")?;
-        Ok(self.work(self.inner.submit(CollKind::AllGather, t, move |c| {
-            c.all_gather(s.as_ref(), r.as_mut(), n, dt)
-                .map(|()| Done::Two(s, r))
-        })))
+        Ok(
+            self.work(self.inner.submit(CollKind::AllGather, t, move |c| {
+                c.all_gather(s.as_ref(), r.as_mut(), n, dt)
+                    .map(|()| Done::Two(s, r))
+            })),
+        )
     }
 
     /// Reduce-scatter: `send` (size * n elements) reduced with `op`; this rank's block of n
@@ -490,10 +521,12 @@ impl PyCommunicator {
         let mut r = Buf::get(recv, true, "reduce_scatter output")?;
         disjoint(&s, &r)?;
         let n = count_of(r.len(), dt, "reduce_scatter output")?;
-        Ok(self.work(self.inner.submit(CollKind::ReduceScatter, t, move |c| {
-            c.reduce_scatter(s.as_ref(), r.as_mut(), n, dt, op)
-                .map(|()| Done::Two(s, r))
-        })))
+        Ok(
+            self.work(self.inner.submit(CollKind::ReduceScatter, t, move |c| {
+                c.reduce_scatter(s.as_ref(), r.as_mut(), n, dt, op)
+                    .map(|()| Done::Two(s, r))
+            })),
+        )
     }
 
     /// All-to-all: block j of `send` (size blocks of n) to rank j; block i of `recv` from
@@ -518,10 +551,12 @@ impl PyCommunicator {
             )));
         }
         let n = total / size;
-        Ok(self.work(self.inner.submit(CollKind::AllToAll, t, move |c| {
-            c.all_to_all(s.as_ref(), r.as_mut(), n, dt)
-                .map(|()| Done::Two(s, r))
-        })))
+        Ok(
+            self.work(self.inner.submit(CollKind::AllToAll, t, move |c| {
+                c.all_to_all(s.as_ref(), r.as_mut(), n, dt)
+                    .map(|()| Done::Two(s, r))
+            })),
+        )
     }
 
     /// Sends `buf` to `peer`.
@@ -536,9 +571,11 @@ impl PyCommunicator {
         let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
         let b = Buf::get(buf, false, "send buffer")?;
         let n = count_of(b.len(), dt, "send buffer")?;
-        Ok(self.work(self.inner.submit(CollKind::SendRecv, t, move |c| {
-            c.send(b.as_ref(), n, dt, peer).map(|()| Done::One(b))
-        })))
+        Ok(
+            self.work(self.inner.submit(CollKind::SendRecv, t, move |c| {
+                c.send(b.as_ref(), n, dt, peer).map(|()| Done::One(b))
+            })),
+        )
     }
 
     /// Receives into `buf` from `peer` (the sender's count must equal this buffer's).
@@ -553,18 +590,21 @@ impl PyCommunicator {
         let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
         let mut b = Buf::get(buf, true, "recv buffer")?;
         let n = count_of(b.len(), dt, "recv buffer")?;
-        Ok(self.work(self.inner.submit(CollKind::SendRecv, t, move |c| {
-            c.recv(b.as_mut(), n, dt, peer).map(|()| Done::One(b))
-        })))
+        Ok(
+            self.work(self.inner.submit(CollKind::SendRecv, t, move |c| {
+                c.recv(b.as_mut(), n, dt, peer).map(|()| Done::One(b))
+            })),
+        )
     }
 
     /// Barrier.
     #[pyo3(signature = (timeout=None))]
     fn barrier(&self, timeout: Option<f64>) -> PyResult<PyWork> {
         let t = timeout_of(timeout)?;
-        Ok(self.work(self.inner.submit(CollKind::Barrier, t, |c| {
-            c.barrier().map(|()| Done::None)
-        })))
+        Ok(self.work(
+            self.inner
+                .submit(CollKind::Barrier, t, |c| c.barrier().map(|()| Done::None)),
+        ))
     }
 }
 
@@ -572,6 +612,9 @@ impl PyCommunicator {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCommunicator>()?;
     m.add_class::<PyWork>()?;
-    m.add("CollectiveError", m.py().get_type_bound::<CollectiveError>())?;
+    m.add(
+        "CollectiveError",
+        m.py().get_type_bound::<CollectiveError>(),
+    )?;
     Ok(())
 }

@@ -155,6 +155,15 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
     def getBackendName(self):
         return NAME
 
+    # A Python process group has no C++ backend to hold its name (torch 2.5's
+    # ProcessGroup::getGroupName reads it from one): keep it here, for DeviceMesh / FSDP2.
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    @property
+    def group_name(self):
+        return getattr(self, "_group_name", "")
+
     def _issue(self, natives, result, keep=(), post=None):
         w = _Work(result)
 
