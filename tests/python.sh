@@ -5,13 +5,13 @@
 # (numpy references on 2 and 4 ranks over shm and RoCE, async / abort / timeout / killed rank,
 # store bootstrap, the torch.distributed backend, the trainer against Gloo under torchrun).
 #
-# ROCECOLL_VENV (default /root/.cache/rdma-py/venv-torch): the environment. The first install
-# downloads about 3 GB (PyPI's Linux torch wheel pulls the CUDA libraries; 275 s, 5.2 GB on disk,
+# ROCECOLL_VENV (default /root/.cache/rdma-py/venv-torch27): the environment. The first install
+# downloads about 3 GB (PyPI's Linux torch wheel pulls the CUDA libraries; 477 s, 5.2 GB on disk,
 # measured 2026-12-04). PYTEST_ARGS: extra pytest arguments (e.g. "-k collectives").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-VENV=${ROCECOLL_VENV:-/root/.cache/rdma-py/venv-torch}
-PINS=(torch==2.5.1 numpy==2.1.3 pytest==8.3.3)
+VENV=${ROCECOLL_VENV:-/root/.cache/rdma-py/venv-torch27}
+PINS=(torch==2.7.1 numpy==2.1.3 pytest==8.3.3)
 
 if ! "$VENV/bin/python" -c 'import torch, numpy, pytest' >/dev/null 2>&1; then
     echo "python: installing ${PINS[*]} into $VENV (about 3 GB the first time)"

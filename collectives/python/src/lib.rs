@@ -505,6 +505,33 @@ impl PyCommunicator {
         )
     }
 
+    /// In-place all-gather: this rank's n elements are block `rank` of `buf` (size * n
+    /// elements), as NCCL's `sendbuff == recvbuff + rank * count` (FSDP2 gathers so).
+    #[pyo3(signature = (buf, dtype, timeout=None))]
+    fn all_gather_in_place(
+        &self,
+        buf: &Bound<'_, PyAny>,
+        dtype: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<PyWork> {
+        let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
+        let mut b = Buf::get(buf, true, "all_gather buffer")?;
+        let total = count_of(b.len(), dt, "all_gather buffer")?;
+        let size = self.inner.nranks();
+        if total % size != 0 {
+            return Err(PyValueError::new_err(format!(
+                "all_gather buffer: {total} elements is not {size} equal blocks"
+            )));
+        }
+        let n = total / size;
+        Ok(
+            self.work(self.inner.submit(CollKind::AllGather, t, move |c| {
+                c.all_gather_in_place(b.as_mut(), n, dt)
+                    .map(|()| Done::One(b))
+            })),
+        )
+    }
+
     /// Reduce-scatter: `send` (size * n elements) reduced with `op`; this rank's block of n
     /// into `recv`.
     #[pyo3(signature = (send, recv, dtype, op="sum", timeout=None))]

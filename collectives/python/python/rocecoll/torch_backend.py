@@ -223,18 +223,31 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
 
         return self._issue([self._c.all_gather(s, r, dt, None)], output_lists, (t, flat, s, r), post)
 
-    def _allgather_base(self, output, input, opts=None):
+    def _gather_into(self, output, input):
+        """Issues output = all ranks' input; in place when the input is this rank's block of
+        the output (FSDP2's layout), from a copy when it overlaps the output otherwise."""
+        nbytes = input.numel() * input.element_size()
+        o0, i0 = output.data_ptr(), input.data_ptr()
+        if output.is_contiguous() and input.is_contiguous() and i0 == o0 + self.rank() * nbytes \
+                and output.numel() == input.numel() * self.size():
+            r, dt = as_bytes(output)
+            return self._c.all_gather_in_place(r, dt, None), (input, output, r)
+        if i0 < o0 + output.numel() * output.element_size() and o0 < i0 + nbytes:
+            input = input.clone()
         s, dt = as_bytes(input, writable=False)
         r, _ = as_bytes(output)
-        return self._issue([self._c.all_gather(s, r, dt, None)], [output], (input, output, s, r))
+        return self._c.all_gather(s, r, dt, None), (input, output, s, r)
+
+    def _allgather_base(self, output, input, opts=None):
+        native, keep = self._gather_into(output, input)
+        return self._issue([native], [output], keep)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         natives, keep = [], []
         for o, i in zip(outputs, inputs):
-            s, dt = as_bytes(i, writable=False)
-            r, _ = as_bytes(o)
-            natives.append(self._c.all_gather(s, r, dt, None))
-            keep.append((i, o, s, r))
+            native, k = self._gather_into(o, i)
+            natives.append(native)
+            keep.append(k)
         return self._issue(natives, outputs, keep)
 
     def reduce_scatter(self, outputs, input_lists, opts):
