@@ -58,6 +58,11 @@ impl<'a> Reader<'a> {
         Reader { buf }
     }
 
+    /// Bytes not read yet.
+    pub fn remaining(&self) -> usize {
+        self.buf.len()
+    }
+
     fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], Truncated> {
         if self.buf.len() < n {
             return Err(Truncated { field });

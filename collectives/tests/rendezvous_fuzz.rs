@@ -3,7 +3,9 @@
 //! bytes, truncated frames, oversized length prefixes, `HELLO`s with a wrong secret, a wrong
 //! world size, a rank out of range, a duplicate of a rank that has joined, and connections that
 //! never send anything. The job must complete with correct all-reduce results, and the refusals
-//! must be logged. Loopback only; every wait is bounded by a deadline, none is a threshold.
+//! must be logged, and the process's peak resident memory (`VmHWM`, proc(5)) may grow by less
+//! than [`HWM_GROWTH_BOUND`] over the whole job. Loopback only; every wait is bounded by a
+//! deadline, none is a threshold.
 
 mod common;
 
@@ -19,6 +21,20 @@ use collectives::{Communicator, RedOp, TransportKind, UniqueId};
 const N: usize = 4;
 /// The most any wait of this test takes before it fails (not a measure of speed).
 const PATIENCE: Duration = Duration::from_secs(60);
+/// How much this process's `VmHWM` may grow from before the strangers to the end of the job:
+/// 64 MiB. The root reads at most a 25-byte `HELLO` from a stranger (an announced frame of
+/// `MAX_FRAME`, 16 MiB, or 4 GiB is refused unread) and at most 64 wait at once on 64 KiB
+/// thread stacks; a peer-sized buffer that the root filled would pass the bound. (Measured:
+/// a growth of a few MiB, the ranks' own buffers and threads included.)
+const HWM_GROWTH_BOUND: u64 = 64 << 20;
+
+/// This process's `VmHWM`, bytes (proc(5)).
+fn vm_hwm() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib << 10
+}
 
 /// A `HELLO` frame: length, tag 1, magic, version, rank, nranks (little-endian).
 fn hello(magic: u64, version: u32, rank: u32, nranks: u32) -> Vec<u8> {
@@ -109,6 +125,7 @@ fn strangers_on_the_root_port_cost_a_real_job_nothing() {
     )
     .unwrap();
     let (addr, magic) = (id.addr(), id.magic());
+    let hwm_before = vm_hwm();
 
     // Connections that never send, more than the root lets wait at once: the oldest are closed,
     // the rest stay open through the whole job.
@@ -194,4 +211,14 @@ fn strangers_on_the_root_port_cost_a_real_job_nothing() {
     }
     let joined = log.iter().filter(|(k, _)| *k == RootLog::Joined).count();
     assert_eq!(joined, N, "{log:#?}");
+    let growth = vm_hwm().saturating_sub(hwm_before);
+    eprintln!(
+        "VmHWM grew by {:.1} MiB (bound {} MiB)",
+        growth as f64 / f64::from(1 << 20),
+        HWM_GROWTH_BOUND >> 20
+    );
+    assert!(
+        growth < HWM_GROWTH_BOUND,
+        "VmHWM grew by {growth} bytes (bound {HWM_GROWTH_BOUND})"
+    );
 }

@@ -3,7 +3,9 @@
 //! addresses sends 10^5 forged packets built with `roce`'s packet builder:
 //! * to B, RDMA WRITE ONLY requests "from A" carrying a guessed rkey and PSN, mostly to a guessed
 //!   QPN, a few to B's real QPN (an attacker who learned it);
-//! * to A, "remote access error" NAKs and ACKs "from B" with random PSNs to guessed QPNs.
+//! * to A, "remote access error" NAKs and ACKs "from B" with random PSNs to guessed QPNs, and
+//!   1000 to A's real QPN with random PSNs outside A's window (which must all be dropped as
+//!   unexpected responses).
 //!
 //! The forger binds its socket to the address it impersonates (any 127.x address can be bound on
 //! loopback), so the packets pass the source address check exactly as spoofed ones from an
@@ -41,6 +43,12 @@ const FORGED: usize = 100_000;
 /// chance of 2^-24 to carry the PSN B expects; B then checks the (random, wrong) rkey and NAKs A
 /// with a remote access error, failing the transfer: about 6e-5 per run for 1000.
 const FORGED_KNOWN_QPN: usize = 1_000;
+/// Of the forged ACK / NAKs, those sent to A's real QPN, each with a random PSN outside the band
+/// `[start - 2^10, start + 2^22)` around A's start PSN, which holds every PSN the transfer can
+/// reach within the deadline: they must be dropped as unexpected responses. (A PSN inside A's
+/// window of at most 128 outstanding would be taken, with probability about 2^-17 per packet
+/// if drawn from all 2^24: the arithmetic in `hca::verbs::qp`; this checks the window check.)
+const FORGED_KNOWN_QPN_RESPONSES: usize = 1_000;
 /// B's MR: the transfer writes the first `XFER` bytes, never the rest.
 const MEM: usize = 1 << 20;
 const XFER: usize = 3 << 18;
@@ -209,8 +217,16 @@ struct Sent {
 
 /// Sends `FORGED` packets: half WRITEs into B (impersonating A), half ACK / NAKs into A
 /// (impersonating B), interleaved, paced a little so that the receivers' sockets mostly keep up.
-fn forger(a: SocketAddr, b: SocketAddr, qpns: (u32, u32), b_iova: u64) -> Sent {
+fn forger(a: SocketAddr, b: SocketAddr, qpns: (u32, u32), b_iova: u64, a_psn: u32) -> Sent {
     let (a_qpn, b_qpn) = qpns;
+    // A random PSN outside the band around A's start PSN (see FORGED_KNOWN_QPN_RESPONSES).
+    let outside = |start: u32| loop {
+        let p = random_psn();
+        let d = p.wrapping_sub(start) & 0x00ff_ffff;
+        if (1 << 22..(1 << 24) - (1 << 10)).contains(&d) {
+            return p;
+        }
+    };
     // A guessed QPN is another one than the live QP's (a hit has probability 2^-24 per packet;
     // excluding it keeps the test's accounting exact, with no effect on what is tested).
     let guess = |r: &mut OsRandom, live: u32| loop {
@@ -261,7 +277,11 @@ fn forger(a: SocketAddr, b: SocketAddr, qpns: (u32, u32), b_iova: u64) -> Sent {
                 }),
                 ..ExtReprs::default()
             };
-            let bth = bth_to(Opcode::RcAcknowledge, guess(&mut r, a_qpn), random_psn());
+            let bth = if (i / 2) < FORGED_KNOWN_QPN_RESPONSES {
+                bth_to(Opcode::RcAcknowledge, a_qpn, outside(a_psn))
+            } else {
+                bth_to(Opcode::RcAcknowledge, guess(&mut r, a_qpn), random_psn())
+            };
             let p = forge(from_b, a, bth, ext, &[]);
             if as_b.send_to(&p, a).is_ok() {
                 sent.responses += 1;
@@ -294,7 +314,7 @@ fn forged_writes_naks_and_acks_never_land_and_are_all_counted() {
     let forging = {
         let (done, qpns, b_iova) = (done.clone(), (a.qpn, b.qpn), b.mr.iova());
         thread::spawn(move || {
-            let sent = forger(a_addr, b_addr, qpns, b_iova);
+            let sent = forger(a_addr, b_addr, qpns, b_iova, pa);
             done.store(true, Ordering::Release);
             sent
         })
@@ -379,11 +399,12 @@ fn forged_writes_naks_and_acks_never_land_and_are_all_counted() {
     let rej_b = rejected(&cb1) - rejected(&cb0);
     println!(
         "{round} rounds, {wrs} WRITEs of {CHUNK} B in {:.1} s; forged: {} WRITEs to B ({} to its \
-         QPN), {} ACK/NAKs to A",
+         QPN), {} ACK/NAKs to A ({} to its QPN)",
         start.elapsed().as_secs_f64(),
         sent.writes,
         FORGED_KNOWN_QPN.min(sent.writes as usize),
         sent.responses,
+        FORGED_KNOWN_QPN_RESPONSES.min(sent.responses as usize),
     );
     println!(
         "B: rejected {rej_b} (forged {}, kernel drops {kernel_b}; {}), datagrams {}",
@@ -418,8 +439,19 @@ fn forged_writes_naks_and_acks_never_land_and_are_all_counted() {
         cb1.drops(DropReason::Qpn) - cb0.drops(DropReason::Qpn) + kernel_b >= random_qpn_writes,
         "B: drop_qpn"
     );
+    let random_qpn_responses = sent
+        .responses
+        .saturating_sub(FORGED_KNOWN_QPN_RESPONSES as u64);
     assert!(
-        ca1.drops(DropReason::Qpn) - ca0.drops(DropReason::Qpn) + kernel_a >= sent.responses,
+        ca1.drops(DropReason::Qpn) - ca0.drops(DropReason::Qpn) + kernel_a >= random_qpn_responses,
         "A: drop_qpn"
+    );
+    // Those to A's QPN, outside its window, are all dropped as unexpected responses.
+    let known = sent.responses.min(FORGED_KNOWN_QPN_RESPONSES as u64);
+    assert!(
+        ca1.drops(DropReason::UnexpectedResponse) - ca0.drops(DropReason::UnexpectedResponse)
+            + kernel_a
+            >= known,
+        "A: drop_unexpected_response below the {known} forged responses to its QPN"
     );
 }

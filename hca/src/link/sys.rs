@@ -463,6 +463,17 @@ pub(crate) fn poll<const N: usize>(
         events,
         revents: 0,
     });
+    poll_slice(&mut pfds, timeout)?;
+    Ok(pfds.map(|p| p.revents))
+}
+
+/// ppoll(2) on a caller-built `pollfd` array of any length (each entry's `fd` a descriptor the
+/// caller keeps open for the call); the kernel fills each `revents`. Timeout as [`poll`];
+/// `EINTR` leaves every `revents` zero.
+pub(crate) fn poll_slice(pfds: &mut [libc::pollfd], timeout: Duration) -> io::Result<()> {
+    for p in pfds.iter_mut() {
+        p.revents = 0;
+    }
     // ppoll(2) takes the timeout in nanoseconds (poll(2) would round a 20 us timer up to 1 ms);
     // the kernel still adds the thread's timer slack (prctl(2) PR_SET_TIMERSLACK, 50 us by
     // default).
@@ -470,18 +481,28 @@ pub(crate) fn poll<const N: usize>(
         tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
-    // SAFETY: pfds is a live array of N pollfd entries; the kernel writes only their revents.
-    // `ts` is a valid timespec read by the kernel; a null signal mask leaves the mask alone, as
-    // poll(2) does.
-    let rc = unsafe { libc::ppoll(pfds.as_mut_ptr(), N as libc::nfds_t, &ts, std::ptr::null()) };
+    // SAFETY: pfds is a live, exclusively borrowed slice of pfds.len() pollfd entries; the
+    // kernel writes only their revents. `ts` is a valid timespec read by the kernel; a null
+    // signal mask leaves the mask alone, as poll(2) does.
+    let rc = unsafe {
+        libc::ppoll(
+            pfds.as_mut_ptr(),
+            pfds.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
     if rc < 0 {
         let err = last_error();
         if err.kind() == io::ErrorKind::Interrupted {
-            return Ok([0; N]);
+            for p in pfds.iter_mut() {
+                p.revents = 0;
+            }
+            return Ok(());
         }
         return Err(err);
     }
-    Ok(pfds.map(|p| p.revents))
+    Ok(())
 }
 
 /// eventfd(2) with count 0, non-blocking and close-on-exec.

@@ -27,14 +27,45 @@
 //! [`OobError::PeerValue`], which names the field, the value and the bound. The other values
 //! (QPNs, PSNs, rkeys, addresses, GIDs, a bandwidth report) are bounded by their field widths and
 //! go into QP attributes, work requests or printed reports, not into sizes.
+//!
+//! # Who is the client
+//! Both tools' C servers accept one connection and take it as their client, so a stranger that
+//! connects first (a port scanner, a silent or slow connection, a malformed message) would ruin
+//! the run. Here a server serves every connection that arrives, concurrently, in one thread
+//! (poll(2) over the listening socket and every waiting connection), until one sends a valid
+//! **first message**: perftest's 16-byte version (printable text, NUL-terminated, at least
+//! 5.70), or the pingpong tools' 52-byte address (`LID:QPN:PSN:GID`). That connection is the
+//! client, and the exchange goes on with it alone (perftest keeps it for the whole run). The
+//! bounds:
+//! * each connection must send its whole first message within [`FIRST_MESSAGE_TIMEOUT`]
+//!   (10 s, or the I/O timeout if less) of its accept, however it is segmented;
+//! * at most the message's length plus one byte is read from it, into a fixed
+//!   [`MAX_FIRST_LEN`] + 1 byte buffer: nothing the peer sends sizes anything, and a peer that
+//!   sends more than the message before the reply (which neither C client does: each waits
+//!   for the server's answer) is refused as oversized;
+//! * at most [`MAX_PENDING`] (64) connections wait at once; a new one beyond that closes the
+//!   oldest waiting one. So the state of an accept is at most 64 sockets and 64 x 65 bytes;
+//! * every connection that is not the client is closed with one log line naming its address
+//!   and the reason (malformed, truncated, oversized, too slow, closed, evicted, or closed
+//!   because the client came first) to an [`OobLogger`] (stderr by default, prefixed with
+//!   the tool's name); after [`MAX_LOGGED`] (32) such lines they are only counted, and one
+//!   last line gives the count;
+//! * the server gives up when no valid client came within [`OobTimeouts::accept`]
+//!   ([`OobError::AcceptTimeout`], which says how many connections it refused).
+//!
+//! A stranger who can reach the port and speaks the protocol (a valid first message) is taken
+//! as the client, as with the C tools: the port is not authenticated (see the README's trust
+//! section).
 
 pub mod perftest;
 pub mod pingpong;
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::link::sys;
@@ -101,12 +132,15 @@ pub enum OobError {
         /// The OS error.
         source: io::Error,
     },
-    /// No client connected within [`OobTimeouts::accept`].
+    /// No client connected within [`OobTimeouts::accept`] (or none whose first message was
+    /// valid: each refused connection was logged).
     AcceptTimeout {
         /// The listening address.
         addr: SocketAddr,
         /// How long it waited.
         waited: Duration,
+        /// Connections refused meanwhile (malformed, incomplete or late first message).
+        refused: usize,
     },
     /// Writing a message failed.
     Write {
@@ -236,11 +270,22 @@ impl fmt::Display for OobError {
             OobError::Accept { addr, source } => {
                 write!(f, "accepting a client on TCP {addr} failed: {source}")
             }
-            OobError::AcceptTimeout { addr, waited } => write!(
-                f,
-                "no client connected to TCP {addr} within {:.1} s",
-                waited.as_secs_f64()
-            ),
+            OobError::AcceptTimeout {
+                addr,
+                waited,
+                refused,
+            } => {
+                write!(
+                    f,
+                    "no client connected to TCP {addr} within {:.1} s",
+                    waited.as_secs_f64()
+                )?;
+                if *refused > 0 {
+                    let s = if *refused == 1 { "" } else { "s" };
+                    write!(f, " (refused {refused} connection{s}, as logged above)")?;
+                }
+                Ok(())
+            }
             OobError::Write { peer, what, source } => {
                 write!(f, "sending the {what} to {peer} failed: {source}")
             }
@@ -401,8 +446,8 @@ fn setup_stream(stream: &TcpStream, io: Duration) -> io::Result<()> {
     Ok(())
 }
 
-/// A listening TCP socket (`SO_REUSEADDR`, as both tools set) that accepts one client at a time
-/// within a timeout.
+/// A listening TCP socket (`SO_REUSEADDR`, as both tools set) that serves connections
+/// concurrently until one proves to be the client ([`OobListener::accept_client`]).
 #[derive(Debug)]
 pub(crate) struct OobListener {
     listener: TcpListener,
@@ -452,37 +497,311 @@ impl OobListener {
         self.addr
     }
 
-    /// Waits up to `timeouts.accept` for a client (poll(2) on the listening socket), then
-    /// accepts it and sets `timeouts.io` on the connection.
-    pub(crate) fn accept(
+    /// Serves every connection that arrives, concurrently, until one sends a valid first
+    /// message, and returns that one: the client. See the
+    /// [module docs](self#who-is-the-client) for the rules (deadline, bounds, log lines).
+    ///
+    /// `first` says how long the client's first message is and how to check it. The returned
+    /// stream is blocking, with `timeouts.io` as read and write timeout and `TCP_NODELAY`.
+    ///
+    /// Errors: [`OobError::AcceptTimeout`] when no valid client came within
+    /// `timeouts.accept`; [`OobError::Accept`] when accept(2) or poll(2) fail otherwise than
+    /// for one connection.
+    pub(crate) fn accept_client<T>(
         &self,
         timeouts: &OobTimeouts,
-    ) -> Result<(TcpStream, SocketAddr), OobError> {
+        first: &FirstMessage<'_, T>,
+        log: &OobLogger,
+    ) -> Result<Accepted<T>, OobError> {
+        assert!(
+            first.len <= MAX_FIRST_LEN,
+            "first message above MAX_FIRST_LEN"
+        );
         let start = Instant::now();
         let addr = self.addr;
+        // Duration::MAX (no limit) does not fit an Instant.
+        let give_up = start.checked_add(timeouts.accept);
+        let first_timeout = timeouts
+            .io
+            .min(FIRST_MESSAGE_TIMEOUT)
+            .max(Duration::from_millis(1));
+        let mut refusals = Refusals::new(log);
+        let mut pending: VecDeque<Candidate> = VecDeque::new();
+        let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(MAX_PENDING + 1);
         loop {
-            match self.listener.accept() {
-                Ok((stream, peer)) => {
-                    let setup = stream
-                        .set_nonblocking(false)
-                        .and_then(|()| setup_stream(&stream, timeouts.io));
-                    setup.map_err(|source| OobError::Accept { addr, source })?;
-                    return Ok((stream, peer));
+            // New connections: each waits for its first message with a deadline of its own.
+            loop {
+                match self.listener.accept() {
+                    Ok((stream, peer)) => {
+                        let peer = canonical(peer);
+                        if let Err(e) = stream.set_nonblocking(true) {
+                            refusals.refuse(peer, &format!("dropped: {e}"));
+                            continue;
+                        }
+                        if pending.len() >= MAX_PENDING {
+                            if let Some(old) = pending.pop_front() {
+                                refusals.refuse(
+                                    old.peer,
+                                    &format!(
+                                        "closed: the oldest of more than {MAX_PENDING} \
+                                         connections waiting for their {}",
+                                        first.what
+                                    ),
+                                );
+                            }
+                        }
+                        pending.push_back(Candidate {
+                            stream,
+                            peer,
+                            buf: [0; MAX_FIRST_LEN + 1],
+                            got: 0,
+                            deadline: Instant::now() + first_timeout,
+                        });
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
+                    // Out of descriptors: the connection stays queued; close the oldest
+                    // waiting one to make room, or look again shortly.
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                        match pending.pop_front() {
+                            Some(old) => refusals.refuse(
+                                old.peer,
+                                "closed: out of file descriptors for newer connections",
+                            ),
+                            None => std::thread::sleep(Duration::from_millis(10)),
+                        }
+                        break;
+                    }
+                    Err(source) => return Err(OobError::Accept { addr, source }),
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
-                Err(source) => return Err(OobError::Accept { addr, source }),
             }
-            let left = timeouts.accept.saturating_sub(start.elapsed());
-            if left.is_zero() {
-                return Err(OobError::AcceptTimeout {
-                    addr,
-                    waited: start.elapsed(),
-                });
+            // Whatever the waiting connections sent: complete, refused or still short.
+            let mut i = 0;
+            while i < pending.len() {
+                match pending[i].step(first) {
+                    Step::Waiting => i += 1,
+                    Step::Refused(why) => {
+                        if let Some(c) = pending.remove(i) {
+                            refusals.refuse(c.peer, &why);
+                        }
+                    }
+                    Step::Client(value) => {
+                        let Some(c) = pending.remove(i) else {
+                            continue;
+                        };
+                        for other in pending.drain(..) {
+                            refusals.refuse(
+                                other.peer,
+                                &format!(
+                                    "closed: the client from {} was taken before this \
+                                     connection's {} was complete",
+                                    c.peer, first.what
+                                ),
+                            );
+                        }
+                        let setup = c
+                            .stream
+                            .set_nonblocking(false)
+                            .and_then(|()| setup_stream(&c.stream, timeouts.io));
+                        if let Err(e) = setup {
+                            refusals.refuse(c.peer, &format!("dropped: {e}"));
+                            continue;
+                        }
+                        refusals.summary();
+                        return Ok(Accepted {
+                            stream: c.stream,
+                            value,
+                        });
+                    }
+                }
             }
-            sys::poll([(self.listener.as_fd(), libc::POLLIN)], left)
-                .map_err(|source| OobError::Accept { addr, source })?;
+            // Deadlines: each connection's, then the server's.
+            let now = Instant::now();
+            let mut i = 0;
+            while i < pending.len() {
+                if pending[i].deadline <= now {
+                    if let Some(c) = pending.remove(i) {
+                        refusals.refuse(
+                            c.peer,
+                            &format!(
+                                "sent {} of the {} bytes of its {} within {:.1} s",
+                                c.got.min(first.len),
+                                first.len,
+                                first.what,
+                                first_timeout.as_secs_f64()
+                            ),
+                        );
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+            let mut wait = Duration::from_secs(3600);
+            if let Some(end) = give_up {
+                wait = end.saturating_duration_since(now);
+                if wait.is_zero() {
+                    for c in pending.drain(..) {
+                        refusals.refuse(
+                            c.peer,
+                            &format!("closed: the server gave up waiting for its {}", first.what),
+                        );
+                    }
+                    refusals.summary();
+                    return Err(OobError::AcceptTimeout {
+                        addr,
+                        waited: start.elapsed(),
+                        refused: refusals.total,
+                    });
+                }
+            }
+            if let Some(earliest) = pending.iter().map(|c| c.deadline).min() {
+                wait = wait.min(earliest.saturating_duration_since(now));
+            }
+            pfds.clear();
+            pfds.push(libc::pollfd {
+                fd: self.listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            pfds.extend(pending.iter().map(|c| libc::pollfd {
+                fd: c.stream.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }));
+            sys::poll_slice(&mut pfds, wait).map_err(|source| OobError::Accept { addr, source })?;
+        }
+    }
+}
+
+/// The most connections a tool's server reads a first message from at once; a new connection
+/// beyond that closes the oldest waiting one (see the [module docs](self#who-is-the-client)).
+pub const MAX_PENDING: usize = 64;
+
+/// The longest a new connection may take, from its accept, to send its whole first message
+/// (less when [`OobTimeouts::io`] is less).
+pub const FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Refused connections a server logs one line each for; it counts those beyond (and says how
+/// many in one last line).
+pub const MAX_LOGGED: usize = 32;
+
+/// The longest first message a server reads: perftest's version is 16 bytes, pingpong's
+/// address 52.
+pub const MAX_FIRST_LEN: usize = 64;
+
+/// Where a tool's server writes its log lines (a refused connection, the count of those not
+/// logged one by one): one call per line, without the newline.
+pub type OobLogger = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// The default [`OobLogger`]: each line to stderr as `PREFIX: LINE`, in one write(2), so that
+/// lines of processes sharing stderr do not splice.
+pub fn stderr_logger(prefix: impl Into<String>) -> OobLogger {
+    let prefix = prefix.into();
+    Arc::new(move |line: &str| {
+        let line = format!("{prefix}: {line}\n");
+        let _ = io::stderr().lock().write_all(line.as_bytes());
+    })
+}
+
+/// The first message a server expects from its client: its name (for log lines), its length
+/// (at most [`MAX_FIRST_LEN`]) and the check that decides whether the connection is the client
+/// (`Err(reason)` refuses it).
+pub(crate) struct FirstMessage<'a, T> {
+    pub(crate) what: &'static str,
+    pub(crate) len: usize,
+    pub(crate) check: &'a dyn Fn(&[u8]) -> Result<T, String>,
+}
+
+/// The client [`OobListener::accept_client`] took: its stream (blocking, I/O timeouts set) and
+/// what the check of its first message returned.
+#[derive(Debug)]
+pub(crate) struct Accepted<T> {
+    pub(crate) stream: TcpStream,
+    pub(crate) value: T,
+}
+
+/// A connection waiting for its first message (non-blocking).
+struct Candidate {
+    stream: TcpStream,
+    peer: SocketAddr,
+    /// One byte more than the longest message: a peer that sends more than the message
+    /// before the reply is not a client.
+    buf: [u8; MAX_FIRST_LEN + 1],
+    got: usize,
+    deadline: Instant,
+}
+
+enum Step<T> {
+    Waiting,
+    Refused(String),
+    Client(T),
+}
+
+impl Candidate {
+    /// Reads what has arrived (at most `first.len + 1` bytes in all) and judges it once the
+    /// whole message is there.
+    fn step<T>(&mut self, first: &FirstMessage<'_, T>) -> Step<T> {
+        let len = first.len;
+        loop {
+            if self.got > len {
+                return Step::Refused(format!(
+                    "sent more than the {len}-byte {} before the server's reply",
+                    first.what
+                ));
+            }
+            match self.stream.read(&mut self.buf[self.got..=len]) {
+                Ok(0) => {
+                    return Step::Refused(format!(
+                        "closed after {} of the {len} bytes of its {}",
+                        self.got, first.what
+                    ))
+                }
+                Ok(n) => self.got += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Step::Refused(format!("dropped: {e}")),
+            }
+        }
+        if self.got < len {
+            return Step::Waiting;
+        }
+        match (first.check)(&self.buf[..len]) {
+            Ok(v) => Step::Client(v),
+            Err(why) => Step::Refused(why),
+        }
+    }
+}
+
+/// The refusal log of one accept: one line each for the first [`MAX_LOGGED`], then a count.
+struct Refusals<'a> {
+    log: &'a OobLogger,
+    total: usize,
+}
+
+impl<'a> Refusals<'a> {
+    fn new(log: &'a OobLogger) -> Refusals<'a> {
+        Refusals { log, total: 0 }
+    }
+
+    fn refuse(&mut self, peer: SocketAddr, why: &str) {
+        self.total += 1;
+        if self.total <= MAX_LOGGED {
+            (self.log)(&format!("refused the connection from {peer}: {why}"));
+            if self.total == MAX_LOGGED {
+                (self.log)("further refused connections are counted, not logged one by one");
+            }
+        }
+    }
+
+    /// The last line, when some refusals were not logged one by one.
+    fn summary(&self) {
+        if self.total > MAX_LOGGED {
+            (self.log)(&format!(
+                "{} connections refused in all ({} not logged one by one)",
+                self.total,
+                self.total - MAX_LOGGED
+            ));
         }
     }
 }
@@ -650,6 +969,157 @@ pub(crate) fn parse_hex(text: &[u8], max_digits: usize) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    /// The check of the tests' 2-byte first message.
+    fn hi(m: &[u8]) -> Result<(), String> {
+        if m == b"hi" {
+            Ok(())
+        } else {
+            Err(format!("not a greeting: \"{}\"", printable(m)))
+        }
+    }
+
+    /// A logger that drops its lines.
+    fn quiet() -> OobLogger {
+        Arc::new(|_: &str| {})
+    }
+
+    /// A logger that keeps its lines.
+    fn keeping() -> (OobLogger, Arc<Mutex<Vec<String>>>) {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let l = lines.clone();
+        let log: OobLogger = Arc::new(move |line: &str| l.lock().unwrap().push(line.to_owned()));
+        (log, lines)
+    }
+
+    /// Strangers that connect before the client (silent, trickling, malformed, truncated,
+    /// oversized) cost it nothing: the client, which connects last, is taken while they still
+    /// wait; each stranger gets one log line naming its address and why it was refused.
+    #[test]
+    fn strangers_before_the_client_are_refused_and_logged() {
+        let l = OobListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = l.local_addr().port();
+        let t = OobTimeouts {
+            accept: Duration::from_secs(20),
+            io: Duration::from_secs(20),
+            ..OobTimeouts::default()
+        };
+        let (log, lines) = keeping();
+        let first = FirstMessage {
+            what: "greeting",
+            len: 2,
+            check: &hi,
+        };
+        let strangers = std::thread::spawn(move || {
+            let dial = || TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let silent = dial();
+            let mut malformed = dial();
+            malformed.write_all(b"yo").unwrap();
+            let mut oversized = dial();
+            oversized.write_all(b"hi there").unwrap();
+            let mut truncated = dial();
+            truncated.write_all(b"h").unwrap();
+            truncated.shutdown(Shutdown::Write).unwrap();
+            let mut trickle = dial();
+            trickle.write_all(b"h").unwrap();
+            // The client: after every stranger, while the silent and trickling ones still wait.
+            std::thread::sleep(Duration::from_millis(100));
+            let mut client = dial();
+            client.write_all(b"hi").unwrap();
+            let names = [&silent, &malformed, &oversized, &truncated, &trickle]
+                .map(|s| s.local_addr().unwrap());
+            let mut reply = [0u8; 2];
+            client.read_exact(&mut reply).unwrap();
+            (names, reply, client.local_addr().unwrap())
+        });
+        let a = l.accept_client(&t, &first, &log).unwrap();
+        let mut s = a.stream;
+        s.write_all(b"ok").unwrap();
+        let (names, reply, client) = strangers.join().unwrap();
+        assert_eq!(&reply, b"ok");
+        assert_eq!(canonical(s.peer_addr().unwrap()), client);
+        let lines = lines.lock().unwrap().clone();
+        assert_eq!(lines.len(), names.len(), "{lines:#?}");
+        for (name, why) in names.iter().zip([
+            "closed: the client from",
+            "not a greeting: \"yo\"",
+            "sent more than the 2-byte greeting",
+            "closed after 1 of the 2 bytes",
+            "closed: the client from",
+        ]) {
+            let line = lines
+                .iter()
+                .find(|l| l.contains(&format!("connection from {name}:")))
+                .unwrap_or_else(|| panic!("no line for {name}: {lines:#?}"));
+            assert!(line.contains(why), "{line} (wanted {why})");
+        }
+    }
+
+    /// A connection that sends nothing within its deadline is refused and logged, and the
+    /// server goes on to take a client that comes after it; past MAX_PENDING waiting
+    /// connections the oldest is closed; past MAX_LOGGED lines refusals are only counted.
+    #[test]
+    fn slow_first_connection_times_out_and_pending_ones_are_bounded() {
+        let l = OobListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = l.local_addr().port();
+        let t = OobTimeouts {
+            accept: Duration::from_secs(30),
+            io: Duration::from_millis(300),
+            ..OobTimeouts::default()
+        };
+        let (log, lines) = keeping();
+        let first = FirstMessage {
+            what: "greeting",
+            len: 2,
+            check: &hi,
+        };
+        let dialer = std::thread::spawn(move || {
+            let dial = || TcpStream::connect(("127.0.0.1", port)).unwrap();
+            // MAX_PENDING + 2 silent connections: the first two are evicted, the others time out.
+            let silent: Vec<TcpStream> = (0..MAX_PENDING + 2).map(|_| dial()).collect();
+            // Once the server has closed every one of them (each read sees EOF; bounded by a
+            // read timeout far past their 300 ms deadline), the client.
+            for mut s in &silent {
+                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                let mut b = [0u8; 1];
+                match s.read(&mut b) {
+                    Ok(0) => {}
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {}
+                    other => panic!("a silent connection was not closed: {other:?}"),
+                }
+            }
+            let mut client = dial();
+            client.write_all(b"hi").unwrap();
+            let mut reply = [0u8; 2];
+            client.read_exact(&mut reply).unwrap();
+            drop(silent);
+            reply
+        });
+        let a = l.accept_client(&t, &first, &log).unwrap();
+        let mut s = a.stream;
+        s.write_all(b"ok").unwrap();
+        assert_eq!(&dialer.join().unwrap(), b"ok");
+        let lines = lines.lock().unwrap().clone();
+        // MAX_LOGGED lines, the "counted" notice, the summary.
+        assert_eq!(lines.len(), MAX_LOGGED + 2, "{lines:#?}");
+        let evicted = lines
+            .iter()
+            .filter(|l| l.contains("the oldest of more than 64"))
+            .count();
+        assert_eq!(evicted, 2, "{lines:#?}");
+        assert!(lines
+            .iter()
+            .any(|l| l.contains("sent 0 of the 2 bytes of its greeting within 0.3 s")));
+        assert_eq!(
+            lines.last().unwrap(),
+            &format!(
+                "{} connections refused in all ({} not logged one by one)",
+                MAX_PENDING + 2,
+                MAX_PENDING + 2 - MAX_LOGGED
+            )
+        );
+    }
 
     #[test]
     fn printable_escapes_and_stops_at_nul() {
@@ -685,10 +1155,16 @@ mod tests {
         } else {
             eprintln!("no IPv6 on this host: IPv4 only");
         }
+        let first = FirstMessage {
+            what: "greeting",
+            len: 2,
+            check: &hi,
+        };
         for host in hosts {
-            let c = connect(host, port, &t).unwrap();
-            let (s, _) = l.accept(&t).unwrap();
-            let s = OobStream::new(s, t.io).unwrap();
+            let mut c = connect(host, port, &t).unwrap();
+            c.write_all(b"hi").unwrap();
+            let a = l.accept_client(&t, &first, &quiet()).unwrap();
+            let s = OobStream::new(a.stream, t.io).unwrap();
             assert_eq!(s.peer, canonical(c.local_addr().unwrap()), "{host}");
             assert_eq!(s.peer.ip().to_string(), host);
         }
@@ -711,8 +1187,16 @@ mod tests {
             ..OobTimeouts::default()
         };
         let start = Instant::now();
-        let e = l.accept(&t).unwrap_err();
-        assert!(matches!(e, OobError::AcceptTimeout { .. }), "{e}");
+        let first = FirstMessage {
+            what: "greeting",
+            len: 2,
+            check: &hi,
+        };
+        let e = l.accept_client(&t, &first, &quiet()).unwrap_err();
+        assert!(
+            matches!(e, OobError::AcceptTimeout { refused: 0, .. }),
+            "{e}"
+        );
         assert!(start.elapsed() < Duration::from_secs(2));
         // Nothing listens on the port once the listener is gone: refused until the deadline.
         let port = l.local_addr().port();

@@ -18,26 +18,50 @@
 //!
 //! ## What an off-path attacker must guess
 //!
-//! Over RoCEv2 anyone who can send a UDP datagram to the device can send an RDMA WRITE; nothing
-//! but numbers authorizes it. Say the attacker knows both IP addresses (so the source address
-//! check, rxe `check_addr`, passes), the P_Key (0xffff by default) and the region's address. A
-//! forged RC WRITE then executes only if all of these hold:
-//! * its **QPN** names the live QP: QPNs are random in 16 ..= 2^24 - 1, so a guess hits one of
-//!   `n` live QPs with probability `n / (2^24 - 16)` (module [`qp`](crate::verbs::qp));
-//! * its **PSN** is exactly the responder's expected PSN: 1 of 2^24 (RC responders execute only
-//!   that one; see [`qp`](crate::verbs::qp) for the duplicate and out-of-sequence ranges, which
-//!   never write memory);
-//! * its **rkey** names a live region of the QP's PD with REMOTE_WRITE: keys are 32 random bits,
-//!   so a guess hits one of `m` such regions with probability `m / (2^32 - 1)`.
+//! Over RoCEv2 anyone who can send a UDP datagram to the device can send any packet; the ICRC is
+//! a CRC, not a MAC, and nothing but numbers authorizes a packet. Say the attacker knows both IP
+//! addresses (so the engine's source-address check, rxe `check_addr`, passes), the P_Key (0xffff
+//! by default) and a region's address and length; it must still guess what this crate draws from
+//! the OS random source:
+//! * a **QPN** names one of `n` live QPs (of the packet's transport, in a state that takes it)
+//!   with probability `n / (2^24 - 16)`: QPNs are uniform among the free values from 16 up
+//!   (module [`qp`](crate::verbs::qp));
+//! * a **PSN** is a given QP's expected PSN with probability 2^-24 (start PSNs are random in
+//!   every tool and in `collectives`; see [`qp`](crate::verbs::qp) for why only that PSN acts);
+//! * an **rkey** names one of `m` regions of the QP's PD with the needed remote access with
+//!   probability `m / (2^32 - 1)`: keys are 32 random nonzero bits.
 //!
-//! A forged RC WRITE succeeds with probability `n * m * 2^-80` per packet, so an attacker must
-//! send `2^80 / (n * m)` packets on average: 2^80 for one QP and one region, 2^60 for a thousand
-//! of each, and at least 2^41 at the soft device's limits (`max_qp` < 2^20, `max_mr` < 2^19) —
-//! 2^41 packets of 64 bytes are 140 TB, about 31 hours at 10 Gb/s, against one target whose
-//! PSN moves as it runs. UC is weaker: a UC responder starts a new message at any PSN (IBTA
-//! vol. 1 §9.8.4), so only QPN and rkey stand, `2^56 / (n * m)` packets (2^56 for one QP and one
-//! region, 2^40 for 256 of each). Before keys and QPNs were random, the first MR of every
-//! process had rkey 0x179 and QPNs counted from 16, and one sweep of 2^24 PSNs sufficed.
+//! Average forged packets per success (the reciprocal of the per-packet probability, rounded
+//! to powers of 2; `n` and `m` as above, `n < 2^20` and `m < 2^19` at this device's limits):
+//!
+//! | forged packet | must guess | packets | below 2^40 when |
+//! |---|---|---|---|
+//! | RC WRITE, atomic or READ executed | QPN, PSN, rkey | `2^80 / (n m)` | never at the limits (`n m < 2^39`: at least 2^41) |
+//! | RC SEND delivered, or any RC request at the expected PSN that breaks a rule (bad rkey, opcode sequence, length: a class C NAK moves the QP to ERR) | QPN, PSN | `2^48 / n` | `n > 2^8` RC QPs (2^28 at `n = 2^20`) |
+//! | UC WRITE FIRST / ONLY executed | QPN, rkey | `2^56 / (n m)` | `n m > 2^16` (e.g. 256 UC QPs and 256 writable regions) |
+//! | UC SEND FIRST / ONLY delivered (and any UC FIRST / ONLY drops the message in progress) | QPN | `2^24 / n` | always |
+//! | UD SEND delivered | QPN, Q_Key | `2^24 / n` with a known Q_Key (`rdma-pingpong --ud` uses rdma-core's 0x11111111), `2^56 / n` with a random secret one | always with a known Q_Key; `n > 2^16` with a secret one |
+//! | RC ACK, NAK or READ response accepted by a requester | QPN, a PSN among its `w` outstanding ones (`w + 1` for a PSN sequence error NAK) | `2^48 / W`, `W` the sum of `w + 1` over the busy RC QPs | `W > 2^8`: two QPs with full windows of 128 (one QP: 2^41) |
+//! | CNP | QPN | `2^24 / n` | always, but a CNP only reaches the rate-control hook, which does nothing yet (no DCQCN) |
+//!
+//! Why UC and UD are weaker: a UC responder starts a new message on any FIRST or ONLY whatever
+//! its PSN (IBTA vol. 1 §9.8.4, rxe `check_psn`), so the PSN protects nothing; UD is
+//! connectionless (§9.8.5): any node may send to a UD QP that knows its QPN and Q_Key, and the
+//! application authenticates what it receives. A forged RC response's effects: a NAK fails the
+//! WQE and moves the QP to ERR; an ACK completes WQEs whose packets may still be lost (then
+//! never resent); a READ response places its payload in the READ's local buffer.
+//!
+//! So the issue-17 goal (at least 2^40 packets for any forged request executed or response
+//! accepted) holds for RC RDMA WRITE / READ / atomic at any scale, for RC SEND with at most 256
+//! RC QPs, and for forged responses with one busy QP; it does not hold for UC and UD at all,
+//! nor for RC SENDs and responses with more QPs. The BTH offers no more secret bits (QPN, PSN,
+//! rkey and Q_Key are all of them), so closing the rest needs something outside it: link or
+//! network authentication (IPsec ESP or MACsec between the hosts), keeping UDP port 4791 off
+//! untrusted networks (a dedicated VLAN or fabric, a firewall that admits only the peers), or
+//! (not done) pinning each connection's UDP source port as learned from its first valid packet
+//! (up to 16 more bits, where the peer keeps a stable source port per QP, as rxe and this crate
+//! do). Before keys and QPNs were random, the first MR of every process had rkey 0x179 and QPNs
+//! counted from 16, and one sweep of 2^24 PSNs sufficed for an RC WRITE.
 //!
 //! This module records addresses and lengths only; the memory behind an MR (host pages, GPU
 //! memory) is attached by the layer that moves data.

@@ -34,25 +34,30 @@
 //! (`rdma-perf` and `rdma-pingpong` through [`crate::verbs::random::random_psn`], as rdma-core's
 //! tools do with `lrand48()`).
 //!
-//! **Forged requests.** An RC responder (IBTA vol. 1 §9.7.5.1.1) executes a request only at its
+//! **Forged requests.** An RC responder (IBTA vol. 1 §9.7.5.1.1) acts on a request only at its
 //! expected PSN: 1 PSN of 2^24. The 2^23 PSNs before it are duplicates: a duplicate SEND or WRITE
 //! is only acknowledged again, a duplicate READ is served only inside a READ the peer really sent
 //! (same rkey, a sub-range), and every response goes to the connected peer's address, never to
 //! the forger. The 2^23 - 1 PSNs after it are out of sequence: dropped, with one PSN sequence
-//! error NAK per gap to the peer (its requester resends; nothing is lost). A forged RC WRITE must
-//! also carry a live rkey (32 random bits, see [`crate::verbs::mr`] for the whole product): per
-//! packet `n / 2^24 * 2^-24 * m / 2^32` for `n` QPs and `m` writable regions, at least 2^40
-//! packets on average for any `n * m <= 2^40`. A UC responder starts a new message at any PSN
-//! (§9.8.4), so for UC only the QPN and the rkey stand: `2^56 / (n * m)` packets.
+//! error NAK per gap to the peer (its requester resends; nothing is lost). At the expected PSN
+//! a forged SEND is delivered and a forged request that breaks a rule (an rkey that names no
+//! region, a broken opcode sequence) is NAKed and moves the QP to ERR: QPN and PSN alone,
+//! `2^48 / n` packets on average for `n` RC QPs, at least 2^40 only for `n <= 2^8`. A forged RC
+//! WRITE, READ or atomic must also carry a live rkey (32 random bits): `2^80 / (n * m)` for `m`
+//! regions with the access, at least 2^41 at the device's limits. A UC responder starts a new
+//! message on any FIRST or ONLY whatever its PSN (§9.8.4, rxe `check_psn`), so for UC only the
+//! QPN (SEND: `2^24 / n`) and the rkey (WRITE: `2^56 / (n * m)`) stand. The table of every
+//! class, where each falls below 2^40 and what would close it: [`crate::verbs::mr`].
 //!
 //! **Forged responses.** An RC requester (§9.7.5.2, the completer) accepts an ACK, NAK or READ
 //! response only for a PSN it sent and has not had acknowledged: `w` PSNs (at most the engine's
 //! `max_unacked_psns`, 128 by default; `w + 1` for a PSN sequence error NAK), and drops every
 //! other as `drop_unexpected_response`. A forged "remote access error" NAK, which fails the WQE
 //! and moves the QP to ERR, or a forged ACK, which completes WQEs early, thus needs the
-//! requester's QPN and a PSN in its window: probability `n / 2^24 * (w + 1) / 2^24`, about 2^-41
-//! for one QP with a window of 128, so 2^41 packets on average. (With sequential QPNs the QPN
-//! was known and `2^24 / 129`, about 130 000 random-PSN NAKs, killed a transfer on average.)
+//! requester's QPN and a PSN in its window: probability `(w + 1) / 2^48` per QP, summed over the
+//! busy RC QPs: 2^48 / 129, about 2^41 packets, for one QP with a full window of 128, but
+//! 2^40 / 1.008 for two and 2^34 for a thousand QPs with windows of 16. (With sequential QPNs the
+//! QPN was known and `2^24 / 129`, about 130 000 random-PSN NAKs, killed a transfer on average.)
 
 use crate::verbs::ah::AhAttr;
 use crate::verbs::cq::{rxe_queue_capacity, CqHandle};

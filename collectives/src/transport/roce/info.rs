@@ -75,8 +75,15 @@ impl PeerInfo {
         );
         let rkey = r.u32("rkey").map_err(e)?;
         let npeers = r.u32("peer count").map_err(e)? as usize;
-        if npeers > info.len() {
-            return Err(format!("{npeers} peers in {} bytes", info.len()));
+        // Each peer takes a rank and 16 bytes per channel (at most 64 read): a count the rest of
+        // the record cannot hold is refused before anything is allocated for it, so the peer
+        // list is never larger than the record (itself at most the rendezvous's MAX_FRAME).
+        let per_peer = 4 + 16 * layout.nchannels.min(64);
+        if npeers > r.remaining() / per_peer {
+            return Err(format!(
+                "{npeers} peers in {} bytes ({per_peer} bytes each)",
+                r.remaining()
+            ));
         }
         let mut peers = Vec::with_capacity(npeers);
         for _ in 0..npeers {

@@ -125,6 +125,16 @@ fn connection_info_round_trips_and_garbage_is_refused() {
     let mut bad = info.clone();
     bad[0] ^= 1;
     assert!(PeerInfo::parse(&bad).unwrap_err().contains("magic"));
+    // A peer count the record cannot hold (the field before the one peer's 4 + 16 bytes) is
+    // refused before anything is allocated for it.
+    let count_at = info.len() - 20 - 4;
+    assert_eq!(info[count_at..count_at + 4], 1u32.to_le_bytes());
+    for count in [2u32, 1 << 20, u32::MAX] {
+        let mut bad = info.clone();
+        bad[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
+        let e = PeerInfo::parse(&bad).unwrap_err();
+        assert!(e.contains(&format!("{count} peers in 20 bytes")), "{e}");
+    }
     drop(a);
 }
 

@@ -473,8 +473,10 @@ fn run(p: &Params) -> Result<(), Fail> {
         None => {
             // Listen first: a port in use is an error without a banner promising a wait.
             // IPv4 and IPv6 clients alike (perftest: IPv4 only).
-            let listener = PerftestListener::bind_any(p.port, t)
+            let mut listener = PerftestListener::bind_any(p.port, t)
                 .map_err(|e| common::listen_failed(p.port, &e))?;
+            // Connections refused before the client (one line each), under the tool's name.
+            listener.set_log(hca::tools::oob::stderr_logger(env!("CARGO_BIN_NAME")));
             println!();
             println!("************************************");
             println!("* Waiting for client to connect... *");

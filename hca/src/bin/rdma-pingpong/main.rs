@@ -211,8 +211,10 @@ fn run(cli: &Cli) -> Result<(), Fail> {
             (ctx, remote)
         }
         None => {
-            let server = PingpongServer::bind_any(cli.port, timeouts)
+            let mut server = PingpongServer::bind_any(cli.port, timeouts)
                 .map_err(|e| common::listen_failed(cli.port, &e))?;
+            // Connections refused before the client (one line each), under the tool's name.
+            server.set_log(hca::tools::oob::stderr_logger(env!("CARGO_BIN_NAME")));
             let early = match spec {
                 Some(s) => {
                     let ctx = setup(cli, s, qp_type, size)?;

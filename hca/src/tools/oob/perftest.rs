@@ -9,7 +9,10 @@
 //! # The connection
 //! The server (no host name given) listens on TCP port 18515 (`-p`), IPv4 only
 //! (`ethernet_server_connect`: `AF_INET`, `AI_PASSIVE`, `SO_REUSEADDR`) and accepts one client
-//! (`ethernet_client_connect`). [`PerftestListener::bind_any`] listens on IPv4 and IPv6 alike. Every exchange below is `ctx_xchg_data_ethernet` /
+//! (`ethernet_client_connect`). [`PerftestListener::bind_any`] listens on IPv4 and IPv6 alike,
+//! and [`PerftestListener::accept`] serves every connection until one sends a valid version
+//! (the client's first message), refusing and logging the others (see the
+//! [`oob`](super#who-is-the-client) module docs). Every exchange below is `ctx_xchg_data_ethernet` /
 //! `ctx_hand_shake`: **the client writes its message then reads the server's; the server reads
 //! then writes**, each message with one write(2) and one read(2) that must return all of it.
 //!
@@ -74,7 +77,10 @@ use std::time::Duration;
 
 use roce::{Gid, PathMtu};
 
-use super::{connect, parse_hex, printable, OobError, OobListener, OobStream, OobTimeouts};
+use super::{
+    connect, parse_hex, printable, stderr_logger, FirstMessage, OobError, OobListener, OobLogger,
+    OobStream, OobTimeouts,
+};
 
 /// The version this side announces: perftest 4.5-0.17's `VERSION`.
 pub const VERSION: &str = "6.06";
@@ -333,10 +339,42 @@ pub struct Preamble {
 }
 
 /// A listening perftest server.
-#[derive(Debug)]
 pub struct PerftestListener {
     listener: OobListener,
     timeouts: OobTimeouts,
+    log: OobLogger,
+}
+
+impl std::fmt::Debug for PerftestListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PerftestListener")
+            .field("listener", &self.listener)
+            .field("timeouts", &self.timeouts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The check of a client's first message, its version (see the [module docs](self)):
+/// printable text up to a NUL within the 16 bytes, and at least [`MIN_PEER_VERSION`] as C's
+/// `atof` reads it (perftest 4.5's own rule). `Ok(text)`, or `Err(reason)` for the log.
+fn check_version(msg: &[u8]) -> Result<String, String> {
+    let text = printable(msg);
+    let Some(end) = msg.iter().position(|&b| b == 0) else {
+        return Err(format!(
+            "malformed perftest version: no NUL in its {VERSION_LEN} bytes: \"{text}\""
+        ));
+    };
+    if end == 0 || !msg[..end].iter().all(|b| (0x20..0x7f).contains(b)) {
+        return Err(format!(
+            "malformed perftest version: not printable text: \"{text}\""
+        ));
+    }
+    if c_atof(msg) < MIN_PEER_VERSION {
+        return Err(format!(
+            "perftest version \"{text}\" is below {MIN_PEER_VERSION:.2} (or not a number)"
+        ));
+    }
+    Ok(text)
 }
 
 impl PerftestListener {
@@ -344,9 +382,12 @@ impl PerftestListener {
     ///
     /// Errors: [`OobError::Listen`].
     pub fn bind(addr: SocketAddr, timeouts: OobTimeouts) -> Result<PerftestListener, OobError> {
+        let listener = OobListener::bind(addr)?;
+        let log = stderr_logger(format!("perftest server {}", listener.local_addr()));
         Ok(PerftestListener {
-            listener: OobListener::bind(addr)?,
+            listener,
             timeouts,
+            log,
         })
     }
 
@@ -355,9 +396,12 @@ impl PerftestListener {
     ///
     /// Errors: [`OobError::Listen`], for `[::]:PORT` when the port is in use.
     pub fn bind_any(port: u16, timeouts: OobTimeouts) -> Result<PerftestListener, OobError> {
+        let listener = OobListener::bind_any(port)?;
+        let log = stderr_logger(format!("perftest server {}", listener.local_addr()));
         Ok(PerftestListener {
-            listener: OobListener::bind_any(port)?,
+            listener,
             timeouts,
+            log,
         })
     }
 
@@ -366,15 +410,34 @@ impl PerftestListener {
         self.listener.local_addr()
     }
 
-    /// Waits up to `timeouts.accept` for a client.
+    /// Where refused connections are logged (default: stderr, each line prefixed with
+    /// `perftest server ADDRESS: `).
+    pub fn set_log(&mut self, log: OobLogger) {
+        self.log = log;
+    }
+
+    /// Waits up to `timeouts.accept` for a client: serves every connection concurrently until
+    /// one sends a valid version message, perftest's first message (printable, NUL-terminated,
+    /// at least [`MIN_PEER_VERSION`]), and returns that connection, its version read (the
+    /// server's [`PerftestConn::exchange_versions`] then only answers). Every other connection
+    /// is closed with one log line naming its address and the reason; the rules and bounds are
+    /// in the [`oob`](super#who-is-the-client) module docs.
     ///
-    /// Errors: [`OobError::AcceptTimeout`], [`OobError::Accept`].
+    /// Errors: [`OobError::AcceptTimeout`] (no valid client in time), [`OobError::Accept`].
     pub fn accept(&self, format: KeyFormat) -> Result<PerftestConn, OobError> {
-        let (stream, _) = self.listener.accept(&self.timeouts)?;
+        let first = FirstMessage {
+            what: "perftest version",
+            len: VERSION_LEN,
+            check: &check_version,
+        };
+        let a = self
+            .listener
+            .accept_client(&self.timeouts, &first, &self.log)?;
         Ok(PerftestConn {
-            stream: OobStream::new(stream, self.timeouts.io)?,
+            stream: OobStream::new(a.stream, self.timeouts.io)?,
             role: Role::Server,
             format,
+            peer_version: Some(a.value),
         })
     }
 }
@@ -386,6 +449,9 @@ pub struct PerftestConn {
     stream: OobStream,
     role: Role,
     format: KeyFormat,
+    /// A server's client version, read (and checked) by [`PerftestListener::accept`] and not
+    /// yet answered.
+    peer_version: Option<String>,
 }
 
 impl PerftestConn {
@@ -403,6 +469,7 @@ impl PerftestConn {
             stream: OobStream::new(stream, timeouts.io)?,
             role: Role::Client,
             format,
+            peer_version: None,
         })
     }
 
@@ -455,7 +522,9 @@ impl PerftestConn {
     }
 
     /// `exchange_versions` + `check_version_compatibility`: sends `local` (at most 15 bytes, NUL
-    /// padded to 16; normally [`VERSION`]) and returns the peer's.
+    /// padded to 16; normally [`VERSION`]) and returns the peer's. On a server the client's
+    /// version was read and checked by [`PerftestListener::accept`] (it is the client's first
+    /// message): this only sends `local`.
     ///
     /// Errors: those of [`exchange_raw`](Self::exchange_raw); [`OobError::Version`] when the
     /// peer's version is below [`MIN_PEER_VERSION`] (perftest 4.5 itself aborts then);
@@ -471,6 +540,11 @@ impl PerftestConn {
         }
         let mut mine = [0u8; VERSION_LEN];
         mine[..local.len()].copy_from_slice(local.as_bytes());
+        // A server's accept read the client's version (its first message) already.
+        if let Some(version) = self.peer_version.take() {
+            self.stream.write_msg("perftest version", &mine)?;
+            return Ok(version);
+        }
         let mut theirs = [0u8; VERSION_LEN];
         self.exchange_raw("perftest version", &mine, &mut theirs)?;
         let version = printable(&theirs);
@@ -926,7 +1000,12 @@ mod tests {
             let client = std::thread::spawn(move || {
                 let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
                 s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                // The first message, which makes this connection the client.
+                let mut version = [0u8; VERSION_LEN];
+                version[..4].copy_from_slice(VERSION.as_bytes());
+                s.write_all(&version).unwrap();
                 let mut buf = [0u8; 16];
+                s.read_exact(&mut buf).unwrap();
                 for msg in [&cycle.to_be_bytes(), &line.to_be_bytes()] {
                     // The server answers each, up to the one it refuses.
                     if s.write_all(msg).is_err() || s.read_exact(&mut buf[..4]).is_err() {
@@ -935,6 +1014,7 @@ mod tests {
                 }
             });
             let mut c = l.accept(KeyFormat::WithGid).unwrap();
+            assert_eq!(c.exchange_versions(VERSION).unwrap(), VERSION);
             let r = c.exchange_sys_data(DEFAULT_CYCLE_BUFFER, DEFAULT_CACHE_LINE_SIZE);
             drop(c);
             client.join().unwrap();
@@ -960,6 +1040,34 @@ mod tests {
                     )
                 ),
             }
+        }
+    }
+
+    /// The server's check of a client's version: perftest's `atof` rule, printable text, a NUL.
+    #[test]
+    fn first_message_check() {
+        let v = |t: &[u8]| {
+            let mut m = [0u8; VERSION_LEN];
+            m[..t.len()].copy_from_slice(t);
+            check_version(&m)
+        };
+        assert_eq!(v(b"6.06").unwrap(), "6.06");
+        assert_eq!(v(b"5.70").unwrap(), "5.70");
+        assert_eq!(v(b"  7.1-rc2").unwrap(), "  7.1-rc2");
+        for (t, why) in [
+            (&b"5.69"[..], "below 5.70"),
+            (b"", "not printable"),
+            (b"six", "below 5.70"),
+            (b"6.06\n", "not printable"),
+            (b"\x806.06", "not printable"),
+            (b"0123456789abcdef", "no NUL"),
+        ] {
+            let e = if t.len() == VERSION_LEN {
+                check_version(t).unwrap_err()
+            } else {
+                v(t).unwrap_err()
+            };
+            assert!(e.contains(why), "{t:?}: {e} (wanted {why})");
         }
     }
 

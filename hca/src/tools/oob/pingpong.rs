@@ -36,7 +36,10 @@ use std::net::SocketAddr;
 
 use roce::Gid;
 
-use super::{connect, parse_hex, printable, OobError, OobListener, OobStream, OobTimeouts};
+use super::{
+    connect, parse_hex, printable, stderr_logger, FirstMessage, OobError, OobListener, OobLogger,
+    OobStream, OobTimeouts,
+};
 
 /// Bytes of a pingpong address message: `"LLLL:QQQQQQ:PPPPPP:"` (19), the 32-digit GID, NUL.
 pub const MSG_LEN: usize = 52;
@@ -165,11 +168,25 @@ pub fn client_exchange(
     Ok(remote)
 }
 
-/// The server side (`pp_server_exch_dest`): listens for one client.
-#[derive(Debug)]
+/// The server side (`pp_server_exch_dest`): listens until one client sends a valid address.
 pub struct PingpongServer {
     listener: OobListener,
     timeouts: OobTimeouts,
+    log: OobLogger,
+}
+
+impl std::fmt::Debug for PingpongServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PingpongServer")
+            .field("listener", &self.listener)
+            .field("timeouts", &self.timeouts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The check of a client's first message: a well-formed address ([`PingpongDest::decode`]).
+fn check_address(msg: &[u8]) -> Result<PingpongDest, String> {
+    PingpongDest::decode(msg).map_err(|e| e.to_string())
 }
 
 impl PingpongServer {
@@ -177,10 +194,7 @@ impl PingpongServer {
     ///
     /// Errors: [`OobError::Listen`] (port in use, address not local).
     pub fn bind(addr: SocketAddr, timeouts: OobTimeouts) -> Result<PingpongServer, OobError> {
-        Ok(PingpongServer {
-            listener: OobListener::bind(addr)?,
-            timeouts,
-        })
+        PingpongServer::new(OobListener::bind(addr)?, timeouts)
     }
 
     /// Listens on `port` of every local address, IPv4 and IPv6 alike: `[::]` with
@@ -188,9 +202,15 @@ impl PingpongServer {
     ///
     /// Errors: [`OobError::Listen`], for `[::]:PORT` when the port is in use.
     pub fn bind_any(port: u16, timeouts: OobTimeouts) -> Result<PingpongServer, OobError> {
+        PingpongServer::new(OobListener::bind_any(port)?, timeouts)
+    }
+
+    fn new(listener: OobListener, timeouts: OobTimeouts) -> Result<PingpongServer, OobError> {
+        let log = stderr_logger(format!("pingpong server {}", listener.local_addr()));
         Ok(PingpongServer {
-            listener: OobListener::bind_any(port)?,
+            listener,
             timeouts,
+            log,
         })
     }
 
@@ -199,18 +219,34 @@ impl PingpongServer {
         self.listener.local_addr()
     }
 
-    /// Waits (up to `timeouts.accept`) for the client and reads its address. Bring the QP to RTR
-    /// and RTS with [`PendingReply::remote`], then [`PendingReply::reply`].
+    /// Where refused connections are logged (default: stderr, each line prefixed with
+    /// `pingpong server ADDRESS: `).
+    pub fn set_log(&mut self, log: OobLogger) {
+        self.log = log;
+    }
+
+    /// Waits (up to `timeouts.accept`) for the client and reads its address: serves every
+    /// connection concurrently until one sends a well-formed address (its first and only
+    /// message before the reply), and takes that one; every other connection is closed with one
+    /// log line naming its address and the reason (rules and bounds in the
+    /// [`oob`](super#who-is-the-client) module docs). Bring the QP to RTR and RTS with
+    /// [`PendingReply::remote`], then [`PendingReply::reply`].
     ///
-    /// Errors: [`OobError::AcceptTimeout`], [`OobError::Accept`], and the read errors of
-    /// [`client_exchange`].
+    /// Errors: [`OobError::AcceptTimeout`] (no valid client in time), [`OobError::Accept`].
     pub fn accept(&self) -> Result<PendingReply, OobError> {
-        let (stream, _) = self.listener.accept(&self.timeouts)?;
-        let mut s = OobStream::new(stream, self.timeouts.io)?;
-        let mut msg = [0u8; MSG_LEN];
-        s.read_msg(WHAT, &mut msg)?;
-        let remote = PingpongDest::decode(&msg).map_err(|e| e.with_peer(s.peer))?;
-        Ok(PendingReply { stream: s, remote })
+        let first = FirstMessage {
+            what: WHAT,
+            len: MSG_LEN,
+            check: &check_address,
+        };
+        let a = self
+            .listener
+            .accept_client(&self.timeouts, &first, &self.log)?;
+        let stream = OobStream::new(a.stream, self.timeouts.io)?;
+        Ok(PendingReply {
+            stream,
+            remote: a.value,
+        })
     }
 }
 
