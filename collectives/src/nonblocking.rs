@@ -384,6 +384,16 @@ impl AsyncCommunicator {
         self.submit(CollKind::Barrier, timeout, |c| c.barrier())
     }
 
+    /// Stops taking operations, waits for every issued one to end (each is bounded by its
+    /// timeout) and stops the progress thread; the communicator closes. Operations issued
+    /// later fail with [`CollError::Aborted`]. Idempotent; dropping does the same.
+    pub fn close(&mut self) {
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
     /// Waits for every issued operation to end and returns the communicator (to use it
     /// blocking again, or split it).
     ///
@@ -405,9 +415,6 @@ impl Drop for AsyncCommunicator {
     /// Lets the issued operations end (each is bounded by its timeout), then closes the
     /// communicator.
     fn drop(&mut self) {
-        self.jobs.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.close();
     }
 }

@@ -335,6 +335,15 @@ impl PyWork {
     }
 }
 
+impl Drop for PyCommunicator {
+    /// Operations still in flight may release Python buffers (which takes the GIL) as they
+    /// end: wait for them with the GIL released.
+    fn drop(&mut self) {
+        let inner = &mut self.inner;
+        Python::with_gil(|py| py.allow_threads(|| inner.close()));
+    }
+}
+
 impl PyCommunicator {
     fn wrap(
         py: Python<'_>,

@@ -28,6 +28,14 @@ def overlap(rank, size):
     ok = all(
         np.all(b == sum(r + k for r in range(size))) for k, b in enumerate(bufs)
     )
+    # An operation whose Work is dropped unwaited, then the communicator dropped while it may
+    # still run: the drop waits for it with the GIL released (the operation releases its buffer,
+    # which takes the GIL), so this returns instead of deadlocking.
+    comm.all_reduce(np.ones(1 << 20, dtype=np.float32), async_op=True)
+    del comm, works
+    import gc
+
+    gc.collect()
     return last_done, in_order, ok, acc > 0
 
 
