@@ -450,6 +450,13 @@ impl<L: SoftLink> SoftDevice<L> {
         lock(&self.shared.last_error).clone()
     }
 
+    /// The device clock: the [`crate::engine::Instant`] the engine's timers count in (for a
+    /// sans-I/O consumer of the engine such as [`crate::cm::Cm`], driven through
+    /// [`SoftDevice::with_engine`]).
+    pub fn now(&self) -> crate::engine::Instant {
+        self.shared.now()
+    }
+
     /// Runs `f` on the engine under its lock (diagnostics, verbs not wrapped here). Keep it
     /// short: the progress thread waits meanwhile.
     pub fn with_engine<R>(&self, f: impl FnOnce(&mut SoftHca) -> R) -> R {
