@@ -108,6 +108,8 @@ mod udp;
 mod verbs;
 #[cfg(target_os = "linux")]
 mod vfio;
+#[cfg(target_os = "linux")]
+mod xdp;
 
 pub use crate::verbs::api::DeviceError;
 #[cfg(target_os = "linux")]
@@ -115,6 +117,8 @@ pub use any::{AnyConfig, AnyDevice};
 pub use udp::{UdpDevice, UdpDeviceConfig, DEFAULT_SRC_PORTS};
 #[cfg(target_os = "linux")]
 pub use vfio::{VfioDevice, VfioDeviceConfig};
+#[cfg(target_os = "linux")]
+pub use xdp::{XdpDevice, XdpDeviceConfig};
 
 /// What the software device needs of its [`Link`] beyond the link itself: how a device over it is
 /// opened ([`SoftDevice::config`]), and that the link's errors become [`DeviceError`]s.
