@@ -7,7 +7,7 @@
 #
 # ROCECOLL_VENV (default /root/.cache/rdma-py/venv-torch27): the environment. The first install
 # downloads about 3 GB (PyPI's Linux torch wheel pulls the CUDA libraries; 477 s, 5.2 GB on disk,
-# measured 2026-12-04). PYTEST_ARGS: extra pytest arguments (e.g. "-k collectives").
+# measured 2026-12-04). PYTEST_ARGS: extra pytest arguments, split at spaces (e.g. "-x test_collectives.py").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${ROCECOLL_VENV:-/root/.cache/rdma-py/venv-torch27}
