@@ -47,6 +47,12 @@ step "the hca fuzz crate builds" cargo check --manifest-path hca/fuzz/Cargo.toml
 # (8 rdma-pingpong --chk pairs on one address; a write-bw pair SIGKILLed mid-transfer) and
 # udp_device.rs shared_devices_forward_strays_after_the_group_reorders, about 30 s in all.
 step "cargo test --workspace" cargo test --workspace
+# The Python package is a workspace of its own (a cdylib without libpython): its own fmt and clippy.
+step "Python package: fmt and clippy" bash -c 'cargo fmt --manifest-path collectives/python/Cargo.toml \
+    -- --check && CARGO_TARGET_DIR=target/py cargo clippy --manifest-path collectives/python/Cargo.toml \
+    --all-targets -- -D warnings'
+# pip install ./collectives/python into a cached venv with pinned torch, then its pytest suite.
+step "Python package and torch backend (tests/python.sh)" bash tests/python.sh
 # Real peers: Linux soft-RoCE (rdma_rxe) and rdma-core's tools in QEMU TCG guests (tests/guest/README.md).
 step "guest harness setup (kernel, initramfs)" bash tests/guest/setup.sh
 # The rxe-to-rxe reference matrix, then every RoCEv2 frame of its capture re-verified by the roce crate.

@@ -27,6 +27,8 @@ pub enum InitError {
     Topology(TopologyError),
     /// Setting up a transport connection failed.
     Transport(TransportError),
+    /// An operation over the parent communicator failed (a split's exchange).
+    Collective(CollError),
 }
 
 impl fmt::Display for InitError {
@@ -40,6 +42,7 @@ impl fmt::Display for InitError {
             }
             InitError::Topology(e) => write!(f, "topology: {e}"),
             InitError::Transport(e) => write!(f, "transport setup: {e}"),
+            InitError::Collective(e) => write!(f, "exchange over the parent communicator: {e}"),
         }
     }
 }
@@ -51,6 +54,7 @@ impl std::error::Error for InitError {
             InitError::Bootstrap(e) => Some(e),
             InitError::Topology(e) => Some(e),
             InitError::Transport(e) => Some(e),
+            InitError::Collective(e) => Some(e),
             _ => None,
         }
     }
@@ -132,6 +136,14 @@ pub enum CollError {
         /// What failed.
         what: String,
     },
+    /// The operation was ended on this rank by [`crate::AbortHandle::abort`] (from any
+    /// thread) while it waited; the communicator is aborted and its peers are told.
+    Cancelled {
+        /// The operation.
+        op: CollKind,
+        /// This rank.
+        rank: usize,
+    },
     /// The communicator failed earlier and was aborted.
     Aborted {
         /// The operation refused.
@@ -192,6 +204,11 @@ impl fmt::Display for CollError {
             CollError::Device { op, rank, what } => {
                 write!(f, "{} on rank {rank}: device failure: {what}", op.name())
             }
+            CollError::Cancelled { op, rank } => write!(
+                f,
+                "{} on rank {rank} ended by abort() while it was in progress",
+                op.name()
+            ),
             CollError::Aborted { op, cause } => write!(
                 f,
                 "{} refused: the communicator was aborted by an earlier error: {cause}",

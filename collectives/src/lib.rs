@@ -73,6 +73,7 @@ mod comm;
 mod datatype;
 pub mod device;
 mod error;
+pub mod nonblocking;
 #[cfg(feature = "perf")]
 pub mod perf;
 pub mod reduce;
@@ -81,7 +82,8 @@ pub mod transport;
 
 pub use bootstrap::UniqueId;
 pub use codec::Truncated;
-pub use comm::{CommConfig, Communicator};
+pub use comm::{AbortHandle, CommConfig, Communicator};
 pub use datatype::{DataType, Element, RedOp, UnknownName};
 pub use error::{CollError, InitError};
+pub use nonblocking::{AsyncCommunicator, Work};
 pub use transport::TransportKind;

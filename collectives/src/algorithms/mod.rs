@@ -32,7 +32,8 @@
 //! instead of consuming, so the mismatch reaches the senders too.
 
 use core::ops::Range;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::datatype::{DataType, RedOp};
 use crate::error::CollError;
@@ -254,10 +255,51 @@ pub(crate) struct Op<'c> {
     pub datatype: DataType,
     pub redop: RedOp,
     pub timeout: Duration,
+    /// Set by [`crate::AbortHandle::abort`]: every wait of the operation gives up within
+    /// [`WAIT_SLICE`] of it.
+    pub cancel: &'c AtomicBool,
     /// Payload bytes per chunk: the slot size rounded down to whole elements.
     pub chunk_bytes: usize,
     pub sends: &'c mut [PeerSend],
     pub recvs: &'c mut [PeerRecv],
+}
+
+/// The longest a connector wait runs before the operation looks at its cancel flag again: the
+/// bound on how long [`crate::AbortHandle::abort`] takes to end a waiting operation.
+pub const WAIT_SLICE: Duration = Duration::from_millis(20);
+
+/// Runs `attempt(slice)` (one connector wait of at most `slice`) again while it times out, until
+/// `timeout` has passed without progress or `cancel` is set; the wait is cut into slices of at
+/// most [`WAIT_SLICE`] so that a cancel is seen within one slice. A timeout returned reports the
+/// whole time waited.
+pub(crate) fn patiently<T>(
+    timeout: Duration,
+    cancel: &AtomicBool,
+    mut attempt: impl FnMut(Duration) -> Result<T, TransportError>,
+) -> Result<T, TransportError> {
+    let start = Instant::now();
+    loop {
+        let slice = timeout.saturating_sub(start.elapsed()).min(WAIT_SLICE);
+        match attempt(slice) {
+            Err(TransportError::Timeout {
+                peer,
+                channel,
+                waiting_for,
+                ..
+            }) => {
+                let waited = start.elapsed();
+                if cancel.load(Ordering::Acquire) || waited >= timeout {
+                    return Err(TransportError::Timeout {
+                        peer,
+                        channel,
+                        waiting_for,
+                        after_ms: waited.as_millis(),
+                    });
+                }
+            }
+            r => return r,
+        }
+    }
 }
 
 impl Op<'_> {
@@ -275,11 +317,11 @@ impl Op<'_> {
         len: usize,
         fill: impl FnOnce(&mut [u8]) -> Result<(), CollError>,
     ) -> Result<(), CollError> {
-        let (desc, timeout) = (self.send_desc, self.timeout);
+        let (desc, timeout, cancel) = (self.send_desc, self.timeout, self.cancel);
         let te = move |source| CollError::Transport { op: desc, source };
         let side = &mut self.sends[peer];
         let conn = side.conn().map_err(te)?;
-        fill(slot_of_len(conn, peer, len, timeout).map_err(te)?)?;
+        fill(slot_of_len(conn, peer, len, timeout, cancel).map_err(te)?)?;
         conn.post(len, chunk as u16, &desc).map_err(te)?;
         side.sent += 1;
         side.dirty = true;
@@ -353,12 +395,15 @@ impl Op<'_> {
         src: &[u8],
         region: &[u8],
     ) -> Result<(), CollError> {
-        let (desc, timeout) = (self.send_desc, self.timeout);
+        let (desc, timeout, cancel) = (self.send_desc, self.timeout, self.cancel);
         let te = move |source| CollError::Transport { op: desc, source };
         let side = &mut self.sends[peer];
         let conn = side.conn().map_err(te)?;
         // SAFETY: this function's own contract, passed on.
-        unsafe { conn.post_from(src, region, chunk as u16, &desc, timeout) }.map_err(te)?;
+        patiently(timeout, cancel, |slice| unsafe {
+            conn.post_from(src, region, chunk as u16, &desc, slice)
+        })
+        .map_err(te)?;
         side.sent += 1;
         side.dirty = true;
         Ok(())
@@ -373,11 +418,11 @@ impl Op<'_> {
         len: usize,
         consume: impl FnOnce(&[u8]) -> Result<(), CollError>,
     ) -> Result<(), CollError> {
-        let (rank, desc, timeout) = (self.rank, self.recv_desc, self.timeout);
+        let (rank, desc, timeout, cancel) = (self.rank, self.recv_desc, self.timeout, self.cancel);
         let te = move |source| CollError::Transport { op: desc, source };
         let side = &mut self.recvs[peer];
         let conn = side.conn().map_err(te)?;
-        let c = wait_chunk(conn, rank, peer, &desc, chunk, len, timeout)?;
+        let c = wait_chunk(conn, rank, peer, &desc, chunk, len, timeout, cancel)?;
         consume(c.data)?;
         conn.release().map_err(te)?;
         side.received += 1;
@@ -426,15 +471,18 @@ impl Op<'_> {
         len: usize,
         f: impl FnOnce(&[u8], &mut [u8]) -> Result<(), CollError>,
     ) -> Result<(), CollError> {
-        let (rank, desc, timeout) = (self.rank, self.recv_desc, self.timeout);
+        let (rank, desc, timeout, cancel) = (self.rank, self.recv_desc, self.timeout, self.cancel);
         let send_desc = self.send_desc;
         let te = move |source| CollError::Transport { op: desc, source };
         let rside = &mut self.recvs[from];
         let sside = &mut self.sends[to];
         let rconn = rside.conn().map_err(te)?;
-        let c = wait_chunk(rconn, rank, from, &desc, chunk, len, timeout)?;
+        let c = wait_chunk(rconn, rank, from, &desc, chunk, len, timeout, cancel)?;
         let sconn = sside.conn().map_err(te)?;
-        f(c.data, slot_of_len(sconn, to, len, timeout).map_err(te)?)?;
+        f(
+            c.data,
+            slot_of_len(sconn, to, len, timeout, cancel).map_err(te)?,
+        )?;
         sconn.post(len, chunk as u16, &send_desc).map_err(te)?;
         rconn.release().map_err(te)?;
         sside.sent += 1;
@@ -445,12 +493,14 @@ impl Op<'_> {
 
     /// Waits until every peer has consumed everything this operation sent to it.
     pub(crate) fn drain(&mut self) -> Result<(), CollError> {
-        let (desc, timeout) = (self.send_desc, self.timeout);
+        let (desc, timeout, cancel) = (self.send_desc, self.timeout, self.cancel);
         for side in self.sends.iter_mut().filter(|s| s.dirty) {
             for conn in &mut side.conns {
-                conn.drain(timeout).map_err(|e| CollError::Transport {
-                    op: desc,
-                    source: e,
+                patiently(timeout, cancel, |slice| conn.drain(slice)).map_err(|e| {
+                    CollError::Transport {
+                        op: desc,
+                        source: e,
+                    }
                 })?;
             }
             side.dirty = false;
@@ -461,12 +511,15 @@ impl Op<'_> {
 
 /// Waits (at most `timeout`) for a free slot of `conn`, the channel to `peer`, and returns its
 /// first `len` bytes; a `len` larger than the slot is a usage error.
-fn slot_of_len(
-    conn: &mut dyn SendConnector,
+fn slot_of_len<'c>(
+    conn: &'c mut dyn SendConnector,
     peer: usize,
     len: usize,
     timeout: Duration,
-) -> Result<&mut [u8], TransportError> {
+    cancel: &AtomicBool,
+) -> Result<&'c mut [u8], TransportError> {
+    // The slot stays the same until it is posted: wait for it in slices, then take it.
+    patiently(timeout, cancel, |slice| conn.wait_slot(slice).map(|_| ()))?;
     let slot = conn.wait_slot(timeout)?;
     if len > slot.len() {
         return Err(TransportError::Usage {
@@ -481,6 +534,7 @@ fn slot_of_len(
 /// it against this rank's operation `mine`: the sender's descriptor must be the same (else
 /// [`CollError::Mismatch`]), and the chunk number `chunk` with `len` bytes (else
 /// [`CollError::Protocol`]).
+#[allow(clippy::too_many_arguments)]
 fn wait_chunk<'c>(
     conn: &'c mut dyn RecvConnector,
     rank: usize,
@@ -489,7 +543,11 @@ fn wait_chunk<'c>(
     chunk: usize,
     len: usize,
     timeout: Duration,
+    cancel: &AtomicBool,
 ) -> Result<RecvChunk<'c>, CollError> {
+    // The chunk stays the same until it is released: wait for it in slices, then take it.
+    patiently(timeout, cancel, |slice| conn.wait(slice).map(|_| ()))
+        .map_err(|source| CollError::Transport { op: *mine, source })?;
     let c = conn
         .wait(timeout)
         .map_err(|source| CollError::Transport { op: *mine, source })?;

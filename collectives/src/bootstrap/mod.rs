@@ -27,10 +27,44 @@ pub mod host;
 pub mod launcher;
 pub mod rendezvous;
 pub(crate) mod secret;
+pub mod store;
 
 pub use host::{host_id, hostname, HostId};
 pub use launcher::{EnvError, LaunchInfo, Launcher, SecretSource};
 pub use rendezvous::{Rendezvous, UniqueId};
+pub use store::{MemStore, Store, StoreError};
+
+/// What a communicator's setup needs from a bootstrap: all-gathers of opaque records, a
+/// barrier, a way to tell the others it failed, and the local address the ranks reach each
+/// other from (the RoCE path picks its GID from it). Implemented by the TCP [`Rendezvous`], the
+/// key-value store ([`store::StoreRendezvous`]) and a parent communicator (`split`).
+pub(crate) trait Exchange {
+    /// Every rank's `record`, indexed by rank.
+    fn all_gather(&mut self, record: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError>;
+    /// Returns once every rank has called it.
+    fn barrier(&mut self) -> Result<(), BootstrapError> {
+        self.all_gather(&[]).map(|_| ())
+    }
+    /// Tells every other rank that this one failed, with `message`.
+    fn abort(&mut self, message: &str);
+    /// The local IP address the ranks reach this one from, if the bootstrap knows it.
+    fn local_ip(&self) -> Option<std::net::IpAddr>;
+}
+
+impl Exchange for Rendezvous {
+    fn all_gather(&mut self, record: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        Rendezvous::all_gather(self, record)
+    }
+    fn barrier(&mut self) -> Result<(), BootstrapError> {
+        Rendezvous::barrier(self)
+    }
+    fn abort(&mut self, message: &str) {
+        Rendezvous::abort(self, message)
+    }
+    fn local_ip(&self) -> Option<std::net::IpAddr> {
+        self.local_addr().map(|a| a.ip())
+    }
+}
 
 /// What a rank tells every other rank about itself in the first all-gather.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,6 +204,13 @@ pub enum BootstrapError {
         /// What was wrong.
         what: String,
     },
+    /// The key-value store failed (its own error, or a key that never appeared).
+    Store {
+        /// The store operation and key.
+        during: String,
+        /// The store's message.
+        message: String,
+    },
     /// A malformed unique id string.
     BadUniqueId {
         /// The string.
@@ -213,6 +254,9 @@ impl fmt::Display for BootstrapError {
                 } else {
                     write!(f, "bad record from rank {rank}: {what}")
                 }
+            }
+            BootstrapError::Store { during, message } => {
+                write!(f, "key-value store failed during {during}: {message}")
             }
             BootstrapError::BadUniqueId { given, what } => {
                 write!(f, "bad unique id '{given}': {what}")

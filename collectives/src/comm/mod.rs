@@ -8,8 +8,15 @@
 //! * `p2p`: point-to-point `send` / `recv` / `send_recv`.
 
 use crate::algorithms::{doubling, Op, PeerRecv, PeerSend};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::bootstrap::store::StoreRendezvous;
 use crate::bootstrap::{
-    host_id, hostname, BootstrapError, BusinessCard, LaunchInfo, Rendezvous, UniqueId,
+    host_id, hostname, BootstrapError, BusinessCard, Exchange, LaunchInfo, Rendezvous, Store,
+    UniqueId,
 };
 use crate::codec::{Reader, Writer};
 use crate::datatype::{DataType, RedOp};
@@ -26,8 +33,29 @@ mod check;
 mod collective;
 mod config;
 mod p2p;
+mod split;
 
 pub use config::CommConfig;
+
+/// Ends the operations of one [`Communicator`] from any thread (NCCL's `ncclCommAbort`, called
+/// from a watchdog): the operation in progress gives up within
+/// [`WAIT_SLICE`](crate::algorithms::WAIT_SLICE) of a wait with [`CollError::Cancelled`], the
+/// communicator is aborted (its peers are told and fail too), and later operations return
+/// [`CollError::Aborted`]. Cheap to clone; `Send + Sync`.
+#[derive(Debug, Clone)]
+pub struct AbortHandle(Arc<AtomicBool>);
+
+impl AbortHandle {
+    /// Requests the abort; returns at once.
+    pub fn abort(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether [`abort`](Self::abort) was called.
+    pub fn is_aborted(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
 
 /// A communicator: `nranks` ranks connected for collectives and point-to-point operations
 /// (NCCL's `ncclComm_t`).
@@ -60,6 +88,9 @@ pub struct Communicator {
     p2p_received: Vec<u64>,
     /// The first error, once aborted.
     failure: Option<String>,
+    /// Set by an [`AbortHandle`].
+    cancel: Arc<AtomicBool>,
+
     /// The GPU peer-to-peer path (IPC-mapped peer buffers), set up by the first device collective.
     pub(crate) gpu: Option<Box<crate::transport::cuda_ipc::GpuPeerPath>>,
     /// Which path the device all-reduces took.
@@ -107,10 +138,47 @@ impl Communicator {
             )));
         }
         let mut rv = Rendezvous::connect(id, rank, nranks, config.bootstrap_timeout)?;
-        match Self::setup(&mut rv, id, rank, nranks, config) {
+        Self::init_over(&mut rv, id.magic(), rank, nranks, config)
+    }
+
+    /// Creates rank `rank` of a communicator of `nranks` ranks that rendezvous through the
+    /// key-value `store` (PyTorch's way: a backend gets the process group's `Store`), without a
+    /// port of this crate; see [`crate::bootstrap::store`]. `local_ip` is the address other
+    /// ranks reach this one at, used by the RoCE transport (`None`: `COLL_ROCE_ADDR` must be
+    /// set when RoCE is used). Every rank creates its communicators on one store in the same
+    /// order.
+    ///
+    /// # Errors
+    /// As [`Self::init`]; [`BootstrapError::Store`] for the store's own failures.
+    pub fn from_store(
+        store: Arc<dyn Store>,
+        rank: usize,
+        nranks: usize,
+        config: CommConfig,
+        local_ip: Option<IpAddr>,
+    ) -> Result<Communicator, InitError> {
+        config.validate()?;
+        if nranks == 0 || rank >= nranks {
+            return Err(InitError::InvalidArgument(format!(
+                "rank {rank} of {nranks} ranks"
+            )));
+        }
+        let (mut rv, tag) =
+            StoreRendezvous::join(store, rank, nranks, config.bootstrap_timeout, local_ip)?;
+        Self::init_over(&mut rv, tag, rank, nranks, config)
+    }
+
+    /// Sets up over `rv`; on failure tells the other ranks why, unless they told us.
+    pub(crate) fn init_over(
+        rv: &mut dyn Exchange,
+        tag: u64,
+        rank: usize,
+        nranks: usize,
+        config: CommConfig,
+    ) -> Result<Communicator, InitError> {
+        match Self::setup(rv, tag, rank, nranks, config) {
             Ok(comm) => Ok(comm),
             Err(e) => {
-                // Tell the others why, unless they told us.
                 if !matches!(e, InitError::Bootstrap(BootstrapError::RankFailed { .. })) {
                     rv.abort(&format!("rank {rank}: {e}"));
                 }
@@ -142,8 +210,8 @@ impl Communicator {
     }
 
     fn setup(
-        rv: &mut Rendezvous,
-        id: &UniqueId,
+        rv: &mut dyn Exchange,
+        tag: u64,
         rank: usize,
         nranks: usize,
         config: CommConfig,
@@ -196,12 +264,12 @@ impl Communicator {
             nchannels: config.nchannels,
             nslots: config.nslots,
             slot_bytes: config.slot_bytes,
-            tag: id.magic(),
+            tag,
             cards: &cards,
             wait: config
                 .wait
                 .unwrap_or_else(|| WaitPolicy::for_local_ranks(local_ranks)),
-            bootstrap_addr: rv.local_addr().map(|a| a.ip()),
+            bootstrap_addr: rv.local_ip(),
         };
 
         // Phase 1: every transport in use allocates its receive side and describes it.
@@ -305,6 +373,7 @@ impl Communicator {
             p2p_sent: vec![0; nranks],
             p2p_received: vec![0; nranks],
             failure: None,
+            cancel: Arc::new(AtomicBool::new(false)),
             gpu: None,
             device_stats: Default::default(),
         })
@@ -357,6 +426,39 @@ impl Communicator {
         self.failure.as_deref()
     }
 
+    /// A handle that ends this communicator's operations from any thread (see
+    /// [`AbortHandle`]).
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle(self.cancel.clone())
+    }
+
+    /// Sets the per-operation timeout: how long any wait of an operation may go without
+    /// progress from a peer before the operation fails with a timeout naming that peer
+    /// (the [`CommConfig::timeout`] it started with, until changed).
+    ///
+    /// # Errors
+    /// [`InitError::InvalidArgument`] for a zero timeout.
+    pub fn set_timeout(&mut self, timeout: Duration) -> Result<(), InitError> {
+        if timeout.is_zero() {
+            return Err(InitError::InvalidArgument(
+                "a zero operation timeout".into(),
+            ));
+        }
+        self.config.timeout = timeout;
+        Ok(())
+    }
+
+    /// After [`AbortHandle::abort`]: aborts the connectors now (telling the peers) instead of at
+    /// the next operation. Does nothing otherwise.
+    pub(crate) fn abort_if_requested(&mut self) {
+        if self.cancel.load(Ordering::Acquire) && self.failure.is_none() {
+            self.abort(&CollError::Cancelled {
+                op: crate::transport::CollKind::Barrier,
+                rank: self.rank,
+            });
+        }
+    }
+
     pub(crate) fn abort(&mut self, e: &CollError) {
         let abort = e.abort_for(self.rank);
         for s in &mut self.sends {
@@ -385,6 +487,15 @@ impl Communicator {
                 cause: cause.clone(),
             });
         }
+        if self.cancel.load(Ordering::Acquire) {
+            let e = CollError::Cancelled {
+                op: send_desc.coll,
+                rank: self.rank,
+            };
+            self.abort(&e);
+            return Err(e);
+        }
+        let cancel = self.cancel.clone();
         let mut op = Op {
             rank: self.rank,
             nranks: self.nranks,
@@ -393,6 +504,7 @@ impl Communicator {
             datatype,
             redop,
             timeout: self.config.timeout,
+            cancel: &cancel,
             chunk_bytes: self.config.slot_bytes - self.config.slot_bytes % datatype.size(),
             sends: &mut self.sends,
             recvs: &mut self.recvs,
@@ -420,6 +532,13 @@ impl Communicator {
                     .get_or_insert_with(|| "an operation panicked".to_string());
                 std::panic::resume_unwind(panic)
             }
+        };
+        let r = match r {
+            Err(_) if cancel.load(Ordering::Acquire) => Err(CollError::Cancelled {
+                op: send_desc.coll,
+                rank: self.rank,
+            }),
+            r => r,
         };
         if let Err(e) = &r {
             self.abort(e);

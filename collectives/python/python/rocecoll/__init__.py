@@ -1,0 +1,191 @@
+"""rocecoll: the ``collectives`` crate (shared memory and software RoCE) for Python and PyTorch.
+
+* :func:`from_env` / :func:`from_store` make a :class:`Comm` (every rank of a job calls the same
+  one): from a launcher's environment (torchrun, Open MPI, Slurm) or through a key-value store
+  (a ``torch.distributed.Store`` or any object with ``set``, ``get``, ``check`` and ``add``).
+* Collectives on any contiguous CPU buffer: numpy arrays, torch tensors, or objects exporting a
+  C-contiguous buffer (PEP 3118, with ``dtype=`` given). ``async_op=True`` returns a
+  :class:`Work` (``wait``, ``is_completed``); operations run in issue order on the
+  communicator's progress thread with the GIL released.
+* Data types ``int8 uint8 int32 uint32 int64 uint64 float16 bfloat16 float32 float64`` and ops
+  ``sum prod min max avg``, as in Rust (``collectives::DataType``, ``RedOp``).
+* Errors raise :class:`CollectiveError` (a ``RuntimeError``): ``rank R: ...`` names the rank
+  that raised it, and its ``peer`` attribute the peer at fault when known.
+* ``rocecoll.torch_backend`` registers the ``torch.distributed`` backend ``"rocecoll"`` and
+  provides a DDP communication hook.
+"""
+
+from ._native import CollectiveError
+from ._native import Communicator as _Native
+from ._native import Work as _NativeWork
+
+__all__ = ["CollectiveError", "Comm", "Work", "from_env", "from_store", "as_bytes"]
+
+_TORCH_DTYPES = {
+    "torch.float32": "float32",
+    "torch.float64": "float64",
+    "torch.float16": "float16",
+    "torch.bfloat16": "bfloat16",
+    "torch.int8": "int8",
+    "torch.uint8": "uint8",
+    "torch.int32": "int32",
+    "torch.int64": "int64",
+}
+_ITEMSIZE = {
+    "int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
+    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+}
+_NUMPY_DTYPES = {
+    "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
+}
+
+
+def as_bytes(x, dtype=None, writable=True):
+    """Returns ``(memoryview of bytes, dtype name)`` sharing ``x``'s memory.
+
+    ``x``: a CPU torch tensor (contiguous), a numpy array (C-contiguous), or any object exporting
+    a C-contiguous buffer (then ``dtype`` names its element type). Raises ``ValueError`` for
+    non-contiguous or unsupported types and :class:`CollectiveError` for a CUDA tensor (this build
+    has no GPU path: the Rust ``gpu-p2p`` staging is not wired into the Python package).
+    """
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        if x.device.type != "cpu":
+            raise CollectiveError(
+                f"tensor on {x.device}: rocecoll handles CPU tensors only "
+                "(no GPU path in this build; copy to the CPU first)"
+            )
+        name = _TORCH_DTYPES.get(str(x.dtype))
+        if name is None:
+            raise ValueError(f"unsupported tensor dtype {x.dtype}")
+        if not x.is_contiguous():
+            raise ValueError("tensor is not contiguous")
+        import torch
+
+        arr = x.detach().reshape(-1).view(torch.uint8).numpy()
+        return memoryview(arr), name
+    if mod.startswith("numpy"):
+        name = str(x.dtype)
+        if dtype is not None and dtype != name:
+            # e.g. bfloat16 values held as their bits in a uint16 array
+            if _ITEMSIZE.get(dtype) != x.dtype.itemsize:
+                raise ValueError(f"dtype={dtype} does not fit a numpy {name} array")
+            name = dtype
+        if name not in _NUMPY_DTYPES and name != "bfloat16":
+            raise ValueError(f"unsupported numpy dtype {name}")
+        if not x.flags.c_contiguous:
+            raise ValueError("numpy array is not C-contiguous")
+        if writable and not x.flags.writeable:
+            raise ValueError("numpy array is read-only")
+        return memoryview(x.reshape(-1)).cast("B"), name
+    if dtype is None:
+        raise ValueError(f"dtype= is needed for a {type(x).__name__}")
+    mv = memoryview(x)
+    if not mv.c_contiguous:
+        raise ValueError("buffer is not C-contiguous")
+    return mv.cast("B"), dtype
+
+
+class Work:
+    """The handle of one non-blocking operation; keeps its buffers alive until it ends."""
+
+    def __init__(self, native, keep=()):
+        self._native = native
+        self._keep = keep
+
+    def wait(self, timeout=None):
+        """Waits (at most ``timeout`` seconds: then returns False if not ended); True when done.
+        Raises :class:`CollectiveError` if the operation failed."""
+        done = self._native.wait(timeout)
+        if done:
+            self._keep = ()
+        return done
+
+    def is_completed(self):
+        """Whether the operation has ended (never blocks)."""
+        return self._native.is_completed()
+
+
+def _finish(native, keep, async_op):
+    w = Work(native, keep)
+    if async_op:
+        return w
+    w.wait()
+    return None
+
+
+class Comm:
+    """A communicator (see the module docs). ``rank``, ``size``; every collective takes
+    ``async_op`` (return a :class:`Work` instead of waiting) and ``timeout`` (seconds an operation
+    may wait without progress)."""
+
+    def __init__(self, native):
+        self._c = native
+
+    @property
+    def rank(self):
+        return self._c.rank
+
+    @property
+    def size(self):
+        return self._c.size
+
+    def abort(self):
+        """Ends every pending operation with :class:`CollectiveError`, from any thread."""
+        self._c.abort()
+
+    def all_reduce(self, x, op="sum", dtype=None, async_op=False, timeout=None):
+        b, dt = as_bytes(x, dtype)
+        return _finish(self._c.all_reduce(b, dt, op, timeout), (x, b), async_op)
+
+    def broadcast(self, x, root, dtype=None, async_op=False, timeout=None):
+        b, dt = as_bytes(x, dtype)
+        return _finish(self._c.broadcast(b, dt, root, timeout), (x, b), async_op)
+
+    def reduce(self, x, root, op="sum", dtype=None, async_op=False, timeout=None):
+        b, dt = as_bytes(x, dtype)
+        return _finish(self._c.reduce(b, dt, root, op, timeout), (x, b), async_op)
+
+    def all_gather(self, out, x, dtype=None, async_op=False, timeout=None):
+        """``out`` (size * n elements) gets every rank's ``x`` (n elements) in rank order."""
+        s, dt = as_bytes(x, dtype, writable=False)
+        r, _ = as_bytes(out, dtype)
+        return _finish(self._c.all_gather(s, r, dt, timeout), (x, out, s, r), async_op)
+
+    def reduce_scatter(self, out, x, op="sum", dtype=None, async_op=False, timeout=None):
+        """``out`` (n elements) gets this rank's block of the reduction of ``x`` (size * n)."""
+        s, dt = as_bytes(x, dtype, writable=False)
+        r, _ = as_bytes(out, dtype)
+        return _finish(self._c.reduce_scatter(s, r, dt, op, timeout), (x, out, s, r), async_op)
+
+    def all_to_all(self, out, x, dtype=None, async_op=False, timeout=None):
+        """Block j of ``x`` (size equal blocks) goes to rank j; block i of ``out`` from rank i."""
+        s, dt = as_bytes(x, dtype, writable=False)
+        r, _ = as_bytes(out, dtype)
+        return _finish(self._c.all_to_all(s, r, dt, timeout), (x, out, s, r), async_op)
+
+    def send(self, x, peer, dtype=None, async_op=False, timeout=None):
+        b, dt = as_bytes(x, dtype, writable=False)
+        return _finish(self._c.send(b, dt, peer, timeout), (x, b), async_op)
+
+    def recv(self, x, peer, dtype=None, async_op=False, timeout=None):
+        b, dt = as_bytes(x, dtype)
+        return _finish(self._c.recv(b, dt, peer, timeout), (x, b), async_op)
+
+    def barrier(self, async_op=False, timeout=None):
+        return _finish(self._c.barrier(timeout), (), async_op)
+
+
+def from_env(transport=None, timeout=None, bootstrap_timeout=None):
+    """A :class:`Comm` from the launcher's environment (torchrun's RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT; Open MPI; Slurm). ``transport``: "auto", "shm", "roce"."""
+    return Comm(_Native.from_env(transport, timeout, bootstrap_timeout))
+
+
+def from_store(store, rank, size, transport=None, local_ip=None, timeout=None,
+               bootstrap_timeout=None):
+    """A :class:`Comm` whose ranks rendezvous through ``store`` (no port of its own).
+    ``local_ip``: the address other ranks reach this one at (needed by the RoCE transport unless
+    ``COLL_ROCE_ADDR`` is set; "127.0.0.1" on one host)."""
+    return Comm(_Native.from_store(store, rank, size, transport, local_ip, timeout,
+                                   bootstrap_timeout))

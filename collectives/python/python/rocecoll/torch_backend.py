@@ -1,0 +1,359 @@
+"""The ``torch.distributed`` backend ``"rocecoll"`` (CPU tensors) and a DDP communication hook.
+
+Importing this module registers the backend (``Backend.register_backend("rocecoll", ...,
+devices=["cpu"])``), after which ``dist.init_process_group("rocecoll")`` works under torchrun.
+The process group is a Python ``ProcessGroup`` (as in PyTorch's ``test_c10d_pypg.py``) over one
+:class:`rocecoll.Comm` made from the store PyTorch hands the backend: no port of ours is opened.
+Every operation returns at once with an async ``Work``; operations run in issue order on the
+communicator's progress thread, and one completion thread per group runs what must follow an
+operation (copies out of staging buffers) and completes its ``Work`` and its future.
+
+Implemented (what DDP and FSDP2 use on CPU): ``broadcast``, ``allreduce`` (and coalesced),
+``reduce``, ``allgather``, ``all_gather_into_tensor`` (``_allgather_base``, and coalesced),
+``reduce_scatter``, ``reduce_scatter_tensor`` (``_reduce_scatter_base``, and coalesced),
+``alltoall_base`` (equal splits), ``barrier``, ``send``, ``recv`` (tag 0). Anything else raises
+``NotImplementedError`` naming the op. Environment: ``ROCECOLL_TRANSPORT`` (auto, shm, roce),
+``ROCECOLL_LOCAL_IP`` (the address for RoCE; default 127.0.0.1 when MASTER_ADDR is local).
+"""
+
+import datetime
+import os
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+
+from . import Comm, as_bytes
+from ._native import Communicator as _Native
+
+NAME = "rocecoll"
+
+_OPS = [
+    (dist.ReduceOp.SUM, "sum"),
+    (dist.ReduceOp.PRODUCT, "prod"),
+    (dist.ReduceOp.MIN, "min"),
+    (dist.ReduceOp.MAX, "max"),
+    (dist.ReduceOp.AVG, "avg"),
+]
+
+
+def _redop(opts, opname):
+    for k, v in _OPS:
+        if opts.reduceOp == k:
+            return v
+    raise NotImplementedError(f"rocecoll backend: {opname} with {opts.reduceOp} is not implemented")
+
+
+def _unsupported(opname):
+    def method(self, *args, **kwargs):
+        raise NotImplementedError(f"rocecoll backend: {opname} is not implemented")
+
+    method.__name__ = opname
+    return method
+
+
+class _Completer:
+    """One thread that waits for native operations in issue order, runs what follows each (a
+    copy out of a staging buffer) and completes its Work / future."""
+
+    def __init__(self, name):
+        self._q = queue.SimpleQueue()
+        self._t = threading.Thread(target=self._run, name=name, daemon=True)
+        self._t.start()
+
+    def put(self, natives, post, done):
+        self._q.put((natives, post, done))
+
+    def _run(self):
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            natives, post, done = item
+            try:
+                for n in natives:
+                    n.wait()
+                if post is not None:
+                    post()
+                done(None)
+            except BaseException as e:  # handed to the waiter, never lost
+                done(e)
+
+    def close(self):
+        self._q.put(None)
+
+
+class _Work(dist._Work):
+    """An async ``torch.distributed`` Work: ``wait`` raises the operation's error."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._event = threading.Event()
+        self._error = None
+        self._result = result
+        self._future = torch.futures.Future()
+
+    def _done(self, error):
+        self._error = error
+        if error is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(error)
+        self._event.set()
+
+    def wait(self, timeout=None):
+        self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self):
+        return self._event.is_set()
+
+    def is_success(self):
+        return self._event.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self):
+        return self._future
+
+    def result(self):
+        self.wait()
+        return self._result
+
+
+def _local_ip():
+    ip = os.environ.get("ROCECOLL_LOCAL_IP")
+    if ip:
+        return ip
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    if master in ("localhost", "::1") or master.startswith("127."):
+        return "127.0.0.1"
+    return None
+
+
+class ProcessGroupRoceColl(dist.ProcessGroup):
+    """The ``rocecoll`` process group (see the module docs)."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else None
+        self._c = _Native.from_store(
+            store,
+            rank,
+            size,
+            os.environ.get("ROCECOLL_TRANSPORT"),
+            _local_ip(),
+            secs,
+            min(secs, 300.0) if secs else None,
+        )
+        self._done = _Completer(f"rocecoll-pg-{rank}")
+
+    def getBackendName(self):
+        return NAME
+
+    # A Python process group has no C++ backend to hold its name (torch 2.5's
+    # ProcessGroup::getGroupName reads it from one): keep it here, for DeviceMesh / FSDP2.
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    @property
+    def group_name(self):
+        return getattr(self, "_group_name", "")
+
+    def _issue(self, natives, result, keep=(), post=None):
+        w = _Work(result)
+
+        def after():
+            if post is not None:
+                post()
+            del keep_alive[:]
+
+        keep_alive = [keep]
+        self._done.put(natives, after, w._done)
+        return w
+
+    def _one(self, tensors, opname):
+        if len(tensors) != 1:
+            raise NotImplementedError(f"rocecoll backend: {opname} of {len(tensors)} tensors per rank")
+        return tensors[0]
+
+    def allreduce(self, tensors, opts=None):
+        t = self._one(tensors, "allreduce")
+        op = _redop(opts, "allreduce") if opts is not None else "sum"
+        b, dt = as_bytes(t)
+        return self._issue([self._c.all_reduce(b, dt, op, None)], tensors, (t, b))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        op = _redop(opts, "allreduce_coalesced") if opts is not None else "sum"
+        natives, keep = [], []
+        for t in tensors:
+            b, dt = as_bytes(t)
+            natives.append(self._c.all_reduce(b, dt, op, None))
+            keep.append((t, b))
+        return self._issue(natives, tensors, keep)
+
+    def broadcast(self, tensors, opts):
+        t = self._one(tensors, "broadcast")
+        b, dt = as_bytes(t)
+        return self._issue([self._c.broadcast(b, dt, opts.rootRank, None)], tensors, (t, b))
+
+    def reduce(self, tensors, opts):
+        t = self._one(tensors, "reduce")
+        b, dt = as_bytes(t)
+        op = _redop(opts, "reduce")
+        return self._issue([self._c.reduce(b, dt, opts.rootRank, op, None)], tensors, (t, b))
+
+    def allgather(self, output_lists, inputs, opts=None):
+        t = self._one(inputs, "allgather")
+        outs = self._one(output_lists, "allgather")
+        if len(outs) != self.size() or any(o.numel() != t.numel() for o in outs):
+            raise ValueError("allgather: one output tensor per rank, each as large as the input")
+        flat = torch.empty(self.size() * t.numel(), dtype=t.dtype)
+        s, dt = as_bytes(t.contiguous(), writable=False)
+        r, _ = as_bytes(flat)
+        n = t.numel()
+
+        def post():
+            for i, o in enumerate(outs):
+                o.copy_(flat[i * n:(i + 1) * n].view_as(o))
+
+        return self._issue([self._c.all_gather(s, r, dt, None)], output_lists, (t, flat, s, r), post)
+
+    def _gather_into(self, output, input):
+        """Issues output = all ranks' input; in place when the input is this rank's block of
+        the output (FSDP2's layout), from a copy when it overlaps the output otherwise."""
+        nbytes = input.numel() * input.element_size()
+        o0, i0 = output.data_ptr(), input.data_ptr()
+        if output.is_contiguous() and input.is_contiguous() and i0 == o0 + self.rank() * nbytes \
+                and output.numel() == input.numel() * self.size():
+            r, dt = as_bytes(output)
+            return self._c.all_gather_in_place(r, dt, None), (input, output, r)
+        if i0 < o0 + output.numel() * output.element_size() and o0 < i0 + nbytes:
+            input = input.clone()
+        s, dt = as_bytes(input, writable=False)
+        r, _ = as_bytes(output)
+        return self._c.all_gather(s, r, dt, None), (input, output, s, r)
+
+    def _allgather_base(self, output, input, opts=None):
+        native, keep = self._gather_into(output, input)
+        return self._issue([native], [output], keep)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        natives, keep = [], []
+        for o, i in zip(outputs, inputs):
+            native, k = self._gather_into(o, i)
+            natives.append(native)
+            keep.append(k)
+        return self._issue(natives, outputs, keep)
+
+    def reduce_scatter(self, outputs, input_lists, opts):
+        out = self._one(outputs, "reduce_scatter")
+        ins = self._one(input_lists, "reduce_scatter")
+        if len(ins) != self.size():
+            raise ValueError("reduce_scatter: one input tensor per rank")
+        flat = torch.cat([i.reshape(-1) for i in ins])
+        op = _redop(opts, "reduce_scatter")
+        s, dt = as_bytes(flat, writable=False)
+        r, _ = as_bytes(out)
+        return self._issue([self._c.reduce_scatter(s, r, dt, op, None)], outputs, (flat, out, s, r))
+
+    def _reduce_scatter_base(self, output, input, opts):
+        op = _redop(opts, "reduce_scatter_tensor")
+        s, dt = as_bytes(input, writable=False)
+        r, _ = as_bytes(output)
+        return self._issue([self._c.reduce_scatter(s, r, dt, op, None)], [output], (input, output, s, r))
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):
+        op = _redop(opts, "reduce_scatter_tensor_coalesced")
+        natives, keep = [], []
+        for o, i in zip(outputs, inputs):
+            s, dt = as_bytes(i, writable=False)
+            r, _ = as_bytes(o)
+            natives.append(self._c.reduce_scatter(s, r, dt, op, None))
+            keep.append((i, o, s, r))
+        return self._issue(natives, outputs, keep)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        n = self.size()
+        for splits in (output_split_sizes, input_split_sizes):
+            if splits and len(set(splits)) != 1:
+                raise NotImplementedError("rocecoll backend: alltoall_base with uneven splits is not implemented")
+        if input.numel() % n:
+            raise ValueError(f"alltoall_base: {input.numel()} elements is not {n} equal blocks")
+        s, dt = as_bytes(input, writable=False)
+        r, _ = as_bytes(output)
+        return self._issue([self._c.all_to_all(s, r, dt, None)], [output], (input, output, s, r))
+
+    def barrier(self, opts=None):
+        return self._issue([self._c.barrier(None)], [])
+
+    def send(self, tensors, dst, tag=0):
+        t = self._one(tensors, "send")
+        if tag != 0:
+            raise NotImplementedError("rocecoll backend: send with a tag other than 0 is not implemented")
+        b, dt = as_bytes(t, writable=False)
+        return self._issue([self._c.send(b, dt, dst, None)], tensors, (t, b))
+
+    def recv(self, tensors, src, tag=0):
+        t = self._one(tensors, "recv")
+        if tag != 0:
+            raise NotImplementedError("rocecoll backend: recv with a tag other than 0 is not implemented")
+        b, dt = as_bytes(t)
+        return self._issue([self._c.recv(b, dt, src, None)], tensors, (t, b))
+
+    gather = _unsupported("gather")
+    scatter = _unsupported("scatter")
+    alltoall = _unsupported("alltoall")
+    allgather_coalesced = _unsupported("allgather_coalesced")
+    recv_anysource = _unsupported("recv_anysource")
+    monitored_barrier = _unsupported("monitored_barrier")
+
+    def abort(self):
+        """Ends every pending operation with an error (from any thread)."""
+        self._c.abort()
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupRoceColl(store, rank, size, timeout)
+
+
+def register():
+    """Registers the backend ``"rocecoll"`` (idempotent)."""
+    if NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(NAME, _create, devices=["cpu"])
+
+
+register()
+
+_hook_completer = None
+_hook_lock = threading.Lock()
+
+
+def allreduce_hook(comm: Comm, bucket):
+    """DDP communication hook (``model.register_comm_hook(comm, allreduce_hook)``): averages each
+    gradient bucket through ``comm`` as torch's default ``allreduce_hook`` does (divide by the
+    world size, then sum), asynchronously; returns the future of the averaged buffer."""
+    global _hook_completer
+    with _hook_lock:
+        if _hook_completer is None:
+            _hook_completer = _Completer("rocecoll-ddp-hook")
+    t = bucket.buffer()
+    t.div_(comm.size)
+    b, dt = as_bytes(t)
+    native = comm._c.all_reduce(b, dt, "sum", None)
+    fut = torch.futures.Future()
+    keep = [t, b]
+
+    def done(err):
+        keep.clear()
+        if err is None:
+            fut.set_result(t)
+        else:
+            fut.set_exception(err)
+
+    _hook_completer.put([native], None, done)
+    return fut

@@ -1,0 +1,656 @@
+//! `rocecoll._native`: the Python face of the `collectives` crate (PyO3, abi3 for CPython >= 3.11).
+//!
+//! * [`PyCommunicator`] (`rocecoll._native.Communicator`): a communicator from the launcher
+//!   environment (`from_env`: torchrun, Open MPI, Slurm) or from a key-value store
+//!   (`from_store`: any object with `set`, `get`, `check` and `add`, as
+//!   `torch.distributed.Store`), whose operations are all non-blocking: each returns a
+//!   [`PyWork`] at once and runs on the communicator's progress thread in issue order
+//!   (`collectives::AsyncCommunicator`).
+//! * Buffers: any object exporting a C-contiguous buffer (PEP 3118: `bytearray`, `memoryview`,
+//!   numpy arrays), given as bytes (`memoryview.cast("B")`) with the element type named apart
+//!   (`"float32"`, `"bfloat16"`, ...); outputs must be writable. The Python layer
+//!   (`rocecoll/__init__.py`) turns numpy arrays and torch tensors into such views. The buffers
+//!   are held (a `Py_buffer` each) until the operation's `Work` is waited for or dropped.
+//! * The GIL is released while an operation runs and while `Work.wait` blocks.
+//! * Every Rust error becomes `rocecoll.CollectiveError` (a `RuntimeError`) whose message starts
+//!   with `rank R:` and whose `rank` attribute is this rank; `peer` names the peer at fault when
+//!   the error names one.
+
+// pyo3 0.22's #[pymethods] expansion converts each `PyResult` into itself, which clippy
+// (1.85+) reports at every method returning one.
+#![allow(clippy::useless_conversion)]
+
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use collectives::bootstrap::{Store, StoreError};
+use collectives::transport::CollKind;
+use collectives::{
+    AsyncCommunicator, CommConfig, Communicator, DataType, RedOp, TransportKind, Work,
+};
+use pyo3::buffer::PyBuffer;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+create_exception!(
+    _native,
+    CollectiveError,
+    PyRuntimeError,
+    "A collective, point-to-point operation or communicator setup failed; `rank` is the rank \
+     that raised it, `peer` the peer rank at fault when known."
+);
+
+fn coll_err(rank: usize, e: &dyn std::fmt::Display, peer: Option<usize>) -> PyErr {
+    Python::with_gil(|py| {
+        let err = CollectiveError::new_err(format!("rank {rank}: {e}"));
+        let v = err.value_bound(py);
+        let _ = v.setattr("rank", rank);
+        let _ = v.setattr("peer", peer);
+        err
+    })
+}
+
+/// One buffer of an operation: a `Py_buffer` of a C-contiguous byte view, held until the
+/// operation ends.
+struct Buf {
+    view: PyBuffer<u8>,
+}
+
+impl Buf {
+    fn get(obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> PyResult<Buf> {
+        let view = PyBuffer::<u8>::get_bound(obj).map_err(|e| {
+            PyValueError::new_err(format!(
+                "{what}: a C-contiguous byte buffer is needed (memoryview(x).cast('B')): {e}"
+            ))
+        })?;
+        if !view.is_c_contiguous() {
+            return Err(PyValueError::new_err(format!("{what}: not C-contiguous")));
+        }
+        if writable && view.readonly() {
+            return Err(PyValueError::new_err(format!("{what}: read-only buffer")));
+        }
+        Ok(Buf { view })
+    }
+
+    fn len(&self) -> usize {
+        self.view.len_bytes()
+    }
+
+    fn range(&self) -> (usize, usize) {
+        let start = self.view.buf_ptr() as usize;
+        (start, start + self.len())
+    }
+}
+
+impl AsRef<[u8]> for Buf {
+    fn as_ref(&self) -> &[u8] {
+        if self.len() == 0 {
+            return &[];
+        }
+        // SAFETY: the Py_buffer stays acquired (the exporter keeps the memory alive and in
+        // place) while `self` lives; it is C-contiguous and `len_bytes` long (checked in `get`).
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts(self.view.buf_ptr() as *const u8, self.len())
+        }
+    }
+}
+
+impl AsMut<[u8]> for Buf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        if self.len() == 0 {
+            return &mut [];
+        }
+        // SAFETY: as `as_ref`, and the buffer is writable (checked in `get` for every buffer
+        // used as an output); no other Rust reference to it exists (inputs overlapping outputs
+        // are refused by `disjoint`).
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts_mut(self.view.buf_ptr() as *mut u8, self.len())
+        }
+    }
+}
+
+fn disjoint(a: &Buf, b: &Buf) -> PyResult<()> {
+    let ((a0, a1), (b0, b1)) = (a.range(), b.range());
+    if a.len() > 0 && b.len() > 0 && a0 < b1 && b0 < a1 {
+        return Err(PyValueError::new_err(
+            "the input and output buffers overlap: use the in-place form",
+        ));
+    }
+    Ok(())
+}
+
+/// What an operation hands back when it ends: its buffers, released on the waiting thread.
+enum Done {
+    None,
+    One(#[allow(dead_code)] Buf),
+    Two(#[allow(dead_code)] Buf, #[allow(dead_code)] Buf),
+}
+
+/// A `torch.distributed.Store`-like Python object as a [`Store`]: `set(key, bytes)`,
+/// `get(key) -> bytes`, `check([keys]) -> bool`, `add(key, int) -> int`.
+struct PyStore(Py<PyAny>);
+
+fn store_err(e: PyErr) -> StoreError {
+    StoreError(Python::with_gil(|py| e.value_bound(py).to_string()))
+}
+
+impl Store for PyStore {
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        Python::with_gil(|py| {
+            self.0
+                .call_method1(py, "set", (key, PyBytes::new_bound(py, value)))
+                .map(drop)
+        })
+        .map_err(store_err)
+    }
+
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        Python::with_gil(|py| {
+            let v = self.0.call_method1(py, "get", (key,))?;
+            v.extract::<Vec<u8>>(py)
+        })
+        .map_err(store_err)
+    }
+
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<bool, StoreError> {
+        // `check` never blocks, so the GIL is held only briefly; poll it every millisecond or
+        // so up to the timeout (callers pass at most `collectives::bootstrap::store::POLL`).
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let there = Python::with_gil(|py| {
+                let list = PyList::new_bound(py, keys);
+                self.0
+                    .call_method1(py, "check", (list,))?
+                    .extract::<bool>(py)
+            })
+            .map_err(store_err)?;
+            if there {
+                return Ok(true);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
+        Python::with_gil(|py| self.0.call_method1(py, "add", (key, delta))?.extract(py))
+            .map_err(store_err)
+    }
+}
+
+fn datatype(name: &str) -> PyResult<DataType> {
+    name.parse()
+        .map_err(|e: collectives::UnknownName| PyValueError::new_err(e.to_string()))
+}
+
+fn redop(name: &str) -> PyResult<RedOp> {
+    name.parse()
+        .map_err(|e: collectives::UnknownName| PyValueError::new_err(e.to_string()))
+}
+
+fn timeout_of(seconds: Option<f64>) -> PyResult<Option<Duration>> {
+    seconds
+        .map(|s| {
+            Duration::try_from_secs_f64(s)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| PyValueError::new_err(format!("timeout {s} s: must be > 0")))
+        })
+        .transpose()
+}
+
+fn config(
+    transport: Option<&str>,
+    timeout: Option<f64>,
+    bootstrap_timeout: Option<f64>,
+) -> PyResult<CommConfig> {
+    let mut c = CommConfig::default()
+        .with_env_overrides()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    if let Some(t) = transport {
+        c.transport = t
+            .parse::<TransportKind>()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    }
+    if let Some(t) = timeout_of(timeout)? {
+        c.timeout = t;
+    }
+    if let Some(t) = timeout_of(bootstrap_timeout)? {
+        c.bootstrap_timeout = t;
+    }
+    Ok(c)
+}
+
+/// The count of `datatype` elements in `len` bytes.
+fn count_of(len: usize, dt: DataType, what: &str) -> PyResult<usize> {
+    if len % dt.size() != 0 {
+        return Err(PyValueError::new_err(format!(
+            "{what}: {len} bytes is not a whole number of {} elements",
+            dt.name()
+        )));
+    }
+    Ok(len / dt.size())
+}
+
+/// A communicator whose every operation is non-blocking (returns a `Work`).
+#[pyclass(name = "Communicator", module = "rocecoll._native", frozen)]
+struct PyCommunicator {
+    inner: AsyncCommunicator,
+}
+
+/// How an operation ended: `Ok`, or its error's text and the peer it names.
+type Outcome = Result<(), (String, Option<usize>)>;
+
+/// The handle of one operation: `wait([timeout])`, `is_completed()`.
+#[pyclass(name = "Work", module = "rocecoll._native", frozen)]
+struct PyWork {
+    rank: usize,
+    work: Mutex<Option<Work<Done>>>,
+    /// The result once taken (`Ok` or the error's text and peer).
+    outcome: Mutex<Option<Outcome>>,
+}
+
+impl PyWork {
+    fn new(rank: usize, w: Work<Done>) -> PyWork {
+        PyWork {
+            rank,
+            work: Mutex::new(Some(w)),
+            outcome: Mutex::new(None),
+        }
+    }
+
+    fn settle(&self, outcome: &Outcome) -> PyResult<()> {
+        match outcome {
+            Ok(()) => Ok(()),
+            Err((msg, peer)) => Err(coll_err(self.rank, msg, *peer)),
+        }
+    }
+}
+
+#[pymethods]
+impl PyWork {
+    /// Waits for the operation (at most `timeout` seconds when given: then returns False if it
+    /// has not ended) and returns True; raises `CollectiveError` if it failed. The GIL is
+    /// released while waiting.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let timeout = timeout_of(timeout)?;
+        if let Some(o) = self
+            .outcome
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            return self.settle(o).map(|()| true);
+        }
+        let mut slot = self.work.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(w) = slot.take() else {
+            // Another thread took it and is settling it: wait for its outcome.
+            drop(slot);
+            return Err(PyRuntimeError::new_err(
+                "Work.wait called from two threads at once",
+            ));
+        };
+        if let Some(t) = timeout {
+            let done = py.allow_threads(|| w.wait_timeout(t));
+            if !done {
+                *slot = Some(w);
+                return Ok(false);
+            }
+        }
+        let r = py.allow_threads(|| w.wait());
+        // The buffers (`Done`) are released here, with the GIL.
+        let outcome = match r {
+            Ok(_done) => Ok(()),
+            Err(e) => Err((e.to_string(), e.peer())),
+        };
+        let res = self.settle(&outcome);
+        *self.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        drop(slot);
+        res.map(|()| true)
+    }
+
+    /// Whether the operation has ended (never blocks).
+    fn is_completed(&self) -> bool {
+        if self
+            .outcome
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+        {
+            return true;
+        }
+        self.work
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_none_or(Work::test)
+    }
+}
+
+impl Drop for PyCommunicator {
+    /// Operations still in flight may release Python buffers (which takes the GIL) as they
+    /// end: wait for them with the GIL released.
+    fn drop(&mut self) {
+        let inner = &mut self.inner;
+        Python::with_gil(|py| py.allow_threads(|| inner.close()));
+    }
+}
+
+impl PyCommunicator {
+    fn wrap(
+        py: Python<'_>,
+        made: Result<Communicator, collectives::InitError>,
+        rank: usize,
+    ) -> PyResult<PyCommunicator> {
+        let comm = made.map_err(|e| coll_err(rank, &e, None))?;
+        let inner = AsyncCommunicator::new(comm).map_err(|e| coll_err(rank, &e, None))?;
+        let _ = py;
+        Ok(PyCommunicator { inner })
+    }
+
+    fn work(&self, w: Work<Done>) -> PyWork {
+        PyWork::new(self.inner.rank(), w)
+    }
+}
+
+#[pymethods]
+impl PyCommunicator {
+    /// A communicator from the launcher's environment (torchrun: RANK, WORLD_SIZE,
+    /// MASTER_ADDR, MASTER_PORT; Open MPI; Slurm). `transport`: "auto" | "shm" | "roce" |
+    /// "inproc"; `timeout`: seconds an operation may wait without progress;
+    /// `bootstrap_timeout`: seconds for each bootstrap step. `COLL_*` variables override.
+    #[staticmethod]
+    #[pyo3(signature = (transport=None, timeout=None, bootstrap_timeout=None))]
+    fn from_env(
+        py: Python<'_>,
+        transport: Option<&str>,
+        timeout: Option<f64>,
+        bootstrap_timeout: Option<f64>,
+    ) -> PyResult<PyCommunicator> {
+        let c = config(transport, timeout, bootstrap_timeout)?;
+        let rank = std::env::var("RANK")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0);
+        let made = py.allow_threads(|| Communicator::from_env(c));
+        Self::wrap(py, made, rank)
+    }
+
+    /// A communicator of `size` ranks that rendezvous through `store` (a
+    /// `torch.distributed.Store`, or any object with `set`, `get`, `check`, `add`), with no
+    /// port of its own. `local_ip`: the address other ranks reach this one at (the RoCE
+    /// transport binds there). Other arguments as `from_env`.
+    #[staticmethod]
+    #[pyo3(signature = (store, rank, size, transport=None, local_ip=None, timeout=None, bootstrap_timeout=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_store(
+        py: Python<'_>,
+        store: Py<PyAny>,
+        rank: usize,
+        size: usize,
+        transport: Option<&str>,
+        local_ip: Option<&str>,
+        timeout: Option<f64>,
+        bootstrap_timeout: Option<f64>,
+    ) -> PyResult<PyCommunicator> {
+        let c = config(transport, timeout, bootstrap_timeout)?;
+        let ip = local_ip
+            .map(|s| {
+                s.parse::<IpAddr>()
+                    .map_err(|e| PyValueError::new_err(format!("local_ip {s:?}: {e}")))
+            })
+            .transpose()?;
+        let store: Arc<dyn Store> = Arc::new(PyStore(store));
+        let made = py.allow_threads(|| Communicator::from_store(store, rank, size, c, ip));
+        Self::wrap(py, made, rank)
+    }
+
+    /// This rank.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    /// Ranks in the communicator.
+    #[getter]
+    fn size(&self) -> usize {
+        self.inner.nranks()
+    }
+
+    /// Ends the operation in progress and every queued one with `CollectiveError`, from any
+    /// thread, and tells the peers. Later operations raise.
+    fn abort(&self) {
+        self.inner.abort();
+    }
+
+    /// In-place all-reduce of `buf` (elements of `dtype`) with `op` ("sum" "prod" "min" "max"
+    /// "avg"); `timeout` in seconds for this operation.
+    #[pyo3(signature = (buf, dtype, op="sum", timeout=None))]
+    fn all_reduce(
+        &self,
+        buf: &Bound<'_, PyAny>,
+        dtype: &str,
+        op: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<PyWork> {
+        let (dt, op, t) = (datatype(dtype)?, redop(op)?, timeout_of(timeout)?);
+        let mut b = Buf::get(buf, true, "all_reduce buffer")?;
+        let n = count_of(b.len(), dt, "all_reduce buffer")?;
+        Ok(
+            self.work(self.inner.submit(CollKind::AllReduce, t, move |c| {
+                c.all_reduce_in_place(b.as_mut(), n, dt, op)
+                    .map(|()| Done::One(b))
+            })),
+        )
+    }
+
+    /// In-place broadcast of `buf` from `root`.
+    #[pyo3(signature = (buf, dtype, root, timeout=None))]
+    fn broadcast(
+        &self,
+        buf: &Bound<'_, PyAny>,
+        dtype: &str,
+        root: usize,
+        timeout: Option<f64>,
+    ) -> PyResult<PyWork> {
+        let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
+        let mut b = Buf::get(buf, true, "broadcast buffer")?;
+        let n = count_of(b.len(), dt, "broadcast buffer")?;
+        Ok(
+            self.work(self.inner.submit(CollKind::Broadcast, t, move |c| {
+                c.broadcast_in_place(b.as_mut(), n, dt, root)
+                    .map(|()| Done::One(b))
+            })),
+        )
+    }
+
+    /// In-place reduce of `buf` to `root` (other ranks' buffers are left as they were or
+    /// hold partial results, as NCCL's).
+    #[pyo3(signature = (buf, dtype, root, op="sum", timeout=None))]
+    fn reduce(
+        &self,
+        buf: &Bound<'_, PyAny>,
+        dtype: &str,
+        root: usize,
+        op: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<PyWork> {
+        let (dt, op, t) = (datatype(dtype)?, redop(op)?, timeout_of(timeout)?);
+        let mut b = Buf::get(buf, true, "reduce buffer")?;
+        let n = count_of(b.len(), dt, "reduce buffer")?;
+        Ok(self.work(self.inner.submit(CollKind::Reduce, t, move |c| {
+            c.reduce_in_place(b.as_mut(), n, dt, op, root)
+                .map(|()| Done::One(b))
+        })))
+    }
+
+    /// All-gather: `send` (n elements) from every rank into `recv` (size * n, rank order).
+    #[pyo3(signature = (send, recv, dtype, timeout=None))]
+    fn all_gather(
+        &self,
+        send: &Bound<'_, PyAny>,
+        recv: &Bound<'_, PyAny>,
+        dtype: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<PyWork> {
+        let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
+        let s = Buf::get(send, false, "all_gather input")?;
+        let mut r = Buf::get(recv, true, "all_gather output")?;
+        disjoint(&s, &r)?;
+        let n = count_of(s.len(), dt, "all_gather input")?;
+        Ok(
+            self.work(self.inner.submit(CollKind::AllGather, t, move |c| {
+                c.all_gather(s.as_ref(), r.as_mut(), n, dt)
+                    .map(|()| Done::Two(s, r))
+            })),
+        )
+    }
+
+    /// In-place all-gather: this rank's n elements are block `rank` of `buf` (size * n
+    /// elements), as NCCL's `sendbuff == recvbuff + rank * count` (FSDP2 gathers so).
+    #[pyo3(signature = (buf, dtype, timeout=None))]
+    fn all_gather_in_place(
+        &self,
+        buf: &Bound<'_, PyAny>,
+        dtype: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<PyWork> {
+        let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
+        let mut b = Buf::get(buf, true, "all_gather buffer")?;
+        let total = count_of(b.len(), dt, "all_gather buffer")?;
+        let size = self.inner.nranks();
+        if total % size != 0 {
+            return Err(PyValueError::new_err(format!(
+                "all_gather buffer: {total} elements is not {size} equal blocks"
+            )));
+        }
+        let n = total / size;
+        Ok(
+            self.work(self.inner.submit(CollKind::AllGather, t, move |c| {
+                c.all_gather_in_place(b.as_mut(), n, dt)
+                    .map(|()| Done::One(b))
+            })),
+        )
+    }
+
+    /// Reduce-scatter: `send` (size * n elements) reduced with `op`; this rank's block of n
+    /// into `recv`.
+    #[pyo3(signature = (send, recv, dtype, op="sum", timeout=None))]
+    fn reduce_scatter(
+        &self,
+        send: &Bound<'_, PyAny>,
+        recv: &Bound<'_, PyAny>,
+        dtype: &str,
+        op: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<PyWork> {
+        let (dt, op, t) = (datatype(dtype)?, redop(op)?, timeout_of(timeout)?);
+        let s = Buf::get(send, false, "reduce_scatter input")?;
+        let mut r = Buf::get(recv, true, "reduce_scatter output")?;
+        disjoint(&s, &r)?;
+        let n = count_of(r.len(), dt, "reduce_scatter output")?;
+        Ok(
+            self.work(self.inner.submit(CollKind::ReduceScatter, t, move |c| {
+                c.reduce_scatter(s.as_ref(), r.as_mut(), n, dt, op)
+                    .map(|()| Done::Two(s, r))
+            })),
+        )
+    }
+
+    /// All-to-all: block j of `send` (size blocks of n) to rank j; block i of `recv` from
+    /// rank i.
+    #[pyo3(signature = (send, recv, dtype, timeout=None))]
+    fn all_to_all(
+        &self,
+        send: &Bound<'_, PyAny>,
+        recv: &Bound<'_, PyAny>,
+        dtype: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<PyWork> {
+        let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
+        let s = Buf::get(send, false, "all_to_all input")?;
+        let mut r = Buf::get(recv, true, "all_to_all output")?;
+        disjoint(&s, &r)?;
+        let total = count_of(s.len(), dt, "all_to_all input")?;
+        let size = self.inner.nranks();
+        if total % size != 0 {
+            return Err(PyValueError::new_err(format!(
+                "all_to_all input: {total} elements is not {size} equal blocks"
+            )));
+        }
+        let n = total / size;
+        Ok(
+            self.work(self.inner.submit(CollKind::AllToAll, t, move |c| {
+                c.all_to_all(s.as_ref(), r.as_mut(), n, dt)
+                    .map(|()| Done::Two(s, r))
+            })),
+        )
+    }
+
+    /// Sends `buf` to `peer`.
+    #[pyo3(signature = (buf, dtype, peer, timeout=None))]
+    fn send(
+        &self,
+        buf: &Bound<'_, PyAny>,
+        dtype: &str,
+        peer: usize,
+        timeout: Option<f64>,
+    ) -> PyResult<PyWork> {
+        let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
+        let b = Buf::get(buf, false, "send buffer")?;
+        let n = count_of(b.len(), dt, "send buffer")?;
+        Ok(
+            self.work(self.inner.submit(CollKind::SendRecv, t, move |c| {
+                c.send(b.as_ref(), n, dt, peer).map(|()| Done::One(b))
+            })),
+        )
+    }
+
+    /// Receives into `buf` from `peer` (the sender's count must equal this buffer's).
+    #[pyo3(signature = (buf, dtype, peer, timeout=None))]
+    fn recv(
+        &self,
+        buf: &Bound<'_, PyAny>,
+        dtype: &str,
+        peer: usize,
+        timeout: Option<f64>,
+    ) -> PyResult<PyWork> {
+        let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
+        let mut b = Buf::get(buf, true, "recv buffer")?;
+        let n = count_of(b.len(), dt, "recv buffer")?;
+        Ok(
+            self.work(self.inner.submit(CollKind::SendRecv, t, move |c| {
+                c.recv(b.as_mut(), n, dt, peer).map(|()| Done::One(b))
+            })),
+        )
+    }
+
+    /// Barrier.
+    #[pyo3(signature = (timeout=None))]
+    fn barrier(&self, timeout: Option<f64>) -> PyResult<PyWork> {
+        let t = timeout_of(timeout)?;
+        Ok(self.work(
+            self.inner
+                .submit(CollKind::Barrier, t, |c| c.barrier().map(|()| Done::None)),
+        ))
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyCommunicator>()?;
+    m.add_class::<PyWork>()?;
+    m.add(
+        "CollectiveError",
+        m.py().get_type_bound::<CollectiveError>(),
+    )?;
+    Ok(())
+}
