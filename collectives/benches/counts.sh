@@ -36,8 +36,8 @@ for tool in strace perf python3; do
     command -v $tool >/dev/null || { echo "counts.sh needs $tool" >&2; exit 1; }
 done
 (cd "$ROOT" && cargo build --release -q -p collectives --bin coll-perf -p hca --bin rdma-perf)
-CP=$TARGET/release/coll-perf
-RP=$TARGET/release/rdma-perf
+CP=${COLL_PERF:-$TARGET/release/coll-perf}
+RP=${RDMA_PERF:-$TARGET/release/rdma-perf}
 
 echo "# $(date -u +%FT%TZ); load before: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) CPUs; $(uname -r)"
 
@@ -84,7 +84,7 @@ names = sorted(set(ca) | set(cb), key=lambda k: -cb.get(k, (0, 0))[0])
 det = " ".join(
     f"{k} {(cb.get(k,(0,0))[0]-ca.get(k,(0,0))[0])/u:.1f}"
     f"({(cb.get(k,(0,0))[0]-cb.get(k,(0,0))[1]-ca.get(k,(0,0))[0]+ca.get(k,(0,0))[1])/u:.1f} ok)"
-    for k in names[:6])
+    for k in names[:8])
 print(f"syscalls {(tb-ta)/u:.1f} (ok {(tb-eb-ta+ea)/u:.1f}, failed {(eb-ea)/u:.1f}): {det}")
 PY
 }

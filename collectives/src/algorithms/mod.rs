@@ -435,8 +435,10 @@ impl Op<'_> {
         let c = wait_chunk(rconn, rank, from, &desc, chunk, len, timeout)?;
         let sconn = sside.conn().map_err(te)?;
         f(c.data, slot_of_len(sconn, to, len, timeout).map_err(te)?)?;
-        sconn.post(len, chunk as u16, &send_desc).map_err(te)?;
+        // The slot is consumed (f is done): return it first, so that a transport that defers
+        // the credit (RoCE) sends it with the post, in one round.
         rconn.release().map_err(te)?;
+        sconn.post(len, chunk as u16, &send_desc).map_err(te)?;
         sside.sent += 1;
         sside.dirty = true;
         rside.received += 1;
