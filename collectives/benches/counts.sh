@@ -113,6 +113,35 @@ if [ "${COUNTS_SKIP_COLL:-0}" != 1 ]; then
     done
 fi
 
+# The device's own counters (COLL_ROCE_STATS=1, no strace): sendmmsg(2) calls (tx_calls), receive
+# calls that got data (rx_calls), GSO trains and progress rounds, summed over ranks.
+stats_run() { # size iters
+    COLL_ROCE_STATS=1 "$CP" all-reduce --ranks "$NRANKS" --transport roce -d float -o sum \
+        -b "$1" -e "$1" -n "$2" -w 1 -c 0 2>&1 >/dev/null | python3 -c '
+import re, sys
+t = {"tx_calls": 0, "rx_calls": 0, "tx_gso_trains": 0, "rounds": 0, "inline_rounds": 0, "sent_pkts": 0}
+for line in sys.stdin:
+    for k in t:
+        for m in re.finditer(r"\b" + k + r": (\d+)", line):
+            t[k] += int(m.group(1))
+print(" ".join(f"{k}={v}" for k, v in t.items()))'
+}
+
+if [ "${COUNTS_SKIP_COLL:-0}" != 1 ]; then
+    echo "# 1b. the device counters per all-reduce per rank (COLL_ROCE_STATS=1, no strace)"
+    for s in $SIZES; do
+        a=$(stats_run "$s" "$ITERS_A")
+        b=$(stats_run "$s" "$ITERS_B")
+        python3 - "$a" "$b" "$(((ITERS_B - ITERS_A) * NRANKS))" "$s" <<'PY'
+import sys
+pa = dict(kv.split("=") for kv in sys.argv[1].split())
+pb = dict(kv.split("=") for kv in sys.argv[2].split())
+u = float(sys.argv[3])
+print(f"{sys.argv[4]:>5}  " + "   ".join(f"{k} {(int(pb[k]) - int(pa[k])) / u:.1f}" for k in pa))
+PY
+    done
+fi
+
 lat_pair() { # iters tag wrapper...
     local n=$1 tag=$2
     shift 2

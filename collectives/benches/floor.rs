@@ -121,9 +121,9 @@ fn setsockopt(fd: RawFd, level: i32, name: i32, val: i32) -> io::Result<()> {
 
 /// The ring's edges: `edges[r]` sends to `r + 1` and receives from `r - 1`.
 fn connect_ring(wire: &str, n: usize) -> io::Result<Vec<Edge>> {
-    let mut tx = Vec::new();
-    let mut rx = Vec::new();
     if wire == "udp" {
+        let mut tx = Vec::new();
+        let mut rx = Vec::new();
         let socks: Vec<(UdpSocket, UdpSocket)> = (0..n)
             .map(|_| Ok((UdpSocket::bind("127.0.0.1:0")?, UdpSocket::bind("127.0.0.1:0")?)))
             .collect::<io::Result<_>>()?;
@@ -159,6 +159,7 @@ fn connect_ring(wire: &str, n: usize) -> io::Result<Vec<Edge>> {
         let listeners: Vec<TcpListener> = (0..n)
             .map(|_| TcpListener::bind("127.0.0.1:0"))
             .collect::<io::Result<_>>()?;
+        let mut tx = Vec::new();
         let mut accepted = Vec::new();
         for r in 0..n {
             let t = TcpStream::connect(listeners[(r + 1) % n].local_addr()?)?;
