@@ -38,6 +38,9 @@ step "the fuzz crate builds" cargo check --manifest-path roce/fuzz/Cargo.toml
 step "the hca fuzz crate builds" cargo check --manifest-path hca/fuzz/Cargo.toml
 # Includes the verbs conformance suite on the software backends (tests/tests/verbs_conformance.rs: the fabric and
 # UDP runs must pass every case and agree field for field; about 3 s); its run on rxe0 is in the guest below.
+# Also the drop-in libibverbs.so.1 (hca/abi/tests): Debian's ibverbs-utils and perftest 4.5 binaries
+# (ib_{send,write,read,atomic}_{bw,lat}: default API, --use_old_post_send, -q 4, -a; about 85 s of it) and
+# the ibv_qp_ex / ibv_cq_ex C test, all unmodified programs over two loopback addresses.
 step "cargo test --workspace" cargo test --workspace
 # Real peers: Linux soft-RoCE (rdma_rxe) and rdma-core's tools in QEMU TCG guests (tests/guest/README.md).
 step "guest harness setup (kernel, initramfs)" bash tests/guest/setup.sh

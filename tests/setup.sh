@@ -14,6 +14,9 @@ command -v ibv_rc_pingpong >/dev/null 2>&1 || need+=(ibverbs-utils)
 command -v ib_write_bw >/dev/null 2>&1 || need+=(perftest)
 command -v objdump >/dev/null 2>&1 || need+=(binutils)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+[ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
+# hca/abi/tests/pyverbs.rs runs rdma-core's pyverbs test suite (shipped in python3-pyverbs) on it.
+/usr/bin/python3 -c 'import pyverbs' >/dev/null 2>&1 || need+=(python3-pyverbs)
 
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then

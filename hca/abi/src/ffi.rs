@@ -14,6 +14,7 @@
 // The constants keep verbs.h's names, as bindgen writes them.
 #![allow(non_upper_case_globals)]
 
+use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use core::mem::{offset_of, size_of};
 use core::ptr::{self, null_mut};
@@ -35,31 +36,34 @@ use hca::{
 
 use crate::config::{device_specs, DeviceConfig};
 
-/// Gives `$name` the version `$ver` (`@@`: the default a program links against).
-macro_rules! symver {
-    ($name:ident, $ver:literal) => {
-        core::arch::global_asm!(concat!(
-            ".symver ",
-            stringify!($name),
-            ", ",
-            stringify!($name),
-            "@@",
-            $ver
-        ));
-    };
-}
+// ibv_create_qp_ex / ibv_create_cq_ex: an implementation file of this module.
+mod extended;
 
 /// Most SGEs one WR may carry (rxe's `max_sge` is 32; the device reports its own limit).
-const MAX_SGE: usize = 32;
+pub(crate) const MAX_SGE: usize = 32;
+
+/// `IB_UVERBS_ACCESS_OPTIONAL_RANGE` (bits 20..=29, `IBV_ACCESS_RELAXED_ORDERING` first): access
+/// flags a provider may ignore (`<infiniband/ib_user_ioctl_verbs.h>`; ibv_reg_mr(3) "optional
+/// access flags"); the software HCA ignores them, as a kernel that does not know them does.
+const ACCESS_OPTIONAL_RANGE: c_uint = (((1 << 29) << 1) - 1) & !((1 << 20) - 1);
+
+/// `IBV_DEVICE_SYS_IMAGE_GUID` (verbs.h `enum ibv_device_cap_flags`).
+const DEVICE_SYS_IMAGE_GUID: c_uint = 1 << 11;
+/// `IBV_DEVICE_RC_RNR_NAK_GEN` (verbs.h `enum ibv_device_cap_flags`).
+const DEVICE_RC_RNR_NAK_GEN: c_uint = 1 << 12;
+
+/// `IBV_ACCESS_MW_BIND`: lets memory windows bind to the MR; accepted and ignored, as a device
+/// without memory windows does (none can be allocated: `ibv_alloc_mw` fails with `EOPNOTSUPP`).
+const ACCESS_MW_BIND: c_uint = 1 << 4;
 
 /// `IBV_LINK_LAYER_ETHERNET`.
 const LINK_LAYER_ETHERNET: u8 = 2;
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn set_errno(e: c_int) {
+pub(crate) fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno slot.
     unsafe { *libc::__errno_location() = e };
 }
@@ -70,9 +74,9 @@ fn set_errno(e: c_int) {
 /// A range of the program's memory registered with ibv_reg_mr(3). The verbs contract makes the
 /// program keep it allocated until ibv_dereg_mr(3), as with any HCA.
 #[derive(Debug)]
-struct AppMemory {
-    base: usize,
-    len: usize,
+pub(crate) struct AppMemory {
+    pub(crate) base: usize,
+    pub(crate) len: usize,
 }
 
 impl AppMemory {
@@ -314,8 +318,14 @@ struct AbiChannel {
 type ChannelOf = (usize, Arc<EventQueue<usize>>);
 
 /// The Rust side of a context.
-struct Inner {
-    verbs: Arc<dyn Verbs>,
+pub(crate) struct Inner {
+    pub(crate) verbs: Arc<dyn Verbs>,
+    /// The HCA this context is on, shared with the process's other contexts on it.
+    shared: Arc<Shared>,
+    /// `context->cmd_fd`: rdma-core's is the kernel uverbs device; here `/dev/null`, so that a
+    /// program may dup(2) or close-on-exec it as it would the real one (ibv_import_device on it
+    /// then fails with `EOPNOTSUPP`).
+    cmd_fd: OwnedFd,
     /// The CQs with a completion channel: handle -> (`struct ibv_cq` address, channel).
     cqs: Mutex<HashMap<CqHandle, ChannelOf>>,
     /// Async events, as `struct ibv_async_event`s (element addresses resolved when queued).
@@ -333,41 +343,80 @@ unsafe impl Send for Inner {}
 unsafe impl Sync for Inner {}
 
 impl Inner {
-    /// Routes what the device queued: CQ events to their channels, async events to the async
-    /// queue (the device's event hook).
+    /// Queues `ev` on this context's async queue if the element is one of its objects (or the
+    /// port / device, which every context hears); whether it was queued.
+    fn route_async(&self, ev: &hca::AsyncEvent) -> bool {
+        let mut raw = ibv_async_event {
+            event_type: ev.event_type as u32,
+            ..ibv_async_event::default()
+        };
+        let found = match ev.element {
+            EventElement::Cq(h) => lock(&self.cq_addrs).get(&h).map(|&a| {
+                raw.element.cq = a as *mut ibv_cq;
+            }),
+            EventElement::Qp(qpn) => lock(&self.qps).get(&qpn).map(|&a| {
+                raw.element.qp = a as *mut ibv_qp;
+            }),
+            EventElement::Srq(h) => lock(&self.srqs).get(&h).map(|&a| {
+                raw.element.srq = a as *mut ibv_srq;
+            }),
+            EventElement::Port(p) => {
+                raw.element.port_num = c_int::from(p);
+                Some(())
+            }
+            EventElement::Device => Some(()),
+        };
+        if found.is_some() {
+            self.async_events.push(raw);
+        }
+        found.is_some()
+    }
+}
+
+/// One opened software HCA and the contexts of this process on it: ibv_open_device on a device
+/// already open in the process opens another context on the same HCA (as a kernel device
+/// serves many contexts), since the HCA's UDP port can be bound once.
+pub(crate) struct Shared {
+    verbs: Arc<dyn Verbs>,
+    contexts: Mutex<Vec<Weak<Inner>>>,
+    /// The process that opened it: a child of fork(2) inherits the map but not the HCA's
+    /// progress thread, so it opens devices of its own.
+    pid: u32,
+}
+
+impl Shared {
+    /// Routes what the device queued (its event hook): a CQ event to the channel of the context
+    /// owning the CQ, an async event to the context owning its element (port and device events
+    /// to every context).
     fn dispatch(&self) {
+        let live: Vec<Arc<Inner>> = lock(&self.contexts)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
         while let Some(cq) = self.verbs.poll_cq_event() {
-            let target = lock(&self.cqs).get(&cq).cloned();
-            if let Some((addr, channel)) = target {
-                channel.push(addr);
+            for i in &live {
+                let target = lock(&i.cqs).get(&cq).cloned();
+                if let Some((addr, channel)) = target {
+                    channel.push(addr);
+                    break;
+                }
             }
         }
         while let Some(ev) = self.verbs.poll_event() {
-            let mut raw = ibv_async_event {
-                event_type: ev.event_type as u32,
-                ..ibv_async_event::default()
-            };
-            let found = match ev.element {
-                EventElement::Cq(h) => lock(&self.cq_addrs).get(&h).map(|&a| {
-                    raw.element.cq = a as *mut ibv_cq;
-                }),
-                EventElement::Qp(qpn) => lock(&self.qps).get(&qpn).map(|&a| {
-                    raw.element.qp = a as *mut ibv_qp;
-                }),
-                EventElement::Srq(h) => lock(&self.srqs).get(&h).map(|&a| {
-                    raw.element.srq = a as *mut ibv_srq;
-                }),
-                EventElement::Port(p) => {
-                    raw.element.port_num = c_int::from(p);
-                    Some(())
+            let broadcast = matches!(ev.element, EventElement::Port(_) | EventElement::Device);
+            for i in &live {
+                if i.route_async(&ev) && !broadcast {
+                    break;
                 }
-                EventElement::Device => Some(()),
-            };
-            if found.is_some() {
-                self.async_events.push(raw);
             }
         }
     }
+}
+
+/// The HCAs open in this process, by device index (a `Weak`: the last context's close drops it).
+fn open_devices() -> &'static Mutex<HashMap<usize, Weak<Shared>>> {
+    static OPEN: OnceLock<Mutex<HashMap<usize, Weak<Shared>>>> = OnceLock::new();
+    OPEN.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
 /// A context: `struct verbs_context` (ending with the `struct ibv_context` handed out) first.
@@ -384,29 +433,38 @@ const CONTEXT_OFFSET: usize = offset_of!(AbiContext, vctx) + offset_of!(verbs_co
 ///
 /// # Safety
 /// `ctx` was returned by [`ibv_open_device`] and not closed.
-unsafe fn inner<'a>(ctx: *mut ibv_context) -> &'a Inner {
+pub(crate) unsafe fn inner<'a>(ctx: *mut ibv_context) -> &'a Inner {
     // SAFETY: the caller's promise; `ibv_context` sits at CONTEXT_OFFSET of an AbiContext.
     unsafe { &(*ctx.cast::<u8>().sub(CONTEXT_OFFSET).cast::<AbiContext>()).inner }
 }
 
 #[repr(C)]
-struct AbiPd {
-    pd: ibv_pd,
-    handle: PdHandle,
+pub(crate) struct AbiPd {
+    pub(crate) pd: ibv_pd,
+    pub(crate) handle: PdHandle,
 }
 #[repr(C)]
 struct AbiMr {
     mr: ibv_mr,
+    /// The mapping of a dma-buf MR, unmapped when the MR is freed.
+    _mapping: Option<Mapping>,
 }
+/// A CQ: `struct ibv_cq_ex` first, whose leading fields are `struct ibv_cq`'s (verbs.h keeps
+/// them in step, so `ibv_cq_ex_to_cq` is a cast), then the handle and the completion that
+/// `start_poll` / `next_poll` took (the `read_*` callbacks read it).
 #[repr(C)]
-struct AbiCq {
-    cq: ibv_cq,
-    handle: CqHandle,
+pub(crate) struct AbiCq {
+    pub(crate) cqx: ibv_cq_ex,
+    pub(crate) handle: CqHandle,
+    pub(crate) current: UnsafeCell<WorkCompletion>,
 }
+/// A QP: `struct ibv_qp_ex` first, which starts with `struct ibv_qp` (`qp_base`), then its type
+/// and, for a QP made by ibv_create_qp_ex with send-ops flags, the work-request builder.
 #[repr(C)]
-struct AbiQp {
-    qp: ibv_qp,
-    qp_type: QpType,
+pub(crate) struct AbiQp {
+    pub(crate) qpx: ibv_qp_ex,
+    pub(crate) qp_type: QpType,
+    pub(crate) builder: Option<Box<UnsafeCell<extended::Builder>>>,
 }
 #[repr(C)]
 struct AbiSrq {
@@ -414,19 +472,19 @@ struct AbiSrq {
     handle: SrqHandle,
 }
 #[repr(C)]
-struct AbiAh {
-    ah: ibv_ah,
-    handle: AhHandle,
+pub(crate) struct AbiAh {
+    pub(crate) ah: ibv_ah,
+    pub(crate) handle: AhHandle,
 }
 
 /// The errno of a refused verb (`EIO` for a device failure that carries none).
-fn errno_of(e: &hca::verbs::api::DeviceError) -> c_int {
+pub(crate) fn errno_of(e: &hca::verbs::api::DeviceError) -> c_int {
     e.errno().unwrap_or(libc::EIO)
 }
 
 /// What an object-creating verb hands the program: `make(value)` boxed, as the C struct it starts
 /// with (`repr(C)`, first field), or null with `errno` set when the verb was refused.
-fn boxed_or_null<T, A, C>(
+pub(crate) fn boxed_or_null<T, A, C>(
     made: Result<T, hca::verbs::api::DeviceError>,
     make: impl FnOnce(T) -> A,
 ) -> *mut C {
@@ -444,7 +502,7 @@ fn boxed_or_null<T, A, C>(
 ///
 /// # Safety
 /// `obj` is from `Box::into_raw` (as [`boxed_or_null`] makes it) and is not used after a 0 return.
-unsafe fn free_if_destroyed<A>(
+pub(crate) unsafe fn free_if_destroyed<A>(
     destroyed: Result<(), hca::verbs::api::DeviceError>,
     obj: *mut A,
 ) -> c_int {
@@ -543,14 +601,45 @@ symver!(ibv_get_device_index, "IBVERBS_1.9");
 pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
     // SAFETY: the caller's promise: an AbiDevice.
     let dev = unsafe { &*device.cast::<AbiDevice>() };
-    let verbs = match open(&dev.config.spec, &OpenOptions::default()) {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("libibverbs (software HCA): {}: {e}", dev.config.name);
-            set_errno(e.errno().unwrap_or(libc::ENODEV));
-            return null_mut();
+    let index = devices()
+        .iter()
+        .position(|d| ptr::eq(d, dev))
+        .unwrap_or(usize::MAX);
+    let mut open_now = lock(open_devices());
+    let reusable = open_now
+        .get(&index)
+        .and_then(Weak::upgrade)
+        .filter(|s| s.pid == std::process::id());
+    let shared = match reusable {
+        Some(s) => s,
+        None => {
+            let verbs = match open(&dev.config.spec, &OpenOptions::default()) {
+                Ok(v) => v,
+                Err(e) => {
+                    eprintln!("libibverbs (software HCA): {}: {e}", dev.config.name);
+                    set_errno(e.errno().unwrap_or(libc::ENODEV));
+                    return null_mut();
+                }
+            };
+            let shared = Arc::new(Shared {
+                verbs: verbs.clone(),
+                contexts: Mutex::new(Vec::new()),
+                pid: std::process::id(),
+            });
+            let weak: Weak<Shared> = Arc::downgrade(&shared);
+            if let Err(e) = verbs.set_event_hook(Box::new(move || {
+                if let Some(s) = weak.upgrade() {
+                    s.dispatch();
+                }
+            })) {
+                eprintln!("libibverbs (software HCA): {}: {e}", dev.config.name);
+            }
+            open_now.insert(index, Arc::downgrade(&shared));
+            shared
         }
     };
+    drop(open_now);
+    let verbs = shared.verbs.clone();
     let async_events = match EventQueue::new() {
         Ok(q) => q,
         Err(e) => {
@@ -558,30 +647,43 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             return null_mut();
         }
     };
+    // SAFETY: open(2) of a constant path; a new descriptor or -1.
+    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if null < 0 {
+        set_errno(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EMFILE),
+        );
+        return null_mut();
+    }
     let inner = Arc::new(Inner {
         verbs: verbs.clone(),
+        shared: shared.clone(),
+        // SAFETY: the descriptor just opened, owned here.
+        cmd_fd: unsafe { OwnedFd::from_raw_fd(null) },
         cqs: Mutex::new(HashMap::new()),
         async_events,
         qps: Mutex::new(HashMap::new()),
         srqs: Mutex::new(HashMap::new()),
         cq_addrs: Mutex::new(HashMap::new()),
     });
-    let weak: Weak<Inner> = Arc::downgrade(&inner);
-    if let Err(e) = verbs.set_event_hook(Box::new(move || {
-        if let Some(i) = weak.upgrade() {
-            i.dispatch();
-        }
-    })) {
-        eprintln!("libibverbs (software HCA): {}: {e}", dev.config.name);
+    {
+        let mut contexts = lock(&shared.contexts);
+        contexts.retain(|w| w.strong_count() > 0);
+        contexts.push(Arc::downgrade(&inner));
     }
     let async_fd = inner.async_events.fd.as_raw_fd();
     let mut vctx = verbs_context {
         query_port: Some(vctx_query_port),
+        create_qp_ex: Some(extended::vctx_create_qp_ex),
+        query_device_ex: Some(vctx_query_device_ex),
+        create_cq_ex: Some(extended::vctx_create_cq_ex),
         sz: size_of::<verbs_context>(),
         ..verbs_context::default()
     };
     vctx.context.device = device;
-    vctx.context.cmd_fd = -1;
+    vctx.context.cmd_fd = inner.cmd_fd.as_raw_fd();
     vctx.context.async_fd = async_fd;
     vctx.context.num_comp_vectors = 1;
     vctx.context.abi_compat = usize::MAX as *mut c_void;
@@ -598,7 +700,8 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
 }
 symver!(ibv_open_device, "IBVERBS_1.1");
 
-/// ibv_close_device(3): closes the device (its QPs flush) and frees the context.
+/// ibv_close_device(3): frees the context; the last context of the process on its device closes
+/// the software HCA (its QPs flush).
 ///
 /// # Safety
 /// `context` is open; the program destroyed (or abandons) its objects.
@@ -613,7 +716,14 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
                 .cast::<AbiContext>(),
         )
     };
-    b.inner.verbs.close();
+    let shared = b.inner.shared.clone();
+    drop(b);
+    let mut open_now = lock(open_devices());
+    // The last context on the HCA closes it (its QPs flush); the map's entry is a Weak.
+    if Arc::strong_count(&shared) == 1 {
+        shared.verbs.close();
+        open_now.retain(|_, w| !ptr::eq(w.as_ptr(), Arc::as_ptr(&shared)));
+    }
     0
 }
 symver!(ibv_close_device, "IBVERBS_1.1");
@@ -635,12 +745,19 @@ fn device_attr(a: &DeviceAttr, guid: u64) -> ibv_device_attr {
     out.sys_image_guid = guid.to_be();
     out.max_mr_size = a.max_mr_size;
     out.page_size_cap = a.page_size_cap;
-    out.vendor_id = a.vendor_id;
+    // rxe's RXE_VENDOR_ID (rxe_param.h) where the HCA names no vendor.
+    out.vendor_id = if a.vendor_id == 0 {
+        0x00ff_ffff
+    } else {
+        a.vendor_id
+    };
     out.vendor_part_id = a.vendor_part_id;
     out.hw_ver = a.hw_ver;
     out.max_qp = c(a.max_qp);
     out.max_qp_wr = c(a.max_qp_wr);
-    out.device_cap_flags = 0;
+    // What the software HCA does of rxe's RXE_DEVICE_CAP_FLAGS (rxe_param.h): a system image
+    // GUID and RNR NAKs on RC; not memory windows, path migration or SRQ resizing.
+    out.device_cap_flags = DEVICE_SYS_IMAGE_GUID | DEVICE_RC_RNR_NAK_GEN;
     out.max_sge = c(a.max_sge);
     out.max_sge_rd = c(a.max_sge_rd);
     out.max_cq = c(a.max_cq);
@@ -678,6 +795,43 @@ pub unsafe extern "C" fn ibv_query_device(
 }
 symver!(ibv_query_device, "IBVERBS_1.1");
 
+/// `verbs_context->query_device_ex`, which verbs.h's inline ibv_query_device_ex(3) calls: the
+/// attributes of ibv_query_device(3) in `orig_attr`, `device_cap_flags_ex` repeating
+/// `device_cap_flags` and `phys_port_cnt_ex` 1 (as rxe's kernel driver reports them); the
+/// extensions the software HCA lacks (ODP, TSO, RSS, packet pacing, tag matching, device memory,
+/// PCI atomics, completion timestamps) are zero. Copies at most `attr_size` bytes (a program
+/// built against a shorter `struct ibv_device_attr_ex`); `EINVAL` when `input` has a
+/// `comp_mask` bit set or `attr_size` is below `struct ibv_device_attr`.
+///
+/// # Safety
+/// `context` is open; `attr` points to `attr_size` bytes; `input` is null or valid.
+unsafe extern "C" fn vctx_query_device_ex(
+    context: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    // SAFETY: the caller's input, if any.
+    if unsafe { input.as_ref() }.is_some_and(|x| x.comp_mask != 0)
+        || attr_size < size_of::<ibv_device_attr>()
+    {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller's promise.
+    let (i, dev) = unsafe { (inner(context), &*(*context).device.cast::<AbiDevice>()) };
+    let orig = device_attr(&i.verbs.query_device(), dev.guid);
+    let ex = ibv_device_attr_ex {
+        orig_attr: orig,
+        device_cap_flags_ex: u64::from(orig.device_cap_flags),
+        phys_port_cnt_ex: u32::from(orig.phys_port_cnt),
+        ..ibv_device_attr_ex::default()
+    };
+    let n = attr_size.min(size_of::<ibv_device_attr_ex>());
+    // SAFETY: `n` bytes fit both the local and the caller's structure.
+    unsafe { ptr::copy_nonoverlapping(ptr::from_ref(&ex).cast::<u8>(), attr.cast::<u8>(), n) };
+    0
+}
+
 fn port_attr(v: &dyn Verbs) -> ibv_port_attr {
     let p = v.query_port();
     ibv_port_attr {
@@ -708,6 +862,15 @@ fn port_attr(v: &dyn Verbs) -> ibv_port_attr {
 
 /// `verbs_context->query_port`, which verbs.h's inline ibv_query_port calls: copies at most
 /// `len` bytes (a program built against an older, shorter `struct ibv_port_attr`).
+/// Port 1's attributes, the whole current `struct ibv_port_attr`.
+///
+/// # Safety
+/// `context` is open.
+pub(crate) unsafe fn query_port_full(context: *mut ibv_context, out: &mut ibv_port_attr) -> c_int {
+    // SAFETY: the caller's context; `out` is a whole structure.
+    unsafe { vctx_query_port(context, 1, out, size_of::<ibv_port_attr>()) }
+}
+
 unsafe extern "C" fn vctx_query_port(
     context: *mut ibv_context,
     port_num: u8,
@@ -937,7 +1100,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
 }
 symver!(ibv_dealloc_pd, "IBVERBS_1.1");
 
-/// ibv_reg_mr_iova2(3).
+/// ibv_reg_mr_iova2(3): the optional access flags (`IBV_ACCESS_RELAXED_ORDERING`, ...) are ignored.
 ///
 /// # Safety
 /// `pd` is from ibv_alloc_pd; `addr .. addr + length` stays allocated until ibv_dereg_mr.
@@ -948,6 +1111,24 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     length: usize,
     iova: u64,
     access: c_uint,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded.
+    unsafe { reg_mr(pd, addr, length, iova, access, None) }
+}
+symver!(ibv_reg_mr_iova2, "IBVERBS_1.8");
+
+/// Registers `addr .. addr + length` of the program's memory (or of `mapping`, which the MR
+/// then owns and unmaps when it is deregistered).
+///
+/// # Safety
+/// As [`ibv_reg_mr_iova2`].
+unsafe fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+    mapping: Option<Mapping>,
 ) -> *mut ibv_mr {
     // SAFETY: the caller's promise: an AbiPd of an open context.
     let p = unsafe { &*pd.cast::<AbiPd>() };
@@ -963,7 +1144,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
         0,
         length,
         iova,
-        AccessFlags::from_bits_retain(access),
+        AccessFlags::from_bits_retain(access & !(ACCESS_OPTIONAL_RANGE | ACCESS_MW_BIND)),
     );
     boxed_or_null(registered, |mr| AbiMr {
         mr: ibv_mr {
@@ -975,9 +1156,39 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
             lkey: mr.lkey(),
             rkey: mr.rkey(),
         },
+        _mapping: mapping,
     })
 }
-symver!(ibv_reg_mr_iova2, "IBVERBS_1.8");
+
+/// A dma-buf's pages mapped into the process; munmap(2) when dropped.
+struct Mapping {
+    base: *mut c_void,
+    len: usize,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: a mapping made by ibv_reg_dmabuf_mr, unmapped once, here.
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+/// `DMA_BUF_MAGIC` (`<linux/magic.h>`): the `f_type` fstatfs(2) reports for a dma-buf.
+const DMA_BUF_MAGIC: i64 = 0x444d_4142;
+
+/// Whether `fd` is a dma-buf (its file system is the kernel's dma-buf one).
+// `f_type` is `__fsword_t`: i64 on x86-64, narrower elsewhere.
+#[allow(clippy::useless_conversion)]
+fn is_dmabuf(fd: c_int) -> bool {
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: fstatfs(2) fills the zeroed struct or fails.
+    let mut st: libc::statfs = unsafe { core::mem::zeroed() };
+    // SAFETY: as above.
+    let rc = unsafe { libc::fstatfs(fd, &mut st) };
+    rc == 0 && i64::from(st.f_type) == DMA_BUF_MAGIC
+}
 
 /// ibv_reg_mr(3): the MR's I/O virtual address is `addr`.
 ///
@@ -1012,19 +1223,73 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
 }
 symver!(ibv_reg_mr_iova, "IBVERBS_1.7");
 
-/// ibv_reg_dmabuf_mr(3): not supported by the software HCA in phase 1 (`EOPNOTSUPP`, what NCCL
-/// tests for).
+/// ibv_reg_dmabuf_mr(3): registers `length` bytes at `offset` of the dma-buf `fd` (at I/O
+/// virtual address `iova`) by mapping them into the process with mmap(2), which a dma-buf whose
+/// exporter supports CPU access allows (udmabuf, for one); the mapping lives until
+/// ibv_dereg_mr. `mr->addr` is `offset`, as rdma-core sets it. Null with `errno`:
+/// `EOPNOTSUPP` when `fd` is not a dma-buf (fstatfs(2) type `DMA_BUF_MAGIC`) or cannot be
+/// mapped: what NCCL's probe with `fd` -1 takes for "no dma-buf support", as on rxe;
+/// `EINVAL` for a zero or overflowing length; else as ibv_reg_mr(3).
+///
+/// # Safety
+/// `pd` is from ibv_alloc_pd.
 #[no_mangle]
-pub extern "C" fn ibv_reg_dmabuf_mr(
-    _pd: *mut ibv_pd,
-    _offset: u64,
-    _length: usize,
-    _iova: u64,
-    _fd: c_int,
-    _access: c_int,
+pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
+    pd: *mut ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
 ) -> *mut ibv_mr {
-    set_errno(libc::EOPNOTSUPP);
-    null_mut()
+    if !is_dmabuf(fd) {
+        set_errno(libc::EOPNOTSUPP);
+        return null_mut();
+    }
+    // SAFETY: sysconf(3) has no preconditions.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let start = offset & !(page - 1);
+    let delta = (offset - start) as usize;
+    let (Some(len), Ok(off)) = (length.checked_add(delta), libc::off_t::try_from(start)) else {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    };
+    if length == 0 {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    // SAFETY: a new shared mapping of the caller's dma-buf, or MAP_FAILED.
+    let base = unsafe {
+        libc::mmap(
+            null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            off,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        set_errno(libc::EOPNOTSUPP);
+        return null_mut();
+    }
+    let mapping = Mapping { base, len };
+    // SAFETY: the mapping covers `delta .. delta + length` and lives as long as the MR.
+    let mr = unsafe {
+        reg_mr(
+            pd,
+            base.cast::<u8>().add(delta).cast(),
+            length,
+            iova,
+            access as c_uint,
+            Some(mapping),
+        )
+    };
+    if !mr.is_null() {
+        // SAFETY: just made.
+        unsafe { (*mr).addr = offset as usize as *mut c_void };
+    }
+    mr
 }
 symver!(ibv_reg_dmabuf_mr, "IBVERBS_1.12");
 
@@ -1102,14 +1367,21 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     // SAFETY: the caller's context.
     let i = unsafe { inner(context) };
+    // rxe's checks (rxe_cq_chk_attr): 1 ..= max_cqe entries; the one completion vector, 0.
     let Ok(n) = u32::try_from(cqe) else {
         set_errno(libc::EINVAL);
         return null_mut();
     };
+    // SAFETY: the caller's context.
+    let vectors = unsafe { (*context).num_comp_vectors };
+    if n == 0 || n > i.verbs.query_device().max_cqe || comp_vector < 0 || comp_vector >= vectors {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
     let handle = match i.verbs.create_cq(n) {
         Ok(h) => h,
         Err(e) => {
@@ -1117,20 +1389,24 @@ pub unsafe extern "C" fn ibv_create_cq(
             return null_mut();
         }
     };
-    let mut cq = ibv_cq {
+    let mut cq = ibv_cq_ex {
         context,
         channel,
         cq_context,
         handle: handle.index(),
         cqe,
-        ..ibv_cq::default()
+        ..ibv_cq_ex::default()
     };
     // SAFETY: fresh mutex and condition variable, as libibverbs initialises them.
     unsafe {
         libc::pthread_mutex_init(ptr::from_mut(&mut cq.mutex).cast(), ptr::null());
         libc::pthread_cond_init(ptr::from_mut(&mut cq.cond).cast(), ptr::null());
     }
-    let b = Box::into_raw(Box::new(AbiCq { cq, handle }));
+    let b = Box::into_raw(Box::new(AbiCq {
+        cqx: cq,
+        handle,
+        current: UnsafeCell::new(WorkCompletion::success(0, WcOpcode::Send, 0, 0)),
+    }));
     lock(&i.cq_addrs).insert(handle, b as usize);
     if !channel.is_null() {
         // SAFETY: the caller's channel, an AbiChannel.
@@ -1151,15 +1427,15 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     // SAFETY: the caller's promise.
     let c = unsafe { &*cq.cast::<AbiCq>() };
     // SAFETY: its context is open.
-    let i = unsafe { inner(c.cq.context) };
+    let i = unsafe { inner(c.cqx.context) };
     if let Err(e) = i.verbs.destroy_cq(c.handle) {
         return errno_of(&e);
     }
     lock(&i.cqs).remove(&c.handle);
     lock(&i.cq_addrs).remove(&c.handle);
-    if !c.cq.channel.is_null() {
+    if !c.cqx.channel.is_null() {
         // SAFETY: the channel outlives its CQs (ibv_destroy_comp_channel refuses otherwise).
-        unsafe { (*c.cq.channel).refcnt -= 1 };
+        unsafe { (*c.cqx.channel).refcnt -= 1 };
     }
     // SAFETY: freed once, here.
     drop(unsafe { Box::from_raw(cq.cast::<AbiCq>()) });
@@ -1213,7 +1489,7 @@ unsafe extern "C" fn op_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) ->
     // SAFETY: the caller's CQ, an AbiCq of an open context.
     let (c, i) = unsafe {
         let c = &*cq.cast::<AbiCq>();
-        (c, inner(c.cq.context))
+        (c, inner(c.cqx.context))
     };
     match i.verbs.req_notify_cq(c.handle, solicited_only != 0) {
         Ok(()) => 0,
@@ -1221,7 +1497,7 @@ unsafe extern "C" fn op_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) ->
     }
 }
 
-fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
+pub(crate) fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
     let mut wc = ibv_wc {
         wr_id: w.wr_id,
         status: w.status as u32,
@@ -1249,7 +1525,7 @@ unsafe extern "C" fn op_poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ib
     // SAFETY: the caller's CQ, an AbiCq of an open context.
     let (c, i) = unsafe {
         let c = &*cq.cast::<AbiCq>();
-        (c, inner(c.cq.context))
+        (c, inner(c.cqx.context))
     };
     let want = usize::try_from(num_entries).unwrap_or(0);
     let mut buf = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 16];
@@ -1375,7 +1651,11 @@ symver!(ibv_destroy_srq, "IBVERBS_1.1");
 ///
 /// # Safety
 /// `list` has `n` entries.
-unsafe fn sges(list: *const ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE]) -> Result<usize, c_int> {
+pub(crate) unsafe fn sges(
+    list: *const ibv_sge,
+    n: c_int,
+    out: &mut [Sge; MAX_SGE],
+) -> Result<usize, c_int> {
     let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
     if n > MAX_SGE {
         return Err(libc::EINVAL);
@@ -1392,7 +1672,7 @@ unsafe fn sges(list: *const ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE]) -> Resu
     Ok(n)
 }
 
-const NO_SGE: Sge = Sge {
+pub(crate) const NO_SGE: Sge = Sge {
     addr: 0,
     length: 0,
     lkey: 0,
@@ -1449,6 +1729,16 @@ pub unsafe extern "C" fn ibv_create_qp(
     pd: *mut ibv_pd,
     init: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
+    // SAFETY: the caller's promise.
+    unsafe { create_qp(pd, init) }
+}
+symver!(ibv_create_qp, "IBVERBS_1.1");
+
+/// ibv_create_qp(3)'s work, shared with ibv_create_qp_ex: an [`AbiQp`] without a builder.
+///
+/// # Safety
+/// As [`ibv_create_qp`].
+pub(crate) unsafe fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
     // SAFETY: the caller's promise.
     let (p, a) = unsafe { (&*pd.cast::<AbiPd>(), &mut *init) };
     // SAFETY: its context is open.
@@ -1509,11 +1799,17 @@ pub unsafe extern "C" fn ibv_create_qp(
         libc::pthread_mutex_init(ptr::from_mut(&mut qp.mutex).cast(), ptr::null());
         libc::pthread_cond_init(ptr::from_mut(&mut qp.cond).cast(), ptr::null());
     }
-    let b = Box::into_raw(Box::new(AbiQp { qp, qp_type }));
+    let b = Box::into_raw(Box::new(AbiQp {
+        qpx: ibv_qp_ex {
+            qp_base: qp,
+            ..ibv_qp_ex::default()
+        },
+        qp_type,
+        builder: None,
+    }));
     lock(&i.qps).insert(qpn, b as usize);
     b.cast()
 }
-symver!(ibv_create_qp, "IBVERBS_1.1");
 
 /// ibv_modify_qp(3). PSNs are masked to 24 bits, as rxe and mlx5 do.
 ///
@@ -1528,15 +1824,15 @@ pub unsafe extern "C" fn ibv_modify_qp(
     // SAFETY: the caller's promise.
     let (q, a) = unsafe { (&mut *qp.cast::<AbiQp>(), &*attr) };
     // SAFETY: its context is open.
-    let i = unsafe { inner(q.qp.context) };
+    let i = unsafe { inner(q.qpx.qp_base.context) };
     let mut rust = translate::qp_attr_from(a);
     rust.sq_psn &= 0x00ff_ffff;
     rust.rq_psn &= 0x00ff_ffff;
     let mask = QpAttrMask::from_bits_retain(mask as u32);
-    match i.verbs.modify_qp(q.qp.qp_num, &rust, mask) {
+    match i.verbs.modify_qp(q.qpx.qp_base.qp_num, &rust, mask) {
         Ok(_) => {
             if mask.contains(QpAttrMask::STATE) {
-                q.qp.state = a.qp_state;
+                q.qpx.qp_base.state = a.qp_state;
             }
             0
         }
@@ -1559,21 +1855,21 @@ pub unsafe extern "C" fn ibv_query_qp(
     // SAFETY: the caller's promise.
     let q = unsafe { &mut *qp.cast::<AbiQp>() };
     // SAFETY: its context is open.
-    let i = unsafe { inner(q.qp.context) };
-    match i.verbs.query_qp(q.qp.qp_num) {
+    let i = unsafe { inner(q.qpx.qp_base.context) };
+    match i.verbs.query_qp(q.qpx.qp_base.qp_num) {
         Ok((a, ini)) => {
             let raw = translate::qp_attr(&a);
-            q.qp.state = raw.qp_state;
+            q.qpx.qp_base.state = raw.qp_state;
             // SAFETY: the caller's out parameters.
             unsafe {
                 *attr = raw;
                 *init = ibv_qp_init_attr {
-                    qp_context: q.qp.qp_context,
-                    send_cq: q.qp.send_cq,
-                    recv_cq: q.qp.recv_cq,
-                    srq: q.qp.srq,
+                    qp_context: q.qpx.qp_base.qp_context,
+                    send_cq: q.qpx.qp_base.send_cq,
+                    recv_cq: q.qpx.qp_base.recv_cq,
+                    srq: q.qpx.qp_base.srq,
                     cap: translate::qp_cap(&ini.cap),
-                    qp_type: q.qp.qp_type,
+                    qp_type: q.qpx.qp_base.qp_type,
                     sq_sig_all: c_int::from(ini.sq_sig_all),
                 };
             }
@@ -1593,10 +1889,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     // SAFETY: the caller's promise.
     let q = unsafe { &*qp.cast::<AbiQp>() };
     // SAFETY: its context is open.
-    let i = unsafe { inner(q.qp.context) };
-    match i.verbs.destroy_qp(q.qp.qp_num) {
+    let i = unsafe { inner(q.qpx.qp_base.context) };
+    match i.verbs.destroy_qp(q.qpx.qp_base.qp_num) {
         Ok(()) => {
-            lock(&i.qps).remove(&q.qp.qp_num);
+            lock(&i.qps).remove(&q.qpx.qp_base.qp_num);
+            extended::drop_builder(q);
             // SAFETY: freed once, here.
             drop(unsafe { Box::from_raw(qp.cast::<AbiQp>()) });
             0
@@ -1606,11 +1903,18 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 }
 symver!(ibv_destroy_qp, "IBVERBS_1.1");
 
-/// `struct ibv_qp_ex` of a QP: null, as rdma-core for a QP not made by ibv_create_qp_ex (which
-/// this library does not offer in phase 1).
+/// ibv_qp_to_qp_ex(3): the `struct ibv_qp_ex` of a QP made by ibv_create_qp_ex (the same
+/// address: `qp_base` is its first field); null for one made by ibv_create_qp, as rdma-core.
+///
+/// # Safety
+/// `qp` is from ibv_create_qp or ibv_create_qp_ex.
 #[no_mangle]
-pub extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
-    null_mut()
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // SAFETY: the caller's QP, an AbiQp.
+    match unsafe { qp.cast::<AbiQp>().as_ref() } {
+        Some(q) if q.builder.is_some() => qp.cast(),
+        _ => null_mut(),
+    }
 }
 symver!(ibv_qp_to_qp_ex, "IBVERBS_1.6");
 
@@ -1618,7 +1922,7 @@ symver!(ibv_qp_to_qp_ex, "IBVERBS_1.6");
 ///
 /// # Safety
 /// `r` is a valid WR (its AH, for UD, from ibv_create_ah).
-unsafe fn send_op(r: &ibv_send_wr, qp_type: QpType) -> Result<SendOp, c_int> {
+pub(crate) unsafe fn send_op(r: &ibv_send_wr, qp_type: QpType) -> Result<SendOp, c_int> {
     // SAFETY: plain-data unions read as the opcode says.
     unsafe {
         let imm = u32::from_be(r.__bindgen_anon_1.imm_data);
@@ -1686,7 +1990,7 @@ unsafe extern "C" fn op_post_send(
     // SAFETY: the caller's QP, an AbiQp of an open context.
     let (q, i) = unsafe {
         let q = &*qp.cast::<AbiQp>();
-        (q, inner(q.qp.context))
+        (q, inner(q.qpx.qp_base.context))
     };
     let mut buf = [NO_SGE; MAX_SGE];
     let mut w = wr;
@@ -1699,7 +2003,7 @@ unsafe extern "C" fn op_post_send(
             let op = unsafe { send_op(r, q.qp_type) }?;
             i.verbs
                 .post_send(
-                    q.qp.qp_num,
+                    q.qpx.qp_base.qp_num,
                     &SendWr {
                         wr_id: r.wr_id,
                         sg_list: &buf[..n],
@@ -1727,7 +2031,7 @@ unsafe extern "C" fn op_post_recv(
     // SAFETY: the caller's QP, an AbiQp of an open context.
     let (q, i) = unsafe {
         let q = &*qp.cast::<AbiQp>();
-        (q, inner(q.qp.context))
+        (q, inner(q.qpx.qp_base.context))
     };
     let mut buf = [NO_SGE; MAX_SGE];
     let mut w = wr;
@@ -1738,7 +2042,7 @@ unsafe extern "C" fn op_post_recv(
         let rc = unsafe { sges(r.sg_list, r.num_sge, &mut buf) }.and_then(|n| {
             i.verbs
                 .post_recv(
-                    q.qp.qp_num,
+                    q.qpx.qp_base.qp_num,
                     &RecvWr {
                         wr_id: r.wr_id,
                         sg_list: &buf[..n],
@@ -1816,7 +2120,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
 ) -> c_int {
     // SAFETY: the caller's context.
     let i = unsafe { inner(context) };
-    i.dispatch();
+    i.shared.dispatch();
     match i.async_events.pop() {
         Ok(ev) => {
             // SAFETY: the caller's out parameter.

@@ -39,6 +39,23 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
+/// Gives `$name` the version `$ver` (`@@`: the default a program links against); build.rs
+/// writes the version script from these lines.
+macro_rules! symver {
+    ($name:ident, $ver:literal) => {
+        core::arch::global_asm!(concat!(
+            ".symver ",
+            stringify!($name),
+            ", ",
+            stringify!($name),
+            "@@",
+            $ver
+        ));
+    };
+}
+
+#[allow(unsafe_code)]
+mod compat;
 pub mod config;
 #[allow(unsafe_code)]
 mod ffi;

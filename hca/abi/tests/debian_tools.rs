@@ -12,53 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-/// A directory of its own holding a `libibverbs.so.1` link to the built `libibverbs.so` (in the
-/// test binary's `target/PROFILE/deps/`, or `target/PROFILE/` after `cargo build`).
-fn lib_dir() -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(make_lib_dir).clone()
-}
-
-fn make_lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let profile = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/PROFILE/deps/TEST");
-    // `cargo test` leaves the library it builds for the tests in deps/ (only `cargo build` copies
-    // it up to target/PROFILE).
-    let so = [
-        profile.join("deps/libibverbs.so"),
-        profile.join("libibverbs.so"),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .unwrap_or_else(|| panic!("libibverbs.so not built under {}", profile.display()));
-    let dir = profile.join("abi-test-lib");
-    std::fs::create_dir_all(&dir).expect("create lib dir");
-    let link = dir.join("libibverbs.so.1");
-    // Another test binary of this build may have made it already (same target).
-    let tmp = dir.join(format!("libibverbs.so.1.{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(&so, &tmp).expect("symlink libibverbs.so.1");
-    std::fs::rename(&tmp, &link).expect("install the link atomically");
-    dir
-}
-
-fn tool(name: &str) -> Option<PathBuf> {
-    let p = Path::new("/usr/bin").join(name);
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var("ROCE_SKIP_DEBIAN_TOOLS").is_ok_and(|v| v == "1") {
-        eprintln!("{name} is not installed; skipped because ROCE_SKIP_DEBIAN_TOOLS=1");
-        return None;
-    }
-    panic!(
-        "{name} is not installed (ibverbs-utils / perftest): run `bash tests/setup.sh` as root \
-         (or set ROCE_SKIP_DEBIAN_TOOLS=1)"
-    );
-}
+mod common;
+use common::{lib_dir, text, tool};
 
 fn run(devices: &str, args: &[&str]) -> Output {
     Command::new("timeout")
@@ -68,14 +23,6 @@ fn run(devices: &str, args: &[&str]) -> Output {
         .env("ROCE_DEVICES", devices)
         .output()
         .expect("run timeout")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[test]
@@ -255,6 +202,100 @@ fn exports_carry_rdma_core_symbol_versions() {
                 "{n}@@{v} is not a version rdma-core's libibverbs exports"
             );
         }
+    }
+}
+
+/// `(version, name)` of every libibverbs symbol `file` imports (undefined, versioned
+/// `IBVERBS_*`), from `objdump -T`.
+fn imported_ibverbs_symbols(file: &Path) -> Vec<(String, String)> {
+    let o = Command::new("objdump")
+        .arg("-T")
+        .arg(file)
+        .output()
+        .expect("objdump");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.contains("*UND*"))
+        .filter_map(|l| {
+            let mut it = l.split_whitespace().rev();
+            let name = it.next()?.to_owned();
+            let ver = it.next()?.trim_matches(['(', ')']).to_owned();
+            ver.starts_with("IBVERBS").then_some((ver, name))
+        })
+        .collect()
+}
+
+/// Every Debian library and program of rdma-core's family that links against libibverbs
+/// (librdmacm, the mlx4/mlx5/efa/mana direct-verbs libraries, the ibverbs-providers plugins,
+/// perftest's binaries) finds each symbol it imports, with the version it asks for, in ours;
+/// and each perftest binary loads with every symbol bound at start (`LD_BIND_NOW=1`).
+#[test]
+fn debian_libraries_and_perftest_find_every_import() {
+    let Some(write_bw) = tool("ib_write_bw") else {
+        return;
+    };
+    let so = lib_dir().join("libibverbs.so.1");
+    let o = Command::new("objdump").arg("-T").arg(&so).output();
+    let Ok(o) = o else {
+        eprintln!("objdump (binutils) is not installed: skipped");
+        return;
+    };
+    let exported: Vec<(String, String)> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| !l.contains("*UND*"))
+        .filter_map(|l| {
+            let mut it = l.split_whitespace().rev();
+            let name = it.next()?.to_owned();
+            let ver = it.next()?.trim_matches(['(', ')']).to_owned();
+            ver.starts_with("IBVERBS").then_some((ver, name))
+        })
+        .collect();
+    let libdir = Path::new("/usr/lib/x86_64-linux-gnu");
+    let mut files: Vec<PathBuf> = [
+        "librdmacm.so.1",
+        "libmlx4.so.1",
+        "libmlx5.so.1",
+        "libefa.so.1",
+        "libmana.so.1",
+    ]
+    .iter()
+    .map(|f| libdir.join(f))
+    .filter(|p| p.exists())
+    .collect();
+    if let Ok(rd) = std::fs::read_dir(libdir.join("libibverbs")) {
+        files.extend(rd.filter_map(|e| e.ok().map(|e| e.path())));
+    }
+    let perftest: Vec<PathBuf> = ["send", "write", "read", "atomic"]
+        .iter()
+        .flat_map(|k| ["bw", "lat"].map(|m| Path::new("/usr/bin").join(format!("ib_{k}_{m}"))))
+        .filter(|p| p.exists())
+        .collect();
+    files.extend(perftest.iter().cloned());
+    assert!(files.contains(&libdir.join("librdmacm.so.1")) && files.contains(&write_bw));
+    let mut missing = Vec::new();
+    for f in &files {
+        for (v, n) in imported_ibverbs_symbols(f) {
+            if !exported.iter().any(|(ev, en)| *ev == v && *en == n) {
+                missing.push(format!("{}: {n}@{v}", f.display()));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "not exported:\n{}", missing.join("\n"));
+    for exe in &perftest {
+        let o = Command::new("timeout")
+            .args(["10"])
+            .arg(exe)
+            .arg("-V")
+            .env("LD_LIBRARY_PATH", lib_dir())
+            .env("LD_BIND_NOW", "1")
+            .output()
+            .expect("run perftest");
+        let out = text(&o);
+        assert!(
+            out.contains("Version") && !out.contains("symbol lookup error"),
+            "{}: {out}",
+            exe.display()
+        );
     }
 }
 

@@ -219,11 +219,176 @@ impl Default for pthread_cond_t {
         }
     }
 }
+pub type __u8 = ::std::os::raw::c_uchar;
 pub type __u16 = ::std::os::raw::c_ushort;
 pub type __u32 = ::std::os::raw::c_uint;
 pub type __u64 = ::std::os::raw::c_ulonglong;
+pub type __be16 = __u16;
 pub type __be32 = __u32;
 pub type __be64 = __u64;
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct ib_uverbs_global_route {
+    pub dgid: [__u8; 16usize],
+    pub flow_label: __u32,
+    pub sgid_index: __u8,
+    pub hop_limit: __u8,
+    pub traffic_class: __u8,
+    pub reserved: __u8,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ib_uverbs_global_route"][::std::mem::size_of::<ib_uverbs_global_route>() - 24usize];
+    ["Alignment of ib_uverbs_global_route"]
+        [::std::mem::align_of::<ib_uverbs_global_route>() - 4usize];
+    ["Offset of field: ib_uverbs_global_route::dgid"]
+        [::std::mem::offset_of!(ib_uverbs_global_route, dgid) - 0usize];
+    ["Offset of field: ib_uverbs_global_route::flow_label"]
+        [::std::mem::offset_of!(ib_uverbs_global_route, flow_label) - 16usize];
+    ["Offset of field: ib_uverbs_global_route::sgid_index"]
+        [::std::mem::offset_of!(ib_uverbs_global_route, sgid_index) - 20usize];
+    ["Offset of field: ib_uverbs_global_route::hop_limit"]
+        [::std::mem::offset_of!(ib_uverbs_global_route, hop_limit) - 21usize];
+    ["Offset of field: ib_uverbs_global_route::traffic_class"]
+        [::std::mem::offset_of!(ib_uverbs_global_route, traffic_class) - 22usize];
+    ["Offset of field: ib_uverbs_global_route::reserved"]
+        [::std::mem::offset_of!(ib_uverbs_global_route, reserved) - 23usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct ib_uverbs_ah_attr {
+    pub grh: ib_uverbs_global_route,
+    pub dlid: __u16,
+    pub sl: __u8,
+    pub src_path_bits: __u8,
+    pub static_rate: __u8,
+    pub is_global: __u8,
+    pub port_num: __u8,
+    pub reserved: __u8,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ib_uverbs_ah_attr"][::std::mem::size_of::<ib_uverbs_ah_attr>() - 32usize];
+    ["Alignment of ib_uverbs_ah_attr"][::std::mem::align_of::<ib_uverbs_ah_attr>() - 4usize];
+    ["Offset of field: ib_uverbs_ah_attr::grh"]
+        [::std::mem::offset_of!(ib_uverbs_ah_attr, grh) - 0usize];
+    ["Offset of field: ib_uverbs_ah_attr::dlid"]
+        [::std::mem::offset_of!(ib_uverbs_ah_attr, dlid) - 24usize];
+    ["Offset of field: ib_uverbs_ah_attr::sl"]
+        [::std::mem::offset_of!(ib_uverbs_ah_attr, sl) - 26usize];
+    ["Offset of field: ib_uverbs_ah_attr::src_path_bits"]
+        [::std::mem::offset_of!(ib_uverbs_ah_attr, src_path_bits) - 27usize];
+    ["Offset of field: ib_uverbs_ah_attr::static_rate"]
+        [::std::mem::offset_of!(ib_uverbs_ah_attr, static_rate) - 28usize];
+    ["Offset of field: ib_uverbs_ah_attr::is_global"]
+        [::std::mem::offset_of!(ib_uverbs_ah_attr, is_global) - 29usize];
+    ["Offset of field: ib_uverbs_ah_attr::port_num"]
+        [::std::mem::offset_of!(ib_uverbs_ah_attr, port_num) - 30usize];
+    ["Offset of field: ib_uverbs_ah_attr::reserved"]
+        [::std::mem::offset_of!(ib_uverbs_ah_attr, reserved) - 31usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct ib_uverbs_qp_attr {
+    pub qp_attr_mask: __u32,
+    pub qp_state: __u32,
+    pub cur_qp_state: __u32,
+    pub path_mtu: __u32,
+    pub path_mig_state: __u32,
+    pub qkey: __u32,
+    pub rq_psn: __u32,
+    pub sq_psn: __u32,
+    pub dest_qp_num: __u32,
+    pub qp_access_flags: __u32,
+    pub ah_attr: ib_uverbs_ah_attr,
+    pub alt_ah_attr: ib_uverbs_ah_attr,
+    pub max_send_wr: __u32,
+    pub max_recv_wr: __u32,
+    pub max_send_sge: __u32,
+    pub max_recv_sge: __u32,
+    pub max_inline_data: __u32,
+    pub pkey_index: __u16,
+    pub alt_pkey_index: __u16,
+    pub en_sqd_async_notify: __u8,
+    pub sq_draining: __u8,
+    pub max_rd_atomic: __u8,
+    pub max_dest_rd_atomic: __u8,
+    pub min_rnr_timer: __u8,
+    pub port_num: __u8,
+    pub timeout: __u8,
+    pub retry_cnt: __u8,
+    pub rnr_retry: __u8,
+    pub alt_port_num: __u8,
+    pub alt_timeout: __u8,
+    pub reserved: [__u8; 5usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ib_uverbs_qp_attr"][::std::mem::size_of::<ib_uverbs_qp_attr>() - 144usize];
+    ["Alignment of ib_uverbs_qp_attr"][::std::mem::align_of::<ib_uverbs_qp_attr>() - 4usize];
+    ["Offset of field: ib_uverbs_qp_attr::qp_attr_mask"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, qp_attr_mask) - 0usize];
+    ["Offset of field: ib_uverbs_qp_attr::qp_state"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, qp_state) - 4usize];
+    ["Offset of field: ib_uverbs_qp_attr::cur_qp_state"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, cur_qp_state) - 8usize];
+    ["Offset of field: ib_uverbs_qp_attr::path_mtu"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, path_mtu) - 12usize];
+    ["Offset of field: ib_uverbs_qp_attr::path_mig_state"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, path_mig_state) - 16usize];
+    ["Offset of field: ib_uverbs_qp_attr::qkey"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, qkey) - 20usize];
+    ["Offset of field: ib_uverbs_qp_attr::rq_psn"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, rq_psn) - 24usize];
+    ["Offset of field: ib_uverbs_qp_attr::sq_psn"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, sq_psn) - 28usize];
+    ["Offset of field: ib_uverbs_qp_attr::dest_qp_num"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, dest_qp_num) - 32usize];
+    ["Offset of field: ib_uverbs_qp_attr::qp_access_flags"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, qp_access_flags) - 36usize];
+    ["Offset of field: ib_uverbs_qp_attr::ah_attr"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, ah_attr) - 40usize];
+    ["Offset of field: ib_uverbs_qp_attr::alt_ah_attr"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, alt_ah_attr) - 72usize];
+    ["Offset of field: ib_uverbs_qp_attr::max_send_wr"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, max_send_wr) - 104usize];
+    ["Offset of field: ib_uverbs_qp_attr::max_recv_wr"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, max_recv_wr) - 108usize];
+    ["Offset of field: ib_uverbs_qp_attr::max_send_sge"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, max_send_sge) - 112usize];
+    ["Offset of field: ib_uverbs_qp_attr::max_recv_sge"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, max_recv_sge) - 116usize];
+    ["Offset of field: ib_uverbs_qp_attr::max_inline_data"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, max_inline_data) - 120usize];
+    ["Offset of field: ib_uverbs_qp_attr::pkey_index"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, pkey_index) - 124usize];
+    ["Offset of field: ib_uverbs_qp_attr::alt_pkey_index"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, alt_pkey_index) - 126usize];
+    ["Offset of field: ib_uverbs_qp_attr::en_sqd_async_notify"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, en_sqd_async_notify) - 128usize];
+    ["Offset of field: ib_uverbs_qp_attr::sq_draining"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, sq_draining) - 129usize];
+    ["Offset of field: ib_uverbs_qp_attr::max_rd_atomic"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, max_rd_atomic) - 130usize];
+    ["Offset of field: ib_uverbs_qp_attr::max_dest_rd_atomic"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, max_dest_rd_atomic) - 131usize];
+    ["Offset of field: ib_uverbs_qp_attr::min_rnr_timer"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, min_rnr_timer) - 132usize];
+    ["Offset of field: ib_uverbs_qp_attr::port_num"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, port_num) - 133usize];
+    ["Offset of field: ib_uverbs_qp_attr::timeout"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, timeout) - 134usize];
+    ["Offset of field: ib_uverbs_qp_attr::retry_cnt"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, retry_cnt) - 135usize];
+    ["Offset of field: ib_uverbs_qp_attr::rnr_retry"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, rnr_retry) - 136usize];
+    ["Offset of field: ib_uverbs_qp_attr::alt_port_num"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, alt_port_num) - 137usize];
+    ["Offset of field: ib_uverbs_qp_attr::alt_timeout"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, alt_timeout) - 138usize];
+    ["Offset of field: ib_uverbs_qp_attr::reserved"]
+        [::std::mem::offset_of!(ib_uverbs_qp_attr, reserved) - 139usize];
+};
 pub const ib_uverbs_flow_action_esp_keymat_IB_UVERBS_FLOW_ACTION_ESP_KEYMAT_AES_GCM:
     ib_uverbs_flow_action_esp_keymat = 0;
 pub type ib_uverbs_flow_action_esp_keymat = ::std::os::raw::c_uint;
@@ -1098,6 +1263,20 @@ pub const ibv_wc_opcode_IBV_WC_DRIVER1: ibv_wc_opcode = 135;
 pub const ibv_wc_opcode_IBV_WC_DRIVER2: ibv_wc_opcode = 136;
 pub const ibv_wc_opcode_IBV_WC_DRIVER3: ibv_wc_opcode = 137;
 pub type ibv_wc_opcode = ::std::os::raw::c_uint;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_BYTE_LEN: ibv_create_cq_wc_flags = 1;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_IMM: ibv_create_cq_wc_flags = 2;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_QP_NUM: ibv_create_cq_wc_flags = 4;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_SRC_QP: ibv_create_cq_wc_flags = 8;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_SLID: ibv_create_cq_wc_flags = 16;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_SL: ibv_create_cq_wc_flags = 32;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_DLID_PATH_BITS: ibv_create_cq_wc_flags = 64;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: ibv_create_cq_wc_flags = 128;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_CVLAN: ibv_create_cq_wc_flags = 256;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_FLOW_TAG: ibv_create_cq_wc_flags = 512;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_TM_INFO: ibv_create_cq_wc_flags = 1024;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK:
+    ibv_create_cq_wc_flags = 2048;
+pub type ibv_create_cq_wc_flags = ::std::os::raw::c_uint;
 pub const ibv_wc_flags_IBV_WC_GRH: ibv_wc_flags = 1;
 pub const ibv_wc_flags_IBV_WC_WITH_IMM: ibv_wc_flags = 2;
 pub const ibv_wc_flags_IBV_WC_IP_CSUM_OK: ibv_wc_flags = 4;
@@ -1754,6 +1933,33 @@ impl Default for ibv_qp_init_attr {
         }
     }
 }
+pub const ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD: ibv_qp_init_attr_mask = 1;
+pub const ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_XRCD: ibv_qp_init_attr_mask = 2;
+pub const ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_CREATE_FLAGS: ibv_qp_init_attr_mask = 4;
+pub const ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_MAX_TSO_HEADER: ibv_qp_init_attr_mask = 8;
+pub const ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_IND_TABLE: ibv_qp_init_attr_mask = 16;
+pub const ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_RX_HASH: ibv_qp_init_attr_mask = 32;
+pub const ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: ibv_qp_init_attr_mask = 64;
+pub type ibv_qp_init_attr_mask = ::std::os::raw::c_uint;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_RDMA_WRITE: ibv_qp_create_send_ops_flags = 1;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM:
+    ibv_qp_create_send_ops_flags = 2;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_SEND: ibv_qp_create_send_ops_flags = 4;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_SEND_WITH_IMM: ibv_qp_create_send_ops_flags =
+    8;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_RDMA_READ: ibv_qp_create_send_ops_flags = 16;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP:
+    ibv_qp_create_send_ops_flags = 32;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD:
+    ibv_qp_create_send_ops_flags = 64;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_LOCAL_INV: ibv_qp_create_send_ops_flags = 128;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_BIND_MW: ibv_qp_create_send_ops_flags = 256;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_SEND_WITH_INV: ibv_qp_create_send_ops_flags =
+    512;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_TSO: ibv_qp_create_send_ops_flags = 1024;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_ATOMIC_WRITE: ibv_qp_create_send_ops_flags =
+    4096;
+pub type ibv_qp_create_send_ops_flags = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct ibv_rx_hash_conf {
@@ -2053,6 +2259,29 @@ pub const ibv_send_flags_IBV_SEND_SOLICITED: ibv_send_flags = 4;
 pub const ibv_send_flags_IBV_SEND_INLINE: ibv_send_flags = 8;
 pub const ibv_send_flags_IBV_SEND_IP_CSUM: ibv_send_flags = 16;
 pub type ibv_send_flags = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_data_buf {
+    pub addr: *mut ::std::os::raw::c_void,
+    pub length: usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ibv_data_buf"][::std::mem::size_of::<ibv_data_buf>() - 16usize];
+    ["Alignment of ibv_data_buf"][::std::mem::align_of::<ibv_data_buf>() - 8usize];
+    ["Offset of field: ibv_data_buf::addr"][::std::mem::offset_of!(ibv_data_buf, addr) - 0usize];
+    ["Offset of field: ibv_data_buf::length"]
+        [::std::mem::offset_of!(ibv_data_buf, length) - 8usize];
+};
+impl Default for ibv_data_buf {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct ibv_sge {
@@ -2625,6 +2854,153 @@ const _: () = {
         [::std::mem::offset_of!(ibv_qp, events_completed) - 152usize];
 };
 impl Default for ibv_qp {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_qp_ex {
+    pub qp_base: ibv_qp,
+    pub comp_mask: u64,
+    pub wr_id: u64,
+    pub wr_flags: ::std::os::raw::c_uint,
+    pub wr_atomic_cmp_swp: ::std::option::Option<
+        unsafe extern "C" fn(
+            qp: *mut ibv_qp_ex,
+            rkey: u32,
+            remote_addr: u64,
+            compare: u64,
+            swap: u64,
+        ),
+    >,
+    pub wr_atomic_fetch_add: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64),
+    >,
+    pub wr_bind_mw: ::std::option::Option<
+        unsafe extern "C" fn(
+            qp: *mut ibv_qp_ex,
+            mw: *mut ibv_mw,
+            rkey: u32,
+            bind_info: *const ibv_mw_bind_info,
+        ),
+    >,
+    pub wr_local_inv:
+        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, invalidate_rkey: u32)>,
+    pub wr_rdma_read: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64),
+    >,
+    pub wr_rdma_write: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64),
+    >,
+    pub wr_rdma_write_imm: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm_data: __be32),
+    >,
+    pub wr_send: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex)>,
+    pub wr_send_imm:
+        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, imm_data: __be32)>,
+    pub wr_send_inv:
+        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, invalidate_rkey: u32)>,
+    pub wr_send_tso: ::std::option::Option<
+        unsafe extern "C" fn(
+            qp: *mut ibv_qp_ex,
+            hdr: *mut ::std::os::raw::c_void,
+            hdr_sz: u16,
+            mss: u16,
+        ),
+    >,
+    pub wr_set_ud_addr: ::std::option::Option<
+        unsafe extern "C" fn(
+            qp: *mut ibv_qp_ex,
+            ah: *mut ibv_ah,
+            remote_qpn: u32,
+            remote_qkey: u32,
+        ),
+    >,
+    pub wr_set_xrc_srqn:
+        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, remote_srqn: u32)>,
+    pub wr_set_inline_data: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, addr: *mut ::std::os::raw::c_void, length: usize),
+    >,
+    pub wr_set_inline_data_list: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, num_buf: usize, buf_list: *const ibv_data_buf),
+    >,
+    pub wr_set_sge: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32),
+    >,
+    pub wr_set_sge_list: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge),
+    >,
+    pub wr_start: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex)>,
+    pub wr_complete:
+        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex) -> ::std::os::raw::c_int>,
+    pub wr_abort: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex)>,
+    pub wr_atomic_write: ::std::option::Option<
+        unsafe extern "C" fn(
+            qp: *mut ibv_qp_ex,
+            rkey: u32,
+            remote_addr: u64,
+            atomic_wr: *const ::std::os::raw::c_void,
+        ),
+    >,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ibv_qp_ex"][::std::mem::size_of::<ibv_qp_ex>() - 352usize];
+    ["Alignment of ibv_qp_ex"][::std::mem::align_of::<ibv_qp_ex>() - 8usize];
+    ["Offset of field: ibv_qp_ex::qp_base"][::std::mem::offset_of!(ibv_qp_ex, qp_base) - 0usize];
+    ["Offset of field: ibv_qp_ex::comp_mask"]
+        [::std::mem::offset_of!(ibv_qp_ex, comp_mask) - 160usize];
+    ["Offset of field: ibv_qp_ex::wr_id"][::std::mem::offset_of!(ibv_qp_ex, wr_id) - 168usize];
+    ["Offset of field: ibv_qp_ex::wr_flags"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_flags) - 176usize];
+    ["Offset of field: ibv_qp_ex::wr_atomic_cmp_swp"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_atomic_cmp_swp) - 184usize];
+    ["Offset of field: ibv_qp_ex::wr_atomic_fetch_add"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_atomic_fetch_add) - 192usize];
+    ["Offset of field: ibv_qp_ex::wr_bind_mw"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_bind_mw) - 200usize];
+    ["Offset of field: ibv_qp_ex::wr_local_inv"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_local_inv) - 208usize];
+    ["Offset of field: ibv_qp_ex::wr_rdma_read"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_rdma_read) - 216usize];
+    ["Offset of field: ibv_qp_ex::wr_rdma_write"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_rdma_write) - 224usize];
+    ["Offset of field: ibv_qp_ex::wr_rdma_write_imm"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_rdma_write_imm) - 232usize];
+    ["Offset of field: ibv_qp_ex::wr_send"][::std::mem::offset_of!(ibv_qp_ex, wr_send) - 240usize];
+    ["Offset of field: ibv_qp_ex::wr_send_imm"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_send_imm) - 248usize];
+    ["Offset of field: ibv_qp_ex::wr_send_inv"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_send_inv) - 256usize];
+    ["Offset of field: ibv_qp_ex::wr_send_tso"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_send_tso) - 264usize];
+    ["Offset of field: ibv_qp_ex::wr_set_ud_addr"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_set_ud_addr) - 272usize];
+    ["Offset of field: ibv_qp_ex::wr_set_xrc_srqn"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_set_xrc_srqn) - 280usize];
+    ["Offset of field: ibv_qp_ex::wr_set_inline_data"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_set_inline_data) - 288usize];
+    ["Offset of field: ibv_qp_ex::wr_set_inline_data_list"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_set_inline_data_list) - 296usize];
+    ["Offset of field: ibv_qp_ex::wr_set_sge"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_set_sge) - 304usize];
+    ["Offset of field: ibv_qp_ex::wr_set_sge_list"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_set_sge_list) - 312usize];
+    ["Offset of field: ibv_qp_ex::wr_start"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_start) - 320usize];
+    ["Offset of field: ibv_qp_ex::wr_complete"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_complete) - 328usize];
+    ["Offset of field: ibv_qp_ex::wr_abort"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_abort) - 336usize];
+    ["Offset of field: ibv_qp_ex::wr_atomic_write"]
+        [::std::mem::offset_of!(ibv_qp_ex, wr_atomic_write) - 344usize];
+};
+impl Default for ibv_qp_ex {
     fn default() -> Self {
         let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -3305,6 +3681,9 @@ impl Default for ibv_context {
         }
     }
 }
+pub const ibv_cq_init_attr_mask_IBV_CQ_INIT_ATTR_MASK_FLAGS: ibv_cq_init_attr_mask = 1;
+pub const ibv_cq_init_attr_mask_IBV_CQ_INIT_ATTR_MASK_PD: ibv_cq_init_attr_mask = 2;
+pub type ibv_cq_init_attr_mask = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct ibv_cq_init_attr_ex {
@@ -3763,6 +4142,146 @@ impl Default for verbs_context {
         }
     }
 }
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_sa_path_rec {
+    pub dgid: ibv_gid,
+    pub sgid: ibv_gid,
+    pub dlid: __be16,
+    pub slid: __be16,
+    pub raw_traffic: ::std::os::raw::c_int,
+    pub flow_label: __be32,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub reversible: ::std::os::raw::c_int,
+    pub numb_path: u8,
+    pub pkey: __be16,
+    pub sl: u8,
+    pub mtu_selector: u8,
+    pub mtu: u8,
+    pub rate_selector: u8,
+    pub rate: u8,
+    pub packet_life_time_selector: u8,
+    pub packet_life_time: u8,
+    pub preference: u8,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ibv_sa_path_rec"][::std::mem::size_of::<ibv_sa_path_rec>() - 64usize];
+    ["Alignment of ibv_sa_path_rec"][::std::mem::align_of::<ibv_sa_path_rec>() - 8usize];
+    ["Offset of field: ibv_sa_path_rec::dgid"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, dgid) - 0usize];
+    ["Offset of field: ibv_sa_path_rec::sgid"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, sgid) - 16usize];
+    ["Offset of field: ibv_sa_path_rec::dlid"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, dlid) - 32usize];
+    ["Offset of field: ibv_sa_path_rec::slid"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, slid) - 34usize];
+    ["Offset of field: ibv_sa_path_rec::raw_traffic"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, raw_traffic) - 36usize];
+    ["Offset of field: ibv_sa_path_rec::flow_label"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, flow_label) - 40usize];
+    ["Offset of field: ibv_sa_path_rec::hop_limit"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, hop_limit) - 44usize];
+    ["Offset of field: ibv_sa_path_rec::traffic_class"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, traffic_class) - 45usize];
+    ["Offset of field: ibv_sa_path_rec::reversible"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, reversible) - 48usize];
+    ["Offset of field: ibv_sa_path_rec::numb_path"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, numb_path) - 52usize];
+    ["Offset of field: ibv_sa_path_rec::pkey"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, pkey) - 54usize];
+    ["Offset of field: ibv_sa_path_rec::sl"][::std::mem::offset_of!(ibv_sa_path_rec, sl) - 56usize];
+    ["Offset of field: ibv_sa_path_rec::mtu_selector"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, mtu_selector) - 57usize];
+    ["Offset of field: ibv_sa_path_rec::mtu"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, mtu) - 58usize];
+    ["Offset of field: ibv_sa_path_rec::rate_selector"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, rate_selector) - 59usize];
+    ["Offset of field: ibv_sa_path_rec::rate"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, rate) - 60usize];
+    ["Offset of field: ibv_sa_path_rec::packet_life_time_selector"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, packet_life_time_selector) - 61usize];
+    ["Offset of field: ibv_sa_path_rec::packet_life_time"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, packet_life_time) - 62usize];
+    ["Offset of field: ibv_sa_path_rec::preference"]
+        [::std::mem::offset_of!(ibv_sa_path_rec, preference) - 63usize];
+};
+impl Default for ibv_sa_path_rec {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct ib_user_path_rec {
+    pub dgid: [__u8; 16usize],
+    pub sgid: [__u8; 16usize],
+    pub dlid: __be16,
+    pub slid: __be16,
+    pub raw_traffic: __u32,
+    pub flow_label: __be32,
+    pub reversible: __u32,
+    pub mtu: __u32,
+    pub pkey: __be16,
+    pub hop_limit: __u8,
+    pub traffic_class: __u8,
+    pub numb_path: __u8,
+    pub sl: __u8,
+    pub mtu_selector: __u8,
+    pub rate_selector: __u8,
+    pub rate: __u8,
+    pub packet_life_time_selector: __u8,
+    pub packet_life_time: __u8,
+    pub preference: __u8,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ib_user_path_rec"][::std::mem::size_of::<ib_user_path_rec>() - 64usize];
+    ["Alignment of ib_user_path_rec"][::std::mem::align_of::<ib_user_path_rec>() - 4usize];
+    ["Offset of field: ib_user_path_rec::dgid"]
+        [::std::mem::offset_of!(ib_user_path_rec, dgid) - 0usize];
+    ["Offset of field: ib_user_path_rec::sgid"]
+        [::std::mem::offset_of!(ib_user_path_rec, sgid) - 16usize];
+    ["Offset of field: ib_user_path_rec::dlid"]
+        [::std::mem::offset_of!(ib_user_path_rec, dlid) - 32usize];
+    ["Offset of field: ib_user_path_rec::slid"]
+        [::std::mem::offset_of!(ib_user_path_rec, slid) - 34usize];
+    ["Offset of field: ib_user_path_rec::raw_traffic"]
+        [::std::mem::offset_of!(ib_user_path_rec, raw_traffic) - 36usize];
+    ["Offset of field: ib_user_path_rec::flow_label"]
+        [::std::mem::offset_of!(ib_user_path_rec, flow_label) - 40usize];
+    ["Offset of field: ib_user_path_rec::reversible"]
+        [::std::mem::offset_of!(ib_user_path_rec, reversible) - 44usize];
+    ["Offset of field: ib_user_path_rec::mtu"]
+        [::std::mem::offset_of!(ib_user_path_rec, mtu) - 48usize];
+    ["Offset of field: ib_user_path_rec::pkey"]
+        [::std::mem::offset_of!(ib_user_path_rec, pkey) - 52usize];
+    ["Offset of field: ib_user_path_rec::hop_limit"]
+        [::std::mem::offset_of!(ib_user_path_rec, hop_limit) - 54usize];
+    ["Offset of field: ib_user_path_rec::traffic_class"]
+        [::std::mem::offset_of!(ib_user_path_rec, traffic_class) - 55usize];
+    ["Offset of field: ib_user_path_rec::numb_path"]
+        [::std::mem::offset_of!(ib_user_path_rec, numb_path) - 56usize];
+    ["Offset of field: ib_user_path_rec::sl"]
+        [::std::mem::offset_of!(ib_user_path_rec, sl) - 57usize];
+    ["Offset of field: ib_user_path_rec::mtu_selector"]
+        [::std::mem::offset_of!(ib_user_path_rec, mtu_selector) - 58usize];
+    ["Offset of field: ib_user_path_rec::rate_selector"]
+        [::std::mem::offset_of!(ib_user_path_rec, rate_selector) - 59usize];
+    ["Offset of field: ib_user_path_rec::rate"]
+        [::std::mem::offset_of!(ib_user_path_rec, rate) - 60usize];
+    ["Offset of field: ib_user_path_rec::packet_life_time_selector"]
+        [::std::mem::offset_of!(ib_user_path_rec, packet_life_time_selector) - 61usize];
+    ["Offset of field: ib_user_path_rec::packet_life_time"]
+        [::std::mem::offset_of!(ib_user_path_rec, packet_life_time) - 62usize];
+    ["Offset of field: ib_user_path_rec::preference"]
+        [::std::mem::offset_of!(ib_user_path_rec, preference) - 63usize];
+};
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct verbs_ex_private {

@@ -38,6 +38,9 @@ types=(
     ibv_qp_type ibv_qp_state ibv_qp_attr_mask ibv_srq_attr_mask ibv_mig_state ibv_mtu ibv_port_state
     ibv_event_type ibv_atomic_cap
     verbs_context ibv_node_type ibv_transport_type
+    ibv_qp_ex ibv_data_buf ibv_cq_ex ibv_qp_init_attr_ex ibv_cq_init_attr_ex ibv_poll_cq_attr ibv_device_attr_ex
+    ibv_qp_create_send_ops_flags ibv_create_cq_wc_flags ibv_qp_init_attr_mask ibv_cq_init_attr_mask
+    ib_uverbs_ah_attr ib_uverbs_qp_attr ib_user_path_rec ibv_sa_path_rec
 )
 join() { local IFS='|'; echo "$*"; }
 
