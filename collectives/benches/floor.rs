@@ -52,7 +52,10 @@ const WINDOW: usize = 512 << 10;
 const STALL: Duration = Duration::from_secs(10);
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     let num = |i: usize, d: usize| -> usize {
         args.get(i).map_or(d, |s| {
             s.parse().unwrap_or_else(|_| {
@@ -125,7 +128,12 @@ fn connect_ring(wire: &str, n: usize) -> io::Result<Vec<Edge>> {
         let mut tx = Vec::new();
         let mut rx = Vec::new();
         let socks: Vec<(UdpSocket, UdpSocket)> = (0..n)
-            .map(|_| Ok((UdpSocket::bind("127.0.0.1:0")?, UdpSocket::bind("127.0.0.1:0")?)))
+            .map(|_| {
+                Ok((
+                    UdpSocket::bind("127.0.0.1:0")?,
+                    UdpSocket::bind("127.0.0.1:0")?,
+                ))
+            })
             .collect::<io::Result<_>>()?;
         for r in 0..n {
             let (t, _) = &socks[r];
@@ -186,14 +194,26 @@ fn connect_ring(wire: &str, n: usize) -> io::Result<Vec<Edge>> {
 fn wait(tx: Option<RawFd>, rx: Option<RawFd>) -> io::Result<()> {
     let mut fds = Vec::with_capacity(2);
     if let Some(fd) = tx {
-        fds.push(libc::pollfd { fd, events: libc::POLLOUT, revents: 0 });
+        fds.push(libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        });
     }
     if let Some(fd) = rx {
-        fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+        fds.push(libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
     }
     // SAFETY: `fds` is a valid array of `fds.len()` pollfds for the call.
     let r = unsafe {
-        libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, STALL.as_millis() as i32)
+        libc::poll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            STALL.as_millis() as i32,
+        )
     };
     match r {
         0 => Err(io::Error::new(
@@ -247,7 +267,8 @@ impl Rank {
                         while len + HDR < TRAIN_SEGS * SEG && p < out.len() {
                             let take = MTU.min(out.len() - p);
                             self.train[len..len + HDR].fill(0);
-                            self.train[len + HDR..len + HDR + take].copy_from_slice(&out[p..p + take]);
+                            self.train[len + HDR..len + HDR + take]
+                                .copy_from_slice(&out[p..p + take]);
                             len += HDR + take;
                             p += take;
                             if take < MTU {
@@ -382,7 +403,10 @@ fn run(
             // A failed rank ends the run: its peers would wait for it at the barrier.
             rank_main(edge, r, n, (minb, maxb, factor, iters, warmup), &barrier).unwrap_or_else(
                 |e| {
-                    eprintln!("floor ({}): rank {r}: {e}", if udp_wire { "udp" } else { "tcp" });
+                    eprintln!(
+                        "floor ({}): rank {r}: {e}",
+                        if udp_wire { "udp" } else { "tcp" }
+                    );
                     std::process::exit(1)
                 },
             )
@@ -390,7 +414,10 @@ fn run(
     }
     let mut per_rank = Vec::new();
     for t in threads {
-        per_rank.push(t.join().map_err(|_| io::Error::other("a rank thread panicked"))?);
+        per_rank.push(
+            t.join()
+                .map_err(|_| io::Error::other("a rank thread panicked"))?,
+        );
     }
     let mut lines = Vec::new();
     for i in 0..per_rank[0].len() {
