@@ -64,7 +64,7 @@ fn main() {
             })
         })
     };
-    let wire = args.get(0).map_or("udp", String::as_str).to_string();
+    let wire = args.first().map_or("udp", String::as_str).to_string();
     if wire != "udp" && wire != "tcp" {
         eprintln!("floor: the first argument is udp or tcp, not {wire:?}");
         std::process::exit(2);
@@ -154,14 +154,11 @@ fn connect_ring(wire: &str, n: usize) -> io::Result<Vec<Edge>> {
             tx.push(t);
             rx.push(r);
         }
-        let mut rx: Vec<Option<UdpSocket>> = rx.into_iter().map(Some).collect();
+        // Rank r's receiving socket is the one rank r - 1 sends to.
         Ok(tx
             .into_iter()
-            .enumerate()
-            .map(|(r, t)| Edge::Udp {
-                tx: t,
-                rx: rx[r].take().expect("each rx once"),
-            })
+            .zip(rx)
+            .map(|(tx, rx)| Edge::Udp { tx, rx })
             .collect())
     } else {
         let listeners: Vec<TcpListener> = (0..n)
