@@ -491,7 +491,11 @@ fn deferred_post_leaves_with_the_next_round() {
             },
         )
         .unwrap();
-    assert_eq!(a.dev.link_counters().tx_datagrams, before, "sent before any round");
+    assert_eq!(
+        a.dev.link_counters().tx_datagrams,
+        before,
+        "sent before any round"
+    );
     a.dev.progress();
     assert_eq!(a.dev.link_counters().tx_datagrams, before + 1);
     // b receives when it polls (its wait is a round); its ACK, deferred by that round, leaves
@@ -501,7 +505,11 @@ fn deferred_post_leaves_with_the_next_round() {
     assert_eq!(b.read(0, 8), b"deferred");
     b.dev.progress();
     let wa = a.wait(1);
-    assert_eq!((wa[0].status, wa[0].wr_id), (WcStatus::Success, 7), "{wa:?}");
+    assert_eq!(
+        (wa[0].status, wa[0].wr_id),
+        (WcStatus::Success, 7),
+        "{wa:?}"
+    );
 
     // With the progress thread the WR leaves without a round of the caller's.
     let (c, d) = pair(
