@@ -69,7 +69,9 @@ for l in sys.stdin:
     fi
 fi
 
-if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+# mpicc without mpi.h (openmpi-bin without libopenmpi-dev) counts as missing too.
+if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null ||
+    ! echo '#include <mpi.h>' | mpicc -x c -E - >/dev/null 2>&1; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "Open MPI is missing and this is not root: install openmpi-bin libopenmpi-dev" >&2
         exit 1
