@@ -38,6 +38,8 @@ step "the fuzz crate builds" cargo check --manifest-path roce/fuzz/Cargo.toml
 step "the hca fuzz crate builds" cargo check --manifest-path hca/fuzz/Cargo.toml
 # Includes the verbs conformance suite on the software backends (tests/tests/verbs_conformance.rs: the fabric and
 # UDP runs must pass every case and agree field for field; about 3 s); its run on rxe0 is in the guest below.
+# Also the AF_XDP link against the UDP link over a veth pair between two network namespaces (hca/tests/xdp_netns.rs,
+# root: tools with data checked, ping / TCP alongside, the XDP program gone after exit and SIGKILL; about 10 s).
 # Also the drop-in libibverbs.so.1 (hca/abi/tests): Debian's ibverbs-utils and perftest 4.5 binaries
 # (ib_{send,write,read,atomic}_{bw,lat}: default API, --use_old_post_send, -q 4, -a; about 85 s of it) and
 # the ibv_qp_ex / ibv_cq_ex C test, all unmodified programs over two loopback addresses.
@@ -52,6 +54,10 @@ step "rxe-to-rxe reference matrix (guest)" cargo test -p tests --test guest_refe
 # RoCEv2 frame of its capture (rxe's and ours) re-verified by the roce crate (tests/guest/matrix.sh).
 step "our tools against rxe (guest matrix)" cargo test -p tests --test guest_matrix -- --ignored \
     --test-threads 1 --nocapture matrix_passes_and_every_icrc_verifies
+# Kernel bypass on a kernel NIC: the AF_XDP link (--link xdp:br0) against rxe in a guest, IPv4 and IPv6 at MTU
+# 1024 (ibv_rc_pingpong -c and ib_write_bw, both roles), every RoCEv2 frame of the tap's capture re-verified.
+step "AF_XDP link against rxe (guest)" cargo test -p tests --test guest_matrix -- --ignored \
+    --test-threads 1 --nocapture xdp_link_against_rxe_and_every_icrc_verifies
 # Kernel bypass: the VFIO userspace virtio-net driver in a q35 + intel-iommu guest against rxe (tests/guest/vfio.sh).
 step "VFIO link against rxe (guest)" cargo test -p hca --test vfio_guest -- --ignored --test-threads 1 --nocapture
 # The IB verbs path: hca::ibverbs (--link verbs:rxe0) on Linux rxe in a guest: the conformance suite compared with

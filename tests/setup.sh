@@ -14,6 +14,10 @@ command -v ibv_rc_pingpong >/dev/null 2>&1 || need+=(ibverbs-utils)
 command -v ib_write_bw >/dev/null 2>&1 || need+=(perftest)
 command -v objdump >/dev/null 2>&1 || need+=(binutils)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+# hca/build.rs compiles the AF_XDP link's XDP program (hca/xdp/roce_redirect.bpf.c) with clang's
+# BPF target and libbpf-dev's bpf_helpers.h.
+command -v clang >/dev/null 2>&1 || command -v clang-14 >/dev/null 2>&1 || need+=(clang-14)
+[ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 # hca/abi/tests/pyverbs.rs runs rdma-core's pyverbs test suite (shipped in python3-pyverbs) on it.
 /usr/bin/python3 -c 'import pyverbs' >/dev/null 2>&1 || need+=(python3-pyverbs)

@@ -110,15 +110,20 @@ fn wait_bounded(mut child: Child, deadline: Instant) -> Output {
 }
 
 /// Runs `coll-perf all-reduce` as rank `k` in namespace `namespaces[k]`, rank 0's rendezvous at
-/// `master`; returns every rank's output.
-fn all_reduce_across(namespaces: &[String], master: &str) -> Vec<Output> {
+/// `master`, with `COLL_ROCE_LINK=links[k]` where given; returns every rank's output.
+fn all_reduce_across(namespaces: &[String], master: &str, links: &[&str]) -> Vec<Output> {
     let n = namespaces.len().to_string();
     let children: Vec<Child> = namespaces
         .iter()
         .enumerate()
         .map(|(rank, ns)| {
-            Command::new("ip")
-                .args(["netns", "exec", ns, EXE])
+            let mut cmd = Command::new("ip");
+            if let Some(link) = links.get(rank) {
+                cmd.env("COLL_ROCE_LINK", link);
+            } else {
+                cmd.env_remove("COLL_ROCE_LINK");
+            }
+            cmd.args(["netns", "exec", ns, EXE])
                 .args([
                     "all-reduce",
                     "-b",
@@ -226,7 +231,7 @@ fn all_reduce_across_namespaces_on_one_bridge() {
             return;
         }
     };
-    let outs = all_reduce_across(&ranks, "10.77.0.1");
+    let outs = all_reduce_across(&ranks, "10.77.0.1", &[]);
     check_outputs(&outs);
 }
 
@@ -291,7 +296,7 @@ fn all_reduce_across_two_subnets_joined_by_a_router() {
         }
     };
     let before = (tx_bytes(&rt, "brA"), tx_bytes(&rt, "brB"));
-    let outs = all_reduce_across(&ranks, "10.78.1.1");
+    let outs = all_reduce_across(&ranks, "10.78.1.1", &[]);
     check_outputs(&outs);
     // The ring 0 -> 1 -> 2 -> 3 -> 0 crosses between the subnets twice per step: megabytes went
     // through the router in each direction.
@@ -302,4 +307,27 @@ fn all_reduce_across_two_subnets_joined_by_a_router() {
         after.0 - before.0,
         after.1 - before.1
     );
+}
+
+/// Rank 0 on the AF_XDP link (`COLL_ROCE_LINK=xdp:eth0`: an XDP program on its veth steers
+/// RoCEv2 to an AF_XDP socket), rank 1 on the UDP link, joined by a bridge: all-reduce results
+/// checked on both ranks.
+#[test]
+fn all_reduce_between_an_af_xdp_rank_and_a_udp_rank() {
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    if !hca::link::xdp::program::program_built() {
+        eprintln!("skipped: the XDP program was not built (no clang / libbpf-dev: tests/setup.sh)");
+        return;
+    }
+    let mut ns = Namespaces::new();
+    let sw = ns.add("cxdsw").expect("namespace");
+    bridge(&sw, "br0", None).expect("bridge");
+    let ranks = vec![ns.add("cxd0").expect("ns"), ns.add("cxd1").expect("ns")];
+    attach(&ranks[0], &sw, "br0", "p0", "10.77.0.1/24").expect("veth");
+    attach(&ranks[1], &sw, "br0", "p1", "10.77.0.2/24").expect("veth");
+    let outs = all_reduce_across(&ranks, "10.77.0.1", &["xdp:eth0", "udp:10.77.0.2:4791"]);
+    check_outputs(&outs);
 }

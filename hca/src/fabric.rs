@@ -26,6 +26,9 @@
 
 #[cfg(feature = "std")]
 pub mod device;
+#[cfg(feature = "std")]
+pub mod incast;
+pub mod switch;
 
 use alloc::boxed::Box;
 use alloc::collections::BinaryHeap;
@@ -217,6 +220,10 @@ pub struct Fabric {
     tap: Option<Box<dyn Tap>>,
     /// The latest in-order arrival scheduled per path: `last_arrival[from][to]`.
     last_arrival: Vec<Vec<Instant>>,
+    /// The switch every packet crosses, if any ([`Fabric::set_switch`]).
+    switch: Option<switch::Switch>,
+    /// Packets the switch delivered in the current step (reused).
+    switch_out: Vec<(Instant, WirePacket)>,
 }
 
 impl core::fmt::Debug for Fabric {
@@ -304,6 +311,8 @@ impl Fabric {
             stats: FabricStats::default(),
             tap: None,
             last_arrival: Vec::new(),
+            switch: None,
+            switch_out: Vec::new(),
         }
     }
 
@@ -366,6 +375,19 @@ impl Fabric {
         self.tap = tap;
     }
 
+    /// Puts every node behind one switch ([`switch`]: line-rate NICs and ports, ECN marking, PFC
+    /// or tail drop), or removes it (`None`; packets in it are lost). With a switch, packets
+    /// take its path and timing instead of [`Faults`]: the faults no longer apply. RED's draws
+    /// come from the fabric's seed.
+    pub fn set_switch(&mut self, config: Option<switch::SwitchConfig>) {
+        self.switch = config.map(|c| switch::Switch::new(c, self.rng.random::<u64>()));
+    }
+
+    /// The switch, if any: its counters and traces.
+    pub fn switch(&self) -> Option<&switch::Switch> {
+        self.switch.as_ref()
+    }
+
     /// Injects a packet as if `packet.from` had sent it now (after the tap, before faults).
     pub fn inject(&mut self, packet: WirePacket) {
         self.send(packet);
@@ -396,6 +418,10 @@ impl Fabric {
     /// Applies the faults to a packet and schedules its delivery.
     fn send(&mut self, mut packet: WirePacket) {
         self.stats.sent += 1;
+        if let Some(sw) = self.switch.as_mut() {
+            sw.from_host(self.now, packet);
+            return;
+        }
         if self.chance(self.faults.loss) {
             self.stats.lost += 1;
             self.recycle(packet.data);
@@ -481,6 +507,9 @@ impl Fabric {
         let mut progress = false;
         for i in 0..self.nodes.len() {
             for _ in 0..MAX_TX_PER_STEP {
+                if self.switch.as_ref().is_some_and(|s| !s.nic_ready(i)) {
+                    break;
+                }
                 let Some(node) = self.nodes.get_mut(i) else {
                     break;
                 };
@@ -515,6 +544,17 @@ impl Fabric {
                 }
                 self.send(packet);
             }
+        }
+        if let Some(sw) = self.switch.as_mut() {
+            let out = &mut self.switch_out;
+            if sw.advance(self.now, |at, p| out.push((at, p))) {
+                progress = true;
+            }
+            let mut out = core::mem::take(&mut self.switch_out);
+            for (at, p) in out.drain(..) {
+                self.schedule(p, at);
+            }
+            self.switch_out = out;
         }
         while self.queue.peek().is_some_and(|Reverse(p)| p.at <= self.now) {
             let Some(Reverse(p)) = self.queue.pop() else {
@@ -563,6 +603,10 @@ impl Fabric {
     /// The earliest future event: a delivery or an engine timeout.
     fn next_event(&mut self) -> Option<Instant> {
         let arrival = self.queue.peek().map(|Reverse(p)| p.at);
+        let arrival = match (arrival, self.switch.as_ref().and_then(|s| s.next_event())) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let timer = self
             .nodes
             .iter_mut()

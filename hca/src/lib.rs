@@ -70,6 +70,8 @@ extern crate alloc;
 #[cfg(all(test, not(feature = "std")))]
 extern crate std;
 
+#[cfg(feature = "std")]
+pub mod cm;
 pub mod engine;
 #[cfg(feature = "fabric")]
 pub mod fabric;
@@ -80,14 +82,16 @@ pub mod link;
 #[cfg(all(feature = "std", target_os = "linux"))]
 pub mod open;
 #[cfg(feature = "std")]
+pub mod rdma_cm;
+#[cfg(feature = "std")]
 pub mod soft;
 #[cfg(feature = "tools")]
 pub mod tools;
 pub mod verbs;
 
 pub use engine::{
-    Counters, Datagram, DiagRecord, DropReason, EngineConfig, Instant, RateControl, SoftHca,
-    Transmit,
+    Counters, Datagram, DcqcnParams, DiagRecord, DropReason, EngineConfig, Instant, RateControl,
+    ReactionPoint, SoftHca, Transmit,
 };
 pub use verbs::ah::{AddressHandle, AhAttr, AhHandle};
 pub use verbs::context::Context;

@@ -10,6 +10,9 @@
 //! * `vfio:PCI_ADDRESS` (`0000:00:04.0` or `00:04.0`, as `lspci -D` prints it): the software HCA
 //!   on the userspace virtio-net driver ([`crate::link::vfio`]) on that PCI function, which must
 //!   be bound to `vfio-pci`;
+//! * `xdp:IFNAME` (`eth0`, as `ip link` names it): the software HCA on an AF_XDP socket
+//!   ([`crate::link::xdp`]) on queue 0 of that interface, with an XDP program that steers
+//!   RoCEv2 to it; the interface keeps its other traffic. Needs root;
 //! * `verbs:DEVICE` (`rxe0`, `mlx5_0`, as ibv_devices(1) lists it): that RDMA device through
 //!   rdma-core's libibverbs ([`crate::ibverbs::IbvDevice`]): a real InfiniBand / RoCE HCA or the
 //!   kernel's soft-RoCE. Not a link of the software engine: the HCA is the device;
@@ -30,6 +33,8 @@ use crate::ibverbs::IbvDevice;
 use crate::link::udp::DropHook;
 #[cfg(all(feature = "std", target_os = "linux"))]
 use crate::link::vfio::VfioLinkConfig;
+#[cfg(all(feature = "std", target_os = "linux"))]
+use crate::soft::XdpDeviceConfig;
 use crate::soft::{AnyConfig, AnyDevice, Progress, UdpDeviceConfig, VfioDeviceConfig};
 use crate::verbs::api::{DeviceError, Verbs};
 
@@ -53,6 +58,9 @@ pub enum DeviceSpec {
     /// A virtio-net PCI function driven through VFIO.
     #[cfg(all(feature = "std", target_os = "linux"))]
     Vfio(PciAddress),
+    /// An AF_XDP socket on a network interface, by name.
+    #[cfg(all(feature = "std", target_os = "linux"))]
+    Xdp(String),
     /// A libibverbs device, by name (ASCII letters, digits, `_`, `-`, `.`).
     Verbs(String),
     /// A software HCA on the in-memory test fabric.
@@ -85,6 +93,11 @@ pub enum DeviceSpecError {
         /// The text given.
         text: String,
     },
+    /// `xdp:` followed by something that is not an interface name.
+    BadInterface {
+        /// The text given.
+        text: String,
+    },
 }
 
 /// The `--link` forms a program accepts, for the messages of [`DeviceSpecError::message`]: a
@@ -98,6 +111,8 @@ pub struct LinkForms {
     pub vfio: bool,
     /// `verbs:DEVICE`.
     pub verbs: bool,
+    /// `xdp:IFNAME`.
+    pub xdp: bool,
 }
 
 impl LinkForms {
@@ -107,6 +122,7 @@ impl LinkForms {
         udp_port: true,
         vfio: cfg!(all(feature = "std", target_os = "linux")),
         verbs: true,
+        xdp: cfg!(all(feature = "std", target_os = "linux")),
     };
 
     /// The forms as a message lists them: `udp:ADDRESS[:PORT], vfio:PCI_ADDRESS or
@@ -119,6 +135,9 @@ impl LinkForms {
         }];
         if self.vfio {
             forms.push("vfio:PCI_ADDRESS");
+        }
+        if self.xdp {
+            forms.push("xdp:IFNAME");
         }
         if self.verbs {
             forms.push("verbs:DEVICE");
@@ -137,7 +156,8 @@ impl DeviceSpecError {
             DeviceSpecError::UnknownScheme { text, .. }
             | DeviceSpecError::BadUdpAddress { text }
             | DeviceSpecError::BadPciAddress { text }
-            | DeviceSpecError::BadVerbsDevice { text } => text,
+            | DeviceSpecError::BadVerbsDevice { text }
+            | DeviceSpecError::BadInterface { text } => text,
         }
     }
 
@@ -170,6 +190,11 @@ impl DeviceSpecError {
             DeviceSpecError::BadPciAddress { .. } => format!(
                 "bad link \"{text}\": expected vfio:PCI_ADDRESS (DDDD:BB:DD.F or BB:DD.F in \
                  hexadecimal, e.g. vfio:0000:00:04.0)"
+            ),
+            DeviceSpecError::BadInterface { .. } if !forms.xdp => not_taken("xdp"),
+            DeviceSpecError::BadInterface { .. } => format!(
+                "bad link \"{text}\": expected xdp:IFNAME, a network interface name as ip link \
+                 lists it (e.g. xdp:eth0)"
             ),
             DeviceSpecError::BadVerbsDevice { .. } if !forms.verbs => not_taken("verbs"),
             DeviceSpecError::BadVerbsDevice { .. } => format!(
@@ -248,6 +273,22 @@ impl FromStr for DeviceSpec {
                     text: text.to_owned(),
                 }
             }),
+            #[cfg(all(feature = "std", target_os = "linux"))]
+            "xdp" => {
+                // IFNAMSIZ is 16 with the NUL (netdevice(7)); no '/' (a sysfs path), no space.
+                let ok = !rest.is_empty()
+                    && rest.len() < 16
+                    && rest
+                        .chars()
+                        .all(|c| c.is_ascii_graphic() && !matches!(c, '/' | ':'));
+                if ok {
+                    Ok(DeviceSpec::Xdp(rest.to_owned()))
+                } else {
+                    Err(DeviceSpecError::BadInterface {
+                        text: text.to_owned(),
+                    })
+                }
+            }
             "verbs" => {
                 let ok = !rest.is_empty()
                     && rest
@@ -285,6 +326,8 @@ impl fmt::Display for DeviceSpec {
             DeviceSpec::Fabric => f.write_str("fabric"),
             #[cfg(all(feature = "std", target_os = "linux"))]
             DeviceSpec::Vfio(pci) => write!(f, "vfio:{pci}"),
+            #[cfg(all(feature = "std", target_os = "linux"))]
+            DeviceSpec::Xdp(ifname) => write!(f, "xdp:{ifname}"),
             DeviceSpec::Verbs(name) => write!(f, "verbs:{name}"),
         }
     }
@@ -403,6 +446,13 @@ fn open_soft(spec: &DeviceSpec, options: &OpenOptions) -> Result<Arc<AnyDevice>,
             c.progress = options.progress;
             AnyConfig::Vfio(c)
         }
+        #[cfg(all(feature = "std", target_os = "linux"))]
+        DeviceSpec::Xdp(ifname) => {
+            let mut c = XdpDeviceConfig::new(crate::link::xdp::XdpLinkConfig::new(ifname));
+            c.engine = options.engine.clone();
+            c.progress = options.progress;
+            AnyConfig::Xdp(c)
+        }
         DeviceSpec::Verbs(_) | DeviceSpec::Fabric => {
             return Err(DeviceError::Config {
                 device: spec.to_string(),
@@ -496,6 +546,19 @@ mod tests {
     }
 
     #[test]
+    fn xdp_forms() {
+        let s: DeviceSpec = "xdp:veth0".parse().unwrap();
+        assert_eq!(s, DeviceSpec::Xdp("veth0".into()));
+        assert_eq!(s.to_string(), "xdp:veth0");
+        assert_eq!(s.udp_ip(), None);
+        for bad in ["xdp:", "xdp:a/b", "xdp:a b", "xdp:sixteen_chars_xx"] {
+            let e = bad.parse::<DeviceSpec>().unwrap_err();
+            assert!(matches!(e, DeviceSpecError::BadInterface { .. }), "{bad}");
+            assert!(e.to_string().contains("xdp:IFNAME"), "{e}");
+        }
+    }
+
+    #[test]
     fn unknown_scheme_is_named() {
         let e = "tcp:1.2.3.4".parse::<DeviceSpec>().unwrap_err();
         assert_eq!(
@@ -520,7 +583,7 @@ mod tests {
         let linux = cfg!(all(feature = "std", target_os = "linux"));
         let e = "tcp:1.2.3.4".parse::<DeviceSpec>().unwrap_err();
         let all = if linux {
-            "udp:ADDRESS[:PORT], vfio:PCI_ADDRESS or verbs:DEVICE"
+            "udp:ADDRESS[:PORT], vfio:PCI_ADDRESS, xdp:IFNAME or verbs:DEVICE"
         } else {
             "udp:ADDRESS[:PORT] or verbs:DEVICE"
         };
@@ -543,6 +606,7 @@ mod tests {
             udp_port: false,
             vfio: false,
             verbs: false,
+            xdp: false,
         };
         assert_eq!(udp_only.list(), "udp:ADDRESS without a port");
         let e = "verbs:".parse::<DeviceSpec>().unwrap_err();

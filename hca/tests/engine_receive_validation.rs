@@ -240,9 +240,12 @@ fn cnp_for_an_unknown_qp_is_dropped_and_counted() {
     };
     deliver(&mut f, &b, &cnp(&ghost), t_us(1));
     assert_eq!(drops(&f, &b, DropReason::Qpn), 1);
-    ghost.qpn = 1; // QP1 is not offered either
+    ghost.qpn = 0; // QP0 (the SMI) is not offered either
     deliver(&mut f, &b, &cnp(&ghost), t_us(1));
     assert_eq!(drops(&f, &b, DropReason::Qpn), 2);
+    ghost.qpn = 1; // QP1, the GSI, takes only UD SEND ONLY (tests/engine_gsi.rs)
+    deliver(&mut f, &b, &cnp(&ghost), t_us(1));
+    assert_eq!(drops(&f, &b, DropReason::QpType), 1);
     assert_eq!(f.node(b.node).counters().cnp_rcvd, 0);
     deliver(&mut f, &b, &cnp(&b), t_us(1));
     assert_eq!(f.node(b.node).counters().cnp_rcvd, 1);

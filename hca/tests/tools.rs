@@ -896,7 +896,8 @@ fn client_before_server_says_so_and_connects() {
 /// (they refuse any port but 4791), in one line.
 #[test]
 fn bad_link_names_the_forms_the_tools_take() {
-    let forms = "(expected udp:ADDRESS without a port, vfio:PCI_ADDRESS or verbs:DEVICE)";
+    let forms =
+        "(expected udp:ADDRESS without a port, vfio:PCI_ADDRESS, xdp:IFNAME or verbs:DEVICE)";
     for (bin, sub) in [(PERF, &["write-bw"][..]), (PINGPONG, &[][..])] {
         for flag in ["--link", "-d"] {
             let args = [sub, &[flag, "tcp:127.0.0.1"]].concat();

@@ -44,6 +44,10 @@ pub enum Layer {
     Payload,
     /// A pcap file.
     Pcap,
+    /// Management datagram header (MAD common header, IBTA vol. 1 §13.4.2).
+    Mad,
+    /// Communication-management message (IBTA vol. 1 §12.6).
+    Cm,
 }
 
 impl fmt::Display for Layer {
@@ -68,6 +72,8 @@ impl fmt::Display for Layer {
             Layer::Icrc => "ICRC",
             Layer::Payload => "payload",
             Layer::Pcap => "pcap",
+            Layer::Mad => "MAD",
+            Layer::Cm => "CM",
         };
         f.write_str(name)
     }

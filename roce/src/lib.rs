@@ -24,6 +24,9 @@
 //! Beside the RoCEv2 headers, [`arp`] and [`ndisc`] (IPv6 Neighbor Discovery) give a link that
 //! writes its own Ethernet frames the means to learn its peers' MAC addresses.
 //!
+//! [`mad`] is the management datagram (MAD) that QP1 (the GSI) carries, and [`cm`] the
+//! communication-management messages (REQ, REP, RTU, ...) inside it.
+//!
 //! [`packet`] builds and parses a whole frame in one call. The crate is `#![no_std]`; the `std` feature
 //! (default) adds the classic pcap writer in [`pcap`].
 #![no_std]
@@ -66,6 +69,9 @@ pub mod gid;
 pub mod icrc;
 pub mod mtu;
 pub mod psn;
+
+pub mod cm;
+pub mod mad;
 
 pub mod packet;
 #[cfg(feature = "std")]

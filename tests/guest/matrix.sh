@@ -54,7 +54,20 @@ both() {
     CELLS+=("$1:ours-server|client|$2|$3")
 }
 # Our device's address for a GID kind: IPv4 (the IPv4-mapped GID) or the bridge's link-local address.
-link_of() { if [ "$1" = ipv4 ]; then echo "udp:$HOST_IP"; else echo "udp:$HOST_LL"; fi; }
+# ROCE_MATRIX_OUR_LINK=xdp runs our tools on the AF_XDP link on the bridge (`--link xdp:br0`; its GID table is
+# rxe's: 1 = the bridge's link-local address, 2 = IPv4, the default) instead of the UDP socket. Its path MTU
+# stops at 2048 (4096-byte UMEM frames): run it on the mtu1024 cells.
+OUR_LINK="${ROCE_MATRIX_OUR_LINK:-udp}"
+link_of() {
+    if [ "$OUR_LINK" = xdp ]; then echo "xdp:br0"
+    elif [ "$1" = ipv4 ]; then echo "udp:$HOST_IP"; else echo "udp:$HOST_LL"; fi
+}
+# Our tools' GID option for a GID kind: none on the UDP link (one GID), the link-local one on xdp: for IPv6.
+ours_gid() {  # pp|perf GIDKIND
+    if [ "$OUR_LINK" = xdp ] && [ "$2" = ipv6ll ]; then
+        if [ "$1" = pp ]; then echo "-g 1"; else echo "-x 1"; fi
+    fi
+}
 gidx_of() { if [ "$1" = ipv4 ]; then echo 1; else echo 0; fi; }  # rxe: GID 1 = IPv4, 0 = link-local
 ours_tmo="--timeout $CELL_SECS"
 # rdma-perf's local ACK timeout (perftest -u): 4.096 us x 2^20 = 4.3 s, so a TCG guest that falls seconds behind
@@ -65,11 +78,11 @@ pingpong_cells() {  # MTU GIDKIND
     link="$(link_of "$g")" gi="$(gidx_of "$g")"
     for t in rc uc; do
         both "ibv_${t}_pingpong:mtu$mtu:$g" "ibv_${t}_pingpong -d rxe0 -g $gi -m $mtu -s 4096 -n 10 -c" \
-            "rdma-pingpong --$t --link $link -m $mtu -s 4096 -n 10 -c $ours_tmo"
+            "rdma-pingpong --$t --link $link $(ours_gid pp "$g") -m $mtu -s 4096 -n 10 -c $ours_tmo"
     done
     # UD has no path MTU option: a message fills one packet of the MTU (-s MTU; both ports run 4096).
     both "ibv_ud_pingpong:mtu$mtu:$g" "ibv_ud_pingpong -d rxe0 -g $gi -s $mtu -n 10 -c" \
-        "rdma-pingpong --ud --link $link -s $mtu -n 10 -c $ours_tmo"
+        "rdma-pingpong --ud --link $link $(ours_gid pp "$g") -s $mtu -n 10 -c $ours_tmo"
 }
 perftest_cells() {  # MTU GIDKIND TOOL...
     local mtu="$1" g="$2" link gi t sub size
@@ -80,7 +93,7 @@ perftest_cells() {  # MTU GIDKIND TOOL...
         size="-s 4096"
         [ "$t" != ib_atomic_bw ] || size=""
         both "$t:mtu$mtu:$g" "$t -d rxe0 -x $gi -m $mtu $size -n 5 -F" \
-            "rdma-perf $sub --link $link -m $mtu $size -n 5 $perf_tmo"
+            "rdma-perf $sub --link $link $(ours_gid perf "$g") -m $mtu $size -n 5 $perf_tmo"
     done
 }
 for mtu in 1024 4096; do
@@ -126,7 +139,8 @@ both "ibv_rc_pingpong:mtu4096:ipv6ll" "ibv_rc_pingpong -d rxe0 -g 0 -m 4096 -s 4
 # again by a peer still waiting for it, and our tools linger 200 ms after their last completion to
 # answer the peer's retransmissions (hca::link::udp::DropDirections).
 FAULT_ENV="env ROCE_LINK_DROP_PPM=$DROP_PPM ROCE_LINK_DROP_SEED=5 ROCE_LINK_DROP_DIRECTIONS=send"
-for role in client server; do
+# (The drop hook is the UDP link's: no fault cells on the AF_XDP link.)
+[ "$OUR_LINK" = xdp ] || for role in client server; do
     CELLS+=("fault-drop${DROP_PPM}ppm:ibv_rc_pingpong:mtu1024:ipv4:ours-$role|$([ $role = client ] && echo server || echo client)|ibv_rc_pingpong -d rxe0 -g 1 -m 1024 -s 8192 -n 100 -c|$FAULT_ENV rdma-pingpong --rc --link $(link_of ipv4) -m 1024 -s 8192 -n 100 -c --stats $ours_tmo")
 done
 
@@ -187,7 +201,11 @@ rg_job_pairs "$RG_RUN/job-g1" 18700 "" "$((2 * CELL_SECS + 120))" "${CELLS[@]}"
 
 # ---------------------------------------------------------------- boot and run
 PCAP="$RG_RUN/matrix.pcap"
-rg_capture_start "$NS" br0 "$PCAP" $((JOB_SECS + 180))
+# On the bridge, except with the AF_XDP link: its frames leave and arrive past br0's packet taps (XDP
+# redirects before them; AF_XDP transmits by dev_direct_xmit), so capture on the guest's tap instead.
+CAPTURE_DEV=br0
+[ "$OUR_LINK" = xdp ] && CAPTURE_DEV=tap1
+rg_capture_start "$NS" "$CAPTURE_DEV" "$PCAP" $((JOB_SECS + 180))
 rg_phase_begin "guest+host (boot+cells)"
 rg_log "matrix: ${#CELLS[@]} cells; g1 ($GUEST_IP) booting, our tools on $HOST_IP / $HOST_LL; run folder $RG_RUN"
 rg_guest_start g1 "$NS" tap1 "$GUEST_MAC" "$GUEST_IP/$PFX" "$LINK_MTU" "$RG_RUN/job-g1" "$JOB_SECS"
@@ -268,7 +286,7 @@ cat "$TIMES"
 echo "guest g1: $(rg_side_times g1)"
 awk -v a="$T_ALL0" -v b="$(rg_now)" 'BEGIN{printf "total %.1f s\n", b-a}'
 echo
-rg_table "conformance matrix: ours (host, $HOST_IP / $HOST_LL, UDP link) <-> rxe0 (guest g1, $GUEST_IP), link MTU $LINK_MTU"
+rg_table "conformance matrix: ours (host, $HOST_IP / $HOST_LL, $( [ "$OUR_LINK" = xdp ] && echo AF_XDP link || echo UDP link )) <-> rxe0 (guest g1, $GUEST_IP), link MTU $LINK_MTU"
 rg_table_save "$RG_RUN/table.tsv"
 echo
 echo "== the matrix: our tool as client / as server =="

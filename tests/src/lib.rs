@@ -263,3 +263,43 @@ pub fn dissect(tshark: &str, path: &Path) -> io::Result<Vec<Dissection>> {
         })
         .collect())
 }
+
+/// Runs tshark over the pcap at `path` and returns, per frame, the values of `fields` (tshark `-e`
+/// names, first occurrence of each, as text; empty when absent), in order.
+///
+/// # Errors
+/// When tshark cannot be started or exits with an error (its stderr is in the message).
+pub fn dissect_fields(tshark: &str, path: &Path, fields: &[&str]) -> io::Result<Vec<Vec<String>>> {
+    let mut cmd = Command::new(tshark);
+    cmd.args(["-n", "--disable-protocol", "rpcordma", "-r"])
+        .arg(path)
+        .args(["-T", "fields", "-E", "separator=|", "-E", "occurrence=f"]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd.output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "tshark failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| {
+            let mut v: Vec<String> = line.split('|').map(str::to_string).collect();
+            v.resize(fields.len(), String::new());
+            v
+        })
+        .collect())
+}
+
+/// Parses a number as tshark prints it: decimal, or hexadecimal with a `0x` prefix.
+pub fn tshark_num(field: &str) -> Option<u64> {
+    let field = field.trim();
+    match field.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => field.parse().ok(),
+    }
+}

@@ -175,3 +175,31 @@ fn matrix_capture_icrcs_verify() {
         pcap.display()
     );
 }
+
+/// The AF_XDP link (`--link xdp:br0`, `hca::link::xdp`) against rxe: `tests/guest/matrix.sh` with
+/// `ROCE_MATRIX_OUR_LINK=xdp` on the MTU 1024 cells of `ibv_rc_pingpong` (data checked) and
+/// `ib_write_bw`, IPv4 (plain and bulk) and IPv6 link-local, our side as client and as server,
+/// captured on the guest's tap; then every RoCEv2 frame of that capture, ours and rxe's, over
+/// both IP versions, must pass `roce::icrc::verify`.
+#[test]
+#[ignore = "needs root, Debian packages and a minute of QEMU: run with --ignored"]
+fn xdp_link_against_rxe_and_every_icrc_verifies() {
+    let script = repo_root().join("tests/guest/matrix.sh");
+    let status = Command::new("timeout")
+        .args(["--kill-after=10", "900", "bash"])
+        .arg(&script)
+        .args(["--cells", "^ib(v_rc_pingpong|_write_bw):mtu1024:ipv(4|6ll)"])
+        .env("ROCE_MATRIX_OUR_LINK", "xdp")
+        .status()
+        .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
+    assert!(status.success(), "{} failed: {status}", script.display());
+    let v = verify_capture(&cache_dir().join("runs/latest/matrix.pcap"));
+    eprintln!(
+        "ICRC verified on RoCEv2 frames: ours {} IPv4 + {} IPv6, rxe's {} IPv4 + {} IPv6",
+        v.ours.0, v.ours.1, v.rxe.0, v.rxe.1
+    );
+    assert!(
+        v.ours.0 > 0 && v.ours.1 > 0 && v.rxe.0 > 0 && v.rxe.1 > 0,
+        "both sides over IPv4 and IPv6: {v:?}"
+    );
+}

@@ -159,7 +159,9 @@ pub struct PerfArgs {
     /// rank's address chosen as `COLL_ROCE_ADDR` documents), `udp:ADDRESS[:PORT]` (that
     /// address for every rank of this host, so with `--ranks 1` only: the UDP device tells peers
     /// apart by address; several local ranks take `COLL_ROCE_ADDR=A1,A2,...`, one each), or `verbs:DEVICE` (an RDMA device through
-    /// libibverbs, e.g. verbs:rxe0, verbs:mlx5_0; ranks may share it). Sets `COLL_ROCE_LINK` for
+    /// libibverbs, e.g. verbs:rxe0, verbs:mlx5_0; ranks may share it), or `xdp:IFNAME` (the
+    /// software HCA on an AF_XDP socket on that interface; one rank per interface, so `--ranks 1`
+    /// per host or namespace; root). Sets `COLL_ROCE_LINK` for
     /// the ranks; with `--transport auto` it selects roce. `vfio:` links are not supported here.
     #[arg(long, value_parser = link_arg)]
     pub link: Option<String>,
@@ -171,11 +173,14 @@ fn link_arg(s: &str) -> Result<String, String> {
         return Ok(s.to_owned());
     }
     match s.parse::<hca::open::DeviceSpec>() {
-        Ok(l @ (hca::open::DeviceSpec::Udp { .. } | hca::open::DeviceSpec::Verbs(_))) => {
-            Ok(l.to_string())
-        }
+        Ok(
+            l @ (hca::open::DeviceSpec::Udp { .. }
+            | hca::open::DeviceSpec::Verbs(_)
+            | hca::open::DeviceSpec::Xdp(_)),
+        ) => Ok(l.to_string()),
         Ok(l) => Err(format!(
-            "{l}: not supported for coll-perf (use udp, udp:ADDRESS[:PORT] or verbs:DEVICE)"
+            "{l}: not supported for coll-perf (use udp, udp:ADDRESS[:PORT], xdp:IFNAME or \
+             verbs:DEVICE)"
         )),
         Err(e) => Err(e.to_string()),
     }

@@ -23,7 +23,7 @@ pub enum DropReason {
     Opcode,
     /// Destination IP address is not one of the port's RoCEv2 GIDs.
     DestinationAddress,
-    /// Destination QPN names no QP (or QP 0 / 1, the special QPs, which are not offered).
+    /// Destination QPN names no QP (or QP 0, the SMI, which is not offered; QP 1 is the GSI).
     Qpn,
     /// The opcode's transport (RC, UC, UD) differs from the QP's type.
     QpType,
@@ -154,6 +154,18 @@ pub struct Counters {
     /// or memory the CPU cannot address, or more pieces than a gathered packet may have). Inline
     /// data and payload-less packets count in neither.
     pub tx_copied_pkts: u64,
+    /// QP1 (GSI): MADs queued for the consumer (`SoftHca::poll_mad`).
+    pub gsi_rcvd: u64,
+    /// QP1: MADs sent (the consumer's and the GSI's own answers).
+    pub gsi_sent: u64,
+    /// QP1: requests answered by the GSI itself with an error status (bad version, unsupported
+    /// method/attribute; IBTA vol. 1 §13.4.7).
+    pub gsi_answered: u64,
+    /// QP1: MADs dropped as malformed or unanswerable (not 256 bytes, an unknown non-Get/Set
+    /// method, a bad version on a method that gets no answer).
+    pub gsi_bad_mad: u64,
+    /// QP1: MADs dropped because the receive or send queue was full.
+    pub gsi_queue_full: u64,
     drops: [u64; DropReason::ALL.len()],
 }
 
@@ -198,6 +210,11 @@ impl Counters {
             ("cq_overrun_lost", self.cq_overrun_lost),
             ("tx_gathered_pkts", self.tx_gathered_pkts),
             ("tx_copied_pkts", self.tx_copied_pkts),
+            ("gsi_rcvd", self.gsi_rcvd),
+            ("gsi_sent", self.gsi_sent),
+            ("gsi_answered", self.gsi_answered),
+            ("gsi_bad_mad", self.gsi_bad_mad),
+            ("gsi_queue_full", self.gsi_queue_full),
         ];
         named.into_iter().chain(
             DropReason::ALL

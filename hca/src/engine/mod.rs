@@ -40,7 +40,9 @@
 //! capabilities, responses by `max_dest_rd_atomic`, CNPs, CQ events and diagnostics by constants.
 
 pub mod counters;
+pub mod dcqcn;
 pub mod diag;
+pub mod gsi;
 pub mod time;
 
 mod completer;
@@ -68,6 +70,7 @@ use roce::packet::{ExtReprs, TransportRepr};
 use roce::{udp, Gid, Psn};
 
 pub use counters::{Counters, DropReason};
+pub use dcqcn::{DcqcnParams, ReactionPoint, RpStats};
 pub use diag::{DiagKind, DiagRecord};
 pub use net::IPV4_IDENT;
 pub use time::Instant;
@@ -142,6 +145,11 @@ pub struct EngineConfig {
     /// and a QP uses the port its entropy value selects ([`src_port_for`]): the ICRC covers the
     /// UDP source port, so packets must be built with the port they leave from.
     pub udp_src_ports: Vec<u16>,
+    /// DCQCN's reaction point for every QP created from now on ([`dcqcn`]; a QP's own
+    /// setting: [`SoftHca::set_qp_dcqcn`]). `None` (default): CNPs are counted and handed to
+    /// the [`RateControl`] hook only, and nothing is paced (the engine's behaviour before
+    /// DCQCN, packet for packet).
+    pub dcqcn: Option<DcqcnParams>,
 }
 
 impl Default for EngineConfig {
@@ -155,6 +163,7 @@ impl Default for EngineConfig {
             ack_delay: Duration::ZERO,
             cnp_dscp: 48,
             udp_src_ports: Vec::new(),
+            dcqcn: None,
         }
     }
 }
@@ -227,8 +236,8 @@ impl Transmit {
     }
 }
 
-/// The reaction point of congestion control: told about every CNP received (IBTA Annex
-/// A17.9.3). DCQCN implements it in a later issue; the engine only counts and forwards.
+/// An observer of congestion notification: told about every CNP received (IBTA Annex
+/// A17.9.3), after the QP's own DCQCN reaction point ([`dcqcn`], if enabled) acted on it.
 pub trait RateControl: Send {
     /// A CNP arrived at `now` for local QP `qpn`: its send rate should drop.
     fn on_cnp(&mut self, now: Instant, qpn: u32);
@@ -258,6 +267,8 @@ pub struct SoftHca {
     ready: VecDeque<u32>,
     timers: BinaryHeap<Reverse<(Instant, u32)>>,
     cnps: VecDeque<PendingCnp>,
+    /// QP1: the GSI's MAD queues (module `gsi`).
+    gsi: gsi::Gsi,
     cq_events: VecDeque<CqHandle>,
     counters: Counters,
     diag: diag::DiagLog,
@@ -300,6 +311,7 @@ impl SoftHca {
             ready: VecDeque::new(),
             timers: BinaryHeap::new(),
             cnps: VecDeque::new(),
+            gsi: gsi::Gsi::default(),
             cq_events: VecDeque::new(),
             counters: Counters::default(),
             diag: diag::DiagLog::default(),
@@ -571,7 +583,44 @@ impl SoftHca {
                 init.srq,
             )));
         }
+        let dcqcn = self.config.dcqcn;
+        if let Some(t) = self.qp_transport(qpn) {
+            t.rp = dcqcn.map(ReactionPoint::new);
+        }
         Ok(qpn)
+    }
+
+    /// Enables (`Some`) or disables (`None`) DCQCN's reaction point on QP `qpn`, whatever
+    /// [`EngineConfig::dcqcn`] chose at its creation (per-QP congestion control, as ConnectX
+    /// enables it per priority and per QP). A new reaction point starts unlimited; disabling
+    /// drops any rate limit at once.
+    ///
+    /// # Errors
+    /// [`VerbsError::ModifyQp`] with [`Cause::NoSuchObject`] when `qpn` names no QP.
+    pub fn set_qp_dcqcn(
+        &mut self,
+        qpn: u32,
+        params: Option<DcqcnParams>,
+    ) -> Result<(), VerbsError> {
+        let now = self.now_hint();
+        let Some(t) = self.qp_transport(qpn) else {
+            return Err(VerbsError::ModifyQp {
+                qpn,
+                cause: Cause::NoSuchObject {
+                    object: crate::verbs::error::Object::Qp,
+                    id: qpn,
+                },
+            });
+        };
+        t.rp = params.map(ReactionPoint::new);
+        self.after_qp(qpn, now);
+        Ok(())
+    }
+
+    /// The DCQCN reaction point of QP `qpn` (its rates, alpha and counters), if enabled.
+    #[must_use]
+    pub fn qp_reaction_point(&self, qpn: u32) -> Option<&ReactionPoint> {
+        self.qp_transport_ref(qpn)?.rp.as_ref()
     }
 
     /// ibv_query_qp(3).
@@ -889,6 +938,12 @@ impl SoftHca {
             }
             return None;
         }
+        // QP1's MADs and the QPs take turns, so neither a MAD flood nor busy QPs starve the other.
+        if !self.gsi.send.is_empty() && (self.ready.is_empty() || self.gsi.turn) {
+            self.gsi.turn = false;
+            return self.build_gsi(out);
+        }
+        self.gsi.turn = true;
         for _ in 0..self.ready.len() {
             let qpn = self.ready.pop_front()?;
             let result = match self.split(qpn, now) {
@@ -914,6 +969,14 @@ impl SoftHca {
                     } else {
                         &[false, true]
                     };
+                    // DCQCN: a rate-limited requester waits for its pacing time; responses
+                    // (ACKs, READ responses) are not held back.
+                    let paced = t.rp.as_ref().is_some_and(|rp| rp.next_send(now).is_some());
+                    let order: &[bool] = match (paced, held) {
+                        (false, _) => order,
+                        (true, true) => &[],
+                        (true, false) => &[true],
+                    };
                     let mut result = TxResult::Nothing;
                     for &responder in order {
                         result = if responder {
@@ -932,6 +995,11 @@ impl SoftHca {
                                     t.resp_turn = true;
                                 } else {
                                     t.resp_turn = true;
+                                }
+                                if let (false, Some(rp), TxResult::Packet(tx)) =
+                                    (responder, t.rp.as_mut(), &result)
+                                {
+                                    rp.on_sent(now, dcqcn::wire_bytes(tx.len, tx.dst_ip.is_ipv6()));
                                 }
                                 break;
                             }
@@ -957,11 +1025,16 @@ impl SoftHca {
                 TxResult::Nothing => self.after_qp(qpn, now),
             }
         }
+        if !self.gsi.send.is_empty() {
+            self.gsi.turn = false;
+            return self.build_gsi(out);
+        }
         None
     }
 
     /// When [`SoftHca::handle_timeout`] should be called next (`None`: no timer armed): the
-    /// earliest local ACK timeout or RNR wait of any QP.
+    /// earliest local ACK timeout, RNR wait, held ACK, or DCQCN timer or pacing time (a
+    /// rate-limited requester's next packet) of any QP.
     #[must_use]
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         // Drop entries whose QP has since registered another deadline, and move entries whose
@@ -1000,7 +1073,8 @@ impl SoftHca {
         self.last_now
     }
 
-    /// The time reached a deadline: local ACK timeouts retransmit or fail, RNR waits end.
+    /// The time reached a deadline: local ACK timeouts retransmit or fail, RNR waits end, DCQCN
+    /// timers raise rates and paced requesters may send again.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.last_now = self.last_now.max(now);
         // Each pass removes one heap entry: bounded by the heap.
@@ -1016,6 +1090,9 @@ impl SoftHca {
                 continue;
             }
             t.timer_key = None;
+            if let Some(rp) = t.rp.as_mut() {
+                rp.handle_timeout(now);
+            }
             t.on_timer(&mut env);
             self.after_qp(qpn, now);
         }

@@ -10,7 +10,9 @@
 //!    headers the opcode carries fit, TVer is 0 (IBTA vol. 1 §9.2), the opcode is an RC, UC or UD
 //!    opcode or the CNP, PadCnt is consistent.
 //! 3. **Destination address**: one of the port's RoCEv2 GIDs (rxe `rxe_chk_dgid`).
-//! 4. **QPN**: names a live QP (QP0 / QP1 are not offered); a CNP only needs its QP to exist.
+//! 4. **QPN**: names a live QP (QP0 is not offered); a CNP only needs its QP to exist. QP1, the
+//!    GSI, takes UD SEND ONLY with the GSI P_Key and Q_Key, then the ICRC, and hands the MAD to
+//!    module `gsi`.
 //! 5. **QP type** matches the opcode's transport, and **QP state**: requests need RTR, RTS, SQD or
 //!    SQE; responses RTS or SQD (rxe `check_type_state`).
 //! 6. **Addresses** (RC/UC): the source is the QP's peer and the destination its own source GID
@@ -29,7 +31,7 @@ use core::net::IpAddr;
 
 use roce::opcode::{OpcodeInfo, Operation, Transport};
 use roce::packet::{icrc_of_udp_payload, parse_udp_payload, ExtReprs, IpRepr};
-use roce::{bth, udp, Error, Gid, Opcode, Psn};
+use roce::{bth, mad, udp, Error, Gid, Opcode, Psn};
 
 use super::counters::{bump, DropReason};
 use super::diag::{DiagKind, DiagRecord};
@@ -138,6 +140,9 @@ impl SoftHca {
             "source and destination addresses of different families",
         ))?;
         let qpn = t.bth.dest_qpn;
+        if qpn == mad::GSI_QPN {
+            return self.receive_gsi(d, &parsed, &mut ip);
+        }
         let with_qp = |reason, detail| Rejection {
             reason,
             qpn: Some(qpn),
@@ -207,41 +212,15 @@ impl SoftHca {
                 return Err(with_qp(DropReason::Qkey, "Q_Key does not match the QP's"));
             }
         }
-        let udp = udp::Repr {
-            src_port: d.src_port,
-            dst_port: d.dst_port,
-            payload_len: d.payload.len(),
-        };
-        let computed = icrc_of_udp_payload(&ip, &udp, d.payload)
-            .map_err(|_| with_qp(DropReason::Length, "datagram too long for its IP header"))?;
-        match &mut ip {
-            // The identification is unknown (`ip` was built with IPV4_IDENT): solve for it.
-            IpRepr::Ipv4(v4) if d.ip_ident.is_none() => {
-                // `ip_repr` builds the 20-byte header without options.
-                let total_len = roce::ipv4::HEADER_LEN + udp::HEADER_LEN + d.payload.len();
-                let solved =
-                    roce::icrc::solve_ipv4_ident(total_len, v4.ident, computed, parsed.icrc);
-                let Some(ident) = solved else {
-                    bump!(self.counters.icrc_errors);
-                    return Err(with_qp(
-                        DropReason::Icrc,
-                        "ICRC does not verify for any IPv4 identification",
-                    ));
-                };
-                // The IP header as sent, for a UD receive buffer's GRH area.
-                v4.ident = ident;
-                bump!(self.counters.icrc_ident_solved);
-            }
-            _ => {
-                if computed != parsed.icrc {
-                    bump!(self.counters.icrc_errors);
-                    return Err(with_qp(DropReason::Icrc, "ICRC does not verify"));
-                }
-            }
-        }
+        self.check_icrc(&mut ip, d, parsed.icrc, Some(qpn), Some(t.bth.psn))?;
         bump!(self.counters.rcvd_pkts);
         if cnp {
             bump!(self.counters.cnp_rcvd);
+            let rp = self.qp_transport(qpn).and_then(|t| t.rp.as_mut());
+            if let Some(rp) = rp {
+                rp.on_cnp(now);
+                self.after_qp(qpn, now);
+            }
             if let Some(hook) = self.rate_control.as_mut() {
                 hook.on_cnp(now, qpn);
             }
@@ -295,6 +274,90 @@ impl SoftHca {
             };
             with_qp(reason, detail)
         })
+    }
+
+    /// Steps 5-9 for QP1, the GSI (module `gsi`): only UD SEND ONLY, P_Key 0xFFFF's partition,
+    /// the GSI Q_Key 0x80010000 (IBTA vol. 1 §10.2.4.1; rxe `check_keys`), then the ICRC; the MAD
+    /// rules are `SoftHca::gsi_receive`'s.
+    fn receive_gsi(
+        &mut self,
+        d: &Datagram<'_>,
+        parsed: &roce::packet::ParsedTransport<'_>,
+        ip: &mut IpRepr,
+    ) -> Result<(), Rejection> {
+        let t = parsed.transport;
+        let rej = |reason, detail| Rejection {
+            reason,
+            qpn: Some(mad::GSI_QPN),
+            psn: Some(t.bth.psn),
+            detail,
+        };
+        if t.bth.opcode != Opcode::UdSendOnly {
+            return Err(rej(DropReason::QpType, "QP1 takes only UD SEND ONLY"));
+        }
+        if !pkey_matches(t.bth.pkey, mad::DEFAULT_PKEY) {
+            self.ctx.count_port_violation(false);
+            return Err(rej(DropReason::Pkey, "P_Key is not the GSI's (0xFFFF)"));
+        }
+        let Some(deth) = t.ext.deth.filter(|x| x.qkey == mad::GSI_QKEY) else {
+            self.ctx.count_port_violation(true);
+            return Err(rej(DropReason::Qkey, "Q_Key is not the GSI's (0x80010000)"));
+        };
+        self.check_icrc(ip, d, parsed.icrc, Some(mad::GSI_QPN), Some(t.bth.psn))?;
+        bump!(self.counters.rcvd_pkts);
+        self.gsi_receive(d.src_ip, d.dst_ip, deth.src_qpn, parsed.payload);
+        Ok(())
+    }
+
+    /// Step 8: the ICRC over the IP and UDP headers rebuilt from the datagram's metadata; for
+    /// IPv4 from a socket, solved for the identification (module docs). On success `ip` carries
+    /// the identification the sender used.
+    fn check_icrc(
+        &mut self,
+        ip: &mut IpRepr,
+        d: &Datagram<'_>,
+        icrc: u32,
+        qpn: Option<u32>,
+        psn: Option<u32>,
+    ) -> Result<(), Rejection> {
+        let rej = |reason, detail| Rejection {
+            reason,
+            qpn,
+            psn,
+            detail,
+        };
+        let udp = udp::Repr {
+            src_port: d.src_port,
+            dst_port: d.dst_port,
+            payload_len: d.payload.len(),
+        };
+        let computed = icrc_of_udp_payload(&*ip, &udp, d.payload)
+            .map_err(|_| rej(DropReason::Length, "datagram too long for its IP header"))?;
+        match ip {
+            // The identification is unknown (`ip` was built with IPV4_IDENT): solve for it.
+            IpRepr::Ipv4(v4) if d.ip_ident.is_none() => {
+                // `ip_repr` builds the 20-byte header without options.
+                let total_len = roce::ipv4::HEADER_LEN + udp::HEADER_LEN + d.payload.len();
+                let solved = roce::icrc::solve_ipv4_ident(total_len, v4.ident, computed, icrc);
+                let Some(ident) = solved else {
+                    bump!(self.counters.icrc_errors);
+                    return Err(rej(
+                        DropReason::Icrc,
+                        "ICRC does not verify for any IPv4 identification",
+                    ));
+                };
+                // The IP header as sent, for a UD receive buffer's GRH area.
+                v4.ident = ident;
+                bump!(self.counters.icrc_ident_solved);
+            }
+            _ => {
+                if computed != icrc {
+                    bump!(self.counters.icrc_errors);
+                    return Err(rej(DropReason::Icrc, "ICRC does not verify"));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Queues a CNP to `sender` (the QP that sent the CE-marked packet), unless one went to it

@@ -264,6 +264,8 @@ pub(crate) struct QpTransport {
     pub(crate) last_cnp: Option<Instant>,
     /// A completion of this QP found its CQ overrun; the engine moves the QP to ERR.
     pub(crate) cq_overrun: bool,
+    /// DCQCN's reaction point: paces the requester after CNPs (`None`: congestion control off).
+    pub(crate) rp: Option<super::dcqcn::ReactionPoint>,
 }
 
 impl QpTransport {
@@ -298,6 +300,7 @@ impl QpTransport {
             comm_est: false,
             last_cnp: None,
             cq_overrun: false,
+            rp: None,
         }
     }
 
@@ -315,6 +318,9 @@ impl QpTransport {
         self.route = None;
         self.comm_est = false;
         self.last_cnp = None;
+        if let Some(rp) = self.rp.as_mut() {
+            *rp = super::dcqcn::ReactionPoint::new(*rp.params());
+        }
     }
 
     /// The earliest deadline of the QP's timers.
@@ -324,16 +330,32 @@ impl QpTransport {
             (a, b) => a.or(b),
         };
         let ack = self.resp.ack_due.filter(|_| !self.resp.out.is_empty());
-        match (timers, ack) {
+        let mut next = match (timers, ack) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
+        };
+        if let Some(rp) = self.rp.as_ref() {
+            // DCQCN: the alpha and rate-increase timers, and the pacing time of a requester
+            // with work.
+            let pace = rp
+                .pacing_deadline()
+                .filter(|_| self.req.next < self.sq.len());
+            for d in [rp.poll_timeout(), pace].into_iter().flatten() {
+                next = Some(next.map_or(d, |n| n.min(d)));
+            }
         }
+        next
     }
 
     /// Whether the QP may have something to transmit at `now` (checked precisely when polled).
     pub(crate) fn may_transmit(&self, now: Instant) -> bool {
         (!self.resp.out.is_empty() && !self.ack_held(now))
-            || (self.req.next < self.sq.len() && self.comp.rnr_until.is_none())
+            || (self.req.next < self.sq.len()
+                && self.comp.rnr_until.is_none()
+                && self
+                    .rp
+                    .as_ref()
+                    .is_none_or(|rp| rp.next_send(now).is_none()))
     }
 
     /// Whether the only queued response is a plain ACK that may still wait at `now` for a

@@ -1,5 +1,5 @@
 //! [`AnyLink`]: a link chosen at run time ([`DeviceSpec`](crate::open::DeviceSpec)), for programs such as
-//! the tools whose `--link` picks the UDP socket or a VFIO NIC. Each method dispatches once per
+//! the tools whose `--link` picks the UDP socket, a VFIO NIC or an AF_XDP socket. Each method dispatches once per
 //! call (a batch), by a `match`; the per-packet work inside runs in the chosen link's own
 //! monomorphized code. Programs that know their link use `SoftDevice<UdpLink>` or
 //! `SoftDevice<VfioLink>` directly.
@@ -13,6 +13,7 @@ use crate::verbs::device::Device;
 
 use super::udp::{LinkCounters, LinkPoller};
 use super::vfio::{VfioError, VfioLink, VfioLinkCounters, VfioPoller};
+use super::xdp::{XdpError, XdpLink, XdpLinkCounters, XdpPoller};
 use super::{FlushReport, Link, LinkError, LinkWait, RecvState, UdpLink, Waker};
 
 /// One of the links (see the [module docs](self)).
@@ -25,6 +26,8 @@ pub enum AnyLink {
     Udp(UdpLink),
     /// A virtio-net NIC driven through VFIO.
     Vfio(VfioLink),
+    /// An AF_XDP socket on a kernel NIC.
+    Xdp(XdpLink),
 }
 
 /// The poller of an [`AnyLink`].
@@ -34,6 +37,8 @@ pub enum AnyPoller {
     Udp(LinkPoller),
     /// Of a VFIO NIC.
     Vfio(VfioPoller),
+    /// Of an AF_XDP socket.
+    Xdp(XdpPoller),
 }
 
 /// The counters of an [`AnyLink`].
@@ -43,6 +48,8 @@ pub enum AnyCounters {
     Udp(LinkCounters),
     /// Of a VFIO NIC.
     Vfio(VfioLinkCounters),
+    /// Of an AF_XDP socket.
+    Xdp(XdpLinkCounters),
 }
 
 /// The error of an [`AnyLink`]: its UDP socket's or its VFIO NIC's. `Display` is the link's own.
@@ -52,6 +59,8 @@ pub enum AnyLinkError {
     Udp(LinkError),
     /// Of a VFIO NIC.
     Vfio(VfioError),
+    /// Of an AF_XDP socket.
+    Xdp(XdpError),
 }
 
 impl std::fmt::Display for AnyLinkError {
@@ -59,6 +68,7 @@ impl std::fmt::Display for AnyLinkError {
         match self {
             AnyLinkError::Udp(e) => e.fmt(f),
             AnyLinkError::Vfio(e) => e.fmt(f),
+            AnyLinkError::Xdp(e) => e.fmt(f),
         }
     }
 }
@@ -68,6 +78,7 @@ impl std::error::Error for AnyLinkError {
         match self {
             AnyLinkError::Udp(e) => e.source(),
             AnyLinkError::Vfio(e) => e.source(),
+            AnyLinkError::Xdp(e) => e.source(),
         }
     }
 }
@@ -75,6 +86,12 @@ impl std::error::Error for AnyLinkError {
 impl From<LinkError> for AnyLinkError {
     fn from(e: LinkError) -> Self {
         AnyLinkError::Udp(e)
+    }
+}
+
+impl From<XdpError> for AnyLinkError {
+    fn from(e: XdpError) -> Self {
+        AnyLinkError::Xdp(e)
     }
 }
 
@@ -91,6 +108,7 @@ impl LinkWait for AnyPoller {
         match self {
             AnyPoller::Udp(p) => LinkWait::wait(p, writable, waker, timeout).map_err(Into::into),
             AnyPoller::Vfio(p) => LinkWait::wait(p, writable, waker, timeout).map_err(Into::into),
+            AnyPoller::Xdp(p) => LinkWait::wait(p, writable, waker, timeout).map_err(Into::into),
         }
     }
 }
@@ -113,6 +131,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => l.name(),
             AnyLink::Vfio(l) => Link::name(l),
+            AnyLink::Xdp(l) => Link::name(l),
         }
     }
 
@@ -120,6 +139,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => l.local_addr(),
             AnyLink::Vfio(l) => Link::local_addr(l),
+            AnyLink::Xdp(l) => Link::local_addr(l),
         }
     }
 
@@ -127,6 +147,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => l.device(),
             AnyLink::Vfio(l) => Link::device(l),
+            AnyLink::Xdp(l) => Link::device(l),
         }
     }
 
@@ -134,6 +155,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => l.mtu(),
             AnyLink::Vfio(l) => Link::mtu(l),
+            AnyLink::Xdp(l) => Link::mtu(l),
         }
     }
 
@@ -141,6 +163,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => AnyCounters::Udp(l.counters()),
             AnyLink::Vfio(l) => AnyCounters::Vfio(Link::counters(l)),
+            AnyLink::Xdp(l) => AnyCounters::Xdp(Link::counters(l)),
         }
     }
 
@@ -148,6 +171,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => l.recv(idle).map_err(Into::into),
             AnyLink::Vfio(l) => l.recv(idle).map_err(Into::into),
+            AnyLink::Xdp(l) => l.recv(idle).map_err(Into::into),
         }
     }
 
@@ -155,6 +179,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => l.deliver(f).map_err(Into::into),
             AnyLink::Vfio(l) => l.deliver(f).map_err(Into::into),
+            AnyLink::Xdp(l) => l.deliver(f).map_err(Into::into),
         }
     }
 
@@ -162,6 +187,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => l.rx_full(delivered),
             AnyLink::Vfio(l) => l.rx_full(delivered),
+            AnyLink::Xdp(l) => l.rx_full(delivered),
         }
     }
 
@@ -169,6 +195,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => l.build(engine, now),
             AnyLink::Vfio(l) => l.build(engine, now),
+            AnyLink::Xdp(l) => l.build(engine, now),
         }
     }
 
@@ -176,6 +203,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => l.unsent(),
             AnyLink::Vfio(l) => l.unsent(),
+            AnyLink::Xdp(l) => l.unsent(),
         }
     }
 
@@ -183,6 +211,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => report(l.flush()),
             AnyLink::Vfio(l) => report(Link::flush(l)),
+            AnyLink::Xdp(l) => report(Link::flush(l)),
         }
     }
 
@@ -190,6 +219,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => l.poller().map(AnyPoller::Udp).map_err(Into::into),
             AnyLink::Vfio(l) => l.poller().map(AnyPoller::Vfio).map_err(Into::into),
+            AnyLink::Xdp(l) => l.poller().map(AnyPoller::Xdp).map_err(Into::into),
         }
     }
 
@@ -199,6 +229,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => l.arm_wakeup(),
             AnyLink::Vfio(l) => l.arm_wakeup(),
+            AnyLink::Xdp(l) => l.arm_wakeup(),
         }
     }
 
@@ -206,6 +237,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => l.spin_rounds(),
             AnyLink::Vfio(l) => l.spin_rounds(),
+            AnyLink::Xdp(l) => l.spin_rounds(),
         }
     }
 
@@ -213,6 +245,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => l.next_timer(),
             AnyLink::Vfio(l) => l.next_timer(),
+            AnyLink::Xdp(l) => l.next_timer(),
         }
     }
 
@@ -228,6 +261,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => l.map_memory(lkey, memory, offset, len).map_err(Into::into),
             AnyLink::Vfio(l) => l.map_memory(lkey, memory, offset, len).map_err(Into::into),
+            AnyLink::Xdp(l) => l.map_memory(lkey, memory, offset, len).map_err(Into::into),
         }
     }
 
@@ -235,6 +269,7 @@ impl Link for AnyLink {
         match self {
             AnyLink::Udp(l) => l.unmap_memory(lkey).map_err(Into::into),
             AnyLink::Vfio(l) => l.unmap_memory(lkey).map_err(Into::into),
+            AnyLink::Xdp(l) => l.unmap_memory(lkey).map_err(Into::into),
         }
     }
 }

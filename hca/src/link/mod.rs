@@ -6,6 +6,8 @@
 //!   with Linux rxe), with batched I/O, GSO/GRO, ECN and zero-copy gather; [`udp::UdpLink`] is
 //!   that socket with the receive batches and transmit slots a device drives;
 //! * [`vfio`]: a virtio-net NIC this process drives itself through VFIO (kernel bypass);
+//! * [`xdp`]: an AF_XDP socket on a NIC the kernel keeps, fed by an XDP program that steers
+//!   RoCEv2 to it (kernel bypass for RoCEv2 only);
 //! * [`any`]: one of those, chosen at run time;
 //! * [`wake`]: waking a progress thread blocked in [`udp::RoceSocket::wait`].
 //!
@@ -24,6 +26,8 @@ pub mod udp;
 #[cfg(all(feature = "std", target_os = "linux"))]
 pub mod vfio;
 pub mod wake;
+#[cfg(all(feature = "std", target_os = "linux"))]
+pub mod xdp;
 
 use std::fmt;
 use std::time::Duration;

@@ -7,6 +7,7 @@ use crate::verbs::api::DeviceError;
 
 use super::udp::{open_udp_link, UdpDeviceConfig};
 use super::vfio::VfioDeviceConfig;
+use super::xdp::XdpDeviceConfig;
 use super::{lock, SoftDevice, SoftLink};
 
 /// How to open an [`AnyDevice`]: the configuration of a UDP device or of a VFIO device.
@@ -16,6 +17,8 @@ pub enum AnyConfig {
     Udp(UdpDeviceConfig),
     /// A device on a virtio-net NIC driven through VFIO ([`super::VfioDevice::open`]).
     Vfio(VfioDeviceConfig),
+    /// A device on an AF_XDP socket ([`super::XdpDevice::open`]).
+    Xdp(XdpDeviceConfig),
 }
 
 impl SoftLink for AnyLink {
@@ -24,6 +27,7 @@ impl SoftLink for AnyLink {
     fn set_peer_port(&mut self, ip: std::net::IpAddr, port: u16) -> bool {
         match self {
             AnyLink::Udp(l) => SoftLink::set_peer_port(l, ip, port),
+            AnyLink::Xdp(l) => SoftLink::set_peer_port(l, ip, port),
             AnyLink::Vfio(_) => false,
         }
     }
@@ -31,6 +35,7 @@ impl SoftLink for AnyLink {
     fn udp_port(&self) -> Option<u16> {
         match self {
             AnyLink::Udp(l) => SoftLink::udp_port(l),
+            AnyLink::Xdp(l) => SoftLink::udp_port(l),
             AnyLink::Vfio(_) => None,
         }
     }
@@ -69,6 +74,18 @@ impl AnyDevice {
                     None,
                 )
             }
+            AnyConfig::Xdp(c) => {
+                let link = crate::link::xdp::XdpLink::open(&c.link)?;
+                let engine = c.engine.clone();
+                let progress = c.progress;
+                SoftDevice::with_link(
+                    AnyLink::Xdp(link),
+                    AnyConfig::Xdp(c),
+                    engine,
+                    progress,
+                    None,
+                )
+            }
         }
     }
 
@@ -76,7 +93,7 @@ impl AnyDevice {
     pub fn offloads(&self) -> Option<Offloads> {
         match &lock(&self.shared.io).link {
             crate::link::AnyLink::Udp(l) => Some(l.link().offloads()),
-            crate::link::AnyLink::Vfio(_) => None,
+            crate::link::AnyLink::Vfio(_) | crate::link::AnyLink::Xdp(_) => None,
         }
     }
 }

@@ -108,6 +108,8 @@ mod udp;
 mod verbs;
 #[cfg(target_os = "linux")]
 mod vfio;
+#[cfg(target_os = "linux")]
+mod xdp;
 
 pub use crate::verbs::api::DeviceError;
 #[cfg(target_os = "linux")]
@@ -115,6 +117,8 @@ pub use any::{AnyConfig, AnyDevice};
 pub use udp::{UdpDevice, UdpDeviceConfig, DEFAULT_SRC_PORTS};
 #[cfg(target_os = "linux")]
 pub use vfio::{VfioDevice, VfioDeviceConfig};
+#[cfg(target_os = "linux")]
+pub use xdp::{XdpDevice, XdpDeviceConfig};
 
 /// What the software device needs of its [`Link`] beyond the link itself: how a device over it is
 /// opened ([`SoftDevice::config`]), and that the link's errors become [`DeviceError`]s.
@@ -448,6 +452,13 @@ impl<L: SoftLink> SoftDevice<L> {
     /// The last socket error the progress engine met (it keeps running), if any.
     pub fn last_error(&self) -> Option<String> {
         lock(&self.shared.last_error).clone()
+    }
+
+    /// The device clock: the [`crate::engine::Instant`] the engine's timers count in (for a
+    /// sans-I/O consumer of the engine such as [`crate::cm::Cm`], driven through
+    /// [`SoftDevice::with_engine`]).
+    pub fn now(&self) -> crate::engine::Instant {
+        self.shared.now()
     }
 
     /// Runs `f` on the engine under its lock (diagnostics, verbs not wrapped here). Keep it

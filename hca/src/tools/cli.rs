@@ -125,6 +125,7 @@ pub const TOOL_LINKS: LinkForms = LinkForms {
     udp_port: false,
     vfio: LinkForms::PARSED.vfio,
     verbs: true,
+    xdp: LinkForms::PARSED.xdp,
 };
 
 /// Parses a `--link` / `-d` value (see [`DeviceSpec`]) for `rdma-perf` / `rdma-pingpong`.
@@ -163,7 +164,7 @@ pub fn parse_link(text: &str) -> Result<DeviceSpec, Fail> {
         ),
         DeviceSpec::Fabric => fail!(
             "bad link \"{text}\": the in-memory fabric has no peer outside this process; give \
-             udp:ADDRESS, vfio:PCI_ADDRESS or verbs:DEVICE"
+             udp:ADDRESS, vfio:PCI_ADDRESS, xdp:IFNAME or verbs:DEVICE"
         ),
         DeviceSpec::Udp { ip, port: None } => Ok(DeviceSpec::udp(ip)),
         spec => Ok(spec),
@@ -575,7 +576,7 @@ mod tests {
         // The forms the tools take, with no port (they refuse any but 4791).
         let e = parse_link("tcp:127.0.0.1").unwrap_err();
         let forms = if cfg!(target_os = "linux") {
-            "udp:ADDRESS without a port, vfio:PCI_ADDRESS or verbs:DEVICE"
+            "udp:ADDRESS without a port, vfio:PCI_ADDRESS, xdp:IFNAME or verbs:DEVICE"
         } else {
             "udp:ADDRESS without a port or verbs:DEVICE"
         };

@@ -30,7 +30,7 @@ use gpu_p2p::Memory;
 
 use crate::link::error::LinkError;
 #[cfg(target_os = "linux")]
-use crate::link::{any::AnyLinkError, vfio::VfioError};
+use crate::link::{any::AnyLinkError, vfio::VfioError, xdp::XdpError};
 use crate::verbs::ah::{AhAttr, AhHandle};
 use crate::verbs::cq::CqHandle;
 use crate::verbs::device::{DeviceAttr, PortAttr};
@@ -368,6 +368,10 @@ pub enum DeviceError {
     /// group, not a virtio-net function, ...) or driven.
     #[cfg(target_os = "linux")]
     Vfio(VfioError),
+    /// The AF_XDP link failed: no such interface, the socket or the XDP program could not be
+    /// set up (privileges, a queue or interface already taken), or a ring operation failed.
+    #[cfg(target_os = "linux")]
+    Xdp(XdpError),
     /// The device does not do what was asked (`EOPNOTSUPP`).
     Unsupported {
         /// The device ([`Verbs::name`]).
@@ -423,6 +427,8 @@ impl fmt::Display for DeviceError {
             DeviceError::Verbs(e) => write!(f, "{e}"),
             #[cfg(target_os = "linux")]
             DeviceError::Vfio(e) => write!(f, "VFIO device: {e}"),
+            #[cfg(target_os = "linux")]
+            DeviceError::Xdp(e) => write!(f, "AF_XDP device: {e}"),
             DeviceError::Closed { device } => write!(f, "device {device}: device is closed"),
             DeviceError::Unsupported { device, what } => {
                 write!(f, "device {device}: {what} is not supported")
@@ -445,6 +451,8 @@ impl std::error::Error for DeviceError {
             DeviceError::Verbs(e) => Some(e),
             #[cfg(target_os = "linux")]
             DeviceError::Vfio(e) => Some(e),
+            #[cfg(target_os = "linux")]
+            DeviceError::Xdp(e) => Some(e),
             DeviceError::Thread { source, .. } => Some(source),
             _ => None,
         }
@@ -471,11 +479,19 @@ impl From<VfioError> for DeviceError {
 }
 
 #[cfg(target_os = "linux")]
+impl From<XdpError> for DeviceError {
+    fn from(e: XdpError) -> Self {
+        DeviceError::Xdp(e)
+    }
+}
+
+#[cfg(target_os = "linux")]
 impl From<AnyLinkError> for DeviceError {
     fn from(e: AnyLinkError) -> Self {
         match e {
             AnyLinkError::Udp(e) => DeviceError::Link(e),
             AnyLinkError::Vfio(e) => DeviceError::Vfio(e),
+            AnyLinkError::Xdp(e) => DeviceError::Xdp(e),
         }
     }
 }

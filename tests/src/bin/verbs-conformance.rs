@@ -5,6 +5,8 @@
 //! verbs-conformance --link fabric                                 # software HCAs, virtual clock
 //! verbs-conformance --link udp:127.0.0.1 --link2 udp:127.0.0.2    # software HCA over UDP
 //! verbs-conformance --link verbs:mlx5_0 --compare reference.txt   # your HCA against a reference
+//! ip netns exec A verbs-conformance --link xdp:veth0 \
+//!     --link2 udp:10.77.0.2:4791 --link2-netns B                  # AF_XDP against UDP across a veth
 //! verbs-conformance --link fabric --records-out reference.txt     # write a reference
 //! ```
 //!
@@ -19,7 +21,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tests::conformance::{self, compare, open_pair, read_records, run_suite, write_records};
+use tests::conformance::{self, compare, open_pair_in, read_records, run_suite, write_records};
 
 /// `println!` that ignores a closed stdout (`| head`) instead of panicking.
 macro_rules! out {
@@ -33,13 +35,18 @@ macro_rules! out {
 #[derive(Parser, Debug)]
 #[command(name = "verbs-conformance", version)]
 struct Args {
-    /// The device the requester side (a) runs on: `fabric`, `udp:ADDRESS[:PORT]`, `verbs:DEVICE`.
+    /// The device the requester side (a) runs on: `fabric`, `udp:ADDRESS[:PORT]`, `verbs:DEVICE`,
+    /// `xdp:IFNAME` (with a `udp:` --link2 on port 4791).
     #[arg(long, default_value = "fabric")]
     link: String,
     /// The device of the responder side (b); default: the same device as --link (its QPs talk to
     /// each other through it). A `udp:` one needs an address other than --link's.
     #[arg(long)]
     link2: Option<String>,
+    /// Open --link2's device in this network namespace (`ip netns` name; root): its sockets
+    /// and progress thread stay there while --link's stay in this process's namespace.
+    #[arg(long)]
+    link2_netns: Option<String>,
     /// Run only the cases whose name contains this.
     #[arg(long, default_value = "")]
     case: String,
@@ -84,7 +91,11 @@ fn main() -> ExitCode {
             }
         },
     };
-    let pair = match open_pair(&args.link, args.link2.as_deref()) {
+    let pair = match open_pair_in(
+        &args.link,
+        args.link2.as_deref(),
+        args.link2_netns.as_deref(),
+    ) {
         Ok(p) => p,
         Err(e) => {
             // One line; a bad device name already lists the devices.

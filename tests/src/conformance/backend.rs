@@ -28,6 +28,13 @@ pub enum BackendError {
         /// The address.
         ip: IpAddr,
     },
+    /// `--link2-netns`: the namespace could not be entered.
+    Netns {
+        /// The namespace.
+        name: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// The device could not be opened.
     Open {
         /// The spec.
@@ -47,6 +54,9 @@ impl fmt::Display for BackendError {
                  device, or give two addresses (e.g. udp:127.0.0.1 and udp:127.0.0.2)"
             ),
             BackendError::Open { spec, source } => write!(f, "cannot open {spec}: {source}"),
+            BackendError::Netns { name, source } => {
+                write!(f, "cannot enter network namespace {name}: {source}")
+            }
         }
     }
 }
@@ -55,6 +65,7 @@ impl std::error::Error for BackendError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             BackendError::Open { source, .. } => Some(source),
+            BackendError::Netns { source, .. } => Some(source),
             BackendError::BadSpec { .. } | BackendError::SameAddress { .. } => None,
         }
     }
@@ -72,7 +83,9 @@ pub struct DevicePair {
 /// What `--link` accepts (for help texts).
 pub const SPEC_HELP: &str = "fabric (two software HCAs on the in-memory fabric, 10.0.0.1 and \
     10.0.0.2), udp:ADDRESS[:PORT] (the software HCA on a UDP socket; port 0 or none: a free \
-    port), verbs:DEVICE (an RDMA device through libibverbs, e.g. verbs:rxe0, verbs:mlx5_0)";
+    port), verbs:DEVICE (an RDMA device through libibverbs, e.g. verbs:rxe0, verbs:mlx5_0), \
+    xdp:IFNAME (the software HCA on an AF_XDP socket; --link only, with a udp:ADDRESS:4791 \
+    --link2 across the interface, usually in another namespace: --link2-netns)";
 
 fn parse(spec: &str) -> Result<DeviceSpec, BackendError> {
     let bad = |reason: &str| BackendError::BadSpec {
@@ -80,7 +93,12 @@ fn parse(spec: &str) -> Result<DeviceSpec, BackendError> {
         reason: reason.to_owned(),
     };
     match spec.parse::<DeviceSpec>() {
-        Ok(s @ (DeviceSpec::Fabric | DeviceSpec::Udp { .. } | DeviceSpec::Verbs(_))) => Ok(s),
+        Ok(
+            s @ (DeviceSpec::Fabric
+            | DeviceSpec::Udp { .. }
+            | DeviceSpec::Verbs(_)
+            | DeviceSpec::Xdp(_)),
+        ) => Ok(s),
         Err(DeviceSpecError::BadUdpAddress { .. }) => {
             Err(bad("expected udp:ADDRESS or udp:ADDRESS:PORT ([V6]:PORT)"))
         }
@@ -112,8 +130,40 @@ fn open_udp(text: &str, spec: &DeviceSpec) -> Result<Arc<dyn Verbs>, BackendErro
 /// # Errors
 /// [`BackendError`] for a spec this build does not know or a device that does not open.
 pub fn open_pair(link: &str, link2: Option<&str>) -> Result<DevicePair, BackendError> {
+    open_pair_in(link, link2, None)
+}
+
+/// [`open_pair`], with `b` opened in network namespace `link2_netns` when given
+/// ([`hca::link::xdp::with_netns`]): the pair `xdp:IFNAME` and `udp:ADDRESS:4791` across a
+/// veth pair between two namespaces (the AF_XDP link sends to port 4791 only, so the UDP
+/// device binds it).
+///
+/// # Errors
+/// As [`open_pair`]; [`BackendError::Netns`].
+pub fn open_pair_in(
+    link: &str,
+    link2: Option<&str>,
+    link2_netns: Option<&str>,
+) -> Result<DevicePair, BackendError> {
     let a_spec = parse(link)?;
     let b_spec = link2.map(parse).transpose()?;
+    if let Some(ns) = link2_netns {
+        let (Some(b_text), Some(b_spec)) = (link2, &b_spec) else {
+            return Err(BackendError::BadSpec {
+                spec: ns.to_owned(),
+                reason: "--link2-netns needs --link2".into(),
+            });
+        };
+        let a = open_udp(link, &a_spec)?;
+        let b =
+            hca::link::xdp::with_netns(ns, || open_udp(b_text, b_spec)).map_err(|source| {
+                BackendError::Netns {
+                    name: ns.to_owned(),
+                    source,
+                }
+            })??;
+        return Ok(pair(a, Some(b)));
+    }
     match (a_spec, b_spec) {
         (DeviceSpec::Fabric, None | Some(DeviceSpec::Fabric)) => {
             let group = FabricGroup::new(0x5eed, Faults::none());
@@ -169,6 +219,11 @@ pub fn open_pair(link: &str, link2: Option<&str>) -> Result<DevicePair, BackendE
                 }
             }
             Ok(pair(a, b))
+        }
+        (a_spec @ DeviceSpec::Xdp(_), Some(b_spec @ DeviceSpec::Udp { .. })) => {
+            let a = open_udp(link, &a_spec)?;
+            let b = open_udp(link2.unwrap_or_default(), &b_spec)?;
+            Ok(pair(a, Some(b)))
         }
         (a_spec @ DeviceSpec::Verbs(_), b) => {
             let open = |text: &str, spec: &DeviceSpec| {

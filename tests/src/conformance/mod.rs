@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use hca::verbs::Verbs;
 
-pub use backend::{open_pair, BackendError, DevicePair, SPEC_HELP};
+pub use backend::{open_pair, open_pair_in, BackendError, DevicePair, SPEC_HELP};
 pub use cases::CASES;
 
 /// Bound on a wait for completions a case expects (a loaded machine, a TCG guest: generous; a

@@ -104,9 +104,10 @@ impl Hca {
     /// a UDP socket at the rank's address, see the [module docs](super#addresses)), allocates
     /// its protection domain and, with caller-driven progress, starts the keepalive thread.
     pub(super) fn open(ctx: &SetupContext<'_>, env: &RoceEnv) -> Result<Arc<Hca>, TransportError> {
-        let spec = match &env.verbs {
-            Some(name) => DeviceSpec::Verbs(name.clone()),
-            None => DeviceSpec::Udp {
+        let spec = match (&env.verbs, &env.xdp) {
+            (Some(name), _) => DeviceSpec::Verbs(name.clone()),
+            (None, Some(ifname)) => DeviceSpec::Xdp(ifname.clone()),
+            (None, None) => DeviceSpec::Udp {
                 ip: choose_address(ctx, env)?,
                 port: Some(env.port),
             },
@@ -116,7 +117,9 @@ impl Hca {
             progress: env.progress,
             ..OpenOptions::default()
         };
-        let what = if software {
+        let what = if env.xdp.is_some() {
+            "opening the AF_XDP device"
+        } else if software {
             "opening the UDP device"
         } else {
             "opening the verbs device"

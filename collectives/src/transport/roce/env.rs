@@ -15,6 +15,9 @@ pub(super) struct RoceEnv {
     /// `COLL_ROCE_LINK=verbs:DEVICE`: every rank opens that libibverbs device instead of a UDP
     /// device.
     pub(super) verbs: Option<String>,
+    /// `COLL_ROCE_LINK=xdp:IFNAME`: the rank opens the software HCA on an AF_XDP socket on that
+    /// interface (one rank per interface: the socket takes its queue 0).
+    pub(super) xdp: Option<String>,
     pub(super) addrs: Vec<IpAddr>,
     pub(super) port: u16,
     pub(super) qp_timeout: u8,
@@ -36,6 +39,7 @@ impl RoceEnv {
         let get = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let mut env = RoceEnv {
             verbs: None,
+            xdp: None,
             addrs: Vec::new(),
             port: 0,
             qp_timeout: 17,
@@ -53,6 +57,7 @@ impl RoceEnv {
         if let Some(v) = get("COLL_ROCE_LINK").filter(|v| v.trim() != "udp") {
             match v.trim().parse::<DeviceSpec>() {
                 Ok(DeviceSpec::Verbs(name)) => env.verbs = Some(name),
+                Ok(DeviceSpec::Xdp(ifname)) => env.xdp = Some(ifname),
                 Ok(DeviceSpec::Udp { ip, port }) => {
                     env.addrs = vec![ip];
                     env.port = port.unwrap_or(hca::soft::ROCEV2_PORT);
@@ -61,7 +66,7 @@ impl RoceEnv {
                     return Err(env_error(
                         "COLL_ROCE_LINK",
                         &v,
-                        "verbs:DEVICE, udp or udp:ADDRESS[:PORT]",
+                        "verbs:DEVICE, xdp:IFNAME, udp or udp:ADDRESS[:PORT]",
                     ))
                 }
             }

@@ -40,6 +40,7 @@ fn ctx<'a>(rank: usize, cards: &'a [BusinessCard], nslots: usize) -> SetupContex
 fn env(qp_timeout: u8, retry_cnt: u8) -> RoceEnv {
     RoceEnv {
         verbs: None,
+        xdp: None,
         addrs: Vec::new(),
         port: 0,
         qp_timeout,

@@ -77,16 +77,20 @@ struct Cli {
     /// Listen on / connect to TCP port PORT.
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
-    /// The device: `udp:ADDRESS`, `vfio:PCI_ADDRESS` or `verbs:DEVICE` (same as --link; an RDMA
+    /// The device: `udp:ADDRESS`, `vfio:PCI_ADDRESS`, `xdp:IFNAME` or `verbs:DEVICE` (same as --link; an RDMA
     /// device such as mlx5_0 is `verbs:mlx5_0`).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     ib_dev: Option<String>,
     /// The device: `udp:ADDRESS`, the local address of a UDP socket on port 4791 (the default,
     /// from the route to SERVER; no other port: the peer always sends to 4791, so two tools on one
     /// host need two addresses, e.g. udp:127.0.0.1 and udp:127.0.0.2); `vfio:PCI_ADDRESS`, a virtio-net NIC bound to
-    /// vfio-pci that this process drives (see the --vfio-* options); or `verbs:DEVICE`, an RDMA
+    /// vfio-pci that this process drives (see the --vfio-* options); `xdp:IFNAME`, an AF_XDP
+    /// socket on that interface with an XDP program steering RoCEv2 to it (root); or `verbs:DEVICE`, an RDMA
     /// device as ibv_devices lists it (`rxe0`, `mlx5_0`) through rdma-core's libibverbs.
-    #[arg(long, value_name = "udp:ADDRESS|vfio:PCI_ADDRESS|verbs:DEVICE")]
+    #[arg(
+        long,
+        value_name = "udp:ADDRESS|vfio:PCI_ADDRESS|xdp:IFNAME|verbs:DEVICE"
+    )]
     link: Option<String>,
     #[command(flatten)]
     vfio: common::VfioArgs,

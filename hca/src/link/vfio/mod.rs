@@ -106,7 +106,7 @@
 mod device;
 mod dma;
 mod error;
-mod frame;
+pub(crate) mod frame;
 mod link;
 mod mr_map;
 mod neigh;

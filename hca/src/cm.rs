@@ -1,0 +1,1318 @@
+//! The IB communication manager (CM, IBTA vol. 1 chapter 12) as a sans-I/O state machine over a
+//! [`SoftHca`]'s QP1 ([`crate::engine::gsi`]).
+//!
+//! [`Cm`] owns no socket, thread or clock. Its inputs are the consumer's calls
+//! ([`Cm::listen`], [`Cm::connect`], [`Cm::accept`], [`Cm::reject`], [`Cm::disconnect`]), the
+//! MADs QP1 received ([`Cm::handle_mad`], fed from [`SoftHca::poll_mad`]) and the clock
+//! ([`Cm::handle_timeout`] when [`Cm::poll_timeout`] is due); its outputs are MADs queued on QP1
+//! ([`SoftHca::gsi_send`]), the QP transitions it makes on the engine, and [`CmEvent`]s
+//! ([`Cm::poll_event`]), named as `rdma_cm`'s events.
+//!
+//! The connection state machine follows IBTA §12.9 (figure 162) and Linux `drivers/infiniband/
+//! core/cm.c`, the implementation rxe peers run:
+//!
+//! * **Active side**: [`Cm::connect`] moves the QP to INIT and sends a REQ with an OS-random
+//!   starting PSN ([`crate::verbs::random::random_psn`]) and Communication ID. The REQ is resent
+//!   every [`CmConfig::response_timeout`] (its `remote_cm_response_timeout`), at most
+//!   [`CmConfig::max_cm_retries`] times; an MRA extends the wait by its service timeout. Then the
+//!   QP goes to ERR and [`CmEventKind::Unreachable`] is reported. A REP moves the QP INIT -> RTR
+//!   (the REP's QPN and starting PSN, the REQ's path MTU) -> RTS and sends an RTU
+//!   ([`CmEventKind::Established`]); a repeated REP (the RTU was lost) gets the RTU again. A REJ
+//!   moves the QP to ERR ([`CmEventKind::Rejected`] with the reason and private data).
+//! * **Passive side**: a REQ for a service nobody listens on is answered with REJ
+//!   `InvalidServiceId`; a REQ that is not RC, names no valid path MTU, or would exceed the
+//!   bounds ([`CmConfig::max_connections`], [`CmConfig::max_per_remote`]) with REJ
+//!   `InvalidTransportType` / `InvalidMtu` / `NoResources`. Otherwise
+//!   [`CmEventKind::ConnectRequest`] is reported once: a duplicated REQ is recognised by the
+//!   sender's address and Communication ID and is never reported again (while the REP is out it
+//!   gets the REP again). [`Cm::accept`] moves the QP RESET -> INIT -> RTR and sends a REP,
+//!   resent on the REQ's `local_cm_response_timeout` at most the REQ's `max_cm_retries` times
+//!   (the timers the peer states, IBTA §12.7.27); an RTU moves the QP to RTS
+//!   ([`CmEventKind::Established`]); when the retries are spent the QP goes to ERR, a REJ
+//!   `Timeout` is sent and [`CmEventKind::ConnectError`] reported. [`Cm::reject`] sends REJ
+//!   `ConsumerDefined` with private data.
+//! * **Disconnect** (either side): [`Cm::disconnect`] moves the QP to ERR and sends a DREQ,
+//!   resent like the REQ; a DREP, or the retries spent, gives [`CmEventKind::Disconnected`]. A
+//!   DREQ received moves the QP to ERR, answers DREP and reports `Disconnected`; a repeated DREQ
+//!   (the DREP was lost) is answered again, also for a connection already gone (Linux
+//!   `cm_dreq_handler`). Both sides then spend [`CmConfig::timewait`] in timewait, which ends
+//!   with [`CmEventKind::TimewaitExit`], after which the Communication ID is forgotten.
+//! * A REP, RTU or DREP that matches no connection is answered with REJ `InvalidCommId` (REP)
+//!   or dropped, and counted ([`CmCounters`]); malformed MADs are dropped and counted. LAP/APR
+//!   are refused (counted as unsupported).
+//! * **SIDR** (UD service resolution, §12.11): [`Cm::sidr_resolve`] sends a SIDR_REQ, resent like
+//!   a REQ, answered by [`CmEventKind::SidrResolved`] or [`CmEventKind::Unreachable`]. A SIDR_REQ
+//!   for a listened-on service is reported once ([`CmEventKind::SidrRequest`], duplicates
+//!   ignored) and answered by [`Cm::sidr_answer`]; for any other service SIDR_REP `Unsupported`.
+//!
+//! Every table is bounded: connections by [`CmConfig::max_connections`], listeners by
+//! [`MAX_LISTENERS`], events by [`MAX_EVENTS`] (older events are kept, newer ones counted as
+//! lost), so a flood of REQs cannot grow memory without bound.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use roce::cm::{self, Message, MsgKind, RejReason, TransportType};
+use roce::mad::{self, MAD_LEN};
+
+use crate::engine::gsi::ReceivedMad;
+use crate::engine::{Instant, SoftHca};
+use crate::verbs::connect::{self, ConnectAttr};
+use crate::verbs::device::PathMtu;
+use crate::verbs::error::VerbsError;
+use crate::verbs::gid::{Gid, GidType};
+use crate::verbs::mr::AccessFlags;
+use crate::verbs::qp::{QpAttr, QpAttrMask, QpState, QpType};
+use crate::verbs::random::{random_psn, OsRandom, RandomSource};
+
+/// Most listened-on service IDs.
+pub const MAX_LISTENERS: usize = 256;
+/// Most undelivered events; more are counted in [`CmCounters::events_lost`].
+pub const MAX_EVENTS: usize = 4096;
+
+/// The duration of a CM timeout code (IBTA vol. 1 §12.7.27: 4.096 µs · 2^code, code 0..=31).
+pub fn timeout_of(code: u8) -> Duration {
+    Duration::from_nanos(4096u64 << u32::from(code.min(31)))
+}
+
+/// CM tunables; `Default` gives Linux `cma.c`'s values (`CMA_CM_RESPONSE_TIMEOUT` 20,
+/// `CMA_MAX_CM_RETRIES` 15).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CmConfig {
+    /// This CM's response timeout code (5 bits; 4.096 µs · 2^code), sent in REQs as both
+    /// response timeouts and used to resend REQs and DREQs.
+    pub response_timeout: u8,
+    /// How often a REQ or DREQ is resent before giving up (4 bits), sent in REQs.
+    pub max_cm_retries: u8,
+    /// Most connections (in any state, timewait included).
+    pub max_connections: usize,
+    /// Most connections with one remote address.
+    pub max_per_remote: usize,
+    /// How long a closed connection's Communication ID stays in timewait.
+    pub timewait: Duration,
+}
+
+impl Default for CmConfig {
+    fn default() -> Self {
+        CmConfig {
+            response_timeout: 20,
+            max_cm_retries: 15,
+            max_connections: 1024,
+            max_per_remote: 64,
+            timewait: timeout_of(20),
+        }
+    }
+}
+
+/// Counters of what the CM dropped or refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CmCounters {
+    /// MADs that did not parse as CM messages.
+    pub malformed: u64,
+    /// Messages that match no connection or arrive in a state that takes none.
+    pub unmatched: u64,
+    /// Duplicated REQs (recognised, never reported twice).
+    pub duplicate_req: u64,
+    /// Messages resent after a timeout.
+    pub retransmits: u64,
+    /// REQs refused because a bound was reached.
+    pub refused_resources: u64,
+    /// LAP, APR and other unsupported messages.
+    pub unsupported: u64,
+    /// MADs QP1 could not queue (its send queue was full); timers resend what matters.
+    pub send_failed: u64,
+    /// Events dropped because [`MAX_EVENTS`] were undelivered.
+    pub events_lost: u64,
+}
+
+/// A connection's handle: the local Communication ID (random, never 0).
+pub type CommId = u32;
+
+/// What happened (the `rdma_cm` event names, `enum rdma_cm_event_type`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CmEventKind {
+    /// `RDMA_CM_EVENT_CONNECT_REQUEST`: a REQ for a listened-on service; answer with
+    /// [`Cm::accept`] or [`Cm::reject`].
+    ConnectRequest {
+        /// The service ID asked for.
+        service_id: u64,
+        /// The requester's address.
+        remote_ip: IpAddr,
+        /// The local address the REQ came to.
+        local_ip: IpAddr,
+        /// The requester's QPN.
+        remote_qpn: u32,
+        /// The REQ's private data (92 bytes).
+        private_data: Vec<u8>,
+    },
+    /// `RDMA_CM_EVENT_ESTABLISHED`: the QP is in RTS.
+    Established {
+        /// The REP's (active side) or RTU's (passive side) private data.
+        private_data: Vec<u8>,
+    },
+    /// `RDMA_CM_EVENT_REJECTED`: the peer sent a REJ; the QP is in ERR.
+    Rejected {
+        /// The REJ's reason.
+        reason: RejReason,
+        /// The REJ's private data (148 bytes).
+        private_data: Vec<u8>,
+    },
+    /// `RDMA_CM_EVENT_UNREACHABLE`: the REQ's retries are spent; the QP is in ERR.
+    Unreachable,
+    /// `RDMA_CM_EVENT_CONNECT_ERROR`: the REP's retries are spent; the QP is in ERR.
+    ConnectError,
+    /// `RDMA_CM_EVENT_DISCONNECTED`: the connection is closed; the QP is in ERR.
+    Disconnected,
+    /// `RDMA_CM_EVENT_TIMEWAIT_EXIT`: the Communication ID is forgotten.
+    TimewaitExit,
+    /// A SIDR_REQ for a listened-on service (UD service resolution, IBTA §12.11): answer with
+    /// [`Cm::sidr_answer`]; the event's `id` names the request.
+    SidrRequest {
+        /// The service ID asked for.
+        service_id: u64,
+        /// The requester's address.
+        remote_ip: IpAddr,
+        /// The local address the request came to.
+        local_ip: IpAddr,
+        /// The SIDR_REQ's private data (216 bytes).
+        private_data: Vec<u8>,
+    },
+    /// The answer to [`Cm::sidr_resolve`] (`RDMA_CM_EVENT_ESTABLISHED` of a UD ID when `status`
+    /// is `Success`, else `UNREACHABLE` in librdmacm).
+    SidrResolved {
+        /// The SIDR_REP's status.
+        status: cm::SidrStatus,
+        /// The serving UD QP.
+        qpn: u32,
+        /// Its Q_Key.
+        qkey: u32,
+        /// The SIDR_REP's private data (136 bytes).
+        private_data: Vec<u8>,
+    },
+}
+
+/// One event of connection `id`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CmEvent {
+    /// The connection.
+    pub id: CommId,
+    /// What happened.
+    pub kind: CmEventKind,
+}
+
+/// Why a consumer call was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CmError {
+    /// No such connection, or not in a state that allows the call.
+    BadState,
+    /// Private data longer than the message carries (92 bytes REQ, 196 REP, 148 REJ).
+    PrivateDataTooLong,
+    /// The local address is not one of the device's RoCEv2 GIDs.
+    NoSuchAddress,
+    /// A bound was reached (connections, listeners).
+    TooMany,
+    /// A QP transition or QP1 send failed.
+    Verbs(VerbsError),
+}
+
+impl From<VerbsError> for CmError {
+    fn from(e: VerbsError) -> Self {
+        CmError::Verbs(e)
+    }
+}
+
+impl core::fmt::Display for CmError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            CmError::BadState => f.write_str("no such connection in a state that allows this"),
+            CmError::PrivateDataTooLong => f.write_str("private data too long for the message"),
+            CmError::NoSuchAddress => f.write_str("address is not a RoCEv2 GID of the device"),
+            CmError::TooMany => f.write_str("connection or listener bound reached"),
+            CmError::Verbs(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for CmError {}
+
+/// What [`Cm::connect`] needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectParams<'a> {
+    /// The local RC QP (RESET or INIT).
+    pub qpn: u32,
+    /// The local address (a RoCEv2 GID of the device).
+    pub local_ip: IpAddr,
+    /// The peer's address.
+    pub remote_ip: IpAddr,
+    /// The service to connect to.
+    pub service_id: u64,
+    /// Path MTU to propose.
+    pub path_mtu: PathMtu,
+    /// Remote access the QP grants.
+    pub access: AccessFlags,
+    /// RDMA READ / atomic depth, both directions (`responder_resources` / `initiator_depth`).
+    pub rd_atomic: u8,
+    /// REQ private data (at most 92 bytes).
+    pub private_data: &'a [u8],
+}
+
+/// What [`Cm::accept`] needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcceptParams<'a> {
+    /// The local RC QP (RESET), to connect to the requester's.
+    pub qpn: u32,
+    /// Remote access the QP grants.
+    pub access: AccessFlags,
+    /// RDMA READ / atomic depth, both directions.
+    pub rd_atomic: u8,
+    /// REP private data (at most 196 bytes).
+    pub private_data: &'a [u8],
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Active: REQ sent, waiting for REP / REJ / MRA.
+    ReqSent,
+    /// Passive: REQ reported, waiting for the consumer.
+    ReqRcvd,
+    /// Passive: REP sent, waiting for RTU.
+    RepSent,
+    Established,
+    /// DREQ sent, waiting for DREP.
+    DreqSent,
+    TimeWait,
+}
+
+#[derive(Debug, Clone)]
+struct Conn {
+    state: State,
+    local_ip: IpAddr,
+    remote_ip: IpAddr,
+    remote_id: u32,
+    qpn: u32,
+    remote_qpn: u32,
+    local_psn: u32,
+    remote_psn: u32,
+    path_mtu: PathMtu,
+    access: AccessFlags,
+    rd_atomic: u8,
+    /// The message resent on timeout, and its TID.
+    last: Option<(Message, u64)>,
+    /// Resend timeout and retries left for `last`.
+    resend_after: Duration,
+    retries_left: u8,
+    deadline: Option<Instant>,
+    /// Passive: the REQ's timers for the REP.
+    peer_timeout: Duration,
+    peer_retries: u8,
+    /// Kept for the ConnectRequest answer (REJ needs the requester's IDs).
+    tid: u64,
+}
+
+/// An outstanding SIDR_REQ of ours.
+#[derive(Debug, Clone)]
+struct SidrOut {
+    local_ip: IpAddr,
+    remote_ip: IpAddr,
+    msg: Message,
+    tid: u64,
+    retries_left: u8,
+    deadline: Instant,
+}
+
+/// A SIDR_REQ reported to the consumer, waiting for [`Cm::sidr_answer`].
+#[derive(Debug, Clone)]
+struct SidrIn {
+    local_ip: IpAddr,
+    remote_ip: IpAddr,
+    request_id: u32,
+    service_id: u64,
+    tid: u64,
+}
+
+/// The communication manager of one device; see the [module docs](self).
+#[derive(Debug)]
+pub struct Cm {
+    sidr_out: HashMap<u32, SidrOut>,
+    sidr_in: HashMap<u32, SidrIn>,
+    config: CmConfig,
+    conns: HashMap<CommId, Conn>,
+    /// (remote address, remote Communication ID) -> local ID: duplicate REQ detection.
+    by_remote: HashMap<(IpAddr, u32), CommId>,
+    listeners: Vec<u64>,
+    events: VecDeque<CmEvent>,
+    counters: CmCounters,
+    next_tid: u64,
+}
+
+fn padded<const N: usize>(data: &[u8]) -> Result<[u8; N], CmError> {
+    if data.len() > N {
+        return Err(CmError::PrivateDataTooLong);
+    }
+    let mut out = [0u8; N];
+    out[..data.len()].copy_from_slice(data);
+    Ok(out)
+}
+
+/// The index of `ip`'s RoCEv2 GID on port 1 of `hca`.
+fn sgid_index(hca: &SoftHca, ip: IpAddr) -> Option<u8> {
+    let gid = Gid::from(ip);
+    let len = hca.context().query_port(1).ok()?.gid_tbl_len.min(256);
+    (0..len).find_map(|i| {
+        let e = hca.context().query_gid(1, i).ok()?;
+        (e.gid == gid && e.gid_type == GidType::RoceV2)
+            .then(|| u8::try_from(i).ok())
+            .flatten()
+    })
+}
+
+fn to_err(hca: &mut SoftHca, qpn: u32) {
+    let attr = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    // A QP already destroyed or in RESET needs nothing: ignore the error.
+    let _ = hca.modify_qp(qpn, &attr, QpAttrMask::STATE);
+}
+
+impl Cm {
+    /// A CM with no connections or listeners.
+    pub fn new(config: CmConfig) -> Cm {
+        Cm {
+            sidr_out: HashMap::new(),
+            sidr_in: HashMap::new(),
+            config,
+            conns: HashMap::new(),
+            by_remote: HashMap::new(),
+            listeners: Vec::new(),
+            events: VecDeque::new(),
+            counters: CmCounters::default(),
+            next_tid: u64::from(OsRandom.next_u32()) << 32,
+        }
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &CmCounters {
+        &self.counters
+    }
+
+    /// How many connections exist (any state, timewait included).
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// The next event, oldest first.
+    pub fn poll_event(&mut self) -> Option<CmEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`Cm::handle_timeout`] should be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let conns = self.conns.values().filter_map(|c| c.deadline);
+        conns
+            .chain(self.sidr_out.values().map(|s| s.deadline))
+            .min()
+    }
+
+    /// Asks `remote_ip` which UD QP serves `service_id` (SIDR_REQ, IBTA §12.11.1), with
+    /// `private_data` (at most 216 bytes); resent like a REQ. The answer is a
+    /// [`CmEventKind::SidrResolved`] event, or [`CmEventKind::Unreachable`] when the retries are
+    /// spent; the event's `id` is the returned request ID.
+    ///
+    /// # Errors
+    /// [`CmError::PrivateDataTooLong`]; [`CmError::TooMany`] beyond
+    /// [`CmConfig::max_connections`] outstanding requests.
+    pub fn sidr_resolve(
+        &mut self,
+        now: Instant,
+        hca: &mut SoftHca,
+        local_ip: IpAddr,
+        remote_ip: IpAddr,
+        service_id: u64,
+        private_data: &[u8],
+    ) -> Result<u32, CmError> {
+        let private_data = padded::<{ cm::SIDR_REQ_PRIVATE_DATA_LEN }>(private_data)?;
+        if self.sidr_out.len() >= self.config.max_connections {
+            return Err(CmError::TooMany);
+        }
+        let id = (0..64)
+            .map(|_| OsRandom.next_u32())
+            .find(|id| *id != 0 && !self.sidr_out.contains_key(id))
+            .ok_or(CmError::TooMany)?;
+        let msg = Message::SidrReq(cm::SidrReq {
+            request_id: id,
+            pkey: mad::DEFAULT_PKEY,
+            service_id,
+            private_data,
+        });
+        let tid = self.tid();
+        self.send(hca, local_ip, remote_ip, &msg, tid);
+        self.sidr_out.insert(
+            id,
+            SidrOut {
+                local_ip,
+                remote_ip,
+                msg,
+                tid,
+                retries_left: self.config.max_cm_retries,
+                deadline: now + timeout_of(self.config.response_timeout),
+            },
+        );
+        Ok(id)
+    }
+
+    /// Answers a [`CmEventKind::SidrRequest`] with a SIDR_REP: `Some((qpn, qkey))` gives status
+    /// `Success` with the serving UD QP, `None` status `Reject`; `private_data` at most 136 bytes.
+    ///
+    /// # Errors
+    /// [`CmError::BadState`] for an unknown request; [`CmError::PrivateDataTooLong`].
+    pub fn sidr_answer(
+        &mut self,
+        hca: &mut SoftHca,
+        id: u32,
+        qp: Option<(u32, u32)>,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        let private_data = padded::<{ cm::SIDR_REP_PRIVATE_DATA_LEN }>(private_data)?;
+        let r = self.sidr_in.remove(&id).ok_or(CmError::BadState)?;
+        let (status, (qpn, qkey)) = match qp {
+            Some(q) => (cm::SidrStatus::Success, q),
+            None => (cm::SidrStatus::Reject, (0, 0)),
+        };
+        let rep = Message::SidrRep(cm::SidrRep {
+            request_id: r.request_id,
+            status,
+            info_len: 0,
+            qpn,
+            service_id: r.service_id,
+            qkey,
+            info: [0; cm::SIDR_REP_INFO_LEN],
+            private_data,
+        });
+        self.send(hca, r.local_ip, r.remote_ip, &rep, r.tid);
+        Ok(())
+    }
+
+    /// Accepts REQs for `service_id` (e.g. [`roce::cm::service_id`] of a port space and port).
+    ///
+    /// # Errors
+    /// [`CmError::TooMany`] beyond [`MAX_LISTENERS`].
+    pub fn listen(&mut self, service_id: u64) -> Result<(), CmError> {
+        if !self.listeners.contains(&service_id) {
+            if self.listeners.len() >= MAX_LISTENERS {
+                return Err(CmError::TooMany);
+            }
+            self.listeners.push(service_id);
+        }
+        Ok(())
+    }
+
+    /// Stops accepting REQs for `service_id`.
+    pub fn unlisten(&mut self, service_id: u64) {
+        self.listeners.retain(|&s| s != service_id);
+    }
+
+    fn event(&mut self, id: CommId, kind: CmEventKind) {
+        if self.events.len() >= MAX_EVENTS {
+            self.counters.events_lost += 1;
+            return;
+        }
+        self.events.push_back(CmEvent { id, kind });
+    }
+
+    /// A fresh random Communication ID; `None` only if 64 draws all hit taken IDs (a broken
+    /// random source: at most `max_connections` of 2^32 are taken).
+    fn new_id(&self) -> Option<CommId> {
+        (0..64)
+            .map(|_| OsRandom.next_u32())
+            .find(|id| *id != 0 && !self.conns.contains_key(id))
+    }
+
+    fn tid(&mut self) -> u64 {
+        self.next_tid = self.next_tid.wrapping_add(1);
+        self.next_tid
+    }
+
+    fn send(&mut self, hca: &mut SoftHca, local: IpAddr, remote: IpAddr, msg: &Message, tid: u64) {
+        let mut buf = [0u8; MAD_LEN];
+        if msg.emit_mad(tid, &mut buf).is_err()
+            || hca.gsi_send(local, remote, mad::GSI_QPN, &buf).is_err()
+        {
+            self.counters.send_failed += 1;
+        }
+    }
+
+    fn remote_count(&self, ip: IpAddr) -> usize {
+        self.conns.values().filter(|c| c.remote_ip == ip).count()
+    }
+
+    /// Starts a connection (`rdma_connect`): the QP goes to INIT and a REQ is sent.
+    ///
+    /// # Errors
+    /// [`CmError::PrivateDataTooLong`] (over 92 bytes), [`CmError::NoSuchAddress`],
+    /// [`CmError::TooMany`], [`CmError::Verbs`] when the QP cannot move to INIT.
+    pub fn connect(
+        &mut self,
+        now: Instant,
+        hca: &mut SoftHca,
+        p: &ConnectParams<'_>,
+    ) -> Result<CommId, CmError> {
+        let private_data = padded::<{ cm::REQ_PRIVATE_DATA_LEN }>(p.private_data)?;
+        sgid_index(hca, p.local_ip).ok_or(CmError::NoSuchAddress)?;
+        if self.conns.len() >= self.config.max_connections
+            || self.remote_count(p.remote_ip) >= self.config.max_per_remote
+        {
+            return Err(CmError::TooMany);
+        }
+        let (state, _) = hca.query_qp(p.qpn).map(|(a, _)| (a.qp_state, ()))?;
+        if state == QpState::Reset {
+            let attr = ConnectAttr {
+                access: p.access,
+                ..ConnectAttr::default()
+            };
+            if let Some((a, m)) = connect::step(&attr, QpState::Init) {
+                hca.modify_qp(p.qpn, &a, m)?;
+            }
+        }
+        let id = self.new_id().ok_or(CmError::TooMany)?;
+        let local_psn = random_psn();
+        let c = self.config.clone();
+        let req = cm::Req {
+            local_comm_id: id,
+            service_id: p.service_id,
+            local_ca_guid: 0,
+            local_qkey: 0,
+            local_qpn: p.qpn,
+            responder_resources: p.rd_atomic,
+            local_eecn: 0,
+            initiator_depth: p.rd_atomic,
+            remote_eecn: 0,
+            remote_cm_response_timeout: c.response_timeout,
+            transport_type: TransportType::Rc,
+            end_to_end_flow_control: false,
+            starting_psn: local_psn,
+            local_cm_response_timeout: c.response_timeout,
+            retry_count: 7,
+            pkey: mad::DEFAULT_PKEY,
+            path_mtu_code: p.path_mtu.code(),
+            rdc_exists: false,
+            rnr_retry_count: 7,
+            max_cm_retries: c.max_cm_retries,
+            srq: false,
+            extended_transport_type: 0,
+            primary_path: cm::Path {
+                local_gid: Gid::from(p.local_ip),
+                remote_gid: Gid::from(p.remote_ip),
+                hop_limit: 64,
+                subnet_local: true,
+                local_ack_timeout: 14,
+                ..cm::Path::default()
+            },
+            alternate_path: cm::Path::default(),
+            sap_supported: false,
+            private_data,
+        };
+        let tid = self.tid();
+        let msg = Message::Req(req);
+        self.send(hca, p.local_ip, p.remote_ip, &msg, tid);
+        let resend_after = timeout_of(c.response_timeout);
+        self.conns.insert(
+            id,
+            Conn {
+                state: State::ReqSent,
+                local_ip: p.local_ip,
+                remote_ip: p.remote_ip,
+                remote_id: 0,
+                qpn: p.qpn,
+                remote_qpn: 0,
+                local_psn,
+                remote_psn: 0,
+                path_mtu: p.path_mtu,
+                access: p.access,
+                rd_atomic: p.rd_atomic,
+                last: Some((msg, tid)),
+                resend_after,
+                retries_left: c.max_cm_retries,
+                deadline: Some(now + resend_after),
+                peer_timeout: resend_after,
+                peer_retries: c.max_cm_retries,
+                tid,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Accepts a reported [`CmEventKind::ConnectRequest`] (`rdma_accept`): the QP goes
+    /// RESET -> INIT -> RTR and a REP is sent.
+    ///
+    /// # Errors
+    /// [`CmError::BadState`] if `id` is not a connection request waiting for an answer;
+    /// [`CmError::PrivateDataTooLong`] (over 196 bytes); [`CmError::Verbs`] when a QP transition
+    /// fails (the connection is then rejected with `NoQp`).
+    pub fn accept(
+        &mut self,
+        now: Instant,
+        hca: &mut SoftHca,
+        id: CommId,
+        p: &AcceptParams<'_>,
+    ) -> Result<(), CmError> {
+        let private_data = padded::<{ cm::REP_PRIVATE_DATA_LEN }>(p.private_data)?;
+        let Some(c) = self
+            .conns
+            .get(&id)
+            .filter(|c| c.state == State::ReqRcvd)
+            .cloned()
+        else {
+            return Err(CmError::BadState);
+        };
+        let local_psn = random_psn();
+        let sgid = sgid_index(hca, c.local_ip).ok_or(CmError::NoSuchAddress)?;
+        let attr = ConnectAttr {
+            qp_type: QpType::Rc,
+            access: p.access,
+            path_mtu: c.path_mtu,
+            ah_attr: ConnectAttr::av(Gid::from(c.remote_ip), sgid, 64, 0),
+            remote_qpn: c.remote_qpn,
+            remote_psn: c.remote_psn,
+            local_psn,
+            max_dest_rd_atomic: p.rd_atomic,
+            max_rd_atomic: p.rd_atomic,
+            ..ConnectAttr::default()
+        };
+        let mut result = Ok(());
+        for to in [QpState::Init, QpState::Rtr] {
+            if let Some((a, m)) = connect::step(&attr, to) {
+                if let Err(e) = hca.modify_qp(p.qpn, &a, m) {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        if let Err(e) = result {
+            to_err(hca, p.qpn);
+            self.reject_with(hca, id, RejReason::NoQp, &[]);
+            return Err(CmError::Verbs(e));
+        }
+        let rep = cm::Rep {
+            local_comm_id: id,
+            remote_comm_id: c.remote_id,
+            local_qkey: 0,
+            local_qpn: p.qpn,
+            local_eecn: 0,
+            starting_psn: local_psn,
+            responder_resources: p.rd_atomic,
+            initiator_depth: p.rd_atomic,
+            target_ack_delay: 0,
+            failover_accepted: 1,
+            end_to_end_flow_control: false,
+            rnr_retry_count: 7,
+            srq: false,
+            local_ca_guid: 0,
+            private_data,
+        };
+        let msg = Message::Rep(rep);
+        self.send(hca, c.local_ip, c.remote_ip, &msg, c.tid);
+        if let Some(conn) = self.conns.get_mut(&id) {
+            conn.state = State::RepSent;
+            conn.qpn = p.qpn;
+            conn.local_psn = local_psn;
+            conn.access = p.access;
+            conn.rd_atomic = p.rd_atomic;
+            conn.last = Some((msg, c.tid));
+            conn.resend_after = c.peer_timeout;
+            conn.retries_left = c.peer_retries;
+            conn.deadline = Some(now + c.peer_timeout);
+        }
+        Ok(())
+    }
+
+    /// Rejects a reported [`CmEventKind::ConnectRequest`] (`rdma_reject`) with REJ
+    /// `ConsumerDefined` and `private_data` (at most 148 bytes).
+    ///
+    /// # Errors
+    /// [`CmError::BadState`] if `id` is not a connection request waiting for an answer;
+    /// [`CmError::PrivateDataTooLong`].
+    pub fn reject(
+        &mut self,
+        hca: &mut SoftHca,
+        id: CommId,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        padded::<{ cm::REJ_PRIVATE_DATA_LEN }>(private_data)?;
+        if !self
+            .conns
+            .get(&id)
+            .is_some_and(|c| c.state == State::ReqRcvd)
+        {
+            return Err(CmError::BadState);
+        }
+        self.reject_with(hca, id, RejReason::ConsumerDefined, private_data);
+        Ok(())
+    }
+
+    /// Sends a REJ of the REQ of passive connection `id` and forgets it.
+    fn reject_with(&mut self, hca: &mut SoftHca, id: CommId, reason: RejReason, data: &[u8]) {
+        let Some(c) = self.conns.remove(&id) else {
+            return;
+        };
+        self.by_remote.remove(&(c.remote_ip, c.remote_id));
+        let rej = rej_of(id, c.remote_id, reason, data);
+        self.send(hca, c.local_ip, c.remote_ip, &rej, c.tid);
+    }
+
+    /// Closes an established connection (`rdma_disconnect`): the QP goes to ERR and a DREQ is
+    /// sent.
+    ///
+    /// # Errors
+    /// [`CmError::BadState`] if `id` is not established.
+    pub fn disconnect(
+        &mut self,
+        now: Instant,
+        hca: &mut SoftHca,
+        id: CommId,
+    ) -> Result<(), CmError> {
+        let Some(c) = self
+            .conns
+            .get(&id)
+            .filter(|c| c.state == State::Established)
+            .cloned()
+        else {
+            return Err(CmError::BadState);
+        };
+        to_err(hca, c.qpn);
+        let tid = self.tid();
+        let msg = Message::Dreq(cm::Dreq {
+            local_comm_id: id,
+            remote_comm_id: c.remote_id,
+            remote_qpn: c.remote_qpn,
+            private_data: [0; cm::DREQ_PRIVATE_DATA_LEN],
+        });
+        self.send(hca, c.local_ip, c.remote_ip, &msg, tid);
+        let resend_after = timeout_of(self.config.response_timeout);
+        let retries = self.config.max_cm_retries;
+        if let Some(conn) = self.conns.get_mut(&id) {
+            conn.state = State::DreqSent;
+            conn.last = Some((msg, tid));
+            conn.resend_after = resend_after;
+            conn.retries_left = retries;
+            conn.deadline = Some(now + resend_after);
+        }
+        Ok(())
+    }
+
+    fn enter_timewait(&mut self, now: Instant, id: CommId) {
+        let tw = self.config.timewait;
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.state = State::TimeWait;
+            c.last = None;
+            c.deadline = Some(now + tw);
+        }
+    }
+
+    /// Fires the timers due at `now`: resends, gives up (Unreachable / ConnectError /
+    /// Disconnected), ends timewait.
+    pub fn handle_timeout(&mut self, now: Instant, hca: &mut SoftHca) {
+        let due_sidr: Vec<u32> = self
+            .sidr_out
+            .iter()
+            .filter(|(_, s)| s.deadline <= now)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in due_sidr {
+            let Some(s) = self.sidr_out.get(&id).cloned() else {
+                continue;
+            };
+            if s.retries_left == 0 {
+                self.sidr_out.remove(&id);
+                self.event(id, CmEventKind::Unreachable);
+                continue;
+            }
+            self.counters.retransmits += 1;
+            self.send(hca, s.local_ip, s.remote_ip, &s.msg, s.tid);
+            let wait = timeout_of(self.config.response_timeout);
+            if let Some(o) = self.sidr_out.get_mut(&id) {
+                o.retries_left -= 1;
+                o.deadline = now + wait;
+            }
+        }
+        let due: Vec<CommId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in due {
+            let Some(c) = self.conns.get(&id).cloned() else {
+                continue;
+            };
+            if c.state == State::TimeWait {
+                self.forget(id);
+                self.event(id, CmEventKind::TimewaitExit);
+                continue;
+            }
+            if c.retries_left > 0 {
+                if let Some((msg, tid)) = c.last {
+                    self.counters.retransmits += 1;
+                    self.send(hca, c.local_ip, c.remote_ip, &msg, tid);
+                }
+                if let Some(conn) = self.conns.get_mut(&id) {
+                    conn.retries_left -= 1;
+                    conn.deadline = Some(now + c.resend_after);
+                }
+                continue;
+            }
+            match c.state {
+                State::ReqSent => {
+                    to_err(hca, c.qpn);
+                    self.forget(id);
+                    self.event(id, CmEventKind::Unreachable);
+                }
+                State::RepSent => {
+                    to_err(hca, c.qpn);
+                    let rej = rej_of(id, c.remote_id, RejReason::Timeout, &[]);
+                    self.send(hca, c.local_ip, c.remote_ip, &rej, c.tid);
+                    self.forget(id);
+                    self.event(id, CmEventKind::ConnectError);
+                }
+                State::DreqSent => {
+                    self.enter_timewait(now, id);
+                    self.event(id, CmEventKind::Disconnected);
+                }
+                _ => {
+                    if let Some(conn) = self.conns.get_mut(&id) {
+                        conn.deadline = None;
+                    }
+                }
+            }
+        }
+    }
+
+    fn forget(&mut self, id: CommId) {
+        if let Some(c) = self.conns.remove(&id) {
+            if self.by_remote.get(&(c.remote_ip, c.remote_id)) == Some(&id) {
+                self.by_remote.remove(&(c.remote_ip, c.remote_id));
+            }
+        }
+    }
+
+    /// A MAD QP1 delivered ([`SoftHca::poll_mad`]). Anything but a CM message is ignored (other
+    /// classes' responses belong to other consumers); bad CM messages are counted.
+    pub fn handle_mad(&mut self, now: Instant, hca: &mut SoftHca, m: &ReceivedMad) {
+        let Ok(header) = mad::Repr::parse_mad(&m.mad) else {
+            self.counters.malformed += 1;
+            return;
+        };
+        if header.mgmt_class != mad::MgmtClass::CommMgmt {
+            return;
+        }
+        let msg = match Message::parse_mad(&m.mad) {
+            Ok((_, msg)) => msg,
+            Err(_) => {
+                let attr = cm::AttrId::from(header.attr_id);
+                if matches!(attr, cm::AttrId::Lap | cm::AttrId::Apr) {
+                    self.counters.unsupported += 1;
+                } else {
+                    self.counters.malformed += 1;
+                }
+                return;
+            }
+        };
+        let tid = header.tid;
+        match msg {
+            Message::Req(req) => self.on_req(hca, m, tid, &req),
+            Message::Rep(rep) => self.on_rep(hca, m, tid, &rep),
+            Message::Rtu(rtu) => self.on_rtu(hca, m, &rtu),
+            Message::Rej(rej) => self.on_rej(hca, m, &rej),
+            Message::Mra(mra) => self.on_mra(now, m, &mra),
+            Message::Dreq(dreq) => self.on_dreq(now, hca, m, tid, &dreq),
+            Message::Drep(drep) => self.on_drep(now, m, &drep),
+            Message::SidrReq(sidr) => self.on_sidr_req(hca, m, tid, &sidr),
+            Message::SidrRep(rep) => self.on_sidr_rep(m, &rep),
+        }
+    }
+
+    fn on_sidr_req(&mut self, hca: &mut SoftHca, m: &ReceivedMad, tid: u64, req: &cm::SidrReq) {
+        let duplicate = self
+            .sidr_in
+            .values()
+            .any(|r| r.remote_ip == m.src_ip && r.request_id == req.request_id);
+        if duplicate {
+            self.counters.duplicate_req += 1;
+            return;
+        }
+        let status = if !self.listeners.contains(&req.service_id) {
+            Some(cm::SidrStatus::Unsupported)
+        } else if self.sidr_in.len() >= self.config.max_connections {
+            self.counters.refused_resources += 1;
+            Some(cm::SidrStatus::NoQp)
+        } else {
+            None
+        };
+        let id = (0..64)
+            .map(|_| OsRandom.next_u32())
+            .find(|id| *id != 0 && !self.sidr_in.contains_key(id));
+        let (None, Some(id)) = (status, id) else {
+            let rep = Message::SidrRep(cm::SidrRep {
+                request_id: req.request_id,
+                status: status.unwrap_or(cm::SidrStatus::NoQp),
+                info_len: 0,
+                qpn: 0,
+                service_id: req.service_id,
+                qkey: 0,
+                info: [0; cm::SIDR_REP_INFO_LEN],
+                private_data: [0; cm::SIDR_REP_PRIVATE_DATA_LEN],
+            });
+            self.send(hca, m.dst_ip, m.src_ip, &rep, tid);
+            return;
+        };
+        self.sidr_in.insert(
+            id,
+            SidrIn {
+                local_ip: m.dst_ip,
+                remote_ip: m.src_ip,
+                request_id: req.request_id,
+                service_id: req.service_id,
+                tid,
+            },
+        );
+        self.event(
+            id,
+            CmEventKind::SidrRequest {
+                service_id: req.service_id,
+                remote_ip: m.src_ip,
+                local_ip: m.dst_ip,
+                private_data: req.private_data.to_vec(),
+            },
+        );
+    }
+
+    fn on_sidr_rep(&mut self, m: &ReceivedMad, rep: &cm::SidrRep) {
+        let known = self
+            .sidr_out
+            .get(&rep.request_id)
+            .is_some_and(|s| s.remote_ip == m.src_ip);
+        if !known {
+            self.counters.unmatched += 1;
+            return;
+        }
+        self.sidr_out.remove(&rep.request_id);
+        self.event(
+            rep.request_id,
+            CmEventKind::SidrResolved {
+                status: rep.status,
+                qpn: rep.qpn,
+                qkey: rep.qkey,
+                private_data: rep.private_data.to_vec(),
+            },
+        );
+    }
+
+    /// The connection `id` names, if it belongs to the MAD's sender.
+    fn conn_of(&self, id: u32, m: &ReceivedMad) -> Option<Conn> {
+        self.conns
+            .get(&id)
+            .filter(|c| c.remote_ip == m.src_ip)
+            .cloned()
+    }
+
+    fn on_req(&mut self, hca: &mut SoftHca, m: &ReceivedMad, tid: u64, req: &cm::Req) {
+        if let Some(&id) = self.by_remote.get(&(m.src_ip, req.local_comm_id)) {
+            self.counters.duplicate_req += 1;
+            if let Some(c) = self.conns.get(&id).cloned() {
+                if let (State::RepSent, Some((msg, tid))) = (c.state, c.last) {
+                    self.send(hca, c.local_ip, c.remote_ip, &msg, tid);
+                }
+            }
+            return;
+        }
+        let refuse = |reason| rej_of(0, req.local_comm_id, reason, &[]);
+        let reason = if !self.listeners.contains(&req.service_id) {
+            Some(RejReason::InvalidServiceId)
+        } else if req.transport_type != TransportType::Rc {
+            Some(RejReason::InvalidTransportType)
+        } else if req.path_mtu().is_none() {
+            Some(RejReason::InvalidMtu)
+        } else if self.conns.len() >= self.config.max_connections
+            || self.remote_count(m.src_ip) >= self.config.max_per_remote
+        {
+            self.counters.refused_resources += 1;
+            Some(RejReason::NoResources)
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            self.send(hca, m.dst_ip, m.src_ip, &refuse(reason), tid);
+            return;
+        }
+        let Some(id) = self.new_id() else {
+            self.counters.refused_resources += 1;
+            self.send(
+                hca,
+                m.dst_ip,
+                m.src_ip,
+                &refuse(RejReason::NoResources),
+                tid,
+            );
+            return;
+        };
+        let peer_timeout = timeout_of(req.local_cm_response_timeout);
+        let mtu = req.path_mtu().unwrap_or(PathMtu::Mtu1024);
+        self.conns.insert(
+            id,
+            Conn {
+                state: State::ReqRcvd,
+                local_ip: m.dst_ip,
+                remote_ip: m.src_ip,
+                remote_id: req.local_comm_id,
+                qpn: 0,
+                remote_qpn: req.local_qpn,
+                local_psn: 0,
+                remote_psn: req.starting_psn,
+                path_mtu: mtu,
+                access: AccessFlags::empty(),
+                rd_atomic: req.initiator_depth,
+                last: None,
+                resend_after: peer_timeout,
+                retries_left: 0,
+                deadline: None,
+                peer_timeout,
+                peer_retries: req.max_cm_retries,
+                tid,
+            },
+        );
+        self.by_remote.insert((m.src_ip, req.local_comm_id), id);
+        self.event(
+            id,
+            CmEventKind::ConnectRequest {
+                service_id: req.service_id,
+                remote_ip: m.src_ip,
+                local_ip: m.dst_ip,
+                remote_qpn: req.local_qpn,
+                private_data: req.private_data.to_vec(),
+            },
+        );
+    }
+
+    fn on_rep(&mut self, hca: &mut SoftHca, m: &ReceivedMad, tid: u64, rep: &cm::Rep) {
+        let Some(c) = self.conn_of(rep.remote_comm_id, m) else {
+            // A REP for a REQ never sent (Linux cm_rep_handler: REJ InvalidCommId).
+            self.counters.unmatched += 1;
+            let rej = rej_of(0, rep.local_comm_id, RejReason::InvalidCommId, &[]);
+            let rej = match rej {
+                Message::Rej(r) => Message::Rej(cm::Rej {
+                    message_rejected: MsgKind::Rep,
+                    ..r
+                }),
+                other => other,
+            };
+            self.send(hca, m.dst_ip, m.src_ip, &rej, tid);
+            return;
+        };
+        let id = rep.remote_comm_id;
+        let rtu = Message::Rtu(cm::Rtu {
+            local_comm_id: id,
+            remote_comm_id: rep.local_comm_id,
+            private_data: [0; cm::RTU_PRIVATE_DATA_LEN],
+        });
+        match c.state {
+            State::ReqSent => {}
+            State::Established if c.remote_id == rep.local_comm_id => {
+                // The RTU was lost: the passive side resent its REP.
+                self.send(hca, c.local_ip, c.remote_ip, &rtu, tid);
+                return;
+            }
+            _ => {
+                self.counters.unmatched += 1;
+                return;
+            }
+        }
+        let Some(sgid) = sgid_index(hca, c.local_ip) else {
+            self.counters.unmatched += 1;
+            return;
+        };
+        let attr = ConnectAttr {
+            qp_type: QpType::Rc,
+            access: c.access,
+            path_mtu: c.path_mtu,
+            ah_attr: ConnectAttr::av(Gid::from(c.remote_ip), sgid, 64, 0),
+            remote_qpn: rep.local_qpn,
+            remote_psn: rep.starting_psn,
+            local_psn: c.local_psn,
+            max_dest_rd_atomic: c.rd_atomic,
+            max_rd_atomic: c.rd_atomic.min(rep.responder_resources),
+            ..ConnectAttr::default()
+        };
+        let mut ok = true;
+        for to in [QpState::Rtr, QpState::Rts] {
+            if let Some((a, mask)) = connect::step(&attr, to) {
+                ok &= hca.modify_qp(c.qpn, &a, mask).is_ok();
+            }
+            if !ok {
+                break;
+            }
+        }
+        if !ok {
+            to_err(hca, c.qpn);
+            let rej = rej_of(id, rep.local_comm_id, RejReason::NoQp, &[]);
+            self.send(hca, c.local_ip, c.remote_ip, &rej, tid);
+            self.forget(id);
+            self.event(id, CmEventKind::ConnectError);
+            return;
+        }
+        self.send(hca, c.local_ip, c.remote_ip, &rtu, tid);
+        if let Some(conn) = self.conns.get_mut(&id) {
+            conn.state = State::Established;
+            conn.remote_id = rep.local_comm_id;
+            conn.remote_qpn = rep.local_qpn;
+            conn.remote_psn = rep.starting_psn;
+            conn.last = None;
+            conn.deadline = None;
+        }
+        self.by_remote.insert((c.remote_ip, rep.local_comm_id), id);
+        self.event(
+            id,
+            CmEventKind::Established {
+                private_data: rep.private_data.to_vec(),
+            },
+        );
+    }
+
+    fn on_rtu(&mut self, hca: &mut SoftHca, m: &ReceivedMad, rtu: &cm::Rtu) {
+        let id = rtu.remote_comm_id;
+        let Some(c) = self
+            .conn_of(id, m)
+            .filter(|c| c.state == State::RepSent && c.remote_id == rtu.local_comm_id)
+        else {
+            self.counters.unmatched += 1;
+            return;
+        };
+        let attr = ConnectAttr {
+            qp_type: QpType::Rc,
+            local_psn: c.local_psn,
+            max_rd_atomic: c.rd_atomic,
+            ..ConnectAttr::default()
+        };
+        if let Some((a, mask)) = connect::step(&attr, QpState::Rts) {
+            if hca.modify_qp(c.qpn, &a, mask).is_err() {
+                to_err(hca, c.qpn);
+                self.forget(id);
+                self.event(id, CmEventKind::ConnectError);
+                return;
+            }
+        }
+        if let Some(conn) = self.conns.get_mut(&id) {
+            conn.state = State::Established;
+            conn.last = None;
+            conn.deadline = None;
+        }
+        self.event(
+            id,
+            CmEventKind::Established {
+                private_data: rtu.private_data.to_vec(),
+            },
+        );
+    }
+
+    fn on_rej(&mut self, hca: &mut SoftHca, m: &ReceivedMad, rej: &cm::Rej) {
+        let id = rej.remote_comm_id;
+        let Some(c) = self
+            .conn_of(id, m)
+            .filter(|c| matches!(c.state, State::ReqSent | State::RepSent))
+        else {
+            self.counters.unmatched += 1;
+            return;
+        };
+        to_err(hca, c.qpn);
+        self.forget(id);
+        self.event(
+            id,
+            CmEventKind::Rejected {
+                reason: rej.reason,
+                private_data: rej.private_data.to_vec(),
+            },
+        );
+    }
+
+    fn on_mra(&mut self, now: Instant, m: &ReceivedMad, mra: &cm::Mra) {
+        let Some(c) = self.conns.get_mut(&mra.remote_comm_id).filter(|c| {
+            c.remote_ip == m.src_ip
+                && matches!(
+                    (c.state, mra.message_mraed),
+                    (State::ReqSent, MsgKind::Req) | (State::RepSent, MsgKind::Rep)
+                )
+        }) else {
+            self.counters.unmatched += 1;
+            return;
+        };
+        // The peer needs up to its service timeout more (IBTA §12.6.6); one more wait per MRA.
+        c.deadline = Some(now + c.resend_after + timeout_of(mra.service_timeout));
+    }
+
+    fn on_dreq(
+        &mut self,
+        now: Instant,
+        hca: &mut SoftHca,
+        m: &ReceivedMad,
+        tid: u64,
+        dreq: &cm::Dreq,
+    ) {
+        let id = dreq.remote_comm_id;
+        let drep = Message::Drep(cm::Drep {
+            local_comm_id: id,
+            remote_comm_id: dreq.local_comm_id,
+            private_data: [0; cm::DREP_PRIVATE_DATA_LEN],
+        });
+        let c = self
+            .conn_of(id, m)
+            .filter(|c| c.remote_id == dreq.local_comm_id);
+        match c.map(|c| (c.state, c)) {
+            Some((State::Established | State::DreqSent, c)) => {
+                to_err(hca, c.qpn);
+                self.send(hca, c.local_ip, c.remote_ip, &drep, tid);
+                self.enter_timewait(now, id);
+                self.event(id, CmEventKind::Disconnected);
+            }
+            Some((State::RepSent, c)) => {
+                // The RTU was lost and the peer already closes: established, then closed.
+                to_err(hca, c.qpn);
+                self.send(hca, c.local_ip, c.remote_ip, &drep, tid);
+                self.enter_timewait(now, id);
+                self.event(id, CmEventKind::Disconnected);
+            }
+            _ => {
+                // Timewait (our DREP was lost) or already forgotten: answer again.
+                self.counters.unmatched += 1;
+                self.send(hca, m.dst_ip, m.src_ip, &drep, tid);
+            }
+        }
+    }
+
+    fn on_drep(&mut self, now: Instant, m: &ReceivedMad, drep: &cm::Drep) {
+        let id = drep.remote_comm_id;
+        if !self
+            .conn_of(id, m)
+            .is_some_and(|c| c.state == State::DreqSent && c.remote_id == drep.local_comm_id)
+        {
+            self.counters.unmatched += 1;
+            return;
+        }
+        self.enter_timewait(now, id);
+        self.event(id, CmEventKind::Disconnected);
+    }
+}
+
+fn rej_of(local: u32, remote: u32, reason: RejReason, data: &[u8]) -> Message {
+    let mut private_data = [0u8; cm::REJ_PRIVATE_DATA_LEN];
+    let n = data.len().min(private_data.len());
+    private_data[..n].copy_from_slice(&data[..n]);
+    Message::Rej(cm::Rej {
+        local_comm_id: local,
+        remote_comm_id: remote,
+        message_rejected: MsgKind::Req,
+        ari_len: 0,
+        reason,
+        ari: [0; cm::REJ_ARI_LEN],
+        private_data,
+    })
+}

@@ -1,0 +1,589 @@
+//! [`XdpLink`]: the AF_XDP socket, its rings and the XDP program, as a [`Link`].
+
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Duration;
+
+use roce::Gid;
+
+use crate::engine::{Datagram, Instant, SoftHca};
+use crate::link::vfio::frame::{self, Ignored, LocalAddrs, Received};
+use crate::link::{FlushReport, Link, LinkWait, RecvState, Waker};
+use crate::verbs::device::Device;
+use crate::verbs::gid::{GidEntry, GidType};
+
+use super::neigh::KernelNeighbours;
+use super::program::{self, AttachMode, Attached};
+use super::sys::{self, BindMode, Xsk};
+
+/// Bytes of one UMEM frame (one packet), the page size (af_xdp.rst: aligned chunk mode).
+pub const FRAME_SIZE: usize = 4096;
+/// Frames in the UMEM (16 MiB).
+pub const FRAMES: usize = 4096;
+/// Entries of each of the four rings (a power of two).
+pub const RING_SIZE: u32 = 2048;
+/// Frames given to the fill ring for receiving; the other `FRAMES - RX_FRAMES` are for sending.
+pub const RX_FRAMES: usize = RING_SIZE as usize;
+/// Where in a transmit frame the engine writes the UDP payload: room for the largest headers
+/// (Ethernet 14 + IPv6 40 + UDP 8 = 62 bytes) in front of it.
+pub const PAYLOAD_AT: usize = 64;
+/// Frames built or delivered per call.
+const BATCH: usize = 64;
+/// The largest IP packet a frame holds: IPv6 and UDP headers (48 bytes) in front of the
+/// payload at [`PAYLOAD_AT`], up to the frame's end.
+const MAX_IP_MTU: u32 = (FRAME_SIZE - PAYLOAD_AT + 48) as u32;
+/// Idle rounds the progress thread spins with [`XdpLinkConfig::busy_poll`].
+const BUSY_SPIN_ROUNDS: u32 = 200;
+
+/// How to open an [`XdpLink`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct XdpLinkConfig {
+    /// The network interface (`ip link` name).
+    pub ifname: String,
+    /// Its receive queue the socket binds to and the XDP program redirects from. Default 0
+    /// (RoCEv2 must be steered there, e.g. by `ethtool -N`, on a multi-queue NIC).
+    pub queue: u32,
+    /// Try the driver's native XDP first (else generic mode only). Default `true`.
+    pub native: bool,
+    /// Ask for zero-copy mode first. Default `true`.
+    pub zero_copy: bool,
+    /// Busy polling: `SO_PREFER_BUSY_POLL`, `SO_BUSY_POLL` 20 µs, and a progress thread that
+    /// spins before it sleeps. Pays where a core can be spent for latency. Default `false`.
+    pub busy_poll: bool,
+}
+
+impl XdpLinkConfig {
+    /// The defaults for interface `ifname`.
+    pub fn new(ifname: &str) -> XdpLinkConfig {
+        XdpLinkConfig {
+            ifname: ifname.to_owned(),
+            queue: 0,
+            native: true,
+            zero_copy: true,
+            busy_poll: false,
+        }
+    }
+}
+
+/// What went wrong with an [`XdpLink`]. `Display` names the interface and the step.
+#[derive(Debug)]
+pub enum XdpError {
+    /// No interface of that name (if_nametoindex(3)).
+    NoSuchInterface {
+        /// The name given.
+        ifname: String,
+    },
+    /// The interface's MAC, MTU or addresses could not be read (sysfs, getifaddrs(3)), or it
+    /// has no usable address.
+    Interface {
+        /// The interface.
+        ifname: String,
+        /// What is missing.
+        what: String,
+    },
+    /// A step of setting up or running the AF_XDP socket failed.
+    Socket {
+        /// The interface.
+        ifname: String,
+        /// The step (socket option, mmap, bind, sendto ...).
+        op: &'static str,
+        /// The OS error (`EPERM` without `CAP_NET_RAW`, `EBUSY` for a queue with a socket).
+        source: io::Error,
+    },
+    /// Loading or attaching the XDP program failed.
+    Program {
+        /// The interface.
+        ifname: String,
+        /// What failed.
+        reason: String,
+    },
+    /// A frame could not be built (addresses of mixed families, payload past the frame).
+    Frame {
+        /// The interface.
+        ifname: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+}
+
+impl fmt::Display for XdpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            XdpError::NoSuchInterface { ifname } => write!(f, "xdp:{ifname}: no such interface"),
+            XdpError::Interface { ifname, what } => write!(f, "xdp:{ifname}: {what}"),
+            XdpError::Socket { ifname, op, source } => {
+                write!(f, "xdp:{ifname}: AF_XDP {op}: {source}")
+            }
+            XdpError::Program { ifname, reason } => write!(f, "xdp:{ifname}: {reason}"),
+            XdpError::Frame { ifname, reason } => write!(f, "xdp:{ifname}: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for XdpError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            XdpError::Socket { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// The link's counters: frames and bytes each way, frames dropped per reason, wake-up system
+/// calls, and the kernel's counters of the socket (`XDP_STATISTICS`, read when asked).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct XdpLinkCounters {
+    /// Frames taken from the RX ring.
+    pub rx_frames: u64,
+    /// RoCEv2 datagrams handed to the engine.
+    pub rx_roce: u64,
+    /// Bytes of the received frames (Ethernet header on, no FCS).
+    pub rx_bytes: u64,
+    /// Received frames for another MAC or IP address.
+    pub rx_drop_not_for_us: u64,
+    /// Received frames with malformed or truncated headers (bad IPv4 checksum, UDP length...).
+    pub rx_drop_malformed: u64,
+    /// Received frames of a protocol the link does not serve (VLAN, other port, ARP).
+    pub rx_drop_unsupported: u64,
+    /// RX descriptors outside the UMEM (a kernel bug if ever non-zero).
+    pub rx_drop_bad_desc: u64,
+    /// Frames put on the TX ring.
+    pub tx_frames: u64,
+    /// Bytes of those frames.
+    pub tx_bytes: u64,
+    /// Packets the engine built that were dropped: no neighbour entry for the destination.
+    pub tx_drop_no_neighbour: u64,
+    /// Packets the engine built that were dropped: headers could not be written.
+    pub tx_drop_frame: u64,
+    /// Times no free frame or TX slot was left (the rest waited).
+    pub tx_blocked: u64,
+    /// sendto(2) wake-ups of the TX ring.
+    pub tx_kicks: u64,
+    /// recvfrom(2) wake-ups of the fill ring.
+    pub rx_kicks: u64,
+    /// Neighbour resolutions that asked the kernel.
+    pub neighbour_probes: u64,
+    /// Kernel: frames dropped for lack of room (`rx_dropped`).
+    pub kernel_rx_dropped: u64,
+    /// Kernel: frames dropped because the RX ring was full (`rx_ring_full`).
+    pub kernel_rx_ring_full: u64,
+    /// Kernel: times the fill ring was empty (`rx_fill_ring_empty_descs`).
+    pub kernel_fill_ring_empty: u64,
+    /// Kernel: invalid TX descriptors (`tx_invalid_descs`).
+    pub kernel_tx_invalid: u64,
+}
+
+/// A kernel-bypass link on an AF_XDP socket; see the [module docs](super).
+pub struct XdpLink {
+    // Detach the program before the socket closes (fields drop in order).
+    program: Attached,
+    xsk: Xsk,
+    config: XdpLinkConfig,
+    ifindex: u32,
+    me: LocalAddrs,
+    mtu: u32,
+    /// Free transmit frames (UMEM addresses).
+    tx_free: Vec<u64>,
+    /// Built frames not on the TX ring yet: (UMEM address, length).
+    tx_built: Vec<(u64, u32)>,
+    /// Received frames to give back to the fill ring.
+    recycle: Vec<u64>,
+    neigh: KernelNeighbours,
+    counters: XdpLinkCounters,
+    epoch: std::time::Instant,
+}
+
+impl fmt::Debug for XdpLink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("XdpLink")
+            .field("ifname", &self.config.ifname)
+            .field("queue", &self.config.queue)
+            .field("program", &self.program)
+            .field("mode", &self.xsk.mode())
+            .finish_non_exhaustive()
+    }
+}
+
+fn sysfs(ifname: &str, file: &str) -> Result<String, XdpError> {
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/{file}"))
+        .map(|s| s.trim().to_owned())
+        .map_err(|e| XdpError::Interface {
+            ifname: ifname.to_owned(),
+            what: format!("reading /sys/class/net/{ifname}/{file}: {e}"),
+        })
+}
+
+impl XdpLink {
+    /// Opens the link: the interface's MAC, MTU and IPv4 address, the AF_XDP socket bound to
+    /// [`XdpLinkConfig::queue`], its fill ring stocked, and the XDP program attached.
+    ///
+    /// # Errors
+    /// [`XdpError::NoSuchInterface`]; [`XdpError::Interface`] (no MAC, an interface name with
+    /// `/`); [`XdpError::Socket`] naming the failed step (`EPERM` without root, `EBUSY` when
+    /// the queue already has a socket); [`XdpError::Program`] (not built, not loadable, not
+    /// attachable: e.g. another XDP program is attached).
+    pub fn open(config: &XdpLinkConfig) -> Result<XdpLink, XdpError> {
+        let ifname = config.ifname.clone();
+        if ifname.is_empty() || ifname.len() > 15 || ifname.contains(['/', '\0']) {
+            return Err(XdpError::Interface {
+                ifname,
+                what: "not an interface name (1 to 15 bytes, no '/')".into(),
+            });
+        }
+        let ifindex = sys::if_index(&ifname).ok_or_else(|| XdpError::NoSuchInterface {
+            ifname: ifname.clone(),
+        })?;
+        let mac_text = sysfs(&ifname, "address")?;
+        let mac = parse_mac(&mac_text).ok_or_else(|| XdpError::Interface {
+            ifname: ifname.clone(),
+            what: format!("no Ethernet MAC address ({mac_text:?})"),
+        })?;
+        let if_mtu: u32 = sysfs(&ifname, "mtu")?
+            .parse()
+            .map_err(|_| XdpError::Interface {
+                ifname: ifname.clone(),
+                what: "unreadable MTU".into(),
+            })?;
+        let ipv4 = sys::ipv4_addresses(&ifname)
+            .map_err(|e| XdpError::Interface {
+                ifname: ifname.clone(),
+                what: format!("getifaddrs: {e}"),
+            })?
+            .first()
+            .copied();
+        let me = LocalAddrs {
+            mac,
+            ipv4,
+            ipv6_ll: Gid::link_local_from_mac(mac).to_ipv6(),
+        };
+        let sock_err = |op: &'static str, source: io::Error| XdpError::Socket {
+            ifname: ifname.clone(),
+            op,
+            source,
+        };
+        let mut xsk = Xsk::open(
+            ifindex,
+            config.queue,
+            FRAMES,
+            FRAME_SIZE,
+            RING_SIZE,
+            config.zero_copy,
+        )
+        .map_err(|(op, e)| sock_err(op, e))?;
+        if config.busy_poll {
+            xsk.busy_poll(20, BATCH as u32)
+                .map_err(|e| sock_err("SO_PREFER_BUSY_POLL / SO_BUSY_POLL", e))?;
+        }
+        let rx: Vec<u64> = (0..RX_FRAMES).map(|i| (i * FRAME_SIZE) as u64).collect();
+        if xsk.fill_free() < RX_FRAMES as u32 {
+            return Err(sock_err(
+                "fill ring",
+                io::Error::other("fill ring too small"),
+            ));
+        }
+        xsk.fill(rx.into_iter());
+        let tx_free = (RX_FRAMES..FRAMES)
+            .map(|i| (i * FRAME_SIZE) as u64)
+            .collect();
+        let program = program::attach(ifindex, config.queue, xsk.as_fd(), config.native).map_err(
+            |reason| XdpError::Program {
+                ifname: ifname.clone(),
+                reason,
+            },
+        )?;
+        Ok(XdpLink {
+            program,
+            xsk,
+            config: config.clone(),
+            ifindex,
+            me,
+            mtu: if_mtu.min(MAX_IP_MTU),
+            tx_free,
+            tx_built: Vec::with_capacity(FRAMES),
+            recycle: Vec::with_capacity(BATCH),
+            neigh: KernelNeighbours::new(&ifname, ifindex),
+            counters: XdpLinkCounters::default(),
+            epoch: std::time::Instant::now(),
+        })
+    }
+
+    /// The interface's name.
+    pub fn ifname(&self) -> &str {
+        &self.config.ifname
+    }
+
+    /// The interface's index.
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
+    }
+
+    /// How the XDP program is attached.
+    pub fn attach_mode(&self) -> AttachMode {
+        self.program.mode
+    }
+
+    /// Whether the socket runs zero-copy (`XDP_ZEROCOPY`) rather than copy mode.
+    pub fn zero_copy(&self) -> bool {
+        self.xsk.mode() == BindMode::ZeroCopy
+    }
+
+    /// The interface's IPv4 address, if it has one.
+    pub fn ipv4(&self) -> Option<Ipv4Addr> {
+        self.me.ipv4
+    }
+
+    /// The link's clock: the time since it opened.
+    pub fn now(&self) -> Instant {
+        Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    /// Takes the frames the kernel finished sending back into the free list.
+    fn reclaim(&mut self) {
+        let n = self.xsk.comp_available();
+        for i in 0..n {
+            let addr = self.xsk.comp_peek(i);
+            self.tx_free.push(addr - addr % FRAME_SIZE as u64);
+        }
+        if n > 0 {
+            self.xsk.comp_release(n);
+        }
+    }
+
+    fn ifname_err(&self, op: &'static str, source: io::Error) -> XdpError {
+        XdpError::Socket {
+            ifname: self.config.ifname.clone(),
+            op,
+            source,
+        }
+    }
+}
+
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut mac {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    (parts.next().is_none() && mac != [0; 6]).then_some(mac)
+}
+
+/// What a progress thread sleeps on: the AF_XDP socket (readable when the RX ring has frames).
+#[derive(Debug)]
+pub struct XdpPoller {
+    fd: OwnedFd,
+    ifname: String,
+}
+
+impl LinkWait for XdpPoller {
+    type Error = XdpError;
+
+    fn wait(&self, writable: bool, waker: &Waker, timeout: Duration) -> Result<(), XdpError> {
+        let err = |op, source| XdpError::Socket {
+            ifname: self.ifname.clone(),
+            op,
+            source,
+        };
+        sys::wait(self.fd.as_fd(), writable, waker.as_fd(), timeout).map_err(|e| err("poll", e))?;
+        waker
+            .take()
+            .map(|_| ())
+            .map_err(|e| err("waker", io::Error::other(e.to_string())))
+    }
+}
+
+impl Link for XdpLink {
+    type Error = XdpError;
+    type Poller = XdpPoller;
+    type Counters = XdpLinkCounters;
+
+    fn name(&self) -> String {
+        format!("xdp:{}", self.config.ifname)
+    }
+
+    /// The IPv4 address if the interface has one, else the IPv6 link-local one; UDP port 4791.
+    fn local_addr(&self) -> SocketAddr {
+        let ip = self.me.ipv4.map_or(IpAddr::V6(self.me.ipv6_ll), IpAddr::V4);
+        SocketAddr::new(ip, roce::udp::ROCEV2_PORT)
+    }
+
+    /// rxe's attributes for the MAC and MTU ([`Device::soft_roce`]: link-local GID at indexes 0
+    /// and 1) and the IPv4-mapped GID of the interface's IPv4 address (RoCEv2, index 2).
+    fn device(&self) -> Device {
+        let mut dev = Device::soft_roce(self.me.mac, self.mtu);
+        if let Some(v4) = self.me.ipv4 {
+            // A fresh table has room, and an IPv4-mapped GID is never zero.
+            let _ = dev.port.gids.add(GidEntry {
+                gid: Gid::from(v4),
+                gid_type: GidType::RoceV2,
+            });
+        }
+        dev
+    }
+
+    fn mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    fn counters(&self) -> XdpLinkCounters {
+        let mut c = self.counters;
+        c.neighbour_probes = self.neigh.probes;
+        if let Ok(k) = self.xsk.stats() {
+            c.kernel_rx_dropped = k.rx_dropped;
+            c.kernel_rx_ring_full = k.rx_ring_full;
+            c.kernel_fill_ring_empty = k.rx_fill_ring_empty_descs;
+            c.kernel_tx_invalid = k.tx_invalid_descs;
+        }
+        c
+    }
+
+    /// Reclaims sent frames, wakes the fill ring when the kernel asks, and counts the RX ring.
+    fn recv(&mut self, _idle: bool) -> Result<RecvState, XdpError> {
+        self.reclaim();
+        if self.xsk.fill_needs_wakeup() {
+            self.counters.rx_kicks += 1;
+            self.xsk
+                .kick_rx()
+                .map_err(|e| self.ifname_err("recvfrom (fill ring wake-up)", e))?;
+        }
+        Ok(RecvState {
+            waiting: self.xsk.rx_available() as usize,
+        })
+    }
+
+    /// Hands up to a batch of received RoCEv2 frames to `f` straight from the UMEM, counts the
+    /// others per reason, and gives every frame back to the fill ring.
+    fn deliver<F: FnMut(&Datagram<'_>)>(&mut self, mut f: F) -> Result<usize, XdpError> {
+        let n = self.xsk.rx_available().min(BATCH as u32);
+        let mut delivered = 0;
+        for i in 0..n {
+            let (addr, len) = self.xsk.rx_peek(i);
+            self.recycle.push(addr - addr % FRAME_SIZE as u64);
+            self.counters.rx_frames += 1;
+            self.counters.rx_bytes += u64::from(len);
+            let Some(bytes) = self.xsk.frame(addr, len as usize) else {
+                self.counters.rx_drop_bad_desc += 1;
+                continue;
+            };
+            match frame::classify(bytes, &self.me) {
+                Received::Roce(d) => {
+                    self.counters.rx_roce += 1;
+                    delivered += 1;
+                    f(&d);
+                }
+                Received::Ignored(Ignored::NotForUs) => self.counters.rx_drop_not_for_us += 1,
+                Received::Ignored(Ignored::Malformed) => self.counters.rx_drop_malformed += 1,
+                _ => self.counters.rx_drop_unsupported += 1,
+            }
+        }
+        if n > 0 {
+            self.xsk.rx_release(n);
+            // Every recycled frame came off the fill ring, which has room for all RX frames.
+            let room = self.xsk.fill_free() as usize;
+            let give = self.recycle.len().min(room);
+            self.xsk.fill(self.recycle.drain(..give));
+            self.recycle.clear();
+        }
+        Ok(delivered)
+    }
+
+    fn rx_full(&self, delivered: usize) -> bool {
+        delivered >= BATCH
+    }
+
+    /// Builds up to a batch of frames: the engine's payload copied into a free UMEM frame at
+    /// [`PAYLOAD_AT`], the headers written in front of it.
+    fn build(&mut self, engine: &mut SoftHca, now: Instant) -> (usize, bool) {
+        self.reclaim();
+        let mut built = 0;
+        while built < BATCH {
+            let Some(&addr) = self.tx_free.last() else {
+                self.counters.tx_blocked += 1;
+                return (built, true);
+            };
+            let Some(buf) = self.xsk.frame_mut(addr) else {
+                // Not reachable: free frames are UMEM frames.
+                self.tx_free.pop();
+                continue;
+            };
+            let Some(tx) = engine.poll_transmit(now, &mut buf[PAYLOAD_AT..]) else {
+                break;
+            };
+            built += 1;
+            let src = match tx.dst_ip {
+                IpAddr::V4(_) => self.me.ipv4.map(IpAddr::V4),
+                IpAddr::V6(_) => Some(tx.src_ip),
+            };
+            let Some(dst_mac) = self.neigh.lookup(tx.dst_ip, src) else {
+                self.counters.tx_drop_no_neighbour += 1;
+                continue;
+            };
+            let Some(buf) = self.xsk.frame_mut(addr) else {
+                continue;
+            };
+            match frame::write_roce_headers(buf, PAYLOAD_AT, &tx, self.me.mac, dst_mac) {
+                Some(start) => {
+                    self.tx_free.pop();
+                    let len = (PAYLOAD_AT + tx.len - start) as u32;
+                    self.tx_built.push((addr + start as u64, len));
+                }
+                None => self.counters.tx_drop_frame += 1,
+            }
+        }
+        (built, built == BATCH)
+    }
+
+    fn unsent(&self) -> usize {
+        self.tx_built.len()
+    }
+
+    /// Puts the built frames on the TX ring (as many as it has room for) and wakes the kernel
+    /// when it asks.
+    fn flush(&mut self) -> FlushReport<XdpError> {
+        let mut report = FlushReport::default();
+        self.reclaim();
+        if self.tx_built.is_empty() {
+            return report;
+        }
+        let room = self.xsk.tx_free() as usize;
+        let n = room.min(self.tx_built.len());
+        for &(addr, len) in &self.tx_built[..n] {
+            self.xsk.tx_push(addr, len);
+            self.counters.tx_frames += 1;
+            self.counters.tx_bytes += u64::from(len);
+        }
+        self.tx_built.drain(..n);
+        self.xsk.tx_publish();
+        if !self.tx_built.is_empty() {
+            report.blocked += 1;
+            self.counters.tx_blocked += 1;
+        }
+        if self.xsk.tx_needs_wakeup() {
+            self.counters.tx_kicks += 1;
+            if let Err(e) = self.xsk.kick_tx() {
+                report.error = Some(self.ifname_err("sendto (TX wake-up)", e));
+            }
+        }
+        report
+    }
+
+    fn poller(&self) -> Result<XdpPoller, XdpError> {
+        let fd = self
+            .xsk
+            .dup()
+            .map_err(|e| self.ifname_err("dup of the socket", e))?;
+        Ok(XdpPoller {
+            fd,
+            ifname: self.config.ifname.clone(),
+        })
+    }
+
+    fn spin_rounds(&self) -> u32 {
+        if self.config.busy_poll {
+            BUSY_SPIN_ROUNDS
+        } else {
+            0
+        }
+    }
+}

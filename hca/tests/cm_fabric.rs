@@ -1,0 +1,568 @@
+//! The CM state machine (`hca/src/cm.rs`) between two software HCAs on the in-memory fabric, on
+//! a virtual clock, with faults: connect / accept / disconnect with QP transitions and data, lost
+//! REQ / REP / RTU / DREQ (retries), a duplicated REQ (reported once), a peer that never answers
+//! (bounded, then UNREACHABLE and ERR), REJ for an unknown service, a consumer reject with private
+//! data, a REQ flood that cannot grow the passive side's state past its bound, a REP for no REQ,
+//! malformed and unsupported MADs, and SIDR (UD service resolution) with loss, duplicates and a
+//! dead peer.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use hca::cm::{AcceptParams, Cm, CmConfig, CmEvent, CmEventKind, CommId, ConnectParams};
+use hca::fabric::{Fabric, Tap, WirePacket};
+use hca::{AccessFlags, Instant, QpState, WcStatus};
+use roce::cm::{port_space, service_id, AttrId, RejReason};
+use roce::mad;
+
+const QUANTUM: Duration = Duration::from_millis(1);
+
+fn config() -> CmConfig {
+    CmConfig {
+        response_timeout: 14, // 67 ms
+        max_cm_retries: 3,
+        max_connections: 64,
+        max_per_remote: 8,
+        timewait: Duration::from_millis(100),
+    }
+}
+
+fn sid() -> u64 {
+    service_id(port_space::TCP, 18515)
+}
+
+struct World {
+    f: Fabric,
+    a: Peer,
+    b: Peer,
+    cms: [Cm; 2],
+    events: [Vec<CmEvent>; 2],
+    /// Whether B's CM reads its QP1 (false: a peer that never answers).
+    b_alive: bool,
+}
+
+impl World {
+    fn new() -> World {
+        let o = Opts::default();
+        let mut f = Fabric::new(o.seed, o.faults);
+        let a = side(&mut f, 1, A_IOVA, &o);
+        let b = side(&mut f, 2, B_IOVA, &o);
+        World {
+            f,
+            a,
+            b,
+            cms: [Cm::new(config()), Cm::new(config())],
+            events: [Vec::new(), Vec::new()],
+            b_alive: true,
+        }
+    }
+
+    fn peer(&self, i: usize) -> &Peer {
+        if i == 0 {
+            &self.a
+        } else {
+            &self.b
+        }
+    }
+
+    /// Feeds each CM its QP1 MADs and due timers, and collects events.
+    fn pump(&mut self) {
+        let now = self.f.now();
+        for i in 0..2 {
+            if i == 1 && !self.b_alive {
+                continue;
+            }
+            let node = self.peer(i).node;
+            for _ in 0..1000 {
+                let Some(m) = self.f.node_mut(node).poll_mad() else {
+                    break;
+                };
+                self.cms[i].handle_mad(now, self.f.node_mut(node), &m);
+            }
+            if self.cms[i].poll_timeout().is_some_and(|t| t <= now) {
+                self.cms[i].handle_timeout(now, self.f.node_mut(node));
+            }
+            while let Some(e) = self.cms[i].poll_event() {
+                self.events[i].push(e);
+            }
+        }
+    }
+
+    /// Runs (in 1 ms quanta of virtual time, at most `max`) until `done` holds.
+    fn run_until(&mut self, max: Duration, mut done: impl FnMut(&World) -> bool) -> bool {
+        let steps = max.as_millis() as usize;
+        for _ in 0..steps {
+            self.pump();
+            if done(self) {
+                return true;
+            }
+            self.f.run_for(QUANTUM);
+        }
+        self.pump();
+        done(self)
+    }
+
+    fn has(&self, i: usize, pred: impl Fn(&CmEvent) -> bool) -> bool {
+        self.events[i].iter().any(pred)
+    }
+
+    fn connect(&mut self, private_data: &[u8]) -> CommId {
+        let now = self.f.now();
+        let p = ConnectParams {
+            qpn: self.a.qpn,
+            local_ip: self.a.ip,
+            remote_ip: self.b.ip,
+            service_id: sid(),
+            path_mtu: hca::PathMtu::Mtu1024,
+            access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            rd_atomic: 4,
+            private_data,
+        };
+        let node = self.a.node;
+        self.cms[0].connect(now, self.f.node_mut(node), &p).unwrap()
+    }
+
+    /// B accepts the first connection request it got.
+    fn accept_first(&mut self) -> CommId {
+        let id = self.events[1]
+            .iter()
+            .find(|e| matches!(e.kind, CmEventKind::ConnectRequest { .. }))
+            .expect("a connection request")
+            .id;
+        let now = self.f.now();
+        let node = self.b.node;
+        let p = AcceptParams {
+            qpn: self.b.qpn,
+            access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            rd_atomic: 4,
+            private_data: b"welcome",
+        };
+        self.cms[1]
+            .accept(now, self.f.node_mut(node), id, &p)
+            .unwrap();
+        id
+    }
+
+    fn established(&self, i: usize) -> bool {
+        self.has(i, |e| matches!(e.kind, CmEventKind::Established { .. }))
+    }
+}
+
+fn is_req(e: &CmEvent) -> bool {
+    matches!(e.kind, CmEventKind::ConnectRequest { .. })
+}
+
+/// Drops the first `count` MADs of attribute `attr` on the wire.
+struct DropFirst {
+    attr: AttrId,
+    count: Arc<Mutex<u32>>,
+}
+
+impl Tap for DropFirst {
+    fn on_packet(&mut self, _now: Instant, packet: &mut WirePacket) -> bool {
+        let Ok(p) = roce::packet::parse_udp_payload(&packet.data) else {
+            return true;
+        };
+        let is_attr = p.transport.bth.dest_qpn == 1
+            && mad::Repr::parse_mad(p.payload).is_ok_and(|h| AttrId::from(h.attr_id) == self.attr);
+        let mut left = self.count.lock().unwrap();
+        if is_attr && *left > 0 {
+            *left -= 1;
+            return false;
+        }
+        true
+    }
+}
+
+fn drop_first(w: &mut World, attr: AttrId, n: u32) -> Arc<Mutex<u32>> {
+    let count = Arc::new(Mutex::new(n));
+    w.f.set_tap(Some(Box::new(DropFirst {
+        attr,
+        count: count.clone(),
+    })));
+    count
+}
+
+/// Connects A to B (B listening, accepting), checks both QPs in RTS and an RDMA WRITE through.
+fn connect_and_check(w: &mut World) -> (CommId, CommId) {
+    w.cms[1].listen(sid()).unwrap();
+    let a_id = w.connect(b"hello");
+    assert!(
+        w.run_until(Duration::from_secs(2), |w| w.has(1, is_req)),
+        "{:?}",
+        w.events
+    );
+    let req = w.events[1].iter().find(|e| is_req(e)).unwrap().clone();
+    let CmEventKind::ConnectRequest {
+        service_id: s,
+        remote_ip,
+        remote_qpn,
+        private_data,
+        ..
+    } = req.kind
+    else {
+        unreachable!()
+    };
+    assert_eq!((s, remote_ip, remote_qpn), (sid(), w.a.ip, w.a.qpn));
+    assert_eq!(&private_data[..5], b"hello");
+    let b_id = w.accept_first();
+    assert!(
+        w.run_until(Duration::from_secs(2), |w| w.established(0)
+            && w.established(1)),
+        "{:?}",
+        w.events
+    );
+    assert_eq!(state(&w.f, &w.a), QpState::Rts);
+    assert_eq!(state(&w.f, &w.b), QpState::Rts);
+    let rep_data = w.events[0]
+        .iter()
+        .find_map(|e| match &e.kind {
+            CmEventKind::Established { private_data } => Some(private_data.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(&rep_data[..7], b"welcome");
+    // The QPs are connected to each other with matching PSNs: a WRITE completes.
+    w.f.set_tap(None);
+    w.a.write(0, &[0x5a; 512]);
+    common::work_requests::post(
+        &mut w.f,
+        &w.a,
+        common::work_requests::write(&w.a, 9, (0, 512), &w.b, 64),
+    );
+    let wcs = run_for_completions(&mut w.f, &w.a, 1, Duration::from_secs(1));
+    assert_eq!(statuses(&wcs), vec![(9, WcStatus::Success)]);
+    assert_eq!(w.b.read(64, 512), vec![0x5a; 512]);
+    (a_id, b_id)
+}
+
+fn disconnect_and_check(w: &mut World, a_id: CommId, b_id: CommId) {
+    let now = w.f.now();
+    let node = w.a.node;
+    w.cms[0].disconnect(now, w.f.node_mut(node), a_id).unwrap();
+    let done = |w: &World| {
+        [0, 1].iter().all(|&i| {
+            let id = [a_id, b_id][i];
+            w.has(i, |e| e.id == id && e.kind == CmEventKind::Disconnected)
+                && w.has(i, |e| e.id == id && e.kind == CmEventKind::TimewaitExit)
+        })
+    };
+    assert!(w.run_until(Duration::from_secs(3), done), "{:?}", w.events);
+    assert_eq!(state(&w.f, &w.a), QpState::Err);
+    assert_eq!(state(&w.f, &w.b), QpState::Err);
+    assert_eq!(w.cms[0].connection_count(), 0);
+    assert_eq!(w.cms[1].connection_count(), 0);
+}
+
+#[test]
+fn connect_accept_write_disconnect() {
+    let mut w = World::new();
+    let (a, b) = connect_and_check(&mut w);
+    assert_eq!(w.cms[0].counters().retransmits, 0);
+    disconnect_and_check(&mut w, a, b);
+    assert_eq!(
+        w.cms[0].counters().retransmits + w.cms[1].counters().retransmits,
+        0
+    );
+}
+
+#[test]
+fn lost_req_rep_rtu_dreq_are_retried() {
+    for attr in [AttrId::Req, AttrId::Rep, AttrId::Rtu, AttrId::Dreq] {
+        let mut w = World::new();
+        let mut left = drop_first(&mut w, attr, 1);
+        let (a, b) = connect_and_check(&mut w);
+        if attr == AttrId::Dreq {
+            // connect_and_check removed the tap for its data check.
+            left = drop_first(&mut w, attr, 1);
+        }
+        disconnect_and_check(&mut w, a, b);
+        assert_eq!(*left.lock().unwrap(), 0, "{attr:?} was dropped");
+        let retransmits = w.cms[0].counters().retransmits + w.cms[1].counters().retransmits;
+        assert!(retransmits >= 1, "{attr:?}: nothing was resent");
+        assert_eq!(
+            w.events[1].iter().filter(|e| is_req(e)).count(),
+            1,
+            "{attr:?}"
+        );
+    }
+}
+
+#[test]
+fn a_duplicated_req_is_reported_once() {
+    let mut w = World::new();
+    w.cms[1].listen(sid()).unwrap();
+    w.connect(b"dup");
+    let now = w.f.now();
+    let pkts = transmit(&mut w.f, &w.a, now);
+    assert_eq!(pkts.len(), 1, "one REQ");
+    let now = w.f.now();
+    deliver(&mut w.f, &w.b, &pkts[0], now);
+    deliver(&mut w.f, &w.b, &pkts[0], now);
+    w.pump();
+    assert_eq!(w.events[1].iter().filter(|e| is_req(e)).count(), 1);
+    assert_eq!(w.cms[1].counters().duplicate_req, 1);
+    assert_eq!(w.cms[1].connection_count(), 1);
+    w.accept_first();
+    assert!(w.run_until(Duration::from_secs(2), |w| w.established(0)
+        && w.established(1)));
+    // A late copy of the REQ after the connection is up changes nothing.
+    let now = w.f.now();
+    deliver(&mut w.f, &w.b, &pkts[0], now);
+    w.pump();
+    assert_eq!(w.events[1].iter().filter(|e| is_req(e)).count(), 1);
+    assert_eq!(w.cms[1].counters().duplicate_req, 2);
+    assert_eq!(state(&w.f, &w.b), QpState::Rts);
+}
+
+#[test]
+fn a_peer_that_never_answers_is_unreachable_in_bounded_time() {
+    let mut w = World::new();
+    w.b_alive = false;
+    let start = w.f.now();
+    let id = w.connect(b"anyone?");
+    let unreachable = |w: &World| w.has(0, |e| e.id == id && e.kind == CmEventKind::Unreachable);
+    assert!(
+        w.run_until(Duration::from_secs(2), unreachable),
+        "{:?}",
+        w.events
+    );
+    // 1 + max_cm_retries REQs, one response timeout (67 ms) apart; each timer is seen up to one
+    // 1 ms quantum late (virtual time).
+    let waited = w.f.now().saturating_duration_since(start);
+    let per_try = hca::cm::timeout_of(config().response_timeout);
+    assert!(
+        waited >= per_try * 4 && waited <= per_try * 4 + QUANTUM * 5,
+        "{waited:?}"
+    );
+    assert_eq!(w.cms[0].counters().retransmits, 3);
+    assert_eq!(state(&w.f, &w.a), QpState::Err);
+    assert_eq!(w.cms[0].connection_count(), 0);
+    assert_eq!(w.cms[0].poll_timeout(), None);
+}
+
+#[test]
+fn rej_for_an_unknown_service_and_a_consumer_reject() {
+    let mut w = World::new();
+    let id = w.connect(b"");
+    let rejected = |w: &World| w.has(0, |e| matches!(e.kind, CmEventKind::Rejected { .. }));
+    assert!(w.run_until(Duration::from_secs(1), rejected));
+    let CmEventKind::Rejected { reason, .. } = &w.events[0].last().unwrap().kind else {
+        unreachable!()
+    };
+    assert_eq!(*reason, RejReason::InvalidServiceId);
+    assert_eq!(w.events[0].last().unwrap().id, id);
+    assert_eq!(state(&w.f, &w.a), QpState::Err);
+    assert_eq!(w.cms[1].connection_count(), 0);
+
+    let mut w = World::new();
+    w.cms[1].listen(sid()).unwrap();
+    w.connect(b"let me in");
+    assert!(w.run_until(Duration::from_secs(1), |w| w.has(1, is_req)));
+    let req_id = w.events[1][0].id;
+    let node = w.b.node;
+    w.cms[1]
+        .reject(w.f.node_mut(node), req_id, b"go away")
+        .unwrap();
+    assert!(w.run_until(Duration::from_secs(1), rejected));
+    let CmEventKind::Rejected {
+        reason,
+        private_data,
+    } = &w.events[0].last().unwrap().kind
+    else {
+        unreachable!()
+    };
+    assert_eq!(*reason, RejReason::ConsumerDefined);
+    assert_eq!(&private_data[..7], b"go away");
+    assert_eq!(w.cms[1].connection_count(), 0);
+    assert_eq!(state(&w.f, &w.a), QpState::Err);
+}
+
+#[test]
+fn a_req_flood_is_bounded_per_remote() {
+    let mut w = World::new();
+    w.cms[1].listen(sid()).unwrap();
+    // A's CM allows more than B does per remote; B never answers the requests.
+    w.cms[0] = Cm::new(CmConfig {
+        max_per_remote: 40,
+        ..config()
+    });
+    for _ in 0..40 {
+        w.connect(b"");
+    }
+    let all_answered = |w: &World| {
+        w.events[1].len() == 8
+            && w.events[0]
+                .iter()
+                .filter(|e| {
+                    matches!(
+                        e.kind,
+                        CmEventKind::Rejected {
+                            reason: RejReason::NoResources,
+                            ..
+                        }
+                    )
+                })
+                .count()
+                == 32
+    };
+    assert!(
+        w.run_until(Duration::from_secs(1), all_answered),
+        "{:?}",
+        w.events
+    );
+    assert_eq!(w.cms[1].connection_count(), 8);
+    assert_eq!(w.cms[1].counters().refused_resources, 32);
+}
+
+#[test]
+fn a_rep_for_no_req_and_malformed_or_unsupported_mads() {
+    let mut w = World::new();
+    // A forged REP for a REQ B never sent: B answers REJ InvalidCommId (Linux cm_rep_handler).
+    let mut buf = [0u8; mad::MAD_LEN];
+    roce::cm::Message::Rep(roce::cm::Rep {
+        local_comm_id: 0x1234,
+        remote_comm_id: 0x5678,
+        local_qkey: 0,
+        local_qpn: 0x99,
+        local_eecn: 0,
+        starting_psn: 1,
+        responder_resources: 1,
+        initiator_depth: 1,
+        target_ack_delay: 0,
+        failover_accepted: 0,
+        end_to_end_flow_control: false,
+        rnr_retry_count: 7,
+        srq: false,
+        local_ca_guid: 0,
+        private_data: [0; roce::cm::REP_PRIVATE_DATA_LEN],
+    })
+    .emit_mad(77, &mut buf)
+    .unwrap();
+    let (a_ip, b_ip, a_node) = (w.a.ip, w.b.ip, w.a.node);
+    w.f.node_mut(a_node).gsi_send(a_ip, b_ip, 1, &buf).unwrap();
+    // A REJ with a Rejected Info Length above 72: malformed.
+    let mut bad = [0u8; mad::MAD_LEN];
+    roce::cm::Message::Rtu(roce::cm::Rtu {
+        local_comm_id: 1,
+        remote_comm_id: 2,
+        private_data: [0; roce::cm::RTU_PRIVATE_DATA_LEN],
+    })
+    .emit_mad(78, &mut bad)
+    .unwrap();
+    bad[17] = 0x12; // attribute REJ
+    bad[mad::HEADER_LEN + 9] = 73 << 1;
+    w.f.node_mut(a_node).gsi_send(a_ip, b_ip, 1, &bad).unwrap();
+    // A LAP: refused as unsupported.
+    let mut lap = bad;
+    lap[17] = 0x19;
+    w.f.node_mut(a_node).gsi_send(a_ip, b_ip, 1, &lap).unwrap();
+    // Only A's CM sees the REJ that comes back; it matches none of A's connections.
+    assert!(
+        w.run_until(Duration::from_secs(1), |w| w.cms[0].counters().unmatched
+            == 1)
+    );
+    let c = w.cms[1].counters();
+    assert_eq!((c.unmatched, c.malformed, c.unsupported), (1, 1, 1));
+    assert_eq!(w.cms[1].connection_count(), 0);
+    assert!(w.events.iter().all(Vec::is_empty), "{:?}", w.events);
+}
+
+fn sidr_resolve(w: &mut World, sid: u64) -> u32 {
+    let (now, a_ip, b_ip, node) = (w.f.now(), w.a.ip, w.b.ip, w.a.node);
+    w.cms[0]
+        .sidr_resolve(now, w.f.node_mut(node), a_ip, b_ip, sid, b"which qp?")
+        .unwrap()
+}
+
+#[test]
+fn sidr_resolves_a_ud_service_with_a_lost_req_and_a_duplicate() {
+    let mut w = World::new();
+    let ud = service_id(port_space::UDP, 7174);
+    w.cms[1].listen(ud).unwrap();
+    let left = drop_first(&mut w, AttrId::SidrReq, 1);
+    let id = sidr_resolve(&mut w, ud);
+    assert!(w.run_until(Duration::from_secs(1), |w| !w.events[1].is_empty()));
+    assert_eq!(*left.lock().unwrap(), 0, "the first SIDR_REQ was lost");
+    let req = w.events[1][0].clone();
+    let CmEventKind::SidrRequest {
+        service_id: s,
+        remote_ip,
+        private_data,
+        ..
+    } = &req.kind
+    else {
+        panic!("{req:?}")
+    };
+    assert_eq!((*s, *remote_ip), (ud, w.a.ip));
+    assert_eq!(&private_data[..9], b"which qp?");
+    // A's next resend arrives while the request waits for the consumer: not reported again.
+    assert!(w.run_until(Duration::from_secs(1), |w| w.cms[1]
+        .counters()
+        .duplicate_req
+        >= 1));
+    assert_eq!(w.events[1].len(), 1);
+    let node = w.b.node;
+    w.cms[1]
+        .sidr_answer(
+            w.f.node_mut(node),
+            req.id,
+            Some((0x4242, 0x1111_2222)),
+            b"here",
+        )
+        .unwrap();
+    let resolved = |w: &World| {
+        w.has(0, |e| {
+            e.id == id && matches!(e.kind, CmEventKind::SidrResolved { .. })
+        })
+    };
+    assert!(
+        w.run_until(Duration::from_secs(1), resolved),
+        "{:?}",
+        w.events
+    );
+    let CmEventKind::SidrResolved {
+        status,
+        qpn,
+        qkey,
+        private_data,
+    } = &w.events[0].last().unwrap().kind
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        (*status, *qpn, *qkey),
+        (roce::cm::SidrStatus::Success, 0x4242, 0x1111_2222)
+    );
+    assert_eq!(&private_data[..4], b"here");
+    assert_eq!(w.cms[0].poll_timeout(), None, "nothing outstanding");
+    assert!(w.cms[1]
+        .sidr_answer(w.f.node_mut(node), req.id, None, b"")
+        .is_err());
+}
+
+#[test]
+fn sidr_for_an_unknown_service_and_a_dead_peer() {
+    let mut w = World::new();
+    let id = sidr_resolve(&mut w, service_id(port_space::UDP, 1));
+    assert!(w.run_until(Duration::from_secs(1), |w| !w.events[0].is_empty()));
+    assert!(matches!(
+        w.events[0][0].kind,
+        CmEventKind::SidrResolved {
+            status: roce::cm::SidrStatus::Unsupported,
+            ..
+        }
+    ));
+    assert_eq!(w.events[0][0].id, id);
+
+    let mut w = World::new();
+    w.b_alive = false;
+    let id = sidr_resolve(&mut w, service_id(port_space::UDP, 1));
+    let gone = |w: &World| w.has(0, |e| e.id == id && e.kind == CmEventKind::Unreachable);
+    assert!(w.run_until(Duration::from_secs(2), gone));
+    assert_eq!(w.cms[0].counters().retransmits, 3);
+    assert_eq!(w.cms[0].poll_timeout(), None);
+}
