@@ -470,10 +470,11 @@ fn rc_operations_at_mtu_4096_with_caller_progress() {
 /// thread it posts at once.
 #[test]
 fn deferred_post_leaves_with_the_next_round() {
-    let (a, b) = pair(
-        "127.0.0.113",
-        "127.0.0.114",
-        Progress::Caller,
+    // No extra sending sockets (src_ports 0): their fixed preferred ports are what
+    // `close_while_sending_sockets_are_full` binds again after its close.
+    let (a, b) = pair_of(
+        open_with("127.0.0.113", Progress::Caller, 0),
+        open_with("127.0.0.114", Progress::Caller, 0),
         QpType::Rc,
         Conn::default(),
     );
@@ -512,10 +513,9 @@ fn deferred_post_leaves_with_the_next_round() {
     );
 
     // With the progress thread the WR leaves without a round of the caller's.
-    let (c, d) = pair(
-        "127.0.0.115",
-        "127.0.0.116",
-        Progress::Thread,
+    let (c, d) = pair_of(
+        open_with("127.0.0.115", Progress::Thread, 0),
+        open_with("127.0.0.116", Progress::Thread, 0),
         QpType::Rc,
         Conn::default(),
     );
