@@ -43,6 +43,9 @@ step "the hca fuzz crate builds" cargo check --manifest-path hca/fuzz/Cargo.toml
 # Also the drop-in libibverbs.so.1 (hca/abi/tests): Debian's ibverbs-utils and perftest 4.5 binaries
 # (ib_{send,write,read,atomic}_{bw,lat}: default API, --use_old_post_send, -q 4, -a; about 85 s of it) and
 # the ibv_qp_ex / ibv_cq_ex C test, all unmodified programs over two loopback addresses.
+# Includes the shared-device checks (many processes on one address and port 4791): hca/tests/shared_device.rs
+# (8 rdma-pingpong --chk pairs on one address; a write-bw pair SIGKILLed mid-transfer) and
+# udp_device.rs shared_devices_forward_strays_after_the_group_reorders, about 30 s in all.
 step "cargo test --workspace" cargo test --workspace
 # Real peers: Linux soft-RoCE (rdma_rxe) and rdma-core's tools in QEMU TCG guests (tests/guest/README.md).
 step "guest harness setup (kernel, initramfs)" bash tests/guest/setup.sh

@@ -145,6 +145,10 @@ pub struct EngineConfig {
     /// and a QP uses the port its entropy value selects ([`src_port_for`]): the ICRC covers the
     /// UDP source port, so packets must be built with the port they leave from.
     pub udp_src_ports: Vec<u16>,
+    /// `(mask, value)`: QPN bits fixed for every QP this engine creates (`qpn & mask == value`),
+    /// the rest random; a device sharing its address with other processes selects its slot
+    /// this way ([`crate::link::udp::share`]). `None` (default): all 24 bits random.
+    pub qpn_prefix: Option<(u32, u32)>,
     /// DCQCN's reaction point for every QP created from now on ([`dcqcn`]; a QP's own
     /// setting: [`SoftHca::set_qp_dcqcn`]). `None` (default): CNPs are counted and handed to
     /// the [`RateControl`] hook only, and nothing is paced (the engine's behaviour before
@@ -163,6 +167,7 @@ impl Default for EngineConfig {
             ack_delay: Duration::ZERO,
             cnp_dscp: 48,
             udp_src_ports: Vec::new(),
+            qpn_prefix: None,
             dcqcn: None,
         }
     }
@@ -319,6 +324,9 @@ impl SoftHca {
             inline_scratch: Vec::new(),
             last_now: Instant::ZERO,
         };
+        if let Some((mask, value)) = hca.config.qpn_prefix {
+            hca.ctx.set_qpn_prefix(mask, value);
+        }
         hca.refresh_local_gids();
         hca
     }

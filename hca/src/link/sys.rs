@@ -587,6 +587,150 @@ pub(crate) fn ipv4_interface(ip: Ipv4Addr) -> io::Result<Option<String>> {
     Ok(found)
 }
 
+/// setsockopt(2) `SO_ATTACH_REUSEPORT_CBPF` (socket(7)): attaches the classic-BPF `program` to
+/// the reuseport group of `fd`; the kernel copies it.
+pub(crate) fn attach_reuseport_cbpf(
+    fd: BorrowedFd<'_>,
+    program: &[libc::sock_filter],
+) -> io::Result<()> {
+    let len = u16::try_from(program.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "BPF program too long"))?;
+    let fprog = libc::sock_fprog {
+        len,
+        // The kernel only reads the program.
+        filter: program.as_ptr().cast_mut(),
+    };
+    // SAFETY: `fprog` points at `program`, alive for the call; the kernel reads `len` entries.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            (&fprog as *const libc::sock_fprog).cast(),
+            mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A non-blocking `SOCK_DGRAM` Unix socket bound to the abstract name `name` (unix(7): a leading NUL byte,
+/// then `name`; released by the kernel when the socket closes). `AddrInUse` when another socket
+/// holds it; `InvalidInput` when `name` is longer than 107 bytes.
+pub(crate) fn bind_abstract_unix(name: &[u8]) -> io::Result<OwnedFd> {
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { mem::zeroed() };
+    if name.len() + 1 > addr.sun_path.len() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "name too long"));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path[1..].iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: plain socket(2).
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let len = mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(fd)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// sendmsg(2) of one datagram made of `parts` on the Unix datagram socket `fd` to the abstract
+/// name `name` (unix(7)), without blocking: `WouldBlock` when the receiver's queue is full,
+/// `ConnectionRefused` / `NotFound` when nobody holds the name.
+pub(crate) fn send_abstract_unix(
+    fd: BorrowedFd<'_>,
+    name: &[u8],
+    parts: &[&[u8]],
+) -> io::Result<()> {
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { mem::zeroed() };
+    if name.len() + 1 > addr.sun_path.len() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "name too long"));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path[1..].iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; 4];
+    if parts.len() > iov.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many parts",
+        ));
+    }
+    for (v, p) in iov.iter_mut().zip(parts) {
+        v.iov_base = p.as_ptr().cast_mut().cast();
+        v.iov_len = p.len();
+    }
+    // SAFETY: msghdr is plain data; all zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+    msg.msg_name = (&mut addr as *mut libc::sockaddr_un).cast();
+    msg.msg_namelen = (mem::size_of::<libc::sa_family_t>() + 1 + name.len()) as libc::socklen_t;
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = parts.len() as _;
+    // SAFETY: `msg` points at `addr` and `iov`, which point at live borrowed bytes; the kernel
+    // only reads them.
+    let rc = unsafe {
+        libc::sendmsg(
+            fd.as_raw_fd(),
+            &msg,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// recv(2) of one datagram into `buf` without blocking: its length (`MSG_TRUNC`: the full
+/// length, which may exceed `buf`), or `WouldBlock` when none waits.
+pub(crate) fn recv_dontwait(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is a live, writable buffer of `buf.len()` bytes.
+    let rc = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc as usize)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

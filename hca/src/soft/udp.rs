@@ -75,7 +75,14 @@ pub struct UdpDeviceConfig {
     pub src_ports: usize,
     /// Seeded datagram loss on the socket (fault injection, [`DropHook`]); `None`: none.
     pub drop: Option<DropHook>,
+    /// Share the address and port with other processes of this host ([`udp::share`]: a slot
+    /// per process, QPNs carrying the slot, steering by destination QPN). Default: `true` when
+    /// the environment variable `SOFT_HCA_SHARE` is `1`, else `false`.
+    pub share: bool,
 }
+
+/// The environment variable that turns [`UdpDeviceConfig::share`] on by default: `1`.
+pub(crate) const SHARE_ENV: &str = "SOFT_HCA_SHARE";
 
 /// Default [`UdpDeviceConfig::src_ports`]: 4 flows. Each sending socket is a separate sendmmsg(2)
 /// and its own GSO trains, so more ports cost batching when many QPs send at once: `rdma-perf
@@ -103,6 +110,7 @@ impl UdpDeviceConfig {
             window_budget: None,
             src_ports: DEFAULT_SRC_PORTS,
             drop: None,
+            share: std::env::var(SHARE_ENV).is_ok_and(|v| v == "1"),
         }
     }
 
@@ -175,9 +183,13 @@ pub(super) fn open_udp_link(
     link_config.send_buffer_bytes = config.socket_buffer_bytes;
     link_config.src_ports = config.src_ports;
     link_config.drop = config.drop;
+    link_config.share = config.share;
     let link = RoceSocket::bind(link_config)?;
     let mut engine_config = config.engine.clone();
     engine_config.udp_src_ports = link.src_ports();
+    if let Some(slot) = link.share_slot() {
+        engine_config.qpn_prefix = Some(udp::share::qpn_prefix(slot));
+    }
     let window_budget = config.window_budget.unwrap_or_else(|| {
         let rcvbuf = link.socket_buffers().map_or(212_992, |(r, _)| r);
         (rcvbuf / 2 / (active_mtu.bytes() + 512)) as u32

@@ -57,6 +57,14 @@ pub struct Context {
 }
 
 impl Context {
+    /// Fixes the QPN bits of `mask` to `value` for QPs created from now on (the rest stay random);
+    /// with bits fixed, at most 1/16 of the remaining QPN space is live at once
+    /// (`ibv_create_qp` then fails as when the table is full). See
+    /// [`crate::link::udp::share`] for the shared-device use.
+    pub fn set_qpn_prefix(&mut self, mask: u32, value: u32) {
+        self.qps.set_fixed(mask, value);
+    }
+
     /// A context for `device`, with no objects, drawing MR keys and QPNs from `random` (the
     /// operating system's random source, [`OsRandom`](crate::verbs::random::OsRandom), in every
     /// device of this crate; see [`crate::verbs::random`]). PD, CQ, SRQ and AH indices start at 1;

@@ -58,6 +58,16 @@
 //! busy RC QPs: 2^48 / 129, about 2^41 packets, for one QP with a full window of 128, but
 //! 2^40 / 1.008 for two and 2^34 for a thousand QPs with windows of 16. (With sequential QPNs the
 //! QPN was known and `2^24 / 129`, about 130 000 random-PSN NAKs, killed a transfer on average.)
+//!
+//! **A shared device** ([`crate::link::udp::share`]: many processes on one address and port)
+//! fixes the top 5 QPN bits to the process's slot, which is guessable (slot 0 is the first
+//! process). 19 random bits remain, and at most 2^19 / 16 = 32 768 QPs live per process
+//! ([`crate::verbs::context::Context::set_qpn_prefix`]). Every figure above that has a `2^24` for
+//! the QPN has `2^19` instead for a target process: a guessed QPN names one of its `n` QPs with
+//! probability `n / 2^19`; forged RC requests at the expected PSN take `2^43 / n` packets (2^35
+//! for `n = 2^8`); a forged ACK or NAK, `2^43 / 129`, about 2^36, for one QP with a full window;
+//! UC SEND, `2^19 / n`. The rkey's 32 bits are unchanged. Sharing thus costs 5 bits of the
+//! off-path margin; a device that needs all of it opens its own address.
 
 use crate::verbs::ah::AhAttr;
 use crate::verbs::cq::{rxe_queue_capacity, CqHandle};

@@ -388,6 +388,9 @@ pub(crate) struct KeyedTable<T> {
     /// Ids are `random & mask`, at least `min`.
     mask: u32,
     min: u32,
+    /// Bits every id carries as `fixed` ([`KeyedTable::set_fixed`]); 0: none.
+    fixed_mask: u32,
+    fixed: u32,
 }
 
 impl<T> KeyedTable<T> {
@@ -401,7 +404,21 @@ impl<T> KeyedTable<T> {
             slot_ids: Vec::new(),
             mask,
             min,
+            fixed_mask: 0,
+            fixed: 0,
         }
+    }
+
+    /// Makes every id drawn from now on carry `value` in the bits of `fixed_mask` (the rest stay
+    /// random): a shared device's QPN prefix ([`crate::link::udp::share`]). `value` outside
+    /// `fixed_mask` is ignored.
+    pub(crate) fn set_fixed(&mut self, fixed_mask: u32, value: u32) {
+        self.fixed_mask = fixed_mask & self.mask;
+        self.fixed = value & self.fixed_mask;
+    }
+
+    fn shape(&self, raw: u32) -> u32 {
+        (raw & self.mask & !self.fixed_mask) | self.fixed
     }
 
     /// The limit on live objects.
@@ -429,15 +446,21 @@ impl<T> KeyedTable<T> {
         let Some(position) = self.slots.next_position() else {
             return Ok(None);
         };
+        // With fixed bits the id space shrinks: keep live objects at most 1/16 of it, so that
+        // a draw is free with probability >= 15/16 and the sequential fallback ends.
+        let space = u64::from(self.mask & !self.fixed_mask) + 1;
+        if self.fixed_mask != 0 && u64::from(self.len()) >= space / 16 {
+            return Ok(None);
+        }
         let p = position as usize;
-        let mut id = random.next_u32() & self.mask;
+        let mut id = self.shape(random.next_u32());
         let mut draws = 1;
         while !self.usable(id, p) {
             id = if draws < MAX_DRAWS {
                 draws += 1;
-                random.next_u32() & self.mask
+                self.shape(random.next_u32())
             } else {
-                id.wrapping_add(1) & self.mask
+                self.shape(id.wrapping_add(1))
             };
         }
         let value = make(id, position)?;

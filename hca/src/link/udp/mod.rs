@@ -26,6 +26,7 @@ use crate::verbs::gid::{Gid, GidEntry, GidType};
 use crate::link::{FlushReport, Link, LinkError, RecvState};
 
 mod cmsg;
+pub mod share;
 pub mod socket;
 
 pub use socket::{
@@ -75,6 +76,10 @@ pub struct UdpLink {
     scope_id: u32,
     gid: Gid,
     mtu: u32,
+    /// Stray forwarding of a shared socket ([`share`]).
+    forward: Option<share::Forwarder>,
+    /// Forwarded datagrams read by the last [`Link::recv`].
+    forwarded_in: usize,
 }
 
 impl UdpLink {
@@ -102,6 +107,8 @@ impl UdpLink {
             scope_id,
             gid: Gid::from(local.ip()),
             mtu,
+            forward: link.share_slot().map(|_| share::Forwarder::new(local)),
+            forwarded_in: 0,
             link,
         }
     }
@@ -307,17 +314,59 @@ impl Link for UdpLink {
         } else {
             &mut self.rx
         };
-        let waiting = self.link.recv(batch)?;
+        let mut waiting = self.link.recv(batch)?;
+        self.forwarded_in = 0;
+        if let (Some(fwd), Some(claim)) = (self.forward.as_mut(), self.link.claim()) {
+            self.forwarded_in = fwd.recv(claim.fd());
+            waiting += self.forwarded_in;
+        }
         Ok(RecvState { waiting })
     }
 
     fn deliver<F: FnMut(&Datagram<'_>)>(&mut self, mut f: F) -> Result<usize, LinkError> {
         let batch = if self.small { &self.rx_idle } else { &self.rx };
+        let claim = self.link.claim();
         let mut n = 0;
+        let (mut dropped, mut forwarded) = (0, 0);
         for d in batch.iter() {
-            f(&datagram(&d));
             n += 1;
+            if let (Some(claim), Some(q)) = (claim, d.payload.get(5..8)) {
+                let owner = share::slot_of_qpn(u32::from_be_bytes([0, q[0], q[1], q[2]]));
+                if owner != claim.slot() {
+                    let stray = share::Forwarded {
+                        src: d.src,
+                        dst: d.dst.ip(),
+                        ecn: d.ecn.bits(),
+                        dscp: d.dscp,
+                        hop_limit: d.hop_limit.unwrap_or(64),
+                        payload: d.payload,
+                    };
+                    match &self.forward {
+                        Some(fwd) if fwd.forward(claim.fd(), owner, &stray) => forwarded += 1,
+                        _ => dropped += 1,
+                    }
+                    continue;
+                }
+            }
+            f(&datagram(&d));
         }
+        if let (Some(fwd), true) = (&self.forward, self.forwarded_in > 0) {
+            for d in fwd.received() {
+                n += 1;
+                f(&Datagram {
+                    src_ip: d.src.ip(),
+                    dst_ip: d.dst,
+                    src_port: d.src.port(),
+                    dst_port: ROCEV2_PORT,
+                    ecn: roce::ipv4::Ecn::from_bits(d.ecn),
+                    dscp: d.dscp,
+                    hop_limit: d.hop_limit,
+                    ip_ident: None,
+                    payload: d.payload,
+                });
+            }
+        }
+        self.link.count_strays(dropped, forwarded);
         Ok(n)
     }
 

@@ -196,6 +196,10 @@ pub struct RoceSocketConfig {
     /// [module docs](self#the-udp-source-port)). Default 0: every datagram leaves from the bound
     /// port.
     pub src_ports: usize,
+    /// Share the address and port with other processes of this host
+    /// ([`super::share`]: `SO_REUSEPORT`, steering by destination QPN, a slot per process).
+    /// Also keeps each GSO train to datagrams for one destination slot. Default `false`.
+    pub share: bool,
 }
 
 /// A seeded loss generator on a link (see the [module docs](self#fault-injection)): each
@@ -283,6 +287,7 @@ impl RoceSocketConfig {
             send_buffer_bytes: None,
             drop: None,
             src_ports: 0,
+            share: false,
         }
     }
 }
@@ -325,6 +330,12 @@ pub struct LinkCounters {
     /// Datagrams the kernel dropped for lack of receive-buffer room since the socket was opened
     /// (`SO_RXQ_OVFL`, socket(7)); the last value reported.
     pub rx_kernel_drops: u64,
+    /// Datagrams a shared socket ([`RoceSocketConfig::share`]) received for another process's
+    /// slot and could not forward (nobody holds the slot, or its queue was full): dropped (see
+    /// [`super::share`]).
+    pub rx_strays: u64,
+    /// Datagrams a shared socket received for another process's slot and forwarded to it.
+    pub rx_forwarded: u64,
     /// Datagrams the kernel accepted for sending.
     pub tx_datagrams: u64,
     /// UDP payload bytes accepted for sending.
@@ -552,6 +563,8 @@ pub struct RoceSocket {
     counters: LinkCounters,
     plans: Vec<MsgPlan<SEND_CONTROL>>,
     dropper: Option<Dropper>,
+    /// The slot of a shared socket ([`RoceSocketConfig::share`]).
+    claim: Option<super::share::SlotClaim>,
 }
 
 impl RoceSocket {
@@ -626,7 +639,18 @@ impl RoceSocket {
         let gro = config.gro
             && !hooked
             && sys::set_int(fd.as_fd(), libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
-        sys::bind(fd.as_fd(), &local).map_err(|source| LinkError::Bind { local, source })?;
+        let claim = if config.share {
+            let (claim, ()) = super::share::claim_and_bind(local, |_| {
+                super::share::set_reuseport(fd.as_fd())?;
+                sys::bind(fd.as_fd(), &local)?;
+                super::share::attach_steering(fd.as_fd())
+            })
+            .map_err(|source| LinkError::Bind { local, source })?;
+            Some(claim)
+        } else {
+            sys::bind(fd.as_fd(), &local).map_err(|source| LinkError::Bind { local, source })?;
+            None
+        };
         let bound = sys::local_addr(fd.as_fd()).map_err(|source| LinkError::SetOption {
             local,
             option: "getsockname",
@@ -659,9 +683,27 @@ impl RoceSocket {
             },
             plans: Vec::with_capacity(config.batch),
             dropper: config.drop.filter(|d| d.ppm > 0).map(Dropper::new),
+            claim,
             config,
             counters: LinkCounters::default(),
         })
+    }
+
+    /// Adds to [`LinkCounters::rx_strays`] and [`LinkCounters::rx_forwarded`].
+    pub(crate) fn count_strays(&mut self, dropped: u64, forwarded: u64) {
+        self.counters.rx_strays += dropped;
+        self.counters.rx_forwarded += forwarded;
+    }
+
+    /// The slot claim of a shared socket.
+    pub(crate) fn claim(&self) -> Option<&super::share::SlotClaim> {
+        self.claim.as_ref()
+    }
+
+    /// The slot of a shared socket ([`RoceSocketConfig::share`], [`super::share`]); `None` when
+    /// the socket is not shared.
+    pub fn share_slot(&self) -> Option<usize> {
+        self.claim.as_ref().map(|c| c.slot())
     }
 
     /// The bound local address and port (the port the kernel picked if the config said 0). Every
@@ -995,6 +1037,7 @@ impl RoceSocket {
                     || len > seg
                     || total + len > self.max_udp_payload()
                     || *iov + d.parts.len() > sys::MAX_IOV
+                    || (self.config.share && dst_slot(d) != dst_slot(first))
                     || self.check(d).is_err()
                 {
                     break;
@@ -1111,7 +1154,16 @@ impl RoceSocket {
         timeout: Duration,
     ) -> Result<Readiness, LinkError> {
         let out = self.fd_of(self.blocked.load(Ordering::Relaxed));
-        wait_on(self.fd.as_fd(), out, self.local, writable, waker, timeout)
+        let extra = self.claim.as_ref().map(|c| c.fd());
+        wait_on(
+            self.fd.as_fd(),
+            out,
+            extra,
+            self.local,
+            writable,
+            waker,
+            timeout,
+        )
     }
 
     /// A second handle on this link's socket that can only wait for it
@@ -1128,8 +1180,20 @@ impl RoceSocket {
             local: self.local,
             source,
         })?;
+        let extra = match &self.claim {
+            Some(c) => Some(
+                c.fd()
+                    .try_clone_to_owned()
+                    .map_err(|source| LinkError::Socket {
+                        local: self.local,
+                        source,
+                    })?,
+            ),
+            None => None,
+        };
         Ok(LinkPoller {
             fd,
+            extra,
             senders: Arc::clone(&self.senders),
             blocked: Arc::clone(&self.blocked),
             local: self.local,
@@ -1139,9 +1203,11 @@ impl RoceSocket {
 
 /// poll(2) on a link's socket (`fd`: readable), the socket that last refused a send (`out`:
 /// writable, if asked for) and, if given, a waker's eventfd; see [`RoceSocket::wait`].
+#[allow(clippy::too_many_arguments)]
 fn wait_on(
     fd: BorrowedFd<'_>,
     out: BorrowedFd<'_>,
+    extra: Option<BorrowedFd<'_>>,
     local: SocketAddr,
     writable: bool,
     waker: Option<&Waker>,
@@ -1149,25 +1215,22 @@ fn wait_on(
 ) -> Result<Readiness, LinkError> {
     let out_events = if writable { libc::POLLOUT } else { 0 };
     let map = |source| LinkError::Poll { local, source };
-    let (sock, sent, wake) = match waker {
-        Some(w) => {
-            let [s, o, k] = sys::poll(
-                [
-                    (fd, libc::POLLIN),
-                    (out, out_events),
-                    (w.as_fd(), libc::POLLIN),
-                ],
-                timeout,
-            )
-            .map_err(map)?;
-            (s, o, k)
-        }
-        None => {
-            let [s, o] =
-                sys::poll([(fd, libc::POLLIN), (out, out_events)], timeout).map_err(map)?;
-            (s, o, 0)
-        }
-    };
+    // A shared link's slot socket (forwarded strays) is read along with the UDP socket; without
+    // one, or without a waker, the socket's own entry stands in with no events.
+    let (x, x_events) = extra.map_or((fd, 0), |x| (x, libc::POLLIN));
+    let (k, k_events) = waker.map_or((fd, 0), |w| (w.as_fd(), libc::POLLIN));
+    let [s, o, w, e] = sys::poll(
+        [
+            (fd, libc::POLLIN),
+            (out, out_events),
+            (k, k_events),
+            (x, x_events),
+        ],
+        timeout,
+    )
+    .map_err(map)?;
+    let (sock, sent) = (s | (e & libc::POLLIN), o);
+    let wake = if waker.is_some() { w } else { 0 };
     let woken = match waker {
         Some(w) if wake & libc::POLLIN != 0 => w.take()?,
         _ => false,
@@ -1282,11 +1345,22 @@ impl Sender {
     }
 }
 
+/// The destination slot ([`super::share::slot_of_qpn`]) of a datagram whose first part starts
+/// with its BTH; slot 0 when it is too short.
+fn dst_slot(d: &SendDatagram<'_>) -> usize {
+    match d.parts.first().and_then(|p| p.get(5..8)) {
+        Some(q) => super::share::slot_of_qpn(u32::from_be_bytes([0, q[0], q[1], q[2]])),
+        None => 0,
+    }
+}
+
 /// A duplicate of a [`RoceSocket`]'s socket descriptor that can only wait for it: see
 /// [`RoceSocket::poller`].
 #[derive(Debug)]
 pub struct LinkPoller {
     fd: OwnedFd,
+    /// A duplicate of a shared link's slot socket ([`super::share`]).
+    extra: Option<OwnedFd>,
     senders: Arc<[Sender]>,
     blocked: Arc<AtomicUsize>,
     local: SocketAddr,
@@ -1307,7 +1381,16 @@ impl LinkPoller {
             &self.senders,
             self.blocked.load(Ordering::Relaxed),
         );
-        wait_on(self.fd.as_fd(), out, self.local, writable, waker, timeout)
+        let extra = self.extra.as_ref().map(|x| x.as_fd());
+        wait_on(
+            self.fd.as_fd(),
+            out,
+            extra,
+            self.local,
+            writable,
+            waker,
+            timeout,
+        )
     }
 }
 
