@@ -7,9 +7,15 @@
 #                                (shared memory), benches/mpi_allreduce.c built with mpicc
 #   PyTorch Gloo                 torch.distributed all_reduce on CPU, if torch installs from PyPI
 #                                within GLOO_INSTALL_TIMEOUT seconds (default 600), else skipped
+#   the floors (issue 21)        benches/floor.rs: the bytes one ring all-reduce moves, sent and
+#                                received by a plain program (threads, no RDMA engine) plus one
+#                                reduction pass: `udp` as RoCE-sized UDP GSO trains with GRO,
+#                                `tcp` over TCP; FLOORS=0 skips them
 # Every column is nccl-tests' bus bandwidth (GB/s) of the out-of-place operation: algbw * 2(n-1)/n,
 # the time averaged over ITERS iterations (after WARMUP) and over ranks. The ratios compare each
-# path of this crate with what a user would pick instead: roce/tcp, shm/vader.
+# path of this crate with what a user would pick instead: roce/tcp, shm/vader, roce/gloo, and
+# the RoCE path with the kernel's floors: roce/fudp, roce/ftcp (issue 21's goal: roce/fudp >=
+# 1/1.3 = 0.77 from 1 MiB up). The load average is printed before and after the run.
 #
 # Usage: collectives/benches/compare.sh            (as root: installs openmpi when missing)
 #   MIN=1K MAX=64M FACTOR=4 ITERS=20 WARMUP=5 NRANKS=4 ROUNDS=1 GLOO=0 (skip Gloo) ...
@@ -26,6 +32,7 @@ WARMUP=${WARMUP:-5}
 NRANKS=${NRANKS:-4}
 ROUNDS=${ROUNDS:-1}
 GLOO=${GLOO:-1}
+FLOORS=${FLOORS:-1}
 GLOO_INSTALL_TIMEOUT=${GLOO_INSTALL_TIMEOUT:-600}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
@@ -47,8 +54,24 @@ MAXB=$(bytes "$MAX")
 echo "building coll-perf ..." >&2
 (cd "$ROOT" && cargo build --release -q -p collectives --bin coll-perf)
 PERF=$TARGET/release/coll-perf
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+if [ "$FLOORS" = 1 ]; then
+    echo "building the floor benchmark ..." >&2
+    FLOOR=$(cd "$ROOT" && cargo bench -q -p collectives --bench floor --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json, sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "floor" and m.get("executable"):
+        print(m["executable"])')
+    if [ -z "$FLOOR" ]; then
+        echo "the floor benchmark did not build: floors skipped" >&2
+        FLOORS=0
+    fi
+fi
 
-if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+# mpicc without mpi.h (openmpi-bin without libopenmpi-dev) counts as missing too.
+if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null ||
+    ! echo '#include <mpi.h>' | mpicc -x c -E - >/dev/null 2>&1; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "Open MPI is missing and this is not root: install openmpi-bin libopenmpi-dev" >&2
         exit 1
@@ -75,6 +98,12 @@ run_mpi() { # btl
         "$WORK/mpi_allreduce" "$MINB" "$MAXB" "$FACTOR" "$ITERS" "$WARMUP" >"$WORK/mpi-$1.txt"
     awk '{ if ($5 != "0") { print "wrong results: " $0 > "/dev/stderr"; exit 1 } print $1, $4 }' \
         "$WORK/mpi-$1.txt"
+}
+
+run_floor() { # udp|tcp
+    "$FLOOR" "$1" "$NRANKS" "$MINB" "$MAXB" "$FACTOR" "$ITERS" "$WARMUP" >"$WORK/floor-$1.txt"
+    awk '{ if ($3 != "0") { print "wrong results: " $0 > "/dev/stderr"; exit 1 } print $1, $2 }' \
+        "$WORK/floor-$1.txt"
 }
 
 GLOO_PY=${GLOO_PY:-}
@@ -154,7 +183,7 @@ if setup_gloo; then
 else
     echo "PyTorch Gloo: torch not installable here: skipped" >&2
 fi
-for col in roce shm tcp vader gloo; do : >"$WORK/$col"; done
+for col in roce shm tcp vader gloo fudp ftcp; do : >"$WORK/$col"; done
 for round in $(seq "$ROUNDS"); do
     echo "round $round/$ROUNDS: coll-perf --transport roce ..." >&2
     run_coll_perf roce >>"$WORK/roce"
@@ -168,15 +197,22 @@ for round in $(seq "$ROUNDS"); do
         echo "round $round/$ROUNDS: PyTorch Gloo ..." >&2
         run_gloo >>"$WORK/gloo" || echo "Gloo run failed: skipped" >&2
     fi
+    if [ "$FLOORS" = 1 ]; then
+        echo "round $round/$ROUNDS: floor over UDP GSO/GRO ..." >&2
+        run_floor udp >>"$WORK/fudp" || echo "UDP floor failed: skipped" >&2
+        echo "round $round/$ROUNDS: floor over TCP ..." >&2
+        run_floor tcp >>"$WORK/ftcp" || echo "TCP floor failed: skipped" >&2
+    fi
 done
 
 echo
 echo "# all-reduce, $NRANKS ranks on $(nproc) CPUs, float sum, out of place; busbw in GB/s"
 echo "# ($(uname -r); $(mpirun --version 2>/dev/null | head -1); iters $ITERS, warmup $WARMUP;"
-echo "#  best of $ROUNDS interleaved run(s) per column)"
+echo "#  best of $ROUNDS interleaved run(s) per column; fudp / ftcp: the floors, benches/floor.rs)"
+echo "# load average (1/5/15 min) before: $LOAD_BEFORE   after: $(cut -d' ' -f1-3 /proc/loadavg)"
 awk '
     BEGIN { col_of["roce"] = 1; col_of["shm"] = 2; col_of["tcp"] = 3; col_of["vader"] = 4
-            col_of["gloo"] = 5 }
+            col_of["gloo"] = 5; col_of["fudp"] = 6; col_of["ftcp"] = 7 }
     { k = split(FILENAME, path, "/"); f = col_of[path[k]] }
     { if (!((f, $1) in v) || $2 > v[f, $1]) v[f, $1] = $2 }
     f == 1 && !($1 in seen) { seen[$1] = 1; sizes[++ns] = $1 }
@@ -186,11 +222,13 @@ awk '
                                                            : sprintf("%9s", "-")
     }
     END {
-        printf "%12s %9s %9s %9s %9s %9s %9s %9s %9s\n", "size(B)", "roce", "shm", "ompi-tcp",
-               "ompi-vader", "gloo", "roce/tcp", "shm/vader", "roce/gloo"
+        printf "%12s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "size(B)", "roce", "shm",
+               "ompi-tcp", "ompi-vader", "gloo", "fudp", "ftcp", "roce/tcp", "shm/vader",
+               "roce/gloo", "roce/fudp", "roce/ftcp"
         for (i = 1; i <= ns; i++) {
             s = sizes[i]
-            printf "%12d %s %s %s %s %s %s %s %s\n", s, col(1, s), col(2, s), col(3, s), col(4, s),
-                   col(5, s), ratio(1, 3, s), ratio(2, 4, s), ratio(1, 5, s)
+            printf "%12d %s %s %s %s %s %s %s %s %s %s %s %s\n", s, col(1, s), col(2, s), col(3, s),
+                   col(4, s), col(5, s), col(6, s), col(7, s), ratio(1, 3, s), ratio(2, 4, s),
+                   ratio(1, 5, s), ratio(1, 6, s), ratio(1, 7, s)
         }
-    }' "$WORK/roce" "$WORK/shm" "$WORK/tcp" "$WORK/vader" "$WORK/gloo"
+    }' "$WORK/roce" "$WORK/shm" "$WORK/tcp" "$WORK/vader" "$WORK/gloo" "$WORK/fudp" "$WORK/ftcp"

@@ -465,6 +465,78 @@ fn rc_operations_at_mtu_4096_with_caller_progress() {
     assert_eq!(b.dev.counters().total_drops(), 0);
 }
 
+/// `post_send_deferred` with caller-driven progress queues the WR without sending it: nothing
+/// leaves until the next round (here an explicit `progress`), which sends it; with the progress
+/// thread it posts at once.
+#[test]
+fn deferred_post_leaves_with_the_next_round() {
+    // No extra sending sockets (src_ports 0): their fixed preferred ports are what
+    // `close_while_sending_sockets_are_full` binds again after its close.
+    let (a, b) = pair_of(
+        open_with("127.0.0.113", Progress::Caller, 0),
+        open_with("127.0.0.114", Progress::Caller, 0),
+        QpType::Rc,
+        Conn::default(),
+    );
+    b.post_recv(1, &[b.sge(0, 64)]);
+    a.write(0, b"deferred");
+    let before = a.dev.link_counters().tx_datagrams;
+    a.dev
+        .post_send_deferred(
+            a.qpn,
+            &SendWr {
+                wr_id: 7,
+                sg_list: &[a.sge(0, 8)],
+                op: SendOp::Send,
+                send_flags: SendFlags::SIGNALED,
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        a.dev.link_counters().tx_datagrams,
+        before,
+        "sent before any round"
+    );
+    a.dev.progress();
+    assert_eq!(a.dev.link_counters().tx_datagrams, before + 1);
+    // b receives when it polls (its wait is a round); its ACK, deferred by that round, leaves
+    // with b's next round and completes a's WR.
+    let wb = b.wait(1);
+    assert_eq!((wb[0].status, wb[0].byte_len), (WcStatus::Success, 8));
+    assert_eq!(b.read(0, 8), b"deferred");
+    b.dev.progress();
+    let wa = a.wait(1);
+    assert_eq!(
+        (wa[0].status, wa[0].wr_id),
+        (WcStatus::Success, 7),
+        "{wa:?}"
+    );
+
+    // With the progress thread the WR leaves without a round of the caller's.
+    let (c, d) = pair_of(
+        open_with("127.0.0.115", Progress::Thread, 0),
+        open_with("127.0.0.116", Progress::Thread, 0),
+        QpType::Rc,
+        Conn::default(),
+    );
+    d.post_recv(1, &[d.sge(0, 64)]);
+    c.write(0, b"threaded");
+    c.dev
+        .post_send_deferred(
+            c.qpn,
+            &SendWr {
+                wr_id: 8,
+                sg_list: &[c.sge(0, 8)],
+                op: SendOp::Send,
+                send_flags: SendFlags::SIGNALED,
+            },
+        )
+        .unwrap();
+    let wd = d.wait(1);
+    assert_eq!((wd[0].status, wd[0].byte_len), (WcStatus::Success, 8));
+    assert_eq!(d.read(0, 8), b"threaded");
+}
+
 #[test]
 fn uc_write_and_send() {
     let (a, b) = pair(

@@ -483,8 +483,10 @@ impl Op<'_> {
             c.data,
             slot_of_len(sconn, to, len, timeout, cancel).map_err(te)?,
         )?;
-        sconn.post(len, chunk as u16, &send_desc).map_err(te)?;
+        // The slot is consumed (f is done): return it first, so that a transport that defers
+        // the credit (RoCE) sends it with the post, in one round.
         rconn.release().map_err(te)?;
+        sconn.post(len, chunk as u16, &send_desc).map_err(te)?;
         sside.sent += 1;
         sside.dirty = true;
         rside.received += 1;

@@ -942,6 +942,22 @@ impl<L: SoftLink> SoftDevice<L> {
         Ok(())
     }
 
+    /// [`SoftDevice::post_send`] without the round that sends the WR's packets, with
+    /// [`Progress::Caller`]: they leave with the next round a verb or a poll runs on this device
+    /// (see [`Verbs::post_send_deferred`](crate::verbs::Verbs::post_send_deferred)). With
+    /// [`Progress::Thread`] the same as `post_send`.
+    ///
+    /// # Errors
+    /// As [`SoftDevice::post_send`].
+    pub fn post_send_deferred(&self, qpn: u32, wr: &SendWr<'_>) -> Result<(), DeviceError> {
+        if self.shared.progress != Progress::Caller {
+            return self.post_send(qpn, wr);
+        }
+        self.check_open()?;
+        let (r, _) = self.engine_now(|e| e.post_send(qpn, wr));
+        Ok(r?)
+    }
+
     /// ibv_post_send(3) for a list of WRs: posts them in order, stops at the first refused and
     /// returns its index with the error (the ones before it stay posted), then sends.
     ///

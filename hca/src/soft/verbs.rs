@@ -123,6 +123,9 @@ impl<L: SoftLink> Verbs for SoftDevice<L> {
     fn post_send_list(&self, qpn: u32, wrs: &[SendWr<'_>]) -> Result<(), (usize, DeviceError)> {
         SoftDevice::post_send_list(self, qpn, wrs)
     }
+    fn post_send_deferred(&self, qpn: u32, wr: &SendWr<'_>) -> Result<(), DeviceError> {
+        SoftDevice::post_send_deferred(self, qpn, wr)
+    }
     fn post_recv(&self, qpn: u32, wr: &RecvWr<'_>) -> Result<(), DeviceError> {
         SoftDevice::post_recv(self, qpn, wr)
     }

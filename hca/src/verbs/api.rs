@@ -297,6 +297,20 @@ pub trait Verbs: Send + Sync + fmt::Debug {
     /// As [`Verbs::post_send`], with the index of the refused WR.
     fn post_send_list(&self, qpn: u32, wrs: &[SendWr<'_>]) -> Result<(), (usize, DeviceError)>;
 
+    /// ibv_post_send(3) of one WR whose packets may wait for the device's next progress round:
+    /// on a software HCA with caller-driven progress the WR is queued on its QP and leaves with
+    /// whatever the next `post_send`, `poll_cq`, `wait_cq` or `progress` call on this device
+    /// sends (one sendmmsg(2) per UDP source port for both: a doorbell rung once for several
+    /// WRs, as a hardware HCA's doorbell batching does). The caller must make such a call soon;
+    /// a device that progresses by itself, and every other device, posts at once (the default:
+    /// [`Verbs::post_send`]).
+    ///
+    /// # Errors
+    /// As [`Verbs::post_send`].
+    fn post_send_deferred(&self, qpn: u32, wr: &SendWr<'_>) -> Result<(), DeviceError> {
+        self.post_send(qpn, wr)
+    }
+
     /// ibv_post_recv(3) of one WR.
     ///
     /// # Errors

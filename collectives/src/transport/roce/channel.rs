@@ -419,13 +419,32 @@ impl Channel {
         sg_list: &[Sge],
         op: SendOp,
     ) -> Result<(), TransportError> {
+        self.post_send_as(st, wr_id, sg_list, op, false)
+    }
+
+    /// [`Channel::post_send`]; `deferred`: the packets may wait for the device's next progress
+    /// round ([`Verbs::post_send_deferred`](hca::verbs::Verbs::post_send_deferred)), which
+    /// the rank's next post or wait runs (or, between operations, the keepalive thread).
+    pub(super) fn post_send_as(
+        &self,
+        st: &mut ChanState,
+        wr_id: u64,
+        sg_list: &[Sge],
+        op: SendOp,
+        deferred: bool,
+    ) -> Result<(), TransportError> {
         let wr = SendWr {
             wr_id,
             sg_list,
             op,
             send_flags: SendFlags::SIGNALED,
         };
-        match self.hca.dev.post_send(self.qpn, &wr) {
+        let posted = if deferred {
+            self.hca.dev.post_send_deferred(self.qpn, &wr)
+        } else {
+            self.hca.dev.post_send(self.qpn, &wr)
+        };
+        match posted {
             Ok(()) => {
                 st.sq_outstanding += 1;
                 Ok(())

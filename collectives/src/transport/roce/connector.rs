@@ -332,13 +332,17 @@ impl RecvConnector for RoceRecv {
         self.step = self.step.wrapping_add(1);
         self.ch.wait_sq(self.timeout, WaitFor::Credit)?;
         let mut st = self.ch.state();
-        self.ch.post_send(
+        // The credit leaves with the rank's next post or poll (one round, one sendmmsg(2) per
+        // source port with the deferred ACK of the data it returns and, in recvCopySend and
+        // recvReduceSend, the next WRITE_WITH_IMM), not in a round of its own.
+        self.ch.post_send_as(
             &mut st,
             WR_CREDIT,
             &[],
             SendOp::SendWithImm {
                 imm_data: self.step,
             },
+            self.ch.hca.caller_driven,
         )
     }
 
