@@ -621,9 +621,7 @@ impl<L: SoftLink> SoftDevice<L> {
     /// many. With [`Progress::Caller`] it runs one progress round (receive, timers, send) when
     /// the CQ has no completion ready (completions already there are returned at once: a
     /// request/response loop then answers without an extra system call). With
-    /// [`Progress::Thread`] a poll of an empty CQ runs one round itself when the link is free
-    /// (`try_lock`, never blocking; the thread keeps timers and completion-channel events), so a
-    /// caller spinning in ibv_poll_cq(3) does not wait for the thread to get the CPU.
+    /// [`Progress::Thread`] it only takes the engine lock for the copy.
     ///
     /// # Errors
     /// [`DeviceError::Verbs`] as [`SoftHca::poll_cq`].
@@ -635,13 +633,6 @@ impl<L: SoftLink> SoftDevice<L> {
                 return Ok(ready);
             }
             s.caller_round();
-        } else if out.is_empty() {
-            return Ok(0);
-        } else {
-            let ready = self.poll_ready(cq, out)?;
-            if ready > 0 || !s.try_caller_round() {
-                return Ok(ready);
-            }
         }
         self.poll_ready(cq, out)
     }

@@ -235,22 +235,6 @@ impl<L: SoftLink> Shared<L> {
         outcome
     }
 
-    /// Hybrid progress ([`Progress::Thread`](super::Progress::Thread)): a caller that found its
-    /// CQ empty runs one receive round itself when the link lock `io` is free (`try_lock`: it
-    /// never blocks and never waits for the thread), so a program spinning in ibv_poll_cq(3)
-    /// does not depend on the progress thread getting the CPU. Returns whether a round ran.
-    pub(crate) fn try_caller_round(&self) -> bool {
-        let outcome = match self.io.try_lock() {
-            Ok(mut io) => {
-                RoundCounts::bump(&self.round_counts.inline_rounds);
-                self.round_as(&mut io, true, false, false, None)
-            }
-            Err(_) => return false,
-        };
-        self.after_foreign_round(&outcome);
-        true
-    }
-
     /// After a round the progress thread did not run: make it run one if work is left or a
     /// timer now expires before the thread wakes by itself.
     fn after_foreign_round(&self, outcome: &RoundOutcome) {
