@@ -350,6 +350,10 @@ pub struct OpenOptions {
     /// `udp:`: seeded datagram loss on the socket (fault injection; the tools take it from the
     /// environment, [`crate::tools::fault`]).
     pub drop: Option<DropHook>,
+    /// `udp:`: share the address and port with other processes of this host
+    /// ([`UdpDeviceConfig::share`], [`crate::link::udp::share`]); `None` (default): that field's
+    /// default (the `SOFT_HCA_SHARE` environment variable).
+    pub udp_share: Option<bool>,
     /// `vfio:`: the NIC's IPv4 address (its GID at index 2).
     pub vfio_ipv4: Option<Ipv4Addr>,
     /// `vfio:`: static neighbours (no ARP / Neighbor Discovery for their addresses).
@@ -369,6 +373,7 @@ impl Default for OpenOptions {
             engine: EngineConfig::default(),
             window_budget: None,
             drop: None,
+            udp_share: None,
             vfio_ipv4: None,
             vfio_neighbours: Vec::new(),
             vfio_interrupts: false,
@@ -433,6 +438,9 @@ fn open_soft(spec: &DeviceSpec, options: &OpenOptions) -> Result<Arc<AnyDevice>,
             c.engine = options.engine.clone();
             c.window_budget = options.window_budget;
             c.drop = options.drop;
+            if let Some(share) = options.udp_share {
+                c.share = share;
+            }
             AnyConfig::Udp(c)
         }
         #[cfg(all(feature = "std", target_os = "linux"))]

@@ -9,6 +9,24 @@ use hca::open::DeviceSpec;
 /// `ROCE_DEVICES="rxe0=udp:127.0.0.1 rxe1=udp:192.168.1.5"`.
 pub const ROCE_DEVICES: &str = "ROCE_DEVICES";
 
+/// The environment variable that turns sharing off for the library's `udp:` devices: `0`
+/// opens each device on a socket of its own (one process per address and port, the port in use
+/// otherwise); unset or any other value shares it like rxe does, every process of the host on
+/// the same address and port (`hca::link::udp::share`: SO_REUSEPORT(7) with steering by
+/// destination QPN, at most 32 processes per device).
+pub const SOFT_HCA_SHARE: &str = "SOFT_HCA_SHARE";
+
+/// Whether the library opens its `udp:` devices shared ([`SOFT_HCA_SHARE`]), from the variable's
+/// value (`None`: unset). Only `0` turns sharing off.
+pub fn share_from(value: Option<&str>) -> bool {
+    value.map(str::trim) != Some("0")
+}
+
+/// [`share_from`] of this process's environment.
+pub fn share() -> bool {
+    share_from(std::env::var(SOFT_HCA_SHARE).ok().as_deref())
+}
+
 /// One device the library lists: its name (`ibv_get_device_name`) and what it opens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceConfig {
@@ -82,6 +100,15 @@ pub fn device_specs(interfaces: impl FnOnce() -> Vec<(String, IpAddr)>) -> Vec<D
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_unless_turned_off() {
+        assert!(share_from(None));
+        assert!(share_from(Some("1")));
+        assert!(share_from(Some("")));
+        assert!(!share_from(Some("0")));
+        assert!(!share_from(Some(" 0\n")));
+    }
 
     #[test]
     fn parses_names_and_addresses() {

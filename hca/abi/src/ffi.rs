@@ -613,7 +613,13 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     let shared = match reusable {
         Some(s) => s,
         None => {
-            let verbs = match open(&dev.config.spec, &OpenOptions::default()) {
+            let verbs = match open(
+                &dev.config.spec,
+                &OpenOptions {
+                    udp_share: Some(crate::config::share()),
+                    ..OpenOptions::default()
+                },
+            ) {
                 Ok(v) => v,
                 Err(e) => {
                     eprintln!("libibverbs (software HCA): {}: {e}", dev.config.name);
