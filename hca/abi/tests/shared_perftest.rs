@@ -92,7 +92,11 @@ fn eight_write_bw_pairs_share_one_device_and_a_killed_process_is_cleaned_up() {
         std::thread::sleep(Duration::from_millis(300));
         if c.try_wait().expect("victim status").is_some() {
             let o = c.wait_with_output().expect("victim output");
-            assert!(text(&o).contains("Couldn't connect"), "victim client:\n{}", text(&o));
+            assert!(
+                text(&o).contains("Couldn't connect"),
+                "victim client:\n{}",
+                text(&o)
+            );
             continue;
         }
         victim_client = Some(c);
@@ -118,7 +122,12 @@ fn eight_write_bw_pairs_share_one_device_and_a_killed_process_is_cleaned_up() {
         victim_client.id()
     ))
     .expect("children of timeout");
-    let tool_pid: i32 = tool_pid.split_whitespace().next().expect("tool pid").parse().unwrap();
+    let tool_pid: i32 = tool_pid
+        .split_whitespace()
+        .next()
+        .expect("tool pid")
+        .parse()
+        .unwrap();
     pids.push(tool_pid as u32);
     // SAFETY: kill(2) on a process this test started.
     assert_eq!(unsafe { libc::kill(tool_pid, libc::SIGKILL) }, 0);
@@ -135,7 +144,10 @@ fn eight_write_bw_pairs_share_one_device_and_a_killed_process_is_cleaned_up() {
         }
     }
     let victim = victim_client.wait_with_output().expect("victim client");
-    assert!(!victim.status.success(), "the killed client reported success");
+    assert!(
+        !victim.status.success(),
+        "the killed client reported success"
+    );
     // The victim's server waits for a peer that is gone: end it too (its `timeout`).
     // SIGTERM to `timeout`, which passes it on to the tool (timeout(1)).
     // SAFETY: kill(2) on a process this test started and has not reaped yet.
