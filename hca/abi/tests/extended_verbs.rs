@@ -42,6 +42,9 @@ fn run_c(name: &str, devices: &str) {
         .arg(&exe)
         .env("LD_LIBRARY_PATH", lib_dir())
         .env("ROCE_DEVICES", devices)
+        // Unshared devices: events_fork.c checks that a child cannot open the parent's bound
+        // address (with sharing on, the library's default, it would get a slot of its own).
+        .env("SOFT_HCA_SHARE", "0")
         .output()
         .expect("run timeout");
     let out = text(&o);

@@ -191,7 +191,8 @@ int main(void)
 	if (child == 0) {
 		/* The parent's device stays the parent's: its address is bound (by the socket this
 		 * child inherited), so opening it here fails at once instead of sharing an HCA whose
-		 * progress thread did not survive fork (one process per device address). */
+		 * progress thread did not survive fork (run with SOFT_HCA_SHARE=0: one process per
+		 * device address). */
 		errno = 0;
 		CHECK(!ibv_open_device(list[0]) && errno != 0, "parent's device in the child");
 		struct end c, d;
