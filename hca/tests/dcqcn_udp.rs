@@ -164,7 +164,10 @@ fn ce_marked_writes_draw_cnps_that_cut_the_rate() {
     // DSCP 26, ECN CE.
     let (stats, rate) = run((26 << 2) | 0b11, 7);
     eprintln!("CE run: {stats:?}, rate {rate} bit/s");
-    assert!(stats.cnps >= 1, "no CNP reached the reaction point: {stats:?}");
+    assert!(
+        stats.cnps >= 1,
+        "no CNP reached the reaction point: {stats:?}"
+    );
     assert!(stats.cuts >= 1, "CNPs but no rate cut: {stats:?}");
     assert!(stats.cuts <= stats.cnps, "{stats:?}");
     assert!(rate <= LINE, "rate {rate} above the line rate");
