@@ -202,13 +202,31 @@ impl RdmaCm {
         Ok(id)
     }
 
-    /// `rdma_destroy_id`: forgets the ID (a connection should be disconnected first).
+    /// `rdma_destroy_id`: forgets the ID (a connection should be disconnected first); a
+    /// listener's service ID stops being listened on when no other ID listens on its port.
     pub fn destroy_id(&mut self, id: RdmaId) {
         if let Some(s) = self.ids.remove(&id) {
             if let Some(c) = s.comm {
                 self.by_comm.remove(&c);
             }
+            if let (true, Some(local)) = (s.listening, s.local) {
+                let port_still_used = self
+                    .ids
+                    .values()
+                    .any(|o| o.listening && o.local.is_some_and(|l| l.port() == local.port()));
+                if !port_still_used {
+                    self.cm.unlisten(service_id(port_space::TCP, local.port()));
+                }
+            }
+            self.events.retain(|e| e.id != id);
         }
+    }
+
+    /// The local and remote addresses of `id` (`rdma_get_local_addr` / `rdma_get_peer_addr`):
+    /// for a connection request's ID, the destination the REQ's [`CmaHdr`] named and the
+    /// requester's address and source port; `None` for an unknown ID.
+    pub fn addresses(&self, id: RdmaId) -> Option<(Option<SocketAddr>, Option<SocketAddr>)> {
+        self.ids.get(&id).map(|s| (s.local, s.remote))
     }
 
     /// The next event, oldest first.

@@ -37,7 +37,7 @@ use hca::{
 use crate::config::{device_specs, DeviceConfig};
 
 // ibv_create_qp_ex / ibv_create_cq_ex: an implementation file of this module.
-mod extended;
+pub(crate) mod extended;
 
 /// Most SGEs one WR may carry (rxe's `max_sge` is 32; the device reports its own limit).
 pub(crate) const MAX_SGE: usize = 32;

@@ -59,3 +59,5 @@ mod compat;
 pub mod config;
 #[allow(unsafe_code)]
 mod ffi;
+#[allow(unsafe_code)]
+pub mod rdmacm;
