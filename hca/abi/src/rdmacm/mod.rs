@@ -334,9 +334,9 @@ fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
                 return;
             };
             // A new ID for the connection request, on the listener's channel.
-            let lrec = g.ids.get(&lid);
-            let sync = lrec.is_some_and(|r| r.sync);
-            let ep_qp_attr = lrec.and_then(|r| r.ep_qp_attr);
+            // It is not synchronous yet: it shares the listener's channel until
+            // rdma_get_request moves it to one of its own.
+            let ep_qp_attr = g.ids.get(&lid).and_then(|r| r.ep_qp_attr);
             // SAFETY: a live listener of this library (in `ids`).
             let lp = unsafe { &*(lid as *const rdma_cm_id) };
             // SAFETY: all-zero is a valid rdma_cm_id (null pointers, zero numbers).
@@ -356,7 +356,6 @@ fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
                 IdRec {
                     dev: Some(d),
                     rids: vec![(d, rid)],
-                    sync,
                     ep_qp_attr,
                     ..IdRec::default()
                 },
@@ -971,17 +970,18 @@ pub unsafe extern "C" fn softrdmacm_reject(id: *mut rdma_cm_id, private_data: *c
 }
 symver!(softrdmacm_reject, "IBVERBS_PRIVATE_RDMACM");
 
-/// rdma_disconnect(3): the QP goes to ERR and a DREQ is sent; `DISCONNECTED` follows.
+/// rdma_disconnect(3): the QP goes to ERR and a DREQ is sent; `DISCONNECTED` follows. On an ID
+/// whose connection is already going or gone (the peer's DREQ came first) it returns 0, as
+/// Linux `rdma_disconnect` does when `ib_send_cm_dreq` fails; `EINVAL` on an ID never resolved
+/// or connected.
 ///
 /// # Safety
 /// `id` is a live ID.
 #[no_mangle]
 pub unsafe extern "C" fn softrdmacm_disconnect(id: *mut rdma_cm_id) -> c_int {
     let mut g = lock(global());
-    rc(only_rid(&g, id).and_then(|(d, rid)| {
-        on_dev(&mut g, d, |cm, hca, now| cm.disconnect(now, hca, rid))
-            .unwrap_or(Err(hca::rdma_cm::RdmaCmError::BadState))
-            .map_err(|e| errno_of_cm(&e))
+    rc(only_rid(&g, id).map(|(d, rid)| {
+        let _ = on_dev(&mut g, d, |cm, hca, now| cm.disconnect(now, hca, rid));
     }))
 }
 symver!(softrdmacm_disconnect, "IBVERBS_PRIVATE_RDMACM");
@@ -1243,6 +1243,10 @@ unsafe fn create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: &mut ibv_qp_init
     // SAFETY: the caller's promise.
     if unsafe { (*id).verbs }.is_null() {
         return Err(libc::EINVAL);
+    }
+    // rdma_create_ep's callers may leave the type zero: the ID's (RC for RDMA_PS_TCP).
+    if attr.qp_type == 0 {
+        attr.qp_type = QPT_RC;
     }
     if attr.qp_type != QPT_RC {
         return Err(libc::EOPNOTSUPP);
