@@ -32,11 +32,17 @@ fn main() {
             let (Some(name), Some(target)) = (parts.next(), parts.next()) else {
                 continue;
             };
-            syms.push((name.to_owned(), quoted().expect("forward!(name, target, \"VER\", ...)")));
+            syms.push((
+                name.to_owned(),
+                quoted().expect("forward!(name, target, \"VER\", ...)"),
+            ));
             targets.push(target.to_owned());
         } else if let Some(rest) = line.strip_prefix("refuse!(") {
             let name = rest.split(',').next().expect("refuse!(name, ...").trim();
-            syms.push((name.to_owned(), quoted().expect("refuse!(name, \"VER\", ...)")));
+            syms.push((
+                name.to_owned(),
+                quoted().expect("refuse!(name, \"VER\", ...)"),
+            ));
         } else if let Some(rest) = line.strip_prefix("core::arch::global_asm!(\".symver ") {
             let rest = rest.trim_end_matches("\");");
             let (name, tail) = rest.split_once(',').expect(".symver name, name@@VER");
@@ -45,7 +51,10 @@ fn main() {
         }
     }
     for (name, ver) in &syms {
-        assert!(NODES.contains(&ver.as_str()), "{name}: unknown version {ver}");
+        assert!(
+            NODES.contains(&ver.as_str()),
+            "{name}: unknown version {ver}"
+        );
     }
 
     // The version script of librdmacm.so.
@@ -95,8 +104,23 @@ fn main() {
     std::fs::write(&stub_rs, stub).expect("OUT_DIR is writable");
     std::fs::write(&stub_map_path, stub_map).expect("OUT_DIR is writable");
     let status = Command::new(&rustc)
-        .args(["--crate-type", "cdylib", "--crate-name", "ibverbs", "--edition", "2021"])
-        .args(["-C", "opt-level=0", "-C", "debuginfo=0", "-C", "codegen-units=1", "-o"])
+        .args([
+            "--crate-type",
+            "cdylib",
+            "--crate-name",
+            "ibverbs",
+            "--edition",
+            "2021",
+        ])
+        .args([
+            "-C",
+            "opt-level=0",
+            "-C",
+            "debuginfo=0",
+            "-C",
+            "codegen-units=1",
+            "-o",
+        ])
         .arg(format!("{stub_dir}/libibverbs.so"))
         .arg("-C")
         .arg("link-arg=-Wl,-soname,libibverbs.so.1")

@@ -35,9 +35,16 @@ fn lib_dir() -> PathBuf {
             cmd.arg("--release");
         }
         let status = cmd.status().expect("run cargo build");
-        assert!(status.success(), "cargo build -p ibverbs-abi -p rdmacm-abi failed");
+        assert!(
+            status.success(),
+            "cargo build -p ibverbs-abi -p rdmacm-abi failed"
+        );
         for so in ["libibverbs.so.1", "librdmacm.so.1"] {
-            assert!(profile.join(so).exists(), "{so} not in {}", profile.display());
+            assert!(
+                profile.join(so).exists(),
+                "{so} not in {}",
+                profile.display()
+            );
         }
         profile
     })
@@ -89,8 +96,14 @@ fn pair(
 
 fn assert_ok(name: &str, server: &Output, client: &Output) {
     let (s, c) = (text(server), text(client));
-    assert!(server.status.success(), "{name} server failed:\n{s}\nclient:\n{c}");
-    assert!(client.status.success(), "{name} client failed:\n{c}\nserver:\n{s}");
+    assert!(
+        server.status.success(),
+        "{name} server failed:\n{s}\nclient:\n{c}"
+    );
+    assert!(
+        client.status.success(),
+        "{name} client failed:\n{c}\nserver:\n{s}"
+    );
 }
 
 #[test]
@@ -107,7 +120,10 @@ fn rping_100_verified_pings() {
     };
     assert_ok("rping", &s, &c);
     let out = text(&c);
-    let pings = out.lines().filter(|l| l.starts_with("ping data: rdma-ping-")).count();
+    let pings = out
+        .lines()
+        .filter(|l| l.starts_with("ping data: rdma-ping-"))
+        .count();
     assert_eq!(pings, 100, "client:\n{out}");
     // -V: each ping's data was compared with what was sent; a mismatch prints this and fails.
     assert!(!out.contains("data mismatch"), "{out}");
@@ -155,12 +171,22 @@ fn perftest_rdma_cm(name: &str, (a, b): (&str, &str), port: &str, head: &str) {
 
 #[test]
 fn ib_write_bw_over_rdma_cm() {
-    perftest_rdma_cm("ib_write_bw", ("127.0.0.45", "127.0.0.46"), "7945", "BW average[MB/sec]");
+    perftest_rdma_cm(
+        "ib_write_bw",
+        ("127.0.0.45", "127.0.0.46"),
+        "7945",
+        "BW average[MB/sec]",
+    );
 }
 
 #[test]
 fn ib_send_lat_over_rdma_cm() {
-    perftest_rdma_cm("ib_send_lat", ("127.0.0.47", "127.0.0.48"), "7947", "t_typical[usec]");
+    perftest_rdma_cm(
+        "ib_send_lat",
+        ("127.0.0.47", "127.0.0.48"),
+        "7947",
+        "t_typical[usec]",
+    );
 }
 
 /// A REQ for a port nobody listens on (the peer runs a CM, listening elsewhere) is answered
@@ -170,17 +196,31 @@ fn ib_send_lat_over_rdma_cm() {
 fn connect_to_a_closed_port_is_rejected() {
     let Some(t) = tool("rping") else { return };
     let (a, b) = ("127.0.0.49", "127.0.0.50");
-    let mut server = command(&format!("rxe0=udp:{a}"), 30, &t, &["-s", "-a", a, "-p", "7949"])
-        .spawn()
-        .expect("start server");
+    let mut server = command(
+        &format!("rxe0=udp:{a}"),
+        30,
+        &t,
+        &["-s", "-a", a, "-p", "7949"],
+    )
+    .spawn()
+    .expect("start server");
     std::thread::sleep(Duration::from_millis(500));
-    let o = command(&format!("rxe1=udp:{b}"), 20, &t, &["-c", "-a", a, "-p", "7950", "-C", "1"])
-        .output()
-        .expect("run client");
+    let o = command(
+        &format!("rxe1=udp:{b}"),
+        20,
+        &t,
+        &["-c", "-a", a, "-p", "7950", "-C", "1"],
+    )
+    .output()
+    .expect("run client");
     let _ = server.kill();
     let _ = server.wait();
     let out = text(&o);
-    assert_eq!(o.status.code().map(|c| c != 0 && c != 124), Some(true), "{out}");
+    assert_eq!(
+        o.status.code().map(|c| c != 0 && c != 124),
+        Some(true),
+        "{out}"
+    );
     assert!(out.contains("RDMA_CM_EVENT_REJECTED, error 8"), "{out}");
 }
 
@@ -215,21 +255,48 @@ fn exports_match_rdma_core_librdmacm() {
     assert!(exported.contains(&("RDMACM_1.0".into(), "rdma_create_id".into())));
     assert!(exported.contains(&("RDMACM_1.2".into(), "rdma_establish".into())));
     let real = Path::new("/usr/lib/x86_64-linux-gnu/librdmacm.so.1");
-    if let Some(theirs) = real.exists().then(|| symbols(real, true, "RDMACM")).flatten() {
+    if let Some(theirs) = real
+        .exists()
+        .then(|| symbols(real, true, "RDMACM"))
+        .flatten()
+    {
         assert_eq!(exported, theirs, "ours vs rdma-core's librdmacm.so.1");
     }
-    let d = Command::new("readelf").arg("-d").arg(&ours).output().expect("readelf");
+    let d = Command::new("readelf")
+        .arg("-d")
+        .arg(&ours)
+        .output()
+        .expect("readelf");
     let d = String::from_utf8_lossy(&d.stdout);
     assert!(d.contains("Library soname: [librdmacm.so.1]"), "{d}");
     assert!(d.contains("Shared library: [libibverbs.so.1]"), "{d}");
     let forwarded = symbols(&ours, false, "IBVERBS_PRIVATE_RDMACM").unwrap();
-    let provided = symbols(&lib_dir().join("libibverbs.so.1"), true, "IBVERBS_PRIVATE_RDMACM").unwrap();
+    let provided = symbols(
+        &lib_dir().join("libibverbs.so.1"),
+        true,
+        "IBVERBS_PRIVATE_RDMACM",
+    )
+    .unwrap();
     assert!(!forwarded.is_empty());
-    assert_eq!(forwarded, provided, "what librdmacm imports vs what libibverbs defines");
-    for exe in ["rping", "ucmatose", "udaddy", "rdma_server", "rdma_client", "ib_write_bw", "ib_send_lat"] {
+    assert_eq!(
+        forwarded, provided,
+        "what librdmacm imports vs what libibverbs defines"
+    );
+    for exe in [
+        "rping",
+        "ucmatose",
+        "udaddy",
+        "rdma_server",
+        "rdma_client",
+        "ib_write_bw",
+        "ib_send_lat",
+    ] {
         let Some(p) = tool(exe) else { continue };
         for (v, n) in symbols(&p, false, "RDMACM").unwrap() {
-            assert!(exported.contains(&(v.clone(), n.clone())), "{exe} imports {n}@{v}");
+            assert!(
+                exported.contains(&(v.clone(), n.clone())),
+                "{exe} imports {n}@{v}"
+            );
         }
     }
 }

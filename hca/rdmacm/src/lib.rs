@@ -65,41 +65,216 @@ macro_rules! refuse {
 
 type Ptr = *mut c_void;
 
-forward!(rdma_create_event_channel, softrdmacm_create_event_channel, "RDMACM_1.0", fn() -> Ptr);
-forward!(rdma_destroy_event_channel, softrdmacm_destroy_event_channel, "RDMACM_1.0", fn(channel: Ptr));
-forward!(rdma_get_cm_event, softrdmacm_get_cm_event, "RDMACM_1.0", fn(channel: Ptr, event: *mut Ptr) -> c_int);
-forward!(rdma_ack_cm_event, softrdmacm_ack_cm_event, "RDMACM_1.0", fn(event: Ptr) -> c_int);
-forward!(rdma_event_str, softrdmacm_event_str, "RDMACM_1.0", fn(event: c_uint) -> *const c_char);
-forward!(rdma_create_id, softrdmacm_create_id, "RDMACM_1.0", fn(channel: Ptr, id: *mut Ptr, context: Ptr, ps: c_uint) -> c_int);
-forward!(rdma_destroy_id, softrdmacm_destroy_id, "RDMACM_1.0", fn(id: Ptr) -> c_int);
-forward!(rdma_bind_addr, softrdmacm_bind_addr, "RDMACM_1.0", fn(id: Ptr, addr: Ptr) -> c_int);
-forward!(rdma_resolve_addr, softrdmacm_resolve_addr, "RDMACM_1.0", fn(id: Ptr, src: Ptr, dst: Ptr, timeout_ms: c_int) -> c_int);
-forward!(rdma_resolve_route, softrdmacm_resolve_route, "RDMACM_1.0", fn(id: Ptr, timeout_ms: c_int) -> c_int);
-forward!(rdma_listen, softrdmacm_listen, "RDMACM_1.0", fn(id: Ptr, backlog: c_int) -> c_int);
-forward!(rdma_connect, softrdmacm_connect, "RDMACM_1.0", fn(id: Ptr, conn_param: Ptr) -> c_int);
-forward!(rdma_accept, softrdmacm_accept, "RDMACM_1.0", fn(id: Ptr, conn_param: Ptr) -> c_int);
-forward!(rdma_reject, softrdmacm_reject, "RDMACM_1.0", fn(id: Ptr, private_data: *const c_void, len: u8) -> c_int);
-forward!(rdma_disconnect, softrdmacm_disconnect, "RDMACM_1.0", fn(id: Ptr) -> c_int);
-forward!(rdma_establish, softrdmacm_establish, "RDMACM_1.2", fn(id: Ptr) -> c_int);
-forward!(rdma_notify, softrdmacm_notify, "RDMACM_1.0", fn(id: Ptr, event: c_int) -> c_int);
-forward!(rdma_migrate_id, softrdmacm_migrate_id, "RDMACM_1.0", fn(id: Ptr, channel: Ptr) -> c_int);
-forward!(rdma_set_option, softrdmacm_set_option, "RDMACM_1.0", fn(id: Ptr, level: c_int, optname: c_int, optval: Ptr, optlen: usize) -> c_int);
-forward!(rdma_get_src_port, softrdmacm_get_src_port, "RDMACM_1.0", fn(id: Ptr) -> u16);
-forward!(rdma_get_dst_port, softrdmacm_get_dst_port, "RDMACM_1.0", fn(id: Ptr) -> u16);
-forward!(rdma_get_devices, softrdmacm_get_devices, "RDMACM_1.0", fn(num_devices: *mut c_int) -> *mut Ptr);
-forward!(rdma_free_devices, softrdmacm_free_devices, "RDMACM_1.0", fn(list: *mut Ptr));
-forward!(rdma_create_qp, softrdmacm_create_qp, "RDMACM_1.0", fn(id: Ptr, pd: Ptr, qp_init_attr: Ptr) -> c_int);
-forward!(rdma_create_qp_ex, softrdmacm_create_qp_ex, "RDMACM_1.0", fn(id: Ptr, qp_init_attr: Ptr) -> c_int);
-forward!(rdma_destroy_qp, softrdmacm_destroy_qp, "RDMACM_1.0", fn(id: Ptr));
-forward!(rdma_init_qp_attr, softrdmacm_init_qp_attr, "RDMACM_1.2", fn(id: Ptr, qp_attr: Ptr, qp_attr_mask: *mut c_int) -> c_int);
-forward!(rdma_create_srq, softrdmacm_create_srq, "RDMACM_1.0", fn(id: Ptr, pd: Ptr, attr: Ptr) -> c_int);
-forward!(rdma_create_srq_ex, softrdmacm_create_srq_ex, "RDMACM_1.0", fn(id: Ptr, attr: Ptr) -> c_int);
-forward!(rdma_destroy_srq, softrdmacm_destroy_srq, "RDMACM_1.0", fn(id: Ptr));
-forward!(rdma_getaddrinfo, softrdmacm_getaddrinfo, "RDMACM_1.0", fn(node: *const c_char, service: *const c_char, hints: *const c_void, res: *mut Ptr) -> c_int);
-forward!(rdma_freeaddrinfo, softrdmacm_freeaddrinfo, "RDMACM_1.0", fn(res: Ptr));
-forward!(rdma_create_ep, softrdmacm_create_ep, "RDMACM_1.0", fn(id: *mut Ptr, res: Ptr, pd: Ptr, qp_init_attr: Ptr) -> c_int);
-forward!(rdma_destroy_ep, softrdmacm_destroy_ep, "RDMACM_1.0", fn(id: Ptr));
-forward!(rdma_get_request, softrdmacm_get_request, "RDMACM_1.0", fn(listen: Ptr, id: *mut Ptr) -> c_int);
+forward!(
+    rdma_create_event_channel,
+    softrdmacm_create_event_channel,
+    "RDMACM_1.0",
+    fn() -> Ptr
+);
+forward!(
+    rdma_destroy_event_channel,
+    softrdmacm_destroy_event_channel,
+    "RDMACM_1.0",
+    fn(channel: Ptr)
+);
+forward!(
+    rdma_get_cm_event,
+    softrdmacm_get_cm_event,
+    "RDMACM_1.0",
+    fn(channel: Ptr, event: *mut Ptr) -> c_int
+);
+forward!(
+    rdma_ack_cm_event,
+    softrdmacm_ack_cm_event,
+    "RDMACM_1.0",
+    fn(event: Ptr) -> c_int
+);
+forward!(
+    rdma_event_str,
+    softrdmacm_event_str,
+    "RDMACM_1.0",
+    fn(event: c_uint) -> *const c_char
+);
+forward!(
+    rdma_create_id,
+    softrdmacm_create_id,
+    "RDMACM_1.0",
+    fn(channel: Ptr, id: *mut Ptr, context: Ptr, ps: c_uint) -> c_int
+);
+forward!(
+    rdma_destroy_id,
+    softrdmacm_destroy_id,
+    "RDMACM_1.0",
+    fn(id: Ptr) -> c_int
+);
+forward!(
+    rdma_bind_addr,
+    softrdmacm_bind_addr,
+    "RDMACM_1.0",
+    fn(id: Ptr, addr: Ptr) -> c_int
+);
+forward!(
+    rdma_resolve_addr,
+    softrdmacm_resolve_addr,
+    "RDMACM_1.0",
+    fn(id: Ptr, src: Ptr, dst: Ptr, timeout_ms: c_int) -> c_int
+);
+forward!(
+    rdma_resolve_route,
+    softrdmacm_resolve_route,
+    "RDMACM_1.0",
+    fn(id: Ptr, timeout_ms: c_int) -> c_int
+);
+forward!(
+    rdma_listen,
+    softrdmacm_listen,
+    "RDMACM_1.0",
+    fn(id: Ptr, backlog: c_int) -> c_int
+);
+forward!(
+    rdma_connect,
+    softrdmacm_connect,
+    "RDMACM_1.0",
+    fn(id: Ptr, conn_param: Ptr) -> c_int
+);
+forward!(
+    rdma_accept,
+    softrdmacm_accept,
+    "RDMACM_1.0",
+    fn(id: Ptr, conn_param: Ptr) -> c_int
+);
+forward!(
+    rdma_reject,
+    softrdmacm_reject,
+    "RDMACM_1.0",
+    fn(id: Ptr, private_data: *const c_void, len: u8) -> c_int
+);
+forward!(
+    rdma_disconnect,
+    softrdmacm_disconnect,
+    "RDMACM_1.0",
+    fn(id: Ptr) -> c_int
+);
+forward!(
+    rdma_establish,
+    softrdmacm_establish,
+    "RDMACM_1.2",
+    fn(id: Ptr) -> c_int
+);
+forward!(
+    rdma_notify,
+    softrdmacm_notify,
+    "RDMACM_1.0",
+    fn(id: Ptr, event: c_int) -> c_int
+);
+forward!(
+    rdma_migrate_id,
+    softrdmacm_migrate_id,
+    "RDMACM_1.0",
+    fn(id: Ptr, channel: Ptr) -> c_int
+);
+forward!(
+    rdma_set_option,
+    softrdmacm_set_option,
+    "RDMACM_1.0",
+    fn(id: Ptr, level: c_int, optname: c_int, optval: Ptr, optlen: usize) -> c_int
+);
+forward!(
+    rdma_get_src_port,
+    softrdmacm_get_src_port,
+    "RDMACM_1.0",
+    fn(id: Ptr) -> u16
+);
+forward!(
+    rdma_get_dst_port,
+    softrdmacm_get_dst_port,
+    "RDMACM_1.0",
+    fn(id: Ptr) -> u16
+);
+forward!(
+    rdma_get_devices,
+    softrdmacm_get_devices,
+    "RDMACM_1.0",
+    fn(num_devices: *mut c_int) -> *mut Ptr
+);
+forward!(
+    rdma_free_devices,
+    softrdmacm_free_devices,
+    "RDMACM_1.0",
+    fn(list: *mut Ptr)
+);
+forward!(
+    rdma_create_qp,
+    softrdmacm_create_qp,
+    "RDMACM_1.0",
+    fn(id: Ptr, pd: Ptr, qp_init_attr: Ptr) -> c_int
+);
+forward!(
+    rdma_create_qp_ex,
+    softrdmacm_create_qp_ex,
+    "RDMACM_1.0",
+    fn(id: Ptr, qp_init_attr: Ptr) -> c_int
+);
+forward!(
+    rdma_destroy_qp,
+    softrdmacm_destroy_qp,
+    "RDMACM_1.0",
+    fn(id: Ptr)
+);
+forward!(
+    rdma_init_qp_attr,
+    softrdmacm_init_qp_attr,
+    "RDMACM_1.2",
+    fn(id: Ptr, qp_attr: Ptr, qp_attr_mask: *mut c_int) -> c_int
+);
+forward!(
+    rdma_create_srq,
+    softrdmacm_create_srq,
+    "RDMACM_1.0",
+    fn(id: Ptr, pd: Ptr, attr: Ptr) -> c_int
+);
+forward!(
+    rdma_create_srq_ex,
+    softrdmacm_create_srq_ex,
+    "RDMACM_1.0",
+    fn(id: Ptr, attr: Ptr) -> c_int
+);
+forward!(
+    rdma_destroy_srq,
+    softrdmacm_destroy_srq,
+    "RDMACM_1.0",
+    fn(id: Ptr)
+);
+forward!(
+    rdma_getaddrinfo,
+    softrdmacm_getaddrinfo,
+    "RDMACM_1.0",
+    fn(node: *const c_char, service: *const c_char, hints: *const c_void, res: *mut Ptr) -> c_int
+);
+forward!(
+    rdma_freeaddrinfo,
+    softrdmacm_freeaddrinfo,
+    "RDMACM_1.0",
+    fn(res: Ptr)
+);
+forward!(
+    rdma_create_ep,
+    softrdmacm_create_ep,
+    "RDMACM_1.0",
+    fn(id: *mut Ptr, res: Ptr, pd: Ptr, qp_init_attr: Ptr) -> c_int
+);
+forward!(
+    rdma_destroy_ep,
+    softrdmacm_destroy_ep,
+    "RDMACM_1.0",
+    fn(id: Ptr)
+);
+forward!(
+    rdma_get_request,
+    softrdmacm_get_request,
+    "RDMACM_1.0",
+    fn(listen: Ptr, id: *mut Ptr) -> c_int
+);
 
 refuse!(rdma_join_multicast, "RDMACM_1.0", libc::EOPNOTSUPP, fn(Ptr, Ptr, Ptr) -> c_int = -1);
 refuse!(rdma_leave_multicast, "RDMACM_1.0", libc::EOPNOTSUPP, fn(Ptr, Ptr) -> c_int = -1);
@@ -140,7 +315,11 @@ refuse!(riowrite, "RDMACM_1.0", libc::ENOSYS, fn(c_int, *const c_void, usize, i6
 /// # Safety
 /// poll(2)'s: `fds` points to `nfds` entries.
 #[no_mangle]
-pub unsafe extern "C" fn rpoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int {
+pub unsafe extern "C" fn rpoll(
+    fds: *mut libc::pollfd,
+    nfds: libc::nfds_t,
+    timeout: c_int,
+) -> c_int {
     // SAFETY: the caller's promise.
     unsafe { libc::poll(fds, nfds, timeout) }
 }

@@ -92,7 +92,10 @@ pub trait Verbs: Send + Sync + fmt::Debug {
     /// engine such as [`crate::rdma_cm::RdmaCm`] that a library drives through `dyn Verbs`
     /// (the drop-in librdmacm). Returns `false` without running `f` for a device that has no
     /// such engine (the default: a libibverbs device, whose kernel runs its own CM).
-    fn with_engine_now(&self, f: &mut dyn FnMut(&mut crate::engine::SoftHca, crate::engine::Instant)) -> bool {
+    fn with_engine_now(
+        &self,
+        f: &mut dyn FnMut(&mut crate::engine::SoftHca, crate::engine::Instant),
+    ) -> bool {
         let _ = f;
         false
     }

@@ -453,7 +453,12 @@ pub extern "C" fn softrdmacm_create_event_channel() -> *mut rdma_event_channel {
     let _ = global();
     match new_channel() {
         Some(c) => c.cast(),
-        None => fail(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE), null_mut()),
+        None => fail(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EMFILE),
+            null_mut(),
+        ),
     }
 }
 symver!(softrdmacm_create_event_channel, "IBVERBS_PRIVATE_RDMACM");
@@ -498,7 +503,9 @@ pub unsafe extern "C" fn softrdmacm_get_cm_event(
         if n == 8 {
             break;
         }
-        let err = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        let err = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
         if err != libc::EINTR {
             return fail(err, -1);
         }
@@ -584,7 +591,10 @@ unsafe fn complete(id: *mut rdma_cm_id, want: rdma_cm_event_type) -> c_int {
 }
 
 fn is_sync(id: *mut rdma_cm_id) -> bool {
-    lock(global()).ids.get(&(id as usize)).is_some_and(|r| r.sync)
+    lock(global())
+        .ids
+        .get(&(id as usize))
+        .is_some_and(|r| r.sync)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -674,7 +684,10 @@ fn dev_of(g: &Global, ip: IpAddr) -> Option<usize> {
 /// # Safety
 /// `id` is a live ID; `addr` a sockaddr of its family.
 #[no_mangle]
-pub unsafe extern "C" fn softrdmacm_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
+pub unsafe extern "C" fn softrdmacm_bind_addr(
+    id: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+) -> c_int {
     // SAFETY: the caller's promise.
     let Some(a) = (unsafe { from_sockaddr(addr) }) else {
         return fail(libc::EAFNOSUPPORT, -1);
@@ -706,7 +719,11 @@ symver!(softrdmacm_bind_addr, "IBVERBS_PRIVATE_RDMACM");
 
 /// The CM ID of `id` on device `d`, made on first use.
 fn rid_on(g: &mut Global, id: usize, d: usize) -> Result<RdmaId, c_int> {
-    if let Some(&(_, r)) = g.ids.get(&id).and_then(|r| r.rids.iter().find(|(x, _)| *x == d)) {
+    if let Some(&(_, r)) = g
+        .ids
+        .get(&id)
+        .and_then(|r| r.rids.iter().find(|(x, _)| *x == d))
+    {
         return Ok(r);
     }
     let r = g.devs[d].cm.create_id().map_err(|e| errno_of_cm(&e))?;
@@ -754,7 +771,9 @@ fn resolve_addr(
     dst: SocketAddr,
 ) -> Result<(), c_int> {
     let rec = g.ids.get(&(id as usize)).ok_or(libc::EINVAL)?;
-    let src = src.filter(|s| !s.ip().is_unspecified()).or(rec.bound.filter(|b| !b.ip().is_unspecified()));
+    let src = src
+        .filter(|s| !s.ip().is_unspecified())
+        .or(rec.bound.filter(|b| !b.ip().is_unspecified()));
     let d = match (rec.dev, src) {
         (Some(d), _) => d,
         (None, Some(s)) => dev_of(g, s.ip()).ok_or(libc::EADDRNOTAVAIL)?,
@@ -798,7 +817,10 @@ fn only_rid(g: &Global, id: *mut rdma_cm_id) -> Result<(usize, RdmaId), c_int> {
 /// # Safety
 /// `id` is a live ID.
 #[no_mangle]
-pub unsafe extern "C" fn softrdmacm_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
+pub unsafe extern "C" fn softrdmacm_resolve_route(
+    id: *mut rdma_cm_id,
+    _timeout_ms: c_int,
+) -> c_int {
     let r = {
         let mut g = lock(global());
         only_rid(&g, id).and_then(|(d, rid)| {
@@ -830,15 +852,24 @@ pub unsafe extern "C" fn softrdmacm_listen(id: *mut rdma_cm_id, _backlog: c_int)
         .bound
         .unwrap_or(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
     if addr.port() == 0 {
-        addr.set_port(0x8000 | ({
-        use hca::verbs::random::RandomSource;
-        hca::verbs::random::OsRandom.next_u32()
-    } as u16 & 0x7fff));
+        addr.set_port(
+            0x8000
+                | ({
+                    use hca::verbs::random::RandomSource;
+                    hca::verbs::random::OsRandom.next_u32()
+                } as u16
+                    & 0x7fff),
+        );
     }
     let devs: Vec<usize> = match rec.dev {
         Some(d) => vec![d],
         None => (0..g.devs.len())
-            .filter(|&d| g.devs[d].ips.iter().any(|ip| ip.is_ipv4() == addr.is_ipv4()))
+            .filter(|&d| {
+                g.devs[d]
+                    .ips
+                    .iter()
+                    .any(|ip| ip.is_ipv4() == addr.is_ipv4())
+            })
             .collect(),
     };
     if devs.is_empty() {
@@ -887,7 +918,10 @@ unsafe fn private_of<'a>(param: *const rdma_conn_param) -> &'a [u8] {
         if param.is_null() || (*param).private_data.is_null() {
             &[]
         } else {
-            core::slice::from_raw_parts((*param).private_data.cast(), usize::from((*param).private_data_len))
+            core::slice::from_raw_parts(
+                (*param).private_data.cast(),
+                usize::from((*param).private_data_len),
+            )
         }
     }
 }
@@ -899,7 +933,10 @@ unsafe fn private_of<'a>(param: *const rdma_conn_param) -> &'a [u8] {
 /// # Safety
 /// `id` is a live ID; `conn_param` null or readable.
 #[no_mangle]
-pub unsafe extern "C" fn softrdmacm_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
+pub unsafe extern "C" fn softrdmacm_connect(
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+) -> c_int {
     // SAFETY: the caller's promise.
     let (qpn, data) = unsafe { (qpn_of(id, conn_param), private_of(conn_param)) };
     let Some(qpn) = qpn else {
@@ -908,9 +945,11 @@ pub unsafe extern "C" fn softrdmacm_connect(id: *mut rdma_cm_id, conn_param: *mu
     let r = {
         let mut g = lock(global());
         only_rid(&g, id).and_then(|(d, rid)| {
-            on_dev(&mut g, d, |cm, hca, now| cm.connect(now, hca, rid, qpn, data))
-                .unwrap_or(Err(hca::rdma_cm::RdmaCmError::BadState))
-                .map_err(|e| errno_of_cm(&e))
+            on_dev(&mut g, d, |cm, hca, now| {
+                cm.connect(now, hca, rid, qpn, data)
+            })
+            .unwrap_or(Err(hca::rdma_cm::RdmaCmError::BadState))
+            .map_err(|e| errno_of_cm(&e))
         })
     };
     if r.is_ok() && is_sync(id) {
@@ -927,7 +966,10 @@ symver!(softrdmacm_connect, "IBVERBS_PRIVATE_RDMACM");
 /// # Safety
 /// `id` is a live ID; `conn_param` null or readable.
 #[no_mangle]
-pub unsafe extern "C" fn softrdmacm_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
+pub unsafe extern "C" fn softrdmacm_accept(
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+) -> c_int {
     // SAFETY: the caller's promise.
     let (qpn, data) = unsafe { (qpn_of(id, conn_param), private_of(conn_param)) };
     let Some(qpn) = qpn else {
@@ -936,9 +978,11 @@ pub unsafe extern "C" fn softrdmacm_accept(id: *mut rdma_cm_id, conn_param: *mut
     let r = {
         let mut g = lock(global());
         only_rid(&g, id).and_then(|(d, rid)| {
-            on_dev(&mut g, d, |cm, hca, now| cm.accept(now, hca, rid, qpn, data))
-                .unwrap_or(Err(hca::rdma_cm::RdmaCmError::BadState))
-                .map_err(|e| errno_of_cm(&e))
+            on_dev(&mut g, d, |cm, hca, now| {
+                cm.accept(now, hca, rid, qpn, data)
+            })
+            .unwrap_or(Err(hca::rdma_cm::RdmaCmError::BadState))
+            .map_err(|e| errno_of_cm(&e))
         })
     };
     if r.is_ok() && is_sync(id) {
@@ -954,7 +998,11 @@ symver!(softrdmacm_accept, "IBVERBS_PRIVATE_RDMACM");
 /// # Safety
 /// `id` is a live ID; `private_data` readable for `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn softrdmacm_reject(id: *mut rdma_cm_id, private_data: *const c_void, len: u8) -> c_int {
+pub unsafe extern "C" fn softrdmacm_reject(
+    id: *mut rdma_cm_id,
+    private_data: *const c_void,
+    len: u8,
+) -> c_int {
     let data: &[u8] = if private_data.is_null() {
         &[]
     } else {
@@ -1006,7 +1054,10 @@ symver!(softrdmacm_notify, "IBVERBS_PRIVATE_RDMACM");
 /// # Safety
 /// `id` is a live ID; `channel` null or live.
 #[no_mangle]
-pub unsafe extern "C" fn softrdmacm_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int {
+pub unsafe extern "C" fn softrdmacm_migrate_id(
+    id: *mut rdma_cm_id,
+    channel: *mut rdma_event_channel,
+) -> c_int {
     let mut g = lock(global());
     let Some(rec) = g.ids.get_mut(&(id as usize)) else {
         return fail(libc::EINVAL, -1);
@@ -1144,7 +1195,11 @@ symver!(softrdmacm_free_devices, "IBVERBS_PRIVATE_RDMACM");
 /// The ID's device's default PD, allocated on first use.
 fn default_pd(id: *mut rdma_cm_id) -> Result<*mut ibv_pd, c_int> {
     let mut g = lock(global());
-    let d = g.ids.get(&(id as usize)).and_then(|r| r.dev).ok_or(libc::EINVAL)?;
+    let d = g
+        .ids
+        .get(&(id as usize))
+        .and_then(|r| r.dev)
+        .ok_or(libc::EINVAL)?;
     if g.devs[d].pd.is_null() {
         // SAFETY: an open context of this library.
         let pd = unsafe { crate::ffi::ibv_alloc_pd(g.devs[d].ctx) };
@@ -1239,7 +1294,11 @@ symver!(softrdmacm_create_qp, "IBVERBS_PRIVATE_RDMACM");
 
 /// # Safety
 /// As [`softrdmacm_create_qp`].
-unsafe fn create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<(), c_int> {
+unsafe fn create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: &mut ibv_qp_init_attr,
+) -> Result<(), c_int> {
     // SAFETY: the caller's promise.
     if unsafe { (*id).verbs }.is_null() {
         return Err(libc::EINVAL);
@@ -1270,7 +1329,9 @@ unsafe fn create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: &mut ibv_qp_init
         }
         let qp = crate::ffi::ibv_create_qp(pd, attr);
         if qp.is_null() {
-            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL));
+            return Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL));
         }
         if init_qp(qp) != 0 {
             crate::ffi::ibv_destroy_qp(qp);
@@ -1288,7 +1349,10 @@ unsafe fn create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: &mut ibv_qp_init
 /// # Safety
 /// `id` is a live ID with a device; `attr` readable and writable.
 #[no_mangle]
-pub unsafe extern "C" fn softrdmacm_create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_attr_ex) -> c_int {
+pub unsafe extern "C" fn softrdmacm_create_qp_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> c_int {
     // SAFETY: the caller's promise.
     unsafe {
         if attr.is_null() || (*id).verbs.is_null() {
@@ -1297,7 +1361,9 @@ pub unsafe extern "C" fn softrdmacm_create_qp_ex(id: *mut rdma_cm_id, attr: *mut
         if (*attr).qp_type != QPT_RC {
             return fail(libc::EOPNOTSUPP, -1);
         }
-        if (*attr).comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD == 0 || (*attr).pd.is_null() {
+        if (*attr).comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD == 0
+            || (*attr).pd.is_null()
+        {
             match default_pd(id) {
                 Ok(pd) => (*attr).pd = pd,
                 Err(e) => return fail(e, -1),
@@ -1409,7 +1475,9 @@ pub unsafe extern "C" fn softrdmacm_init_qp_attr(
         if crate::ffi::ibv_query_qp(qp, qp_attr, all, &mut init) != 0 {
             return -1;
         }
-        if (*qp_attr).qp_state != ibv_qp_state_IBV_QPS_RTR && (*qp_attr).qp_state != ibv_qp_state_IBV_QPS_RTS {
+        if (*qp_attr).qp_state != ibv_qp_state_IBV_QPS_RTR
+            && (*qp_attr).qp_state != ibv_qp_state_IBV_QPS_RTS
+        {
             return fail(libc::EINVAL, -1);
         }
         (*qp_attr).qp_state = want;
@@ -1525,10 +1593,17 @@ pub unsafe extern "C" fn softrdmacm_getaddrinfo(
         if hints.is_null() {
             (0, 0, 0, 0)
         } else {
-            ((*hints).ai_flags, (*hints).ai_family, (*hints).ai_qp_type, (*hints).ai_port_space)
+            (
+                (*hints).ai_flags,
+                (*hints).ai_family,
+                (*hints).ai_qp_type,
+                (*hints).ai_port_space,
+            )
         }
     };
-    if (qp_type != 0 && qp_type != QPT_RC as c_int) || (ps != 0 && ps != rdma_port_space_RDMA_PS_TCP as c_int) {
+    if (qp_type != 0 && qp_type != QPT_RC as c_int)
+        || (ps != 0 && ps != rdma_port_space_RDMA_PS_TCP as c_int)
+    {
         return fail(libc::EOPNOTSUPP, -1);
     }
     let passive = flags & RAI_PASSIVE as c_int != 0;
@@ -1537,7 +1612,11 @@ pub unsafe extern "C" fn softrdmacm_getaddrinfo(
     h.ai_family = family;
     h.ai_socktype = libc::SOCK_STREAM;
     h.ai_flags = if passive { libc::AI_PASSIVE } else { 0 }
-        | if flags & RAI_NUMERICHOST as c_int != 0 { libc::AI_NUMERICHOST } else { 0 };
+        | if flags & RAI_NUMERICHOST as c_int != 0 {
+            libc::AI_NUMERICHOST
+        } else {
+            0
+        };
     let mut list: *mut libc::addrinfo = null_mut();
     // SAFETY: the caller's strings; libc fills `list`.
     let r = unsafe { libc::getaddrinfo(node, service, &h, &mut list) };
@@ -1554,7 +1633,11 @@ pub unsafe extern "C" fn softrdmacm_getaddrinfo(
     // SAFETY: all-zero is valid for each field.
     let mut b: Box<AddrInfoBox> = Box::new(unsafe { zeroed() });
     b.ai.ai_flags = flags;
-    b.ai.ai_family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    b.ai.ai_family = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
     b.ai.ai_qp_type = QPT_RC as c_int;
     b.ai.ai_port_space = rdma_port_space_RDMA_PS_TCP as c_int;
     if passive {
@@ -1603,7 +1686,13 @@ pub unsafe extern "C" fn softrdmacm_create_ep(
     let mut new: *mut rdma_cm_id = null_mut();
     // SAFETY: the caller's promise.
     unsafe {
-        if softrdmacm_create_id(null_mut(), &mut new, null_mut(), rdma_port_space_RDMA_PS_TCP) != 0 {
+        if softrdmacm_create_id(
+            null_mut(),
+            &mut new,
+            null_mut(),
+            rdma_port_space_RDMA_PS_TCP,
+        ) != 0
+        {
             return -1;
         }
         let r = if (*res).ai_flags & RAI_PASSIVE as c_int != 0 {
@@ -1615,7 +1704,12 @@ pub unsafe extern "C" fn softrdmacm_create_ep(
             }
             r
         } else {
-            let mut r = softrdmacm_resolve_addr(new, (*res).ai_src_addr.cast(), (*res).ai_dst_addr.cast(), 2000);
+            let mut r = softrdmacm_resolve_addr(
+                new,
+                (*res).ai_src_addr.cast(),
+                (*res).ai_dst_addr.cast(),
+                2000,
+            );
             if r == 0 {
                 r = softrdmacm_resolve_route(new, 2000);
             }
@@ -1656,7 +1750,10 @@ symver!(softrdmacm_destroy_ep, "IBVERBS_PRIVATE_RDMACM");
 /// # Safety
 /// `listen` is a live listening ID; `id` writable.
 #[no_mangle]
-pub unsafe extern "C" fn softrdmacm_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int {
+pub unsafe extern "C" fn softrdmacm_get_request(
+    listen: *mut rdma_cm_id,
+    id: *mut *mut rdma_cm_id,
+) -> c_int {
     if id.is_null() || !is_sync(listen) {
         return fail(libc::EINVAL, -1);
     }
@@ -1678,7 +1775,10 @@ pub unsafe extern "C" fn softrdmacm_get_request(listen: *mut rdma_cm_id, id: *mu
         if unsafe { softrdmacm_migrate_id(new, null_mut()) } != 0 {
             return -1;
         }
-        let attr = lock(global()).ids.get(&(new as usize)).and_then(|r| r.ep_qp_attr);
+        let attr = lock(global())
+            .ids
+            .get(&(new as usize))
+            .and_then(|r| r.ep_qp_attr);
         if let Some(mut a) = attr {
             // SAFETY: the new ID and its listener's PD.
             let r = unsafe { softrdmacm_create_qp(new, (*listen).pd, &mut a) };
