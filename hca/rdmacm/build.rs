@@ -24,32 +24,45 @@ fn main() {
     let text = std::fs::read_to_string(&src).expect("src/lib.rs is readable");
     let mut syms: Vec<(String, String)> = Vec::new();
     let mut targets: Vec<String> = Vec::new();
+    // Each invocation, wherever rustfmt breaks its lines: the text from `forward!(` /
+    // `refuse!(` to the `);` that ends it, its commas separating name, target and version.
+    let invocations = |mac: &str| -> Vec<String> {
+        text.split(mac)
+            .skip(1)
+            .filter_map(|rest| rest.split_once(");").map(|(args, _)| args.to_owned()))
+            .collect()
+    };
+    for args in invocations("\nforward!(") {
+        let mut parts = args.split(',').map(str::trim);
+        let (Some(name), Some(target), Some(ver)) = (parts.next(), parts.next(), parts.next())
+        else {
+            panic!("forward!(name, target, \"VER\", fn(...)): {args}");
+        };
+        syms.push((name.to_owned(), ver.trim_matches('"').to_owned()));
+        targets.push(target.to_owned());
+    }
+    for args in invocations("\nrefuse!(") {
+        let mut parts = args.split(',').map(str::trim);
+        let (Some(name), Some(ver)) = (parts.next(), parts.next()) else {
+            panic!("refuse!(name, \"VER\", ...): {args}");
+        };
+        syms.push((name.to_owned(), ver.trim_matches('"').to_owned()));
+    }
     for line in text.lines() {
-        let line = line.trim();
-        let quoted = || line.split('"').nth(1).map(str::to_owned);
-        if let Some(rest) = line.strip_prefix("forward!(") {
-            let mut parts = rest.split(',').map(str::trim);
-            let (Some(name), Some(target)) = (parts.next(), parts.next()) else {
-                continue;
-            };
-            syms.push((
-                name.to_owned(),
-                quoted().expect("forward!(name, target, \"VER\", ...)"),
-            ));
-            targets.push(target.to_owned());
-        } else if let Some(rest) = line.strip_prefix("refuse!(") {
-            let name = rest.split(',').next().expect("refuse!(name, ...").trim();
-            syms.push((
-                name.to_owned(),
-                quoted().expect("refuse!(name, \"VER\", ...)"),
-            ));
-        } else if let Some(rest) = line.strip_prefix("core::arch::global_asm!(\".symver ") {
+        if let Some(rest) = line
+            .trim()
+            .strip_prefix("core::arch::global_asm!(\".symver ")
+        {
             let rest = rest.trim_end_matches("\");");
             let (name, tail) = rest.split_once(',').expect(".symver name, name@@VER");
             let ver = tail.split("@@").nth(1).expect("name@@VER");
             syms.push((name.trim().to_owned(), ver.trim().to_owned()));
         }
     }
+    assert!(
+        targets.len() >= 30,
+        "forward! lines not found in src/lib.rs"
+    );
     for (name, ver) in &syms {
         assert!(
             NODES.contains(&ver.as_str()),
