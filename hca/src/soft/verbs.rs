@@ -37,17 +37,6 @@ impl<L: SoftLink> Verbs for SoftDevice<L> {
     fn default_gid(&self) -> (u32, Gid) {
         (self.gid_index(), self.gid())
     }
-    fn with_engine_now(
-        &self,
-        f: &mut dyn FnMut(&mut crate::engine::SoftHca, crate::engine::Instant),
-    ) -> bool {
-        self.with_engine(|e| {
-            let now = self.now();
-            e.handle_timeout(now);
-            f(e, now)
-        });
-        true
-    }
     fn alloc_pd(&self) -> Result<PdHandle, DeviceError> {
         SoftDevice::alloc_pd(self)
     }

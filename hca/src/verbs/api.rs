@@ -88,19 +88,6 @@ pub trait Verbs: Send + Sync + fmt::Debug {
         f()
     }
 
-    /// Runs `f` on the software HCA's engine ([`crate::engine::SoftHca`]: QP1's MADs, QP
-    /// transitions) with the device clock brought up to date, for a sans-I/O consumer of the
-    /// engine such as [`crate::rdma_cm::RdmaCm`] that a library drives through `dyn Verbs`
-    /// (the drop-in librdmacm). Returns `false` without running `f` for a device that has no
-    /// such engine (the default: a libibverbs device, whose kernel runs its own CM).
-    fn with_engine_now(
-        &self,
-        f: &mut dyn FnMut(&mut crate::engine::SoftHca, crate::engine::Instant),
-    ) -> bool {
-        let _ = f;
-        false
-    }
-
     /// The UDP port the device's RoCEv2 packets arrive at and leave from, when it is not fixed:
     /// a software HCA on a kernel socket may be bound to another port than RoCEv2's 4791 (IBTA
     /// vol. 1 Annex A17.2.2) so that several devices share one address (tests, several ranks on

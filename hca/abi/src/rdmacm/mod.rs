@@ -9,9 +9,9 @@
 //! * **Devices**: the first call opens every device of the list (as librdmacm does) and keeps
 //!   one [`RdmaCm`] per device; an ID gets its device (`id->verbs`) from `rdma_bind_addr` of a
 //!   specific address or from `rdma_resolve_addr`; a wildcard listener listens on every device.
-//! * **Driver**: one thread per process feeds each device's QP1 MADs and timers to its
-//!   [`RdmaCm`] every [`DRIVE_INTERVAL`] and after each call, and queues the events on their
-//!   channels.
+//! * **Driver**: each device's CM is a [`CmService`] (its thread woken by QP1's MADs and the CM's
+//!   timers); one more thread per process sleeps in poll(2) on the services' event descriptors
+//!   and moves their events to the IDs' channels (so do the calls, for the events they cause).
 //! * **Event channels**: `struct rdma_event_channel`'s `fd` is an eventfd in semaphore mode
 //!   (eventfd(2)): readable while events are queued, so poll(2) / epoll work on it, and a channel
 //!   the program made non-blocking (`fcntl(O_NONBLOCK)`) makes `rdma_get_cm_event` fail with
@@ -50,15 +50,16 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use hca::ibverbs::ffi::*;
-use hca::rdma_cm::{RdmaCm, RdmaCmEvent, RdmaCmEventType, RdmaId};
+use hca::rdma_cm::{CmService, RdmaCmEvent, RdmaCmEventType, RdmaId};
 use hca::verbs::gid::GidType;
 use hca::verbs::Verbs;
 
 use self::bindings::*;
 use crate::ffi::{inner, lock, set_errno};
 
-/// How often the driver thread feeds QP1's MADs and the CM timers to the CMs when no call does.
-pub const DRIVE_INTERVAL: Duration = Duration::from_millis(2);
+/// Longest sleep of the thread that moves events to channels: it wakes at once for an event; this
+/// only bounds how long a lost wake-up could delay one.
+pub const DISPATCH_POLL: Duration = Duration::from_millis(1000);
 
 /// `RDMA_OPTION_ID_TOS` ... `RDMA_OPTION_ID_ACK_TIMEOUT` (rdma_cma.h): accepted; the software
 /// HCA has one traffic class and the IB CM's own timeouts.
@@ -70,11 +71,10 @@ const QPT_RC: u32 = 2;
 /// One device: its context (opened by this library), default PD and CM.
 struct Dev {
     ctx: *mut ibv_context,
-    verbs: Arc<dyn Verbs>,
     /// The PD of QPs made without one (`rdma_create_ep`, `rdma_create_qp` with a null PD),
     /// allocated on first use.
     pd: *mut ibv_pd,
-    cm: RdmaCm,
+    svc: Arc<CmService>,
     ips: Vec<IpAddr>,
 }
 
@@ -129,13 +129,12 @@ fn global() -> &'static Mutex<Global> {
             ids: HashMap::new(),
             by_rid: HashMap::new(),
         });
-        let _ = std::thread::Builder::new()
-            .name("rdmacm".into())
-            .spawn(|| loop {
-                std::thread::sleep(DRIVE_INTERVAL);
-                let mut g = lock(global());
-                drive(&mut g);
-            });
+        let services: Vec<Arc<CmService>> = lock(&g).devs.iter().map(|d| d.svc.clone()).collect();
+        if !services.is_empty() {
+            let _ = std::thread::Builder::new()
+                .name("rdmacm-events".into())
+                .spawn(move || dispatch(&services));
+        }
         g
     })
 }
@@ -157,11 +156,14 @@ fn open_devices() -> Vec<Dev> {
         // SAFETY: opened just now by this library.
         let verbs = unsafe { inner(ctx) }.verbs.clone();
         let ips = local_ips(verbs.as_ref());
+        // A device whose QP1 is not ours (a libibverbs device) has no CM here.
+        let Ok(svc) = CmService::start(verbs, hca::cm::CmConfig::default()) else {
+            continue;
+        };
         devs.push(Dev {
             ctx,
-            verbs,
             pd: null_mut(),
-            cm: RdmaCm::new(hca::cm::CmConfig::default()),
+            svc: Arc::new(svc),
             ips,
         });
     }
@@ -179,20 +181,30 @@ fn local_ips(v: &dyn Verbs) -> Vec<IpAddr> {
         .collect()
 }
 
-/// Feeds every device's MADs and due timers to its CM and delivers the events.
-fn drive(g: &mut Global) {
-    for d in 0..g.devs.len() {
-        let dev = &mut g.devs[d];
-        let cm = &mut dev.cm;
-        dev.verbs.with_engine_now(&mut |hca, now| {
-            while let Some(m) = hca.poll_mad() {
-                cm.handle_mad(now, hca, &m);
-            }
-            if cm.poll_timeout().is_some_and(|t| t <= now) {
-                cm.handle_timeout(now, hca);
-            }
-        });
-        deliver(g, d);
+/// The event thread: sleeps in poll(2) on every service's event descriptor (readable while it
+/// has events) and moves the events to their channels.
+fn dispatch(services: &[Arc<CmService>]) {
+    loop {
+        let mut fds: Vec<libc::pollfd> = services
+            .iter()
+            .map(|s| libc::pollfd {
+                fd: s.event_fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `fds` is a live array of its length.
+        unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                DISPATCH_POLL.as_millis() as c_int,
+            )
+        };
+        let mut g = lock(global());
+        for d in 0..g.devs.len() {
+            deliver(&mut g, d);
+        }
     }
 }
 
@@ -314,7 +326,7 @@ fn event_type(e: RdmaCmEventType) -> rdma_cm_event_type {
 
 /// Turns the CM events of device `d` into `struct rdma_cm_event`s on their IDs' channels.
 fn deliver(g: &mut Global, d: usize) {
-    while let Some(e) = g.devs[d].cm.poll_event() {
+    while let Some(e) = g.devs[d].svc.get_event(Duration::ZERO) {
         deliver_one(g, d, e);
     }
 }
@@ -330,7 +342,7 @@ fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
     let (id, listen) = match listen_id {
         Some(l) => {
             let Some(&lid) = g.by_rid.get(&(d, l)) else {
-                g.devs[d].cm.destroy_id(rid);
+                g.devs[d].svc.destroy_id(rid);
                 return;
             };
             // A new ID for the connection request, on the listener's channel.
@@ -348,7 +360,7 @@ fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
             new.port_num = 1;
             new.qp_type = lp.qp_type;
             let np = Box::into_raw(new);
-            let (local, remote) = g.devs[d].cm.addresses(rid).unwrap_or((None, None));
+            let (local, remote) = g.devs[d].svc.addresses(rid).unwrap_or((None, None));
             // SAFETY: just made.
             unsafe { set_route(np, local, remote) };
             g.ids.insert(
@@ -401,23 +413,12 @@ fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
     }
 }
 
-/// Runs `f` on device `d`'s engine and CM, then delivers the events.
-fn on_dev<R>(
-    g: &mut Global,
-    d: usize,
-    f: impl FnOnce(&mut RdmaCm, &mut hca::engine::SoftHca, hca::engine::Instant) -> R,
-) -> Option<R> {
-    let mut f = Some(f);
-    let mut out = None;
-    let dev = &mut g.devs[d];
-    let cm = &mut dev.cm;
-    dev.verbs.with_engine_now(&mut |hca, now| {
-        if let Some(f) = f.take() {
-            out = Some(f(cm, hca, now));
-        }
-    });
+/// Runs `f` on device `d`'s CM service, then delivers the events it caused.
+fn on_dev<R>(g: &mut Global, d: usize, f: impl FnOnce(&CmService) -> R) -> R {
+    let svc = g.devs[d].svc.clone();
+    let r = f(&svc);
     deliver(g, d);
-    out
+    r
 }
 
 fn fail<T>(errno: c_int, value: T) -> T {
@@ -660,7 +661,7 @@ pub unsafe extern "C" fn softrdmacm_destroy_id(id: *mut rdma_cm_id) -> c_int {
     };
     for (d, rid) in rec.rids {
         g.by_rid.remove(&(d, rid));
-        g.devs[d].cm.destroy_id(rid);
+        g.devs[d].svc.destroy_id(rid);
     }
     drop(g);
     // SAFETY: the caller's promise; made by Box in create_id or deliver_one.
@@ -726,7 +727,7 @@ fn rid_on(g: &mut Global, id: usize, d: usize) -> Result<RdmaId, c_int> {
     {
         return Ok(r);
     }
-    let r = g.devs[d].cm.create_id().map_err(|e| errno_of_cm(&e))?;
+    let r = g.devs[d].svc.create_id().map_err(|e| errno_of_cm(&e))?;
     g.by_rid.insert((d, r), id);
     if let Some(rec) = g.ids.get_mut(&id) {
         rec.rids.push((d, r));
@@ -790,15 +791,13 @@ fn resolve_addr(
         (*id).verbs = ctx;
         (*id).port_num = 1;
     }
-    // Event delivery happens after the addresses are in the ID: resolve, then fill, then deliver.
-    let dev = &mut g.devs[d];
-    let cm = &mut dev.cm;
-    let mut r = Ok(());
-    dev.verbs.with_engine_now(&mut |hca, _| {
-        r = cm.resolve_addr(hca, rid, src.map(|s| s.ip()), dst);
-    });
-    r.map_err(|e| errno_of_cm(&e))?;
-    let (local, remote) = g.devs[d].cm.addresses(rid).unwrap_or((None, None));
+    // Event delivery happens after the addresses are in the ID: resolve, then fill, then deliver
+    // (the event thread waits for the lock held here).
+    g.devs[d]
+        .svc
+        .resolve_addr(rid, src.map(|s| s.ip()), dst)
+        .map_err(|e| errno_of_cm(&e))?;
+    let (local, remote) = g.devs[d].svc.addresses(rid).unwrap_or((None, None));
     // SAFETY: a live ID.
     unsafe { set_route(id, local, remote) };
     deliver(g, d);
@@ -824,9 +823,7 @@ pub unsafe extern "C" fn softrdmacm_resolve_route(
     let r = {
         let mut g = lock(global());
         only_rid(&g, id).and_then(|(d, rid)| {
-            on_dev(&mut g, d, |cm, _, _| cm.resolve_route(rid))
-                .unwrap_or(Err(hca::rdma_cm::RdmaCmError::BadState))
-                .map_err(|e| errno_of_cm(&e))
+            on_dev(&mut g, d, |svc| svc.resolve_route(rid)).map_err(|e| errno_of_cm(&e))
         })
     };
     if r.is_ok() && is_sync(id) {
@@ -877,7 +874,7 @@ pub unsafe extern "C" fn softrdmacm_listen(id: *mut rdma_cm_id, _backlog: c_int)
     }
     for d in devs {
         let r = rid_on(&mut g, id as usize, d)
-            .and_then(|rid| g.devs[d].cm.listen(rid, addr).map_err(|e| errno_of_cm(&e)));
+            .and_then(|rid| g.devs[d].svc.listen(rid, addr).map_err(|e| errno_of_cm(&e)));
         if let Err(e) = r {
             return fail(e, -1);
         }
@@ -945,11 +942,7 @@ pub unsafe extern "C" fn softrdmacm_connect(
     let r = {
         let mut g = lock(global());
         only_rid(&g, id).and_then(|(d, rid)| {
-            on_dev(&mut g, d, |cm, hca, now| {
-                cm.connect(now, hca, rid, qpn, data)
-            })
-            .unwrap_or(Err(hca::rdma_cm::RdmaCmError::BadState))
-            .map_err(|e| errno_of_cm(&e))
+            on_dev(&mut g, d, |svc| svc.connect(rid, qpn, data)).map_err(|e| errno_of_cm(&e))
         })
     };
     if r.is_ok() && is_sync(id) {
@@ -978,11 +971,7 @@ pub unsafe extern "C" fn softrdmacm_accept(
     let r = {
         let mut g = lock(global());
         only_rid(&g, id).and_then(|(d, rid)| {
-            on_dev(&mut g, d, |cm, hca, now| {
-                cm.accept(now, hca, rid, qpn, data)
-            })
-            .unwrap_or(Err(hca::rdma_cm::RdmaCmError::BadState))
-            .map_err(|e| errno_of_cm(&e))
+            on_dev(&mut g, d, |svc| svc.accept(rid, qpn, data)).map_err(|e| errno_of_cm(&e))
         })
     };
     if r.is_ok() && is_sync(id) {
@@ -1011,9 +1000,7 @@ pub unsafe extern "C" fn softrdmacm_reject(
     };
     let mut g = lock(global());
     rc(only_rid(&g, id).and_then(|(d, rid)| {
-        on_dev(&mut g, d, |cm, hca, _| cm.reject(hca, rid, data))
-            .unwrap_or(Err(hca::rdma_cm::RdmaCmError::BadState))
-            .map_err(|e| errno_of_cm(&e))
+        on_dev(&mut g, d, |svc| svc.reject(rid, data)).map_err(|e| errno_of_cm(&e))
     }))
 }
 symver!(softrdmacm_reject, "IBVERBS_PRIVATE_RDMACM");
@@ -1029,7 +1016,7 @@ symver!(softrdmacm_reject, "IBVERBS_PRIVATE_RDMACM");
 pub unsafe extern "C" fn softrdmacm_disconnect(id: *mut rdma_cm_id) -> c_int {
     let mut g = lock(global());
     rc(only_rid(&g, id).map(|(d, rid)| {
-        let _ = on_dev(&mut g, d, |cm, hca, now| cm.disconnect(now, hca, rid));
+        let _ = on_dev(&mut g, d, |svc| svc.disconnect(rid));
     }))
 }
 symver!(softrdmacm_disconnect, "IBVERBS_PRIVATE_RDMACM");
