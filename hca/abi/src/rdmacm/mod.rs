@@ -7,7 +7,7 @@
 //! prefix here, exported in the private version node `IBVERBS_PRIVATE_RDMACM`.
 //!
 //! * **Devices**: the first call opens every device of the list (as librdmacm does) and keeps
-//!   one [`RdmaCm`] per device; an ID gets its device (`id->verbs`) from `rdma_bind_addr` of a
+//!   one CM per device; an ID gets its device (`id->verbs`) from `rdma_bind_addr` of a
 //!   specific address or from `rdma_resolve_addr`; a wildcard listener listens on every device.
 //! * **Driver**: each device's CM is a [`CmService`] (its thread woken by QP1's MADs and the CM's
 //!   timers); one more thread per process sleeps in poll(2) on the services' event descriptors
