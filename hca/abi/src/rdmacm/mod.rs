@@ -659,11 +659,16 @@ pub unsafe extern "C" fn softrdmacm_destroy_id(id: *mut rdma_cm_id) -> c_int {
     let Some(rec) = g.ids.remove(&(id as usize)) else {
         return fail(libc::EINVAL, -1);
     };
+    let mut used = Vec::new();
     for (d, rid) in rec.rids {
         g.by_rid.remove(&(d, rid));
         g.devs[d].svc.destroy_id(rid);
+        used.push(g.devs[d].svc.clone());
     }
     drop(g);
+    for svc in used {
+        linger(&svc);
+    }
     // SAFETY: the caller's promise; made by Box in create_id or deliver_one.
     let b = unsafe { Box::from_raw(id) };
     if rec.sync {
@@ -673,6 +678,28 @@ pub unsafe extern "C" fn softrdmacm_destroy_id(id: *mut rdma_cm_id) -> c_int {
     0
 }
 symver!(softrdmacm_destroy_id, "IBVERBS_PRIVATE_RDMACM");
+
+/// Longest wait of [`softrdmacm_destroy_id`] for QP1's queued MADs to leave.
+pub const LINGER: Duration = Duration::from_millis(200);
+
+/// Waits, at most [`LINGER`], until the device's QP1 has sent what it queued (a DREP answering
+/// the peer's DREQ, the DREQ of a connection destroyed while established): a program often
+/// exits right after destroying its IDs, and the peer would otherwise resend its DREQ to nobody
+/// for the whole retry budget (15 x 4.3 s), where rxe's kernel CM outlives the process.
+fn linger(svc: &CmService) {
+    let Some(gsi) = svc.device().gsi() else {
+        return;
+    };
+    let start = std::time::Instant::now();
+    loop {
+        let mut pending = 0;
+        gsi.with_gsi(&mut |_, h| pending = h.gsi_sends_pending());
+        if pending == 0 || start.elapsed() >= LINGER {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
 
 /// The device holding `ip`.
 fn dev_of(g: &Global, ip: IpAddr) -> Option<usize> {
