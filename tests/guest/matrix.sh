@@ -136,6 +136,11 @@ both "ib_write_bw:rdma-cm:ipv4:2-qps" "ib_write_bw -R -d rxe0 -x 1 -q 2 -s 4096 
     "rdma-perf write-bw -R --link $(link_of ipv4) -q 2 -s 4096 -n 5 $perf_tmo"
 both "ib_read_bw:rdma-cm:ipv4" "ib_read_bw -R -d rxe0 -x 1 -s 4096 -n 5 -F" \
     "rdma-perf read-bw -R --link $(link_of ipv4) -s 4096 -n 5 $perf_tmo"
+for t in ib_send_bw ib_send_lat ib_write_lat ib_read_lat; do
+    sub="${t#ib_}" sub="${sub//_/-}"
+    both "$t:rdma-cm:ipv4" "$t -R -d rxe0 -x 1 -s 4096 -n 5 -F" \
+        "rdma-perf $sub -R --link $(link_of ipv4) -s 4096 -n 5 $perf_tmo"
+done
 # IPv6 link-local GIDs (RoCEv2 over IPv6): every tool at MTU 1024, and ibv_rc_pingpong at 4096 (the
 # reference run has ibv_rc_pingpong:mtu4096:ipv6ll and ib_write_bw:mtu1024:ipv6ll).
 pingpong_cells 1024 ipv6ll
