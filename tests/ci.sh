@@ -42,7 +42,10 @@ step "the hca fuzz crate builds" cargo check --manifest-path hca/fuzz/Cargo.toml
 # root: tools with data checked, ping / TCP alongside, the XDP program gone after exit and SIGKILL; about 10 s).
 # Also the drop-in libibverbs.so.1 (hca/abi/tests): Debian's ibverbs-utils and perftest 4.5 binaries
 # (ib_{send,write,read,atomic}_{bw,lat}: default API, --use_old_post_send, -q 4, -a; about 85 s of it) and
-# the ibv_qp_ex / ibv_cq_ex C test, all unmodified programs over two loopback addresses.
+# the ibv_qp_ex / ibv_cq_ex C test, all unmodified programs over two loopback addresses; and the drop-in
+# librdmacm.so.1 (hca/abi/tests/rdmacm_tools.rs builds it with `cargo build -p ibverbs-abi -p rdmacm-abi`):
+# rping -C 100 -V, ucmatose -c 4, rdma_server/client, rdma_xserver/xclient, ib_write_bw -R, ib_send_lat -R,
+# a REJ for a closed port, symbol versions against Debian's librdmacm (about 10 s).
 # Includes the shared-device checks (many processes on one address and port 4791): hca/tests/shared_device.rs
 # (8 rdma-pingpong --chk pairs on one address; a write-bw pair SIGKILLed mid-transfer) and
 # udp_device.rs shared_devices_forward_strays_after_the_group_reorders, about 30 s in all.
