@@ -23,6 +23,9 @@ pub(super) struct RoceEnv {
     pub(super) qp_timeout: u8,
     pub(super) retry_cnt: u8,
     pub(super) progress: Progress,
+    /// `COLL_ROCE_WINDOW`: the software HCA's window of unacknowledged packets per QP
+    /// ([`hca::engine::EngineConfig::max_unacked_psns`]), before the device shares its budget.
+    pub(super) window: Option<u32>,
 }
 
 pub(super) fn env_error(var: &'static str, value: &str, expected: &str) -> TransportError {
@@ -45,6 +48,7 @@ impl RoceEnv {
             qp_timeout: 17,
             retry_cnt: 7,
             progress: Progress::Caller,
+            window: None,
         };
         if let Some(v) = get("COLL_ROCE_ADDR") {
             for a in v.split(',') {
@@ -92,6 +96,15 @@ impl RoceEnv {
                 .ok()
                 .filter(|t| *t <= 7)
                 .ok_or_else(|| env_error("COLL_ROCE_RETRY_CNT", &v, "0 ..= 7"))?;
+        }
+        if let Some(v) = get("COLL_ROCE_WINDOW") {
+            env.window = Some(
+                v.trim()
+                    .parse()
+                    .ok()
+                    .filter(|t| (1..=8192).contains(t))
+                    .ok_or_else(|| env_error("COLL_ROCE_WINDOW", &v, "1 ..= 8192 packets"))?,
+            );
         }
         if let Some(v) = get("COLL_ROCE_PROGRESS") {
             env.progress = match v.trim() {

@@ -162,6 +162,7 @@ mod layout;
 mod qp;
 #[allow(unsafe_code)]
 mod registration;
+mod stats;
 #[cfg(test)]
 #[allow(unsafe_code)]
 mod tests;

@@ -46,6 +46,7 @@ fn env(qp_timeout: u8, retry_cnt: u8) -> RoceEnv {
         qp_timeout,
         retry_cnt,
         progress: Progress::Caller,
+        window: None,
     }
 }
 
