@@ -124,6 +124,9 @@ impl Hca {
         if let Some(w) = env.window {
             options.engine.max_unacked_psns = w;
         }
+        if let Some(d) = env.ack_delay {
+            options.engine.ack_delay = d;
+        }
         let what = if env.xdp.is_some() {
             "opening the AF_XDP device"
         } else if software {

@@ -26,6 +26,9 @@ pub(super) struct RoceEnv {
     /// `COLL_ROCE_WINDOW`: the software HCA's window of unacknowledged packets per QP
     /// ([`hca::engine::EngineConfig::max_unacked_psns`]), before the device shares its budget.
     pub(super) window: Option<u32>,
+    /// `COLL_ROCE_ACK_DELAY_US`: how long the software HCA's plain ACK may wait for a request
+    /// of its QP (here: the credit) to ride with ([`hca::engine::EngineConfig::ack_delay`]).
+    pub(super) ack_delay: Option<std::time::Duration>,
 }
 
 pub(super) fn env_error(var: &'static str, value: &str, expected: &str) -> TransportError {
@@ -49,6 +52,7 @@ impl RoceEnv {
             retry_cnt: 7,
             progress: Progress::Caller,
             window: None,
+            ack_delay: None,
         };
         if let Some(v) = get("COLL_ROCE_ADDR") {
             for a in v.split(',') {
@@ -105,6 +109,15 @@ impl RoceEnv {
                     .filter(|t| (1..=8192).contains(t))
                     .ok_or_else(|| env_error("COLL_ROCE_WINDOW", &v, "1 ..= 8192 packets"))?,
             );
+        }
+        if let Some(v) = get("COLL_ROCE_ACK_DELAY_US") {
+            let us: u64 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|t| *t <= 10_000)
+                .ok_or_else(|| env_error("COLL_ROCE_ACK_DELAY_US", &v, "0 ..= 10000 us"))?;
+            env.ack_delay = Some(std::time::Duration::from_micros(us));
         }
         if let Some(v) = get("COLL_ROCE_PROGRESS") {
             env.progress = match v.trim() {
