@@ -1632,7 +1632,9 @@ fn hybrid_progress_leaves_busy_polling_to_the_caller() {
         // a: its SEND's completion and the reply, in either order.
         let mut got = [spin_one(&a), spin_one(&a)];
         got.sort_by_key(|w| w.opcode == WcOpcode::Send);
-        assert!(got.iter().all(|w| w.status == WcStatus::Success && w.wr_id == i));
+        assert!(got
+            .iter()
+            .all(|w| w.status == WcStatus::Success && w.wr_id == i));
         assert_eq!(a.read(8192, 8), i.to_le_bytes());
         assert_eq!(spin_one(&b).wr_id, i, "b's SEND completed");
     }

@@ -156,13 +156,14 @@ pub enum Progress {
     Caller,
     /// A progress thread, and a [`UdpDevice::poll_cq`] that finds its CQ empty runs a round
     /// itself when no other thread is in one (`try_lock`, never waiting): a busy-polling program
-    /// gets [`Progress::Caller`]'s latency path (its own thread receives, builds the ACK with its
-    /// next post and sends, no hand-off), and one that never polls or waits on a completion
+    /// gets [`Progress::Caller`]'s latency path (its own thread receives and sends, no hand-off;
+    /// but a received message's ACK is built at once, not held for the reply: the program may
+    /// exit after its last completion), and one that never polls or waits on a completion
     /// channel still gets the thread. While a caller polled within [`CALLER_WINDOW`] the thread
     /// sleeps on its waker only, not on the socket, so that datagrams do not wake it (a context
     /// switch each); [`UdpDevice::req_notify_cq`] and [`UdpDevice::wait_cq`] end that window
     /// (the program is about to block) and give the socket back to the thread. What a caller
-    /// stops driving (a timer, a deferred ACK) waits at most [`CALLER_WINDOW`]. The drop-in
+    /// stops driving (a timer, a full batch) waits at most [`CALLER_WINDOW`]. The drop-in
     /// libibverbs (`hca/abi`) opens its devices so.
     Hybrid,
 }

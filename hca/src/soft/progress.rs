@@ -283,9 +283,8 @@ impl<L: SoftLink> Shared<L> {
 
     /// [`super::Progress::Hybrid`]: a round on the thread of a caller that found its CQ empty,
     /// if no other thread is in one (`try_lock`: a busy poller never waits for the progress
-    /// thread); received datagrams' ACKs are built with the caller's next post or poll, as
-    /// with caller-driven progress. Opens (extends) the caller window, during which the thread
-    /// stays off the socket. Whether a round ran.
+    /// thread). Opens (extends) the caller window, during which the thread stays off the
+    /// socket. Whether a round ran.
     pub(crate) fn hybrid_round(&self) -> bool {
         let Ok(mut io) = self.io.try_lock() else {
             return false;
@@ -293,9 +292,14 @@ impl<L: SoftLink> Shared<L> {
         let now = self.now();
         let until = now.as_nanos() + super::CALLER_WINDOW.as_nanos() as u64;
         self.caller_until.store(until, Ordering::SeqCst);
-        let outcome = self.round_as(&mut io, true, false, true, Some(now));
+        // No deferral of the ACKs of what this round receives (Progress::Caller defers them to
+        // the caller's next call, to leave with its reply): a program may take its last
+        // completion and exit, and with a thread nobody else would build them in time (the
+        // thread waits out the caller window); so a received message's ACK leaves in a
+        // sendmmsg of its own, as with Progress::Thread.
+        let outcome = self.round_as(&mut io, true, false, false, Some(now));
         drop(io);
-        // The caller drives timers, deferred ACKs and full batches with its next poll while it
+        // The caller drives timers and full batches with its next poll while it
         // polls; the thread picks up at the end of the window what it leaves (waking it for
         // each full one-datagram idle batch would cost a switch per packet). Only a socket that
         // refused a send needs the thread's wait for writable.
