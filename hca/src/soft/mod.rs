@@ -89,6 +89,7 @@ use crate::engine::{Counters, EngineConfig, SoftHca};
 use crate::link::udp::ROCEV2_PORT as UDP_ROCEV2_PORT;
 use crate::link::{Link, Waker};
 use crate::verbs::ah::{AhAttr, AhHandle};
+use crate::verbs::api::{GsiPort, MadHook};
 use crate::verbs::cq::CqHandle;
 use crate::verbs::device::{DeviceAttr, PortAttr};
 use crate::verbs::event::AsyncEvent;
@@ -237,6 +238,10 @@ pub(crate) struct Shared<L: SoftLink> {
     /// Called after a round or verb that may have queued a CQ or async event
     /// ([`SoftDevice::set_event_hook`]).
     event_hook: std::sync::OnceLock<crate::verbs::api::EventHook>,
+    /// Called after a round that leaves received MADs in QP1's queue ([`GsiPort::set_mad_hook`]);
+    /// `mad_hook_on` lets rounds skip the lock when none is installed.
+    mad_hook: Mutex<Option<MadHook>>,
+    mad_hook_on: AtomicBool,
     /// Packets in flight shared among the RC / UC QPs ([`UdpDeviceConfig::window_budget`]).
     window_budget: u32,
     /// The configured window of one QP ([`EngineConfig::max_unacked_psns`]).
@@ -357,6 +362,8 @@ impl<L: SoftLink> SoftDevice<L> {
             epoch: AtomicU64::new(0),
             empty_hint: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
             event_hook: std::sync::OnceLock::new(),
+            mad_hook: Mutex::new(None),
+            mad_hook_on: AtomicBool::new(false),
             window_budget: window_budget.unwrap_or(u32::MAX),
             max_window,
         });
@@ -492,6 +499,11 @@ impl<L: SoftLink> SoftDevice<L> {
         let r = self.shared.engine_op(f);
         self.kick();
         r
+    }
+
+    /// The hook of [`GsiPort::set_mad_hook`], if one is installed.
+    fn mad_hook(&self) -> Option<MadHook> {
+        lock(&self.shared.mad_hook).clone()
     }
 
     fn check_open(&self) -> Result<(), DeviceError> {
@@ -1076,5 +1088,41 @@ impl<L: SoftLink> Drop for SoftDevice<L> {
     /// As [`SoftDevice::close`].
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+impl<L: SoftLink> GsiPort for SoftDevice<L> {
+    fn with_gsi(&self, f: &mut dyn FnMut(crate::engine::Instant, &mut SoftHca)) {
+        self.shared.engine_op(|e| {
+            let now = self.shared.now().max(e.latest_instant());
+            f(now, e);
+        });
+        self.kick();
+    }
+
+    fn set_mad_hook(&self, hook: Option<MadHook>) -> Result<(), DeviceError> {
+        let on = hook.is_some();
+        {
+            let mut slot = lock(&self.shared.mad_hook);
+            if on && slot.is_some() {
+                return Err(DeviceError::Unsupported {
+                    device: self.shared.name.clone(),
+                    what: "a second MAD consumer on QP1",
+                });
+            }
+            *slot = hook;
+        }
+        self.shared.mad_hook_on.store(on, Ordering::SeqCst);
+        // MADs that arrived before the hook was installed: tell the new consumer at once.
+        if on && self.shared.engine_op(|e| e.has_pending_mads()) {
+            if let Some(h) = self.mad_hook() {
+                h();
+            }
+        }
+        Ok(())
+    }
+
+    fn caller_progress(&self) -> bool {
+        self.shared.progress == Progress::Caller
     }
 }

@@ -114,6 +114,14 @@ impl<L: SoftLink> Shared<L> {
         }
     }
 
+    /// Calls the MAD hook, if one is installed ([`crate::verbs::api::GsiPort::set_mad_hook`]).
+    fn call_mad_hook(&self) {
+        let hook = lock(&self.mad_hook).clone();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+
     fn record_error(&self, e: &dyn std::fmt::Display) {
         *lock(&self.last_error) = Some(e.to_string());
     }
@@ -157,6 +165,7 @@ impl<L: SoftLink> Shared<L> {
         }
         let mut fired = false;
         let events;
+        let mads;
         {
             let mut e = lock(&self.engine);
             // A clock read before the engine lock may be older than what another thread's round
@@ -187,6 +196,7 @@ impl<L: SoftLink> Shared<L> {
             }
             out.next_timer = e.poll_timeout();
             events = self.event_hook.get().is_some() && e.has_pending_events();
+            mads = self.mad_hook_on.load(Ordering::Relaxed) && e.has_pending_mads();
             if thread {
                 let until = out.next_timer.map_or(u64::MAX, Instant::as_nanos);
                 self.sleep_until.store(until, Ordering::SeqCst);
@@ -198,6 +208,9 @@ impl<L: SoftLink> Shared<L> {
         }
         if events {
             self.call_event_hook();
+        }
+        if mads {
+            self.call_mad_hook();
         }
         // Links may have frames of their own to send too (ARP, Neighbor Discovery).
         if out.built > 0 || io.link.unsent() > 0 {
