@@ -8,7 +8,8 @@
 //! the CM connected, DISCONNECTED and TIMEWAIT_EXIT on both sides; a connect to a port nobody
 //! listens on (REJECTED, reason 8); a consumer reject with private data (REJECTED, 28); a connect
 //! to a dead peer (UNREACHABLE after exactly `max_cm_retries` resends); an idle service that does
-//! not wake up. Every wait is bounded by a timeout or a count; no assertion is on a duration.
+//! not wake up; devices without a progress thread. Every wait is bounded by a timeout or a count; no
+//! assertion is on a duration.
 #![cfg(all(feature = "std", target_os = "linux"))]
 
 use std::net::{IpAddr, SocketAddr};
@@ -20,6 +21,7 @@ use gpu_p2p::{HostMemory, Memory};
 use hca::cm::CmConfig;
 use hca::open::{open, DeviceSpec, OpenOptions};
 use hca::rdma_cm::{CmService, RdmaCmEvent, RdmaCmEventType as E, ETIMEDOUT};
+use hca::soft::Progress;
 use hca::verbs::api::Verbs;
 use hca::{
     AccessFlags, CqHandle, MemoryRegion, QpCap, QpInitAttr, QpType, SendFlags, SendOp, SendWr, Sge,
@@ -49,8 +51,13 @@ struct Side {
 
 impl Side {
     fn open(addr: &str, config: CmConfig) -> Side {
+        Side::open_with(addr, config, Progress::Thread)
+    }
+
+    fn open_with(addr: &str, config: CmConfig, progress: Progress) -> Side {
         let options = OpenOptions {
             default_udp_port: 0,
+            progress,
             ..OpenOptions::default()
         };
         let dev = open(&addr.parse::<DeviceSpec>().unwrap(), &options).unwrap();
@@ -320,4 +327,24 @@ fn one_cm_per_device_qp1() {
     drop(cm);
     let again = CmService::start(dev.clone(), config()).unwrap();
     drop(again);
+}
+
+#[test]
+fn devices_without_a_progress_thread_connect_too() {
+    // Progress::Caller: nobody else receives, so the service thread drives progress rounds itself
+    // (every CALLER_POLL at most) and still gets the MADs.
+    let a = Side::open_with("udp:127.0.0.1", config(), Progress::Caller);
+    let b = Side::open_with("udp:127.0.0.2", config(), Progress::Caller);
+    a.dev.set_peer_port(b.ip(), b.port()).unwrap();
+    b.dev.set_peer_port(a.ip(), a.port()).unwrap();
+    let l = b.cm.create_id().unwrap();
+    b.cm.listen(l, "0.0.0.0:7476".parse().unwrap()).unwrap();
+    let id = a.connect(SocketAddr::new(b.ip(), 7476), b"caller");
+    let req = b.expect(E::ConnectRequest);
+    b.cm.accept(req.id, b.qpn, b"").unwrap();
+    assert_eq!(a.expect(E::Established).id, id);
+    assert_eq!(b.expect(E::Established).id, req.id);
+    a.cm.disconnect(id).unwrap();
+    assert_eq!(a.expect(E::Disconnected).id, id);
+    assert_eq!(b.expect(E::Disconnected).id, req.id);
 }

@@ -136,6 +136,9 @@ both "ib_write_bw:rdma-cm:ipv4:2-qps" "ib_write_bw -R -d rxe0 -x 1 -q 2 -s 4096 
     "rdma-perf write-bw -R --link $(link_of ipv4) -q 2 -s 4096 -n 5 $perf_tmo"
 both "ib_read_bw:rdma-cm:ipv4" "ib_read_bw -R -d rxe0 -x 1 -s 4096 -n 5 -F" \
     "rdma-perf read-bw -R --link $(link_of ipv4) -s 4096 -n 5 $perf_tmo"
+# A closed port: the guest's perftest first connects to a port our side does not listen on and must see
+# REJECTED (our CM's REJ, reason 8), then runs the cell (tests/guest/rejcheck.sh, in the guest's /job).
+CELLS+=("ib_write_bw:rdma-cm:ipv4:rej-closed-port:ours-server|client|sh /job/rejcheck.sh 18999 ib_write_bw -R -d rxe0 -x 1 -s 4096 -n 5 -F|rdma-perf write-bw -R --link $(link_of ipv4) -s 4096 -n 5 $perf_tmo")
 for t in ib_send_bw ib_send_lat ib_write_lat ib_read_lat; do
     sub="${t#ib_}" sub="${sub//_/-}"
     both "$t:rdma-cm:ipv4" "$t -R -d rxe0 -x 1 -s 4096 -n 5 -F" \
@@ -210,6 +213,7 @@ rg_tap_add "$NS" br0 tap1 "$LINK_MTU"
 
 # ---------------------------------------------------------------- jobs
 rg_job_new "$RG_RUN/job-g1"
+cp "$HERE/rejcheck.sh" "$RG_RUN/job-g1/rejcheck.sh"
 rg_job_new "$RG_RUN/job-host"
 rg_job_pairs "$RG_RUN/job-g1" 18700 "" "$((2 * CELL_SECS + 120))" "${CELLS[@]}"
 

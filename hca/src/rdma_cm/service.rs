@@ -23,6 +23,9 @@ pub const MAD_BATCH: usize = 64;
 /// ([`GsiPort::caller_progress`]).
 pub const CALLER_POLL: Duration = Duration::from_millis(5);
 
+/// Shortest sleep of the service thread between turns that found no more MADs.
+const MIN_SLEEP: Duration = Duration::from_micros(100);
+
 /// Longest sleep of an idle service thread (no timer armed); a MAD, a call or the drop wakes it
 /// at once, so this only bounds how long a lost wake-up could delay it.
 const IDLE_SLEEP: Duration = Duration::from_secs(10);
@@ -235,9 +238,9 @@ impl Inner {
             if caller {
                 sleep = sleep.min(CALLER_POLL);
             }
-            if sleep.is_zero() {
-                continue;
-            }
+            // A timer still due after the turn (the CM re-armed one for now) is fired by the
+            // next turn after a short sleep, never by spinning.
+            sleep = sleep.max(MIN_SLEEP);
             lock(&self.counters).sleeps += 1;
             if self.wake.wait(sleep).is_err() {
                 lock(&self.counters).wait_errors += 1;

@@ -155,7 +155,25 @@ pub enum Progress {
     /// No thread: [`UdpDevice::poll_cq`], [`UdpDevice::wait_cq`] and [`UdpDevice::progress`]
     /// each drive one progress round.
     Caller,
+    /// A progress thread, and a [`UdpDevice::poll_cq`] that finds its CQ empty runs a round
+    /// itself when no other thread is in one (`try_lock`, never waiting): a busy-polling program
+    /// gets [`Progress::Caller`]'s latency path (its own thread receives and sends, no hand-off;
+    /// but a received message's ACK is built at once, not held for the reply: the program may
+    /// exit after its last completion), and one that never polls or waits on a completion
+    /// channel still gets the thread. While a caller polled within [`CALLER_WINDOW`] the thread
+    /// sleeps on its waker only, not on the socket, so that datagrams do not wake it (a context
+    /// switch each); [`UdpDevice::req_notify_cq`] and [`UdpDevice::wait_cq`] end that window
+    /// (the program is about to block) and give the socket back to the thread. What a caller
+    /// stops driving (a timer, a full batch) waits at most [`CALLER_WINDOW`]. The drop-in
+    /// libibverbs (`hca/abi`) opens its devices so.
+    Hybrid,
 }
+
+/// [`Progress::Hybrid`]: how long after a caller's polling round the progress thread leaves the
+/// socket to callers. 1 ms: at a few microseconds per round trip, one thread wake per hundreds
+/// of iterations, and the longest a packet waits when the program stops polling without
+/// [`UdpDevice::req_notify_cq`].
+pub const CALLER_WINDOW: Duration = Duration::from_millis(1);
 
 /// What the device's progress engine has done (the engine's and the link's own counters are
 /// [`SoftDevice::counters`] and [`SoftDevice::link_counters`]).
@@ -199,6 +217,11 @@ pub(crate) struct Shared<L: SoftLink> {
     sleeping: AtomicBool,
     /// A caller asked for a round it could not run itself.
     pending: AtomicBool,
+    /// [`Progress::Hybrid`]: the end of the window in which callers poll (nanoseconds since
+    /// `origin`; 0: none): the thread leaves the socket to them until then.
+    caller_until: AtomicU64,
+    /// [`Progress::Hybrid`]: the thread sleeps on its waker only (not on the socket).
+    blind: AtomicBool,
     /// When the sleeping thread will wake by itself (nanoseconds since `origin`; `u64::MAX`:
     /// never). A caller that arms an earlier timer wakes it.
     sleep_until: AtomicU64,
@@ -330,6 +353,8 @@ impl<L: SoftLink> SoftDevice<L> {
             stop: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             pending: AtomicBool::new(false),
+            caller_until: AtomicU64::new(0),
+            blind: AtomicBool::new(false),
             sleep_until: AtomicU64::new(u64::MAX),
             counters: Mutex::new(DeviceCounters::default()),
             round_counts: progress::RoundCounts::default(),
@@ -346,7 +371,7 @@ impl<L: SoftLink> SoftDevice<L> {
         static SERIAL: AtomicU64 = AtomicU64::new(0);
         let thread_name = format!("soft-hca#{}", SERIAL.fetch_add(1, Ordering::Relaxed));
         let thread = match progress {
-            Progress::Thread => {
+            Progress::Thread | Progress::Hybrid => {
                 let s = shared.clone();
                 let handle = std::thread::Builder::new()
                     .name(thread_name.clone())
@@ -639,12 +664,21 @@ impl<L: SoftLink> SoftDevice<L> {
     /// [`DeviceError::Verbs`] as [`SoftHca::poll_cq`].
     pub fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize, DeviceError> {
         let s = &self.shared;
-        if s.progress == Progress::Caller {
-            let ready = self.poll_ready(cq, out)?;
-            if ready > 0 {
-                return Ok(ready);
+        match s.progress {
+            Progress::Caller => {
+                let ready = self.poll_ready(cq, out)?;
+                if ready > 0 {
+                    return Ok(ready);
+                }
+                s.caller_round();
             }
-            s.caller_round();
+            Progress::Hybrid => {
+                let ready = self.poll_ready(cq, out)?;
+                if ready > 0 || !s.hybrid_round() {
+                    return Ok(ready);
+                }
+            }
+            Progress::Thread => {}
         }
         self.poll_ready(cq, out)
     }
@@ -685,7 +719,9 @@ impl<L: SoftLink> SoftDevice<L> {
         let mut buf = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 32];
         let s = &self.shared;
         match s.progress {
-            Progress::Thread => {
+            Progress::Thread | Progress::Hybrid => {
+                // The caller blocks: the thread takes the socket back (Hybrid).
+                s.end_caller_window();
                 let mut e = lock(&s.engine);
                 loop {
                     let want = (n - out.len()).min(buf.len());
@@ -791,6 +827,9 @@ impl<L: SoftLink> SoftDevice<L> {
     /// # Errors
     /// [`DeviceError::Verbs`] as [`SoftHca::req_notify_cq`].
     pub fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<(), DeviceError> {
+        // A program arms a CQ before it blocks on the completion channel: the progress thread
+        // takes the socket back ([`Progress::Hybrid`]).
+        self.shared.end_caller_window();
         Ok(self
             .shared
             .engine_op(|e| e.req_notify_cq(cq, solicited_only))?)
