@@ -95,6 +95,14 @@ pub struct DcqcnParams {
     /// ignored (mlx5 `rate_reduce_monitor_period`, 4 us; the paper relies on the NP's CNP
     /// interval instead: zero).
     pub rate_reduce_monitor_period: Duration,
+    /// Pace an unlimited QP at `rpg_max_rate` too (not a ConnectX parameter: a NIC's port
+    /// sends at its line rate by itself). For links without a line rate of their own, such as a
+    /// kernel UDP socket (`hca::link::udp`), where an unlimited requester would otherwise send
+    /// its whole window at once: with it, `rpg_max_rate` is the link's line rate and holds every
+    /// packet of `L` wire bytes back by `8 L / rpg_max_rate` before the first CNP and after a
+    /// release. `false` in [`DcqcnParams::paper`] and [`DcqcnParams::mlx5`] (the in-memory
+    /// fabric's NICs pace at their line rate themselves).
+    pub pace_at_max_rate: bool,
 }
 
 impl DcqcnParams {
@@ -118,6 +126,38 @@ impl DcqcnParams {
             initial_alpha_value: 1024,
             rate_to_set_on_first_cnp: 0,
             rate_reduce_monitor_period: Duration::ZERO,
+            pace_at_max_rate: false,
+        }
+    }
+
+    /// [`DcqcnParams::paper`] scaled in proportion to a link of `line_rate` bit/s: the paper's
+    /// rates are for 40 Gb/s and its times for a datacenter's microsecond round trips, and kept as
+    /// they are they would take a link of a few Mb/s (whose round trip through a queue lasts
+    /// milliseconds) back to its line rate long before any feedback. With `s` = 40 Gb/s /
+    /// `line_rate`: `R_AI` = `line_rate` / 1000 and `R_HAI` = `line_rate` / 100 (the paper's
+    /// 40 and 400 Mb/s over 40 Gb/s), the timers `K` = `T` = 55 us x `s`, and CNPs within
+    /// 50 us x `s` of the last cut ignored (`rate_reduce_monitor_period`: the paper's NP sends
+    /// at most one CNP per 50 us, and the receiver's [`super::EngineConfig::cnp_interval`] is
+    /// not scaled); `B` (10 MB), `g`, `F` and alpha stay, so the dynamics per byte are the
+    /// paper's. `rpg_min_rate` is at most `line_rate` / 100 (not the proportional 1/40000:
+    /// a rate that low would stall a QP for seconds per packet). At least 1 for every rate;
+    /// `line_rate` 0 is taken as 1.
+    pub const fn paper_scaled(line_rate: u64) -> DcqcnParams {
+        let line = if line_rate == 0 { 1 } else { line_rate };
+        let p = DcqcnParams::paper(line);
+        let min = if line / 100 < p.rpg_min_rate {
+            line / 100
+        } else {
+            p.rpg_min_rate
+        };
+        DcqcnParams {
+            rpg_min_rate: nonzero(min),
+            rpg_ai_rate: nonzero(line / 1000),
+            rpg_hai_rate: nonzero(line / 100),
+            rpg_time_reset: scaled(55_000, line),
+            dce_tcp_rtt: scaled(55_000, line),
+            rate_reduce_monitor_period: scaled(50_000, line),
+            ..p
         }
     }
 
@@ -138,12 +178,32 @@ impl DcqcnParams {
             initial_alpha_value: 1023,
             rate_to_set_on_first_cnp: 0,
             rate_reduce_monitor_period: Duration::from_micros(4),
+            pace_at_max_rate: false,
         }
     }
 
     /// `g` in units of 2^-20.
     fn g(&self) -> u64 {
         u64::from(1024 - self.dce_tcp_g.min(1024)) << (ALPHA_SHIFT - 10)
+    }
+}
+
+/// `nanos` at 40 Gb/s scaled to `line` bit/s (`nanos` x 40 Gb/s / `line`, in u128: no
+/// overflow for any `line` >= 1 and the `nanos` used here).
+const fn scaled(nanos: u64, line: u64) -> Duration {
+    let n = (nanos as u128) * 40_000_000_000 / (line as u128);
+    Duration::from_nanos(if n > u64::MAX as u128 {
+        u64::MAX
+    } else {
+        n as u64
+    })
+}
+
+const fn nonzero(v: u64) -> u64 {
+    if v == 0 {
+        1
+    } else {
+        v
     }
 }
 
@@ -162,6 +222,9 @@ pub struct RpStats {
     pub byte_increases: u64,
     /// Times the limiter was removed (RC back at the line rate).
     pub releases: u64,
+    /// Wire bytes ([`wire_bytes`]) of the requester packets the pacer spaced: every packet sent
+    /// while limited, and while unlimited with [`DcqcnParams::pace_at_max_rate`].
+    pub paced_bytes: u64,
 }
 
 /// One QP's reaction point. See the [module docs](self).
@@ -299,11 +362,19 @@ impl ReactionPoint {
     /// the next one back by `8 * wire_bytes / RC` (at the `RC` in force when the next may go: a
     /// rate raised meanwhile shortens the wait, as a NIC's rate limiter refills at its current
     /// rate) and the byte counter advances. A packet sent early is taken to have left at its
-    /// pacing time. Nothing happens while unlimited.
+    /// pacing time. Nothing happens while unlimited, unless [`DcqcnParams::pace_at_max_rate`]
+    /// is set: then the packet holds the next one back at `rpg_max_rate` (and counts in
+    /// [`RpStats::paced_bytes`]), the byte counter stays.
     pub fn on_sent(&mut self, now: Instant, wire_bytes: u64) {
         if !self.limited {
+            if self.params.pace_at_max_rate {
+                self.last_tx = self.allowed().map_or(now, |t| t.max(now));
+                self.last_bits = wire_bytes.saturating_mul(8);
+                self.stats.paced_bytes = self.stats.paced_bytes.saturating_add(wire_bytes);
+            }
             return;
         }
+        self.stats.paced_bytes = self.stats.paced_bytes.saturating_add(wire_bytes);
         self.last_tx = self.allowed().map_or(now, |t| t.max(now));
         self.last_bits = wire_bytes.saturating_mul(8);
         self.bytes = self.bytes.saturating_add(wire_bytes);
@@ -320,7 +391,7 @@ impl ReactionPoint {
 
     /// When the next packet may start at the current rate, if a packet holds it back.
     fn allowed(&self) -> Option<Instant> {
-        if !self.limited || self.last_bits == 0 {
+        if (!self.limited && !self.params.pace_at_max_rate) || self.last_bits == 0 {
             return None;
         }
         let nanos =
@@ -611,6 +682,59 @@ mod tests {
         assert_eq!(rp.next_send(us(5)), Some(Instant::from_nanos(5500)));
         assert_eq!(wire_bytes(1078, false), 1078 + 66);
         assert_eq!(wire_bytes(1078, true), 1078 + 86);
+    }
+
+    #[test]
+    fn paper_scaled_is_the_paper_at_40_gbps_and_scales_below() {
+        assert_eq!(
+            DcqcnParams::paper_scaled(G40),
+            DcqcnParams {
+                rate_reduce_monitor_period: Duration::from_micros(50),
+                ..DcqcnParams::paper(G40)
+            }
+        );
+        // 16 Mb/s: s = 2500.
+        let p = DcqcnParams::paper_scaled(16_000_000);
+        assert_eq!(
+            (p.rpg_ai_rate, p.rpg_hai_rate, p.rpg_byte_reset, p.rpg_min_rate),
+            (16_000, 160_000, 10_000_000, 160_000)
+        );
+        assert_eq!(p.rpg_time_reset, Duration::from_micros(137_500));
+        assert_eq!(p.dce_tcp_rtt, Duration::from_micros(137_500));
+        assert_eq!(p.rate_reduce_monitor_period, Duration::from_micros(125_000));
+        let tiny = DcqcnParams::paper_scaled(0);
+        assert_eq!(
+            (tiny.rpg_max_rate, tiny.rpg_ai_rate, tiny.rpg_hai_rate, tiny.rpg_min_rate),
+            (1, 1, 1, 1)
+        );
+        assert_eq!(tiny.rpg_time_reset, Duration::from_nanos(55_000 * G40));
+    }
+
+    #[test]
+    fn pace_at_max_rate_spaces_an_unlimited_qp_at_the_line_rate() {
+        let mut rp = ReactionPoint::new(DcqcnParams {
+            pace_at_max_rate: true,
+            ..DcqcnParams::paper(1_000_000_000)
+        });
+        // 1250 wire bytes = 10 000 bits at 1 Gb/s: 10 us, before any CNP.
+        rp.on_sent(us(0), 1250);
+        assert!(!rp.is_limited());
+        assert_eq!(rp.next_send(us(0)), Some(us(10)));
+        assert_eq!(rp.poll_timeout(), None, "no DCQCN timers while unlimited");
+        // Sent early (at 4 us): taken to have left at 10 us.
+        rp.on_sent(us(4), 1250);
+        assert_eq!(rp.next_send(us(4)), Some(us(20)));
+        rp.handle_timeout(us(20));
+        assert_eq!(rp.pacing_deadline(), None);
+        // A CNP halves the rate: 20 us per packet; the byte counter runs only while limited.
+        rp.on_cnp(us(30));
+        rp.on_sent(us(30), 1250);
+        assert_eq!(rp.next_send(us(30)), Some(us(50)));
+        assert_eq!(rp.stats().paced_bytes, 3 * 1250);
+        // Off (the default): an unlimited QP is never held back and counts nothing.
+        let mut off = ReactionPoint::new(DcqcnParams::paper(1_000_000_000));
+        off.on_sent(us(0), 1250);
+        assert_eq!((off.next_send(us(0)), off.stats().paced_bytes), (None, 0));
     }
 
     #[test]
