@@ -47,9 +47,11 @@ MIN_SHARE="${ROCE_ROUTER_MIN_SHARE:-50}"
 JOB_SECS="${ROCE_ROUTER_JOB_SECS:-300}"
 # RED on the bottleneck (bytes; tc-red(8)): marks CE with a probability rising to PROB between MIN and MAX
 # of the average queue, and every ECT packet above MAX; drops only what finds LIMIT bytes queued (ecn
-# without harddrop). LIMIT is below two senders' windows (2 x 128 packets of ~1.1 KB), so unpaced
-# senders overflow it, and far above what DCQCN's paced senders queue.
-RED_LIMIT=100000 RED_MIN=8000 RED_MAX=24000 RED_AVPKT=1100 RED_BURST=8 RED_PROB=0.2
+# without harddrop). LIMIT is above one sender's window (--window-budget 64: 64 packets of 1102 bytes,
+# 70 KB; a window that cannot fit would be dropped on every go-back-N and its QP fail with
+# RETRY_EXC_ERR) and below two (141 KB), so two unpaced senders overflow it; DCQCN's paced senders
+# queue far less (about MIN).
+RED_LIMIT=80000 RED_MIN=8000 RED_MAX=24000 RED_AVPKT=1100 RED_BURST=8 RED_PROB=0.2
 A1=198.18.1.1 A2=198.18.1.2 GA=198.18.1.254 B1=198.18.2.1 B2=198.18.2.2 GB=198.18.2.254
 MTU=1500
 # iproute2's tc in the guest (busybox's ash prefers its own applet, which has no RED).
@@ -105,10 +107,16 @@ cat >"$JOB/qdisc.sh" <<EOF
 # The bottleneck on eth1 (toward the receivers), made afresh (counters at zero).
 set -e
 $TC qdisc del dev eth1 root 2>/dev/null || true
-$TC qdisc add dev eth1 root handle 1: htb default 1
-$TC class add dev eth1 parent 1: classid 1:1 htb rate ${MBIT}mbit ceil ${MBIT}mbit
+# HTB: MBIT in all; RoCEv2 (UDP to 4791, filter below) in class 1:1 under RED with ECN, everything else
+# (the tools' TCP exchange, ARP) in 1:2 under a FIFO, so RED's counters are RoCE's alone.
+$TC qdisc add dev eth1 root handle 1: htb default 2
+$TC class add dev eth1 parent 1: classid 1:10 htb rate ${MBIT}mbit ceil ${MBIT}mbit
+$TC class add dev eth1 parent 1:10 classid 1:1 htb rate $((MBIT * 1000 - 500))kbit ceil ${MBIT}mbit
+$TC class add dev eth1 parent 1:10 classid 1:2 htb rate 500kbit ceil ${MBIT}mbit
 $TC qdisc add dev eth1 parent 1:1 handle 10: red limit $RED_LIMIT min $RED_MIN max $RED_MAX avpkt $RED_AVPKT \\
     burst $RED_BURST probability $RED_PROB bandwidth ${MBIT}mbit ecn
+$TC qdisc add dev eth1 parent 1:2 handle 20: pfifo limit 1000
+$TC filter add dev eth1 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 4791 0xffff flowid 1:1
 $TC -s qdisc show dev eth1
 EOF
 cat >"$JOB/setup.sh" <<EOF
