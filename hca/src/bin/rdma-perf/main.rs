@@ -186,7 +186,8 @@ struct Args {
     /// with the paper's parameters scaled in proportion to the line rate (rates, timers:
     /// `hca::engine::DcqcnParams::paper_scaled`), for a line rate of MBPS
     /// Mb/s (1 to 400000), at which the QPs are also paced before the first CNP (a UDP link
-    /// has no line rate of its own). Off by default: CNPs are counted and ignored.
+    /// has no line rate of its own), with a burst allowance of 2 ms at the line rate (at least
+    /// 4 KiB). Off by default: CNPs are counted and ignored.
     #[arg(long, value_name = "MBPS", value_parser = clap::value_parser!(u64).range(1..=400_000))]
     dcqcn: Option<u64>,
 }
@@ -441,8 +442,11 @@ fn open_checked(
     p: &Params,
     spec: &DeviceSpec,
 ) -> Result<(common::Dev, i64, hca::Gid, PathMtu), Fail> {
+    // Paced at the line rate from the start, with a burst allowance of 2 ms at the line rate
+    // (at least 4 KiB): the progress thread's poll(2) wakes it with a resolution of 1 ms.
     let dcqcn = p.dcqcn.map(|line| hca::engine::DcqcnParams {
         pace_at_max_rate: true,
+        pace_burst: (line / 8 / 500).max(4096),
         ..hca::engine::DcqcnParams::paper_scaled(line)
     });
     let dev = common::open_device_dcqcn(spec.clone(), p.progress, p.window_budget, &p.vfio, dcqcn)?;
