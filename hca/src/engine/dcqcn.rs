@@ -782,7 +782,12 @@ mod tests {
         // 16 Mb/s: s = 2500.
         let p = DcqcnParams::paper_scaled(16_000_000);
         assert_eq!(
-            (p.rpg_ai_rate, p.rpg_hai_rate, p.rpg_byte_reset, p.rpg_min_rate),
+            (
+                p.rpg_ai_rate,
+                p.rpg_hai_rate,
+                p.rpg_byte_reset,
+                p.rpg_min_rate
+            ),
             (16_000, 160_000, 10_000_000, 160_000)
         );
         assert_eq!(p.rpg_time_reset, Duration::from_micros(137_500));
@@ -790,7 +795,12 @@ mod tests {
         assert_eq!(p.rate_reduce_monitor_period, Duration::from_micros(125_000));
         let tiny = DcqcnParams::paper_scaled(0);
         assert_eq!(
-            (tiny.rpg_max_rate, tiny.rpg_ai_rate, tiny.rpg_hai_rate, tiny.rpg_min_rate),
+            (
+                tiny.rpg_max_rate,
+                tiny.rpg_ai_rate,
+                tiny.rpg_hai_rate,
+                tiny.rpg_min_rate
+            ),
             (1, 1, 1, 1)
         );
         assert_eq!(tiny.rpg_time_reset, Duration::from_nanos(55_000 * G40));
@@ -845,7 +855,10 @@ mod tests {
         assert_eq!(rp.paced_span(), Some((99 * 1250, us(3), us(993))));
         // 99 x 10 000 bits over 990 us: exactly the line rate.
         let (bytes, from, to) = rp.paced_span().unwrap();
-        assert_eq!(bytes * 8 * 1_000_000_000 / (to - from).as_nanos() as u64, 1_000_000_000);
+        assert_eq!(
+            bytes * 8 * 1_000_000_000 / (to - from).as_nanos() as u64,
+            1_000_000_000
+        );
     }
 
     #[test]
