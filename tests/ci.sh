@@ -67,7 +67,7 @@ step "our tools against rxe (guest matrix)" cargo test -p tests --test guest_mat
 # namespaces over an HTB bottleneck with RED ECN marking, with DCQCN (CNPs, no loss) and without (drops, go-back-N);
 # about 70-110 s (tests/guest/router.sh). Run again once if it fails: a TCG guest that stalls for tens of ms on a
 # loaded host lets both senders' windows pile up in its tap and then reach RED at once, past its limit, with
-# DCQCN too (seen once in nine runs, at load 16); both runs' tables are printed.
+# DCQCN too (seen once in five runs, at load 16.5); both runs' tables are printed.
 step "DCQCN through a guest router with RED ECN (guest)" bash -c 'bash tests/guest/router.sh || {
     echo "router: failed once, running it again (a stalled TCG guest can burst both windows into RED)"
     bash tests/guest/router.sh; }'
