@@ -30,7 +30,7 @@
 # Known limit: a guest that stalls (TCG on a loaded host) for longer than RED's limit takes at the senders'
 # rates (80 KB at 16 Mb/s: 40 ms) finds both windows waiting in its tap and forwards them into RED at once,
 # past its limit, with DCQCN as without: the "nothing lost" check then fails (once in five runs, at load
-# 16; tests/ci.sh runs the cell a second time when it fails).
+# 16.5; tests/ci.sh runs the cell a second time when it fails).
 #
 # Environment: ROCE_GUEST_CACHE (as setup.sh); ROCE_ROUTER_BIN_DIR (a folder with rdma-perf; default:
 # `cargo build --release -p hca --bin rdma-perf` into $CARGO_TARGET_DIR or <repo>/target);
