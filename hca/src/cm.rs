@@ -16,7 +16,9 @@
 //!   every [`CmConfig::response_timeout`] (its `remote_cm_response_timeout`), at most
 //!   [`CmConfig::max_cm_retries`] times; an MRA extends the wait by its service timeout. Then the
 //!   QP goes to ERR and [`CmEventKind::Unreachable`] is reported. A REP moves the QP INIT -> RTR
-//!   (the REP's QPN and starting PSN, the REQ's path MTU) -> RTS and sends an RTU
+//!   (the REP's QPN, the REQ's path MTU) -> RTS and sends an RTU. A message's starting PSN is the
+//!   first PSN its sender receives, as Linux `cm.c` sets the QPs: the active side receives from
+//!   its REQ's and sends from the REP's, the passive side the other way round
 //!   ([`CmEventKind::Established`]); a repeated REP (the RTU was lost) gets the RTU again. A REJ
 //!   moves the QP to ERR ([`CmEventKind::Rejected`] with the reason and private data).
 //! * **Passive side**: a REQ for a service nobody listens on is answered with REJ
@@ -674,8 +676,11 @@ impl Cm {
             path_mtu: c.path_mtu,
             ah_attr: ConnectAttr::av(Gid::from(c.remote_ip), sgid, 64, 0),
             remote_qpn: c.remote_qpn,
-            remote_psn: c.remote_psn,
-            local_psn,
+            // A message's Starting PSN is the first PSN its sender receives (Linux cm.c: the
+            // passive side's rq_psn is the REP's, its sq_psn the REQ's; the active side's the
+            // other way round).
+            remote_psn: local_psn,
+            local_psn: c.remote_psn,
             max_dest_rd_atomic: p.rd_atomic,
             max_rd_atomic: p.rd_atomic,
             ..ConnectAttr::default()
@@ -1137,8 +1142,10 @@ impl Cm {
             path_mtu: c.path_mtu,
             ah_attr: ConnectAttr::av(Gid::from(c.remote_ip), sgid, 64, 0),
             remote_qpn: rep.local_qpn,
-            remote_psn: rep.starting_psn,
-            local_psn: c.local_psn,
+            // Receive from our REQ's Starting PSN, send from the REP's (Linux cm.c
+            // `ib_send_cm_req`: rq_psn = REQ's; `cm_rep_handler`: sq_psn = REP's).
+            remote_psn: c.local_psn,
+            local_psn: rep.starting_psn,
             max_dest_rd_atomic: c.rd_atomic,
             max_rd_atomic: c.rd_atomic.min(rep.responder_resources),
             ..ConnectAttr::default()
@@ -1189,7 +1196,8 @@ impl Cm {
         };
         let attr = ConnectAttr {
             qp_type: QpType::Rc,
-            local_psn: c.local_psn,
+            // Send from the REQ's Starting PSN (Linux cm.c `cm_req_handler`: sq_psn = REQ's).
+            local_psn: c.remote_psn,
             max_rd_atomic: c.rd_atomic,
             ..ConnectAttr::default()
         };

@@ -617,6 +617,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
                 &dev.config.spec,
                 &OpenOptions {
                     udp_share: Some(crate::config::share()),
+                    // A busy-polling program drives the engine from ibv_poll_cq, as the Rust
+                    // latency tools do; the thread serves programs that never poll or block.
+                    progress: hca::soft::Progress::Hybrid,
                     ..OpenOptions::default()
                 },
             ) {

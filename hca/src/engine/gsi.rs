@@ -175,6 +175,12 @@ impl SoftHca {
         self.gsi.recv.pop_front()
     }
 
+    /// Whether QP1 holds received MADs that [`SoftHca::poll_mad`] has not returned yet (a device
+    /// checks this after each progress round to wake its CM).
+    pub fn has_pending_mads(&self) -> bool {
+        !self.gsi.recv.is_empty()
+    }
+
     /// Queues `mad` (exactly [`MAD_LEN`] = 256 bytes) for transmission from QP1 at `src_ip` to QP
     /// `dest_qpn` (1 for a peer's GSI) at `dst_ip`: a UD SEND ONLY with the GSI Q_Key and P_Key
     /// 0xFFFF (IBTA vol. 1 §13.5.1).

@@ -73,6 +73,11 @@ impl std::ops::Deref for Dev {
 }
 
 impl Dev {
+    /// The device as a shared [`Verbs`] object (for a [`crate::rdma_cm::CmService`]).
+    pub fn verbs(&self) -> Arc<dyn Verbs> {
+        self.verbs.clone()
+    }
+
     /// The default GID index (the tools' `-g` / `-x` when not given): the software device's
     /// one GID, a libibverbs device's first RoCEv2 GID ([`Verbs::default_gid`]).
     pub fn gid_index(&self) -> u32 {
