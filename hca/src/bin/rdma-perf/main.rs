@@ -187,6 +187,14 @@ struct Args {
     /// number of QPs, 16 ..= 128; default: from the socket receive buffer).
     #[arg(long = "window-budget", value_name = "PACKETS")]
     window_budget: Option<u32>,
+    /// DCQCN (Zhu et al., SIGCOMM 2015) on every QP of a software device: the reaction point
+    /// with the paper's parameters scaled in proportion to the line rate (rates, timers:
+    /// `hca::engine::DcqcnParams::paper_scaled`), for a line rate of MBPS
+    /// Mb/s (1 to 400000), at which the QPs are also paced before the first CNP (a UDP link
+    /// has no line rate of its own), with a burst allowance of 2 ms at the line rate (at least
+    /// 4 KiB). Off by default: CNPs are counted and ignored.
+    #[arg(long, value_name = "MBPS", value_parser = clap::value_parser!(u64).range(1..=400_000))]
+    dcqcn: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,6 +245,8 @@ struct Params {
     accept: Option<Duration>,
     stats: bool,
     window_budget: Option<u32>,
+    /// `--dcqcn`: the line rate, bit/s.
+    dcqcn: Option<u64>,
     /// `-R`: RDMA CM instead of TCP.
     rdma_cm: bool,
 }
@@ -401,6 +411,7 @@ fn resolve(cmd: &TestCmd) -> Result<Params, Fail> {
         accept: a.timeout.map(Duration::from_secs),
         stats: a.stats,
         window_budget: a.window_budget,
+        dcqcn: a.dcqcn.map(|m| m * 1_000_000),
         rdma_cm: a.rdma_cm,
     })
 }
@@ -447,7 +458,14 @@ fn open_checked(
     p: &Params,
     spec: &DeviceSpec,
 ) -> Result<(common::Dev, i64, hca::Gid, PathMtu), Fail> {
-    let dev = common::open_device(spec.clone(), p.progress, p.window_budget, &p.vfio)?;
+    // Paced at the line rate from the start, with a burst allowance of 2 ms at the line rate
+    // (at least 4 KiB): the progress thread's poll(2) wakes it with a resolution of 1 ms.
+    let dcqcn = p.dcqcn.map(|line| hca::engine::DcqcnParams {
+        pace_at_max_rate: true,
+        pace_burst: (line / 8 / 500).max(4096),
+        ..hca::engine::DcqcnParams::paper_scaled(line)
+    });
+    let dev = common::open_device_dcqcn(spec.clone(), p.progress, p.window_budget, &p.vfio, dcqcn)?;
     let gid_index = p.gid_index.unwrap_or(i64::from(dev.gid_index()));
     let gid = common::check_gid_index(&dev, gid_index)?;
     let port_mtu = dev.query_port().active_mtu;
