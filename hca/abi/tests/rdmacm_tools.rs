@@ -73,10 +73,22 @@ fn command(devices: &str, secs: u32, tool: &Path, args: &[&str]) -> Command {
     c
 }
 
-/// Starts `server_args` on `a`, then runs `client_args` on `b` against it (retrying, at most 40
-/// times, while the client is rejected because the server is not listening yet: REJ reason 8,
-/// which the tools print as `RDMA_CM_EVENT_REJECTED` or, synchronous, `Connection refused`);
-/// returns both outputs.
+/// Most server / client pairs [`pair`] starts for one check.
+const MAX_PAIRS: u32 = 10;
+
+/// Starts `server_args` on `a`, waits, then runs `client_args` on `b` against it; returns both
+/// outputs. A client rejected with REJ reason 8 (no listener: `RDMA_CM_EVENT_REJECTED` or,
+/// synchronous, `Connection refused`) is a race of the tools, not of the libraries, and the whole
+/// pair starts again (at most [`MAX_PAIRS`] times, each waiting 0.5 s longer for the server):
+/// * the server may not listen yet (it starts under load);
+/// * perftest's `-R` connects twice: its exchange connection, then the test's own after a
+///   handshake over the first, when its server listens again; a client fast enough connects
+///   before that second listen and is rejected, as by Linux `cm.c` (`cm_match_req`). Debian
+///   12's perftest 4.5-0.17 retries that connect with the ID and channel it just destroyed, and
+///   fails; its server then waits for the test connection. Restarting only the client (what
+///   this function once did) made the new client's exchange connection the old server's test
+///   connection, whose QP has no receive posted: RNR NAKs until the client's retries ran out
+///   ("Bad wc status 12"), 1 run in 3 at load 3-12. So a rejected client ends its pair.
 fn pair(
     name: &str,
     (a, b): (&str, &str),
@@ -85,25 +97,31 @@ fn pair(
 ) -> Option<(Output, Output)> {
     let t = tool(name)?;
     let _serial = one_at_a_time();
-    let server: Child = command(&format!("rxe0=udp:{a}"), 60, &t, server_args)
-        .spawn()
-        .expect("start server");
-    let mut client = None;
-    for _ in 0..40 {
-        std::thread::sleep(Duration::from_millis(500));
-        let o = command(&format!("rxe1=udp:{b}"), 45, &t, client_args)
+    let mut last = None;
+    for attempt in 1..=MAX_PAIRS {
+        let server: Child = command(&format!("rxe0=udp:{a}"), 60, &t, server_args)
+            .spawn()
+            .expect("start server");
+        std::thread::sleep(Duration::from_millis(500) * attempt);
+        let client = command(&format!("rxe1=udp:{b}"), 45, &t, client_args)
             .output()
             .expect("run client");
-        let out = text(&o);
-        let retry = out.contains("RDMA_CM_EVENT_REJECTED") || out.contains("Connection refused");
-        client = Some(o);
-        if !retry {
-            break;
+        let out = text(&client);
+        let rejected = out.contains("RDMA_CM_EVENT_REJECTED") || out.contains("Connection refused");
+        if rejected {
+            // SIGTERM to `timeout`, which passes it on to the tool (SIGKILL would leave the
+            // tool running, bound to the address the next server needs).
+            // SAFETY: kill(2) on our own child's pid, not yet reaped.
+            unsafe { libc::kill(server.id() as libc::pid_t, libc::SIGTERM) };
         }
+        let server = server.wait_with_output().expect("server exits");
+        if !rejected {
+            return Some((server, client));
+        }
+        eprintln!("{name}: pair {attempt} rejected (no listener), starting a new pair");
+        last = Some((server, client));
     }
-    let client = client.expect("client ran");
-    let server = server.wait_with_output().expect("server exits");
-    Some((server, client))
+    last
 }
 
 fn assert_ok(name: &str, server: &Output, client: &Output) {

@@ -43,10 +43,10 @@ mod bindings;
 use core::ffi::{c_char, c_int, c_void, CStr};
 use core::mem::{size_of, zeroed};
 use core::ptr::{self, null_mut};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use hca::ibverbs::ffi::*;
@@ -292,6 +292,18 @@ unsafe fn set_route(id: *mut rdma_cm_id, src: Option<SocketAddr>, dst: Option<So
     }
 }
 
+/// The addresses of the live channels ([`new_channel`] adds, [`softrdmacm_destroy_event_channel`]
+/// removes): a second destroy of the same channel is recognised and ignored instead of freeing
+/// (and locking) freed memory. Debian 12's perftest 4.5-0.17 does that: after a rejected
+/// `rdma_connect` its retry destroys the event channel, then destroys it again on its error path
+/// (and calls `rdma_resolve_addr` / `rdma_destroy_id` on the destroyed ID, which fail with
+/// `EINVAL` from [`Global::ids`]); the freed channel's mutex then blocked the process until its
+/// `timeout`.
+fn live_channels() -> MutexGuard<'static, HashSet<usize>> {
+    static LIVE: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
+    lock(LIVE.get_or_init(|| Mutex::new(HashSet::new())))
+}
+
 fn new_channel() -> Option<*mut Channel> {
     // SAFETY: plain eventfd(2).
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
@@ -300,11 +312,13 @@ fn new_channel() -> Option<*mut Channel> {
     }
     // SAFETY: just made, owned here.
     let efd = unsafe { OwnedFd::from_raw_fd(fd) };
-    Some(Box::into_raw(Box::new(Channel {
+    let c = Box::into_raw(Box::new(Channel {
         ch: rdma_event_channel { fd },
         efd,
         queue: Mutex::new(VecDeque::new()),
-    })))
+    }));
+    live_channels().insert(c as usize);
+    Some(c)
 }
 
 /// Queues `ev` on `ch` and makes its descriptor readable once more.
@@ -464,13 +478,15 @@ pub extern "C" fn softrdmacm_create_event_channel() -> *mut rdma_event_channel {
 }
 symver!(softrdmacm_create_event_channel, "IBVERBS_PRIVATE_RDMACM");
 
-/// rdma_destroy_event_channel(3): frees the channel and its unacknowledged events.
+/// rdma_destroy_event_channel(3): frees the channel and its unacknowledged events. A pointer
+/// that is not a live channel of this library (null, or a channel already destroyed: see
+/// [`live_channels`]) is ignored; the call returns nothing to report it in.
 ///
 /// # Safety
 /// `channel` is from [`softrdmacm_create_event_channel`], with no ID left on it.
 #[no_mangle]
 pub unsafe extern "C" fn softrdmacm_destroy_event_channel(channel: *mut rdma_event_channel) {
-    if channel.is_null() {
+    if channel.is_null() || !live_channels().remove(&(channel as usize)) {
         return;
     }
     // SAFETY: the caller's promise.
