@@ -214,3 +214,38 @@ def test_native_sum_order_differs_from_gloo():
                          "OMP_NUM_THREADS": "1"})
     differing = [c[3] for c in ranks.values(out)[0]]
     assert all(d > 0 for d in differing), differing
+
+
+def inline_counts(rank, size):
+    import resource
+
+    import rocecoll
+
+    comm = rocecoll.from_env(transport="shm", timeout=60)
+    buf = np.full(256, rank + 1, dtype=np.float32)
+    before = comm.inline_ops
+    comm.all_reduce(buf)  # blocking, nothing pending: on this thread
+    ran_inline = comm.inline_ops - before
+    # Blocking calls while an async one may still be queued: issue order holds either way.
+    w = comm.all_reduce(np.full(64, rank, dtype=np.int64), async_op=True)
+    b2 = np.full(8, 1.0)
+    comm.all_reduce(b2)
+    w.wait()
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    for _ in range(200):
+        comm.all_reduce(buf, op="max")
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return (ran_inline, buf[0], b2.tolist(), comm.inline_ops - before,
+            r1.ru_nvcsw - r0.ru_nvcsw)
+
+
+def test_blocking_calls_run_on_the_callers_thread():
+    """A blocking call with nothing pending runs inline (counted by ``inline_ops``); the
+    voluntary context switches of 200 of them are printed (a count, not asserted: shm waits
+    spin before they sleep, and a loaded machine preempts)."""
+    for ran_inline, first, b2, total, switches in ranks.values(ranks.run(inline_counts, 2)):
+        assert ran_inline == 1
+        assert first == 3.0
+        assert b2 == [2.0] * 8
+        assert 201 <= total <= 202, total
+        print(f"voluntary context switches for 200 inline all-reduces: {switches}")

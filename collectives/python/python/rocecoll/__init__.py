@@ -6,7 +6,9 @@
 * Collectives on any contiguous CPU buffer: numpy arrays, torch tensors, DLPack exporters
   (``__dlpack__``), or objects exporting a C-contiguous buffer (PEP 3118, with ``dtype=`` given). ``async_op=True`` returns a
   :class:`Work` (``wait``, ``is_completed``); operations run in issue order on the
-  communicator's progress thread with the GIL released.
+  communicator's progress thread with the GIL released. A blocking call (``async_op=False``)
+  with no operation pending runs on the calling thread instead (GIL released), which spares the
+  two thread hand-offs (to the progress thread and back); ``Comm.inline_ops`` counts them.
 * Data types ``int8 uint8 int32 uint32 int64 uint64 float16 bfloat16 float32 float64`` and ops
   ``sum prod min max avg``, as in Rust (``collectives::DataType``, ``RedOp``).
 * Errors raise :class:`CollectiveError` (a ``RuntimeError``): ``rank R: ...`` names the rank
@@ -169,50 +171,55 @@ class Comm:
     def size(self):
         return self._c.size
 
+    @property
+    def inline_ops(self):
+        """How many blocking calls ran on their caller's thread (nothing was pending)."""
+        return self._c.inline_ops
+
     def abort(self):
         """Ends every pending operation with :class:`CollectiveError`, from any thread."""
         self._c.abort()
 
     def all_reduce(self, x, op="sum", dtype=None, async_op=False, timeout=None):
         b, dt = as_bytes(x, dtype)
-        return _finish(self._c.all_reduce(b, dt, op, timeout), (x, b), async_op)
+        return _finish(self._c.all_reduce(b, dt, op, timeout, not async_op), (x, b), async_op)
 
     def broadcast(self, x, root, dtype=None, async_op=False, timeout=None):
         b, dt = as_bytes(x, dtype)
-        return _finish(self._c.broadcast(b, dt, root, timeout), (x, b), async_op)
+        return _finish(self._c.broadcast(b, dt, root, timeout, not async_op), (x, b), async_op)
 
     def reduce(self, x, root, op="sum", dtype=None, async_op=False, timeout=None):
         b, dt = as_bytes(x, dtype)
-        return _finish(self._c.reduce(b, dt, root, op, timeout), (x, b), async_op)
+        return _finish(self._c.reduce(b, dt, root, op, timeout, not async_op), (x, b), async_op)
 
     def all_gather(self, out, x, dtype=None, async_op=False, timeout=None):
         """``out`` (size * n elements) gets every rank's ``x`` (n elements) in rank order."""
         s, dt = as_bytes(x, dtype, writable=False)
         r, _ = as_bytes(out, dtype)
-        return _finish(self._c.all_gather(s, r, dt, timeout), (x, out, s, r), async_op)
+        return _finish(self._c.all_gather(s, r, dt, timeout, not async_op), (x, out, s, r), async_op)
 
     def reduce_scatter(self, out, x, op="sum", dtype=None, async_op=False, timeout=None):
         """``out`` (n elements) gets this rank's block of the reduction of ``x`` (size * n)."""
         s, dt = as_bytes(x, dtype, writable=False)
         r, _ = as_bytes(out, dtype)
-        return _finish(self._c.reduce_scatter(s, r, dt, op, timeout), (x, out, s, r), async_op)
+        return _finish(self._c.reduce_scatter(s, r, dt, op, timeout, not async_op), (x, out, s, r), async_op)
 
     def all_to_all(self, out, x, dtype=None, async_op=False, timeout=None):
         """Block j of ``x`` (size equal blocks) goes to rank j; block i of ``out`` from rank i."""
         s, dt = as_bytes(x, dtype, writable=False)
         r, _ = as_bytes(out, dtype)
-        return _finish(self._c.all_to_all(s, r, dt, timeout), (x, out, s, r), async_op)
+        return _finish(self._c.all_to_all(s, r, dt, timeout, not async_op), (x, out, s, r), async_op)
 
     def send(self, x, peer, dtype=None, async_op=False, timeout=None):
         b, dt = as_bytes(x, dtype, writable=False)
-        return _finish(self._c.send(b, dt, peer, timeout), (x, b), async_op)
+        return _finish(self._c.send(b, dt, peer, timeout, not async_op), (x, b), async_op)
 
     def recv(self, x, peer, dtype=None, async_op=False, timeout=None):
         b, dt = as_bytes(x, dtype)
-        return _finish(self._c.recv(b, dt, peer, timeout), (x, b), async_op)
+        return _finish(self._c.recv(b, dt, peer, timeout, not async_op), (x, b), async_op)
 
     def barrier(self, async_op=False, timeout=None):
-        return _finish(self._c.barrier(timeout), (), async_op)
+        return _finish(self._c.barrier(timeout, not async_op), (), async_op)
 
 
 def from_env(transport=None, timeout=None, bootstrap_timeout=None):
