@@ -2,7 +2,7 @@
 our backend ("rocecoll") against Gloo in one job, interleaved, best of rounds (issue 20).
 
     torchrun --standalone --nproc-per-node 4 collectives/python/benches/torch_busbw.py \\
-        [--ops all_reduce,all_gather,reduce_scatter] [--min 1K] [--max 64M] [--rounds 3] \\
+        [--ops all_reduce,all_gather,reduce_scatter] [-b 1K] [-e 64M] [--rounds 3] \\
         [--iters 20] [--warmup 3] [--transport shm|roce] [--coll-perf target/release/coll-perf]
 
 The default process group is Gloo's; a second group over the same ranks is ours
@@ -18,7 +18,8 @@ same transport, sizes, iterations and rank count, spawning its own ranks) and pr
 cost: our torch.distributed time / coll-perf's time and the difference in microseconds.
 
 The load average (``os.getloadavg``) is printed before and after: figures taken at a load above
-the CPU count say little. Run by hand (not a test); ``--max 64K --rounds 1`` is a quick check.
+the CPU count say little. Run by hand (not a test); ``-e 16K --rounds 1`` is a quick check.
+(nccl-tests' ``-b`` / ``-e`` names: torchrun would take ``--max`` for its own ``--max-restarts``.)
 """
 
 import argparse
@@ -89,7 +90,13 @@ def coll_perf(path, op, sizes, n, iters, warmup, transport):
     name, col = COLL_PERF_OP[op]
     cmd = [path, name, "-b", str(sizes[0]), "-e", str(sizes[-1]), "-f", "4", "-n", str(iters),
            "-w", str(warmup), "-c", "0", "--ranks", str(n), "--transport", transport]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    # Without the launcher's variables (torchrun's RANK, WORLD_SIZE, ...), coll-perf starts its
+    # own ranks instead of joining ours.
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")
+    env = {k: v for k, v in os.environ.items()
+           if k not in launcher and not k.startswith(("TORCHELASTIC_", "OMPI_", "PMI", "SLURM_"))}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stderr[-2000:]}")
     out = {}
@@ -106,8 +113,8 @@ def coll_perf(path, op, sizes, n, iters, warmup, transport):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ops", default=",".join(OPS))
-    ap.add_argument("--min", type=size_arg, default=1 << 10)
-    ap.add_argument("--max", type=size_arg, default=64 << 20)
+    ap.add_argument("-b", "--minbytes", type=size_arg, default=1 << 10)
+    ap.add_argument("-e", "--maxbytes", type=size_arg, default=64 << 20)
     ap.add_argument("--factor", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
@@ -129,8 +136,8 @@ def main():
     rank, n = dist.get_rank(), dist.get_world_size()
     groups = {"gloo": None, "rocecoll": dist.new_group(list(range(n)), backend="rocecoll")}
     sizes = []
-    s = args.min
-    while s <= args.max:
+    s = args.minbytes
+    while s <= args.maxbytes:
         sizes.append(s)
         s *= args.factor
     if rank == 0:
@@ -155,7 +162,7 @@ def main():
                 tg, factor, counted = best[(op, nbytes, "gloo")]
                 tr, _, _ = best[(op, nbytes, "rocecoll")]
                 bg, br = counted / tg * factor / 1e9, counted / tr * factor / 1e9
-                print(f"{op} {human(nbytes)} {tg * 1e6:.1f} {tr * 1e6:.1f} {bg:.3f} {br:.3f} "
+                print(f"{op} {human(nbytes)} {tg * 1e6:.1f} {tr * 1e6:.1f} {bg:.4g} {br:.4g} "
                       f"{br / bg:.2f}x", flush=True)
     dist.destroy_process_group()
     if rank == 0 and args.coll_perf:
