@@ -505,6 +505,8 @@ impl PyCommunicator {
     /// In-place reduce of `buf` to `root` (other ranks' buffers are left as they were or
     /// hold partial results, as NCCL's).
     #[pyo3(signature = (buf, dtype, root, op="sum", timeout=None, inline=false))]
+    // The Python keyword signature, one argument each.
+    #[allow(clippy::too_many_arguments)]
     fn reduce(
         &self,
         py: Python<'_>,
@@ -576,6 +578,8 @@ impl PyCommunicator {
     /// Reduce-scatter: `send` (size * n elements) reduced with `op`; this rank's block of n
     /// into `recv`.
     #[pyo3(signature = (send, recv, dtype, op="sum", timeout=None, inline=false))]
+    // The Python keyword signature, one argument each.
+    #[allow(clippy::too_many_arguments)]
     fn reduce_scatter(
         &self,
         py: Python<'_>,
