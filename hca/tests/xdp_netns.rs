@@ -439,3 +439,65 @@ fn other_traffic_passes_and_the_program_goes_with_the_process() {
     assert!(!none.status.success());
     assert!(text(&none).contains("no such interface"), "{}", text(&none));
 }
+
+/// The value of counter `name` in a `--stats` dump (`name: N` in the `Debug` form of the
+/// engine's and the link's counters); `None` when it is not there.
+fn counter(out: &str, name: &str) -> Option<u64> {
+    let key = format!("{name}: ");
+    let at = out.find(&key)? + key.len();
+    out[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// MR memory in the UMEM: `rdma-perf` on the AF_XDP link allocates its buffer there, so the
+/// RDMA WRITE payloads leave as TX descriptors pointing into the MR (`tx_zero_copy`, and no
+/// copy by the link or the engine); `rdma-pingpong`, whose buffer is plain host memory, has
+/// each RC SEND payload copied once by the link (`tx_copied`). Received payloads are copied
+/// into the MR by the engine (`rx_copied`). Data compared where the tool can (`-c`).
+#[test]
+fn payloads_leave_from_umem_mrs_without_a_copy() {
+    let Some(p) = pair("z") else { return };
+    let (s, c) = cell(
+        &p,
+        PERF,
+        &["write-bw", "-s", "65536", "-n", "200", "--stats"],
+        false,
+    );
+    let out = text(&c);
+    assert!(
+        s.status.success() && c.status.success(),
+        "rdma-perf write-bw, xdp client:\n{}\n{out}",
+        text(&s)
+    );
+    let zc = counter(&out, "tx_zero_copy").expect("tx_zero_copy in --stats");
+    // 200 WRITEs of 64 KiB at MTU 1024: at least 64 packets each, all from the UMEM.
+    assert!(zc >= 200 * 64, "tx_zero_copy {zc}:\n{out}");
+    assert_eq!(counter(&out, "tx_copied"), Some(0), "{out}");
+    assert_eq!(counter(&out, "tx_copied_pkts"), Some(0), "{out}");
+    assert_eq!(counter(&out, "tx_gathered_pkts"), Some(zc), "{out}");
+    eprintln!("write-bw 64 KiB x 200 from a UMEM MR: tx_zero_copy {zc}, tx_copied 0");
+    // Host memory MRs: one copy by the link each; replies land by one engine copy.
+    let (s, c) = cell(
+        &p,
+        PINGPONG,
+        &["-s", "4096", "-n", "100", "-c", "-m", "1024", "--stats"],
+        false,
+    );
+    let out = text(&c);
+    assert!(
+        s.status.success() && c.status.success(),
+        "rdma-pingpong -c, xdp client:\n{}\n{out}",
+        text(&s)
+    );
+    let copied = counter(&out, "tx_copied").expect("tx_copied in --stats");
+    assert!(copied >= 100 * 4, "tx_copied {copied}:\n{out}");
+    assert_eq!(counter(&out, "tx_zero_copy"), Some(0), "{out}");
+    let rx = counter(&out, "rx_copied").expect("rx_copied in --stats");
+    assert!(rx >= 100 * 4, "rx_copied {rx}:\n{out}");
+    assert_eq!(counter(&out, "rx_roce"), Some(rx), "{out}");
+    eprintln!("rdma-pingpong 4 KiB x 100 from host memory: tx_copied {copied}, rx_copied {rx}");
+    assert!(wait_attached(&p, false), "XDP program left attached");
+}

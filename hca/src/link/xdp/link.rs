@@ -4,7 +4,10 @@ use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+use gpu_p2p::Memory;
 
 use roce::Gid;
 
@@ -17,6 +20,7 @@ use crate::verbs::gid::{GidEntry, GidType};
 use super::neigh::KernelNeighbours;
 use super::program::{self, AttachMode, Attached};
 use super::sys::{self, BindMode, Xsk};
+use super::umem::{ChunkAllocator, UmemMemory};
 
 /// Bytes of one UMEM frame (one packet), the page size (af_xdp.rst: aligned chunk mode).
 pub const FRAME_SIZE: usize = 4096;
@@ -29,6 +33,14 @@ pub const RX_FRAMES: usize = RING_SIZE as usize;
 /// Where in a transmit frame the engine writes the UDP payload: room for the largest headers
 /// (Ethernet 14 + IPv6 40 + UDP 8 = 62 bytes) in front of it.
 pub const PAYLOAD_AT: usize = 64;
+/// Where in a transmit frame the pad and ICRC of a packet sent from MR memory go (its last
+/// descriptor): the frame's last 8 bytes, after any headers.
+pub const TRAILER_AT: usize = FRAME_SIZE - 8;
+/// Default bytes of the MR arena after the packet frames ([`XdpLinkConfig::mr_arena`]).
+pub const DEFAULT_MR_ARENA: usize = 32 << 20;
+/// Descriptors one transmitted packet may take: headers, payload pieces (one per UMEM chunk
+/// they touch) and trailer; fewer than the kernel's limit (`MAX_SKB_FRAGS` + 1 in copy mode).
+const MAX_PACKET_DESCS: usize = 12;
 /// Frames built or delivered per call.
 const BATCH: usize = 64;
 /// The largest IP packet a frame holds: IPv6 and UDP headers (48 bytes) in front of the
@@ -52,6 +64,10 @@ pub struct XdpLinkConfig {
     /// Busy polling: `SO_PREFER_BUSY_POLL`, `SO_BUSY_POLL` 20 µs, and a progress thread that
     /// spins before it sleeps. Pays where a core can be spent for latency. Default `false`.
     pub busy_poll: bool,
+    /// Bytes of UMEM after the packet frames for MR memory ([`XdpLink::alloc_mr_memory`]),
+    /// rounded up to whole frames; 0 for none. Pinned by the kernel with the rest of the UMEM
+    /// while the socket lives. Default [`DEFAULT_MR_ARENA`].
+    pub mr_arena: usize,
 }
 
 impl XdpLinkConfig {
@@ -63,6 +79,7 @@ impl XdpLinkConfig {
             native: true,
             zero_copy: true,
             busy_poll: false,
+            mr_arena: DEFAULT_MR_ARENA,
         }
     }
 }
@@ -106,6 +123,16 @@ pub enum XdpError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// [`XdpLink::alloc_mr_memory`]: no run of free UMEM chunks that long in the MR arena
+    /// ([`XdpLinkConfig::mr_arena`]), or a length of 0.
+    UmemFull {
+        /// The interface.
+        ifname: String,
+        /// Bytes asked for.
+        len: usize,
+        /// The longest free run, bytes.
+        largest_free: usize,
+    },
 }
 
 impl fmt::Display for XdpError {
@@ -118,6 +145,15 @@ impl fmt::Display for XdpError {
             }
             XdpError::Program { ifname, reason } => write!(f, "xdp:{ifname}: {reason}"),
             XdpError::Frame { ifname, reason } => write!(f, "xdp:{ifname}: {reason}"),
+            XdpError::UmemFull {
+                ifname,
+                len,
+                largest_free,
+            } => write!(
+                f,
+                "xdp:{ifname}: no {len} bytes of MR memory in the UMEM (longest free run \
+                 {largest_free} bytes)"
+            ),
         }
     }
 }
@@ -143,9 +179,14 @@ pub struct XdpLinkCounters {
     pub rx_bytes: u64,
     /// Received frames for another MAC or IP address.
     pub rx_drop_not_for_us: u64,
+    /// RoCEv2 payloads handed to the engine by reference to their UMEM frame; the engine copies
+    /// each into the receive buffer or MR (the one unavoidable receive copy: the frame is where
+    /// the driver put it, not the MR).
+    pub rx_copied: u64,
     /// Received frames with malformed or truncated headers (bad IPv4 checksum, UDP length...).
     pub rx_drop_malformed: u64,
-    /// Received frames of a protocol the link does not serve (VLAN, other port, ARP).
+    /// Received frames of a protocol the link does not serve (VLAN, other port, ARP), and packets
+    /// received in several descriptors (`XDP_PKT_CONTD`, counted once).
     pub rx_drop_unsupported: u64,
     /// RX descriptors outside the UMEM (a kernel bug if ever non-zero).
     pub rx_drop_bad_desc: u64,
@@ -153,6 +194,15 @@ pub struct XdpLinkCounters {
     pub tx_frames: u64,
     /// Bytes of those frames.
     pub tx_bytes: u64,
+    /// Packets whose payload the engine left in MR memory inside the UMEM and that left as TX
+    /// descriptors pointing at it: no CPU copy (a zero-copy driver DMAs it; in copy mode the
+    /// kernel copies each descriptor into its socket buffer, as it does every frame).
+    pub tx_zero_copy: u64,
+    /// Packets whose payload the engine left in MR memory outside the UMEM (or, on a socket
+    /// without `XDP_USE_SG`, anywhere) and that the link copied into the frame: one copy.
+    /// Payloads the engine copied itself (inline, UC / UD, GPU memory) are the engine's
+    /// `tx_copied_pkts`.
+    pub tx_copied: u64,
     /// Packets the engine built that were dropped: no neighbour entry for the destination.
     pub tx_drop_no_neighbour: u64,
     /// Packets the engine built that were dropped: headers could not be written.
@@ -186,8 +236,10 @@ pub struct XdpLink {
     mtu: u32,
     /// Free transmit frames (UMEM addresses).
     tx_free: Vec<u64>,
-    /// Built frames not on the TX ring yet: (UMEM address, length).
-    tx_built: Vec<(u64, u32)>,
+    /// Built descriptors not on the TX ring yet: (UMEM address, length, packet continues).
+    tx_built: Vec<(u64, u32, bool)>,
+    /// Free chunks of the MR arena.
+    arena: Arc<Mutex<ChunkAllocator>>,
     /// Received frames to give back to the fill ring.
     recycle: Vec<u64>,
     neigh: KernelNeighbours,
@@ -263,10 +315,11 @@ impl XdpLink {
             op,
             source,
         };
+        let arena_frames = config.mr_arena.div_ceil(FRAME_SIZE);
         let mut xsk = Xsk::open(
             ifindex,
             config.queue,
-            FRAMES,
+            FRAMES + arena_frames,
             FRAME_SIZE,
             RING_SIZE,
             config.zero_copy,
@@ -302,11 +355,55 @@ impl XdpLink {
             mtu: if_mtu.min(MAX_IP_MTU),
             tx_free,
             tx_built: Vec::with_capacity(FRAMES),
+            arena: Arc::new(Mutex::new(ChunkAllocator::new(
+                FRAMES,
+                arena_frames,
+                FRAME_SIZE,
+            ))),
             recycle: Vec::with_capacity(BATCH),
             neigh: KernelNeighbours::new(&ifname, ifindex),
             counters: XdpLinkCounters::default(),
             epoch: std::time::Instant::now(),
         })
+    }
+
+    /// `len` bytes of zero-filled MR memory inside the UMEM (whole frames from the MR arena,
+    /// [`XdpLinkConfig::mr_arena`]), for an MR whose RC requests and RDMA READ responses then
+    /// leave without a CPU copy: each packet is a chain of TX descriptors (`XDP_USE_SG`,
+    /// `XDP_PKT_CONTD`): its headers in a packet frame, the payload where it lies in the MR, and
+    /// the pad and ICRC ([`XdpLinkCounters::tx_zero_copy`]). Received payloads are copied into
+    /// it by the engine as into any memory ([`XdpLinkCounters::rx_copied`]). The memory goes
+    /// back to the arena when its last reference is dropped; it stays valid after the link
+    /// closes.
+    ///
+    /// # Errors
+    /// [`XdpError::UmemFull`] when no free run is that long, or `len` is 0.
+    pub fn alloc_mr_memory(&self, len: usize) -> Result<Arc<dyn Memory>, XdpError> {
+        UmemMemory::alloc(self.xsk.umem(), &self.arena, len)
+            .map(|m| Arc::new(m) as Arc<dyn Memory>)
+            .ok_or_else(|| XdpError::UmemFull {
+                ifname: self.config.ifname.clone(),
+                len,
+                largest_free: self
+                    .arena
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .largest_bytes(),
+            })
+    }
+
+    /// Free bytes of the MR arena.
+    pub fn mr_arena_free(&self) -> usize {
+        self.arena
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .free_bytes()
+    }
+
+    /// Whether the socket takes packets in several descriptors (`XDP_USE_SG`): needed for
+    /// zero-copy transmit from MR memory.
+    pub fn multi_buffer(&self) -> bool {
+        self.xsk.multi_buffer()
     }
 
     /// The interface's name.
@@ -339,12 +436,18 @@ impl XdpLink {
         Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
     }
 
-    /// Takes the frames the kernel finished sending back into the free list.
+    /// Takes the frames the kernel finished sending back into the free list. Every descriptor
+    /// completes: a packet frame's headers (offset below [`PAYLOAD_AT`]) return the frame; its
+    /// trailer descriptor (at [`TRAILER_AT`]) and payload descriptors in the MR arena return
+    /// nothing (the MR owns those chunks).
     fn reclaim(&mut self) {
         let n = self.xsk.comp_available();
+        let frames_end = (FRAMES * FRAME_SIZE) as u64;
         for i in 0..n {
             let addr = self.xsk.comp_peek(i);
-            self.tx_free.push(addr - addr % FRAME_SIZE as u64);
+            if addr < frames_end && addr % (FRAME_SIZE as u64) < PAYLOAD_AT as u64 {
+                self.tx_free.push(addr - addr % FRAME_SIZE as u64);
+            }
         }
         if n > 0 {
             self.xsk.comp_release(n);
@@ -457,11 +560,22 @@ impl Link for XdpLink {
     fn deliver<F: FnMut(&Datagram<'_>)>(&mut self, mut f: F) -> Result<usize, XdpError> {
         let n = self.xsk.rx_available().min(BATCH as u32);
         let mut delivered = 0;
+        // A packet in several descriptors (a multi-buffer socket): this link's frames hold
+        // its MTU, so such a packet is not one it serves; all its pieces are dropped.
+        let mut in_chain = false;
         for i in 0..n {
-            let (addr, len) = self.xsk.rx_peek(i);
+            let (addr, len, more) = self.xsk.rx_peek(i);
             self.recycle.push(addr - addr % FRAME_SIZE as u64);
             self.counters.rx_frames += 1;
             self.counters.rx_bytes += u64::from(len);
+            let chained = in_chain || more;
+            if chained && !in_chain {
+                self.counters.rx_drop_unsupported += 1;
+            }
+            in_chain = more;
+            if chained {
+                continue;
+            }
             let Some(bytes) = self.xsk.frame(addr, len as usize) else {
                 self.counters.rx_drop_bad_desc += 1;
                 continue;
@@ -469,6 +583,7 @@ impl Link for XdpLink {
             match frame::classify(bytes, &self.me) {
                 Received::Roce(d) => {
                     self.counters.rx_roce += 1;
+                    self.counters.rx_copied += 1;
                     delivered += 1;
                     f(&d);
                 }
@@ -492,8 +607,11 @@ impl Link for XdpLink {
         delivered >= BATCH
     }
 
-    /// Builds up to a batch of frames: the engine's payload copied into a free UMEM frame at
-    /// [`PAYLOAD_AT`], the headers written in front of it.
+    /// Builds up to a batch of packets ([`SoftHca::poll_transmit_gather`]) in free UMEM frames:
+    /// the UDP payload's head at [`PAYLOAD_AT`] with the headers written in front of it; a
+    /// payload the engine left in MR memory inside the UMEM as further descriptors pointing
+    /// at it, then the pad and ICRC at [`TRAILER_AT`] ([`XdpLinkCounters::tx_zero_copy`]); one
+    /// in other memory copied after the head ([`XdpLinkCounters::tx_copied`]).
     fn build(&mut self, engine: &mut SoftHca, now: Instant) -> (usize, bool) {
         self.reclaim();
         let mut built = 0;
@@ -507,10 +625,11 @@ impl Link for XdpLink {
                 self.tx_free.pop();
                 continue;
             };
-            let Some(tx) = engine.poll_transmit(now, &mut buf[PAYLOAD_AT..]) else {
+            let Some(g) = engine.poll_transmit_gather(now, &mut buf[PAYLOAD_AT..]) else {
                 break;
             };
             built += 1;
+            let tx = g.transmit;
             let src = match tx.dst_ip {
                 IpAddr::V4(_) => self.me.ipv4.map(IpAddr::V4),
                 IpAddr::V6(_) => Some(tx.src_ip),
@@ -519,16 +638,76 @@ impl Link for XdpLink {
                 self.counters.tx_drop_no_neighbour += 1;
                 continue;
             };
+            // The payload's descriptors after the head: in the UMEM, or `None` to copy.
+            let mut descs = [(0u64, 0u32); MAX_PACKET_DESCS];
+            let mut n_descs = 0;
+            let gathered = g.segment_count() > 0;
+            let in_place = gathered
+                && self.xsk.multi_buffer()
+                && PAYLOAD_AT + g.head_len() <= TRAILER_AT
+                && g.segments().all(|seg| {
+                    let Some(base) = seg.memory().host_ptr() else {
+                        return false;
+                    };
+                    let ptr = base.as_ptr().as_ptr().wrapping_add(seg.offset());
+                    let Some(mut at) = self.xsk.umem().addr_of(ptr, seg.len()) else {
+                        return false;
+                    };
+                    // One descriptor per UMEM chunk the segment touches (aligned mode).
+                    let mut left = seg.len() as u64;
+                    while left > 0 {
+                        let room = FRAME_SIZE as u64 - at % FRAME_SIZE as u64;
+                        let take = left.min(room);
+                        if n_descs + 2 > MAX_PACKET_DESCS {
+                            return false;
+                        }
+                        descs[n_descs] = (at, take as u32);
+                        n_descs += 1;
+                        at += take;
+                        left -= take;
+                    }
+                    true
+                });
             let Some(buf) = self.xsk.frame_mut(addr) else {
                 continue;
             };
-            match frame::write_roce_headers(buf, PAYLOAD_AT, &tx, self.me.mac, dst_mac) {
-                Some(start) => {
-                    self.tx_free.pop();
-                    let len = (PAYLOAD_AT + tx.len - start) as u32;
-                    self.tx_built.push((addr + start as u64, len));
+            let head_end = PAYLOAD_AT + g.head_len();
+            if gathered && !in_place {
+                // One copy: segments and trailer after the head, the frame then whole.
+                if PAYLOAD_AT + tx.len > FRAME_SIZE {
+                    self.counters.tx_drop_frame += 1;
+                    continue;
                 }
-                None => self.counters.tx_drop_frame += 1,
+                let mut at = head_end;
+                for seg in g.segments() {
+                    let bytes = seg.bytes();
+                    buf[at..at + bytes.len()].copy_from_slice(bytes);
+                    at += bytes.len();
+                }
+                let trailer = g.trailer();
+                buf[at..at + trailer.len()].copy_from_slice(trailer);
+                self.counters.tx_copied += 1;
+            }
+            let Some(start) = frame::write_roce_headers(buf, PAYLOAD_AT, &tx, self.me.mac, dst_mac)
+            else {
+                self.counters.tx_drop_frame += 1;
+                continue;
+            };
+            self.tx_free.pop();
+            if in_place {
+                let trailer = g.trailer();
+                buf[TRAILER_AT..TRAILER_AT + trailer.len()].copy_from_slice(trailer);
+                self.tx_built
+                    .push((addr + start as u64, (head_end - start) as u32, true));
+                for &(a, l) in &descs[..n_descs] {
+                    self.tx_built.push((a, l, true));
+                }
+                self.tx_built
+                    .push((addr + TRAILER_AT as u64, trailer.len() as u32, false));
+                self.counters.tx_zero_copy += 1;
+            } else {
+                let len = (PAYLOAD_AT + tx.len - start) as u32;
+                self.tx_built.push((addr + start as u64, len, false));
             }
         }
         (built, built == BATCH)
@@ -547,10 +726,16 @@ impl Link for XdpLink {
             return report;
         }
         let room = self.xsk.tx_free() as usize;
-        let n = room.min(self.tx_built.len());
-        for &(addr, len) in &self.tx_built[..n] {
-            self.xsk.tx_push(addr, len);
-            self.counters.tx_frames += 1;
+        // Whole packets only: up to the last descriptor that ends a packet within the room.
+        let n = self.tx_built[..room.min(self.tx_built.len())]
+            .iter()
+            .rposition(|&(_, _, more)| !more)
+            .map_or(0, |i| i + 1);
+        for &(addr, len, more) in &self.tx_built[..n] {
+            self.xsk.tx_push(addr, len, more);
+            if !more {
+                self.counters.tx_frames += 1;
+            }
             self.counters.tx_bytes += u64::from(len);
         }
         self.tx_built.drain(..n);
