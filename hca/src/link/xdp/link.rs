@@ -41,6 +41,9 @@ pub const DEFAULT_MR_ARENA: usize = 32 << 20;
 /// Descriptors one transmitted packet may take: headers, payload pieces (one per UMEM chunk
 /// they touch) and trailer; fewer than the kernel's limit (`MAX_SKB_FRAGS` + 1 in copy mode).
 const MAX_PACKET_DESCS: usize = 12;
+/// Most sendto(2) wake-ups of the TX ring per flush (each takes up to 32 descriptors in copy
+/// mode: 64 x 32 covers a full ring).
+const MAX_KICKS: usize = 64;
 /// Frames built or delivered per call.
 const BATCH: usize = 64;
 /// The largest IP packet a frame holds: IPv6 and UDP headers (48 bytes) in front of the
@@ -744,10 +747,21 @@ impl Link for XdpLink {
             report.blocked += 1;
             self.counters.tx_blocked += 1;
         }
-        if self.xsk.tx_needs_wakeup() {
+        // In copy mode one sendto(2) takes at most the kernel's TX batch (32 descriptors,
+        // `TX_BATCH_SIZE` of net/xdp/xsk.c, then EAGAIN): a packet sent from MR memory takes
+        // three or more, so the ring is kicked until it is empty, a bounded number of times,
+        // lest descriptors wait there for the next flush (a retransmission timeout later).
+        for _ in 0..MAX_KICKS {
+            if !self.xsk.tx_needs_wakeup() || self.xsk.tx_pending() == 0 {
+                break;
+            }
             self.counters.tx_kicks += 1;
-            if let Err(e) = self.xsk.kick_tx() {
-                report.error = Some(self.ifname_err("sendto (TX wake-up)", e));
+            match self.xsk.kick_tx() {
+                Ok(_) => {}
+                Err(e) => {
+                    report.error = Some(self.ifname_err("sendto (TX wake-up)", e));
+                    break;
+                }
             }
         }
         report

@@ -496,6 +496,11 @@ impl Xsk {
         self.tx.free()
     }
 
+    /// Descriptors on the TX ring the kernel has not taken yet.
+    pub(crate) fn tx_pending(&mut self) -> u32 {
+        self.tx.size - self.tx.free()
+    }
+
     /// Queues a descriptor for sending (the caller checked [`Xsk::tx_free`]); `more`: the packet
     /// continues in the next one (`XDP_PKT_CONTD`, multi-buffer sockets only).
     /// [`Xsk::tx_publish`] hands them over.
