@@ -477,6 +477,7 @@ fn payloads_leave_from_umem_mrs_without_a_copy() {
     assert!(zc >= 200 * 64, "tx_zero_copy {zc}:\n{out}");
     assert_eq!(counter(&out, "tx_copied"), Some(0), "{out}");
     assert_eq!(counter(&out, "tx_copied_pkts"), Some(0), "{out}");
+    assert_eq!(counter(&out, "kernel_tx_invalid"), Some(0), "{out}");
     assert_eq!(counter(&out, "tx_gathered_pkts"), Some(zc), "{out}");
     eprintln!("write-bw 64 KiB x 200 from a UMEM MR: tx_zero_copy {zc}, tx_copied 0");
     // Host memory MRs: one copy by the link each; replies land by one engine copy.
