@@ -4,8 +4,10 @@
 //! `rdma-pingpong -c` (RC SEND, data compared) and `rdma-perf` write-bw and send-lat cells
 //! with each link as server; ping and a TCP connection to A's address keep working while the
 //! XDP program is attached; the program is attached while a tool runs and gone after it exits
-//! and after it is SIGKILLed. Root only (namespaces, XDP, AF_XDP): skipped with a message
-//! otherwise, and when the build had no clang for the XDP program.
+//! and after it is SIGKILLed; `rdma-perf`'s buffer in the link's UMEM sends its RC payloads
+//! without a copy, host memory with one (the link's counters). Root only (namespaces, XDP,
+//! AF_XDP): skipped with a message otherwise, and when the build had no clang for the XDP
+//! program.
 #![cfg(feature = "tools")]
 
 use std::process::{Child, Command, Output, Stdio};
