@@ -346,8 +346,11 @@ fn all_reduce_between_an_af_xdp_rank_and_a_udp_rank() {
     check_outputs(&outs);
     let stats = String::from_utf8_lossy(&outs[0].stderr);
     let zc = counter(&stats, "tx_zero_copy").expect("rank 0's link counters (COLL_ROCE_STATS)");
-    assert!(zc > 0, "no payload left from the UMEM:
-{stats}");
+    assert!(
+        zc > 0,
+        "no payload left from the UMEM:
+{stats}"
+    );
     assert_eq!(counter(&stats, "kernel_tx_invalid"), Some(0), "{stats}");
     eprintln!(
         "rank 0 (AF_XDP): tx_zero_copy {zc}, tx_copied {:?}",
