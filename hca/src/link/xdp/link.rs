@@ -33,9 +33,12 @@ pub const RX_FRAMES: usize = RING_SIZE as usize;
 /// Where in a transmit frame the engine writes the UDP payload: room for the largest headers
 /// (Ethernet 14 + IPv6 40 + UDP 8 = 62 bytes) in front of it.
 pub const PAYLOAD_AT: usize = 64;
-/// Where in a transmit frame the pad and ICRC of a packet sent from MR memory go (its last
-/// descriptor): the frame's last 8 bytes, after any headers.
-pub const TRAILER_AT: usize = FRAME_SIZE - 8;
+/// Bytes of one transmit slot: two UMEM chunks, so that a packet of a 4096-byte path MTU (more
+/// than one chunk holds) is built contiguously and leaves as two descriptors (`XDP_USE_SG`).
+pub const TX_SLOT: usize = 2 * FRAME_SIZE;
+/// Where in a transmit slot the pad and ICRC of a packet sent from MR memory go (its last
+/// descriptor): the slot's last 8 bytes, after any headers.
+pub const TRAILER_AT: usize = TX_SLOT - 8;
 /// Default bytes of the MR arena after the packet frames ([`XdpLinkConfig::mr_arena`]).
 pub const DEFAULT_MR_ARENA: usize = 32 << 20;
 /// Descriptors one transmitted packet may take: headers, payload pieces (one per UMEM chunk
@@ -49,6 +52,11 @@ const BATCH: usize = 64;
 /// The largest IP packet a frame holds: IPv6 and UDP headers (48 bytes) in front of the
 /// payload at [`PAYLOAD_AT`], up to the frame's end.
 const MAX_IP_MTU: u32 = (FRAME_SIZE - PAYLOAD_AT + 48) as u32;
+/// As [`MAX_IP_MTU`] for a multi-buffer socket: up to the transmit slot's trailer, which a
+/// received chain's reassembly buffer ([`MAX_RX_FRAME`]) also holds.
+const MAX_IP_MTU_SG: u32 = (TRAILER_AT - PAYLOAD_AT + 48) as u32;
+/// Longest received frame (Ethernet header on) reassembled from a chain of descriptors.
+const MAX_RX_FRAME: usize = TX_SLOT;
 /// Idle rounds the progress thread spins with [`XdpLinkConfig::busy_poll`].
 const BUSY_SPIN_ROUNDS: u32 = 200;
 
@@ -174,7 +182,7 @@ impl std::error::Error for XdpError {
 /// calls, and the kernel's counters of the socket (`XDP_STATISTICS`, read when asked).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct XdpLinkCounters {
-    /// Frames taken from the RX ring.
+    /// Frames taken from the RX ring (a packet in a chain of descriptors counts once).
     pub rx_frames: u64,
     /// RoCEv2 datagrams handed to the engine.
     pub rx_roce: u64,
@@ -186,10 +194,10 @@ pub struct XdpLinkCounters {
     /// each into the receive buffer or MR (the one unavoidable receive copy: the frame is where
     /// the driver put it, not the MR).
     pub rx_copied: u64,
-    /// Received frames with malformed or truncated headers (bad IPv4 checksum, UDP length...).
+    /// Received frames with malformed or truncated headers (bad IPv4 checksum, UDP length...),
+    /// and chains of descriptors longer than the link reassembles.
     pub rx_drop_malformed: u64,
-    /// Received frames of a protocol the link does not serve (VLAN, other port, ARP), and packets
-    /// received in several descriptors (`XDP_PKT_CONTD`, counted once).
+    /// Received frames of a protocol the link does not serve (VLAN, other port, ARP).
     pub rx_drop_unsupported: u64,
     /// RX descriptors outside the UMEM (a kernel bug if ever non-zero).
     pub rx_drop_bad_desc: u64,
@@ -241,6 +249,12 @@ pub struct XdpLink {
     tx_free: Vec<u64>,
     /// Built descriptors not on the TX ring yet: (UMEM address, length, packet continues).
     tx_built: Vec<(u64, u32, bool)>,
+    /// A received packet in several descriptors, reassembled (`XDP_PKT_CONTD` chains).
+    rx_chain: Vec<u8>,
+    /// The chain being received is dropped (too long): its remaining pieces are skipped.
+    rx_chain_bad: bool,
+    /// A chain is being received (its last descriptor not seen yet).
+    rx_in_chain: bool,
     /// Free chunks of the MR arena.
     arena: Arc<Mutex<ChunkAllocator>>,
     /// Received frames to give back to the fill ring.
@@ -340,9 +354,15 @@ impl XdpLink {
             ));
         }
         xsk.fill(rx.into_iter());
-        let tx_free = (RX_FRAMES..FRAMES)
-            .map(|i| (i * FRAME_SIZE) as u64)
+        let tx_free = (RX_FRAMES * FRAME_SIZE..FRAMES * FRAME_SIZE)
+            .step_by(TX_SLOT)
+            .map(|a| a as u64)
             .collect();
+        let max_mtu = if xsk.multi_buffer() {
+            MAX_IP_MTU_SG
+        } else {
+            MAX_IP_MTU
+        };
         let program = program::attach(ifindex, config.queue, xsk.as_fd(), config.native).map_err(
             |reason| XdpError::Program {
                 ifname: ifname.clone(),
@@ -355,9 +375,12 @@ impl XdpLink {
             config: config.clone(),
             ifindex,
             me,
-            mtu: if_mtu.min(MAX_IP_MTU),
+            mtu: if_mtu.min(max_mtu),
             tx_free,
             tx_built: Vec::with_capacity(FRAMES),
+            rx_chain: Vec::with_capacity(MAX_RX_FRAME),
+            rx_chain_bad: false,
+            rx_in_chain: false,
             arena: Arc::new(Mutex::new(ChunkAllocator::new(
                 FRAMES,
                 arena_frames,
@@ -439,17 +462,18 @@ impl XdpLink {
         Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
     }
 
-    /// Takes the frames the kernel finished sending back into the free list. Every descriptor
-    /// completes: a packet frame's headers (offset below [`PAYLOAD_AT`]) return the frame; its
-    /// trailer descriptor (at [`TRAILER_AT`]) and payload descriptors in the MR arena return
-    /// nothing (the MR owns those chunks).
+    /// Takes the slots the kernel finished sending back into the free list. Every descriptor
+    /// completes: a slot's first (offset below [`PAYLOAD_AT`]) returns the slot; its others
+    /// (the second chunk of a long packet, the trailer at [`TRAILER_AT`]) and payload
+    /// descriptors in the MR arena return nothing (the MR owns those chunks).
     fn reclaim(&mut self) {
         let n = self.xsk.comp_available();
         let frames_end = (FRAMES * FRAME_SIZE) as u64;
+        let slot = TX_SLOT as u64;
         for i in 0..n {
             let addr = self.xsk.comp_peek(i);
-            if addr < frames_end && addr % (FRAME_SIZE as u64) < PAYLOAD_AT as u64 {
-                self.tx_free.push(addr - addr % FRAME_SIZE as u64);
+            if addr < frames_end && addr % slot < PAYLOAD_AT as u64 {
+                self.tx_free.push(addr - addr % slot);
             }
         }
         if n > 0 {
@@ -463,6 +487,42 @@ impl XdpLink {
             op,
             source,
         }
+    }
+}
+
+/// Appends the descriptors of `len` bytes at UMEM address `at`, one per chunk they touch (aligned
+/// mode: a descriptor stays within its chunk), to `descs[*n..]`; `false` when more than `max`
+/// would be needed in all.
+fn chunk_descs(
+    mut at: u64,
+    len: usize,
+    descs: &mut [(u64, u32)],
+    n: &mut usize,
+    max: usize,
+) -> bool {
+    let mut left = len as u64;
+    while left > 0 {
+        let take = left.min(FRAME_SIZE as u64 - at % FRAME_SIZE as u64);
+        if *n >= max.min(descs.len()) {
+            return false;
+        }
+        descs[*n] = (at, take as u32);
+        *n += 1;
+        at += take;
+        left -= take;
+    }
+    true
+}
+
+/// Queues `len` contiguous bytes at UMEM address `at` as one descriptor per chunk they touch,
+/// all but the last marked as continued, the last as `more`.
+fn push_chunks(built: &mut Vec<(u64, u32, bool)>, mut at: u64, len: usize, more: bool) {
+    let mut left = len as u64;
+    while left > 0 {
+        let take = left.min(FRAME_SIZE as u64 - at % FRAME_SIZE as u64);
+        left -= take;
+        built.push((at, take as u32, more || left > 0));
+        at += take;
     }
 }
 
@@ -563,27 +623,43 @@ impl Link for XdpLink {
     fn deliver<F: FnMut(&Datagram<'_>)>(&mut self, mut f: F) -> Result<usize, XdpError> {
         let n = self.xsk.rx_available().min(BATCH as u32);
         let mut delivered = 0;
-        // A packet in several descriptors (a multi-buffer socket): this link's frames hold
-        // its MTU, so such a packet is not one it serves; all its pieces are dropped.
-        let mut in_chain = false;
         for i in 0..n {
             let (addr, len, more) = self.xsk.rx_peek(i);
             self.recycle.push(addr - addr % FRAME_SIZE as u64);
-            self.counters.rx_frames += 1;
             self.counters.rx_bytes += u64::from(len);
-            let chained = in_chain || more;
-            if chained && !in_chain {
-                self.counters.rx_drop_unsupported += 1;
-            }
-            in_chain = more;
-            if chained {
-                continue;
-            }
-            let Some(bytes) = self.xsk.frame(addr, len as usize) else {
+            let Some(piece) = self.xsk.frame(addr, len as usize) else {
                 self.counters.rx_drop_bad_desc += 1;
+                self.rx_chain_bad |= self.rx_in_chain || more;
+                self.rx_in_chain = more;
+                if !more {
+                    self.rx_chain.clear();
+                    self.rx_chain_bad = false;
+                }
                 continue;
             };
-            match frame::classify(bytes, &self.me) {
+            // A packet in several descriptors (longer than a frame: a multi-buffer socket) is
+            // copied together (the one extra copy of such packets), up to MAX_RX_FRAME bytes.
+            let chained = self.rx_in_chain || more;
+            if chained {
+                if self.rx_chain.len() + piece.len() > MAX_RX_FRAME {
+                    self.rx_chain_bad = true;
+                } else if !self.rx_chain_bad {
+                    self.rx_chain.extend_from_slice(piece);
+                }
+                self.rx_in_chain = more;
+                if more {
+                    continue;
+                }
+            }
+            self.counters.rx_frames += 1;
+            if chained && std::mem::take(&mut self.rx_chain_bad) {
+                self.rx_chain.clear();
+                self.counters.rx_drop_malformed += 1;
+                continue;
+            }
+            let bytes = if chained { &self.rx_chain[..] } else { piece };
+            let kind = frame::classify(bytes, &self.me);
+            match kind {
                 Received::Roce(d) => {
                     self.counters.rx_roce += 1;
                     self.counters.rx_copied += 1;
@@ -593,6 +669,9 @@ impl Link for XdpLink {
                 Received::Ignored(Ignored::NotForUs) => self.counters.rx_drop_not_for_us += 1,
                 Received::Ignored(Ignored::Malformed) => self.counters.rx_drop_malformed += 1,
                 _ => self.counters.rx_drop_unsupported += 1,
+            }
+            if chained {
+                self.rx_chain.clear();
             }
         }
         if n > 0 {
@@ -610,21 +689,26 @@ impl Link for XdpLink {
         delivered >= BATCH
     }
 
-    /// Builds up to a batch of packets ([`SoftHca::poll_transmit_gather`]) in free UMEM frames:
-    /// the UDP payload's head at [`PAYLOAD_AT`] with the headers written in front of it; a
-    /// payload the engine left in MR memory inside the UMEM as further descriptors pointing
-    /// at it, then the pad and ICRC at [`TRAILER_AT`] ([`XdpLinkCounters::tx_zero_copy`]); one
-    /// in other memory copied after the head ([`XdpLinkCounters::tx_copied`]).
+    /// Builds up to a batch of packets ([`SoftHca::poll_transmit_gather`]) in free transmit
+    /// slots ([`TX_SLOT`]): the UDP payload's head at [`PAYLOAD_AT`] with the headers written in
+    /// front of it; a payload the engine left in MR memory inside the UMEM as further
+    /// descriptors pointing at it, then the pad and ICRC at [`TRAILER_AT`]
+    /// ([`XdpLinkCounters::tx_zero_copy`]); one in other memory copied after the head
+    /// ([`XdpLinkCounters::tx_copied`]). A packet longer than one chunk leaves as one descriptor
+    /// per chunk it touches (aligned mode: a descriptor stays within its chunk).
     fn build(&mut self, engine: &mut SoftHca, now: Instant) -> (usize, bool) {
         self.reclaim();
+        let sg = self.xsk.multi_buffer();
+        // Without XDP_USE_SG a packet must fit the slot's first chunk.
+        let room = if sg { TRAILER_AT } else { FRAME_SIZE };
         let mut built = 0;
         while built < BATCH {
             let Some(&addr) = self.tx_free.last() else {
                 self.counters.tx_blocked += 1;
                 return (built, true);
             };
-            let Some(buf) = self.xsk.frame_mut(addr) else {
-                // Not reachable: free frames are UMEM frames.
+            let Some(buf) = self.xsk.region_mut(addr, room) else {
+                // Not reachable: free slots are UMEM chunks.
                 self.tx_free.pop();
                 continue;
             };
@@ -641,43 +725,36 @@ impl Link for XdpLink {
                 self.counters.tx_drop_no_neighbour += 1;
                 continue;
             };
-            // The payload's descriptors after the head: in the UMEM, or `None` to copy.
+            // The payload's descriptors after the head, when it is in the UMEM.
             let mut descs = [(0u64, 0u32); MAX_PACKET_DESCS];
             let mut n_descs = 0;
             let gathered = g.segment_count() > 0;
+            let head_end = PAYLOAD_AT + g.head_len();
             let in_place = gathered
-                && self.xsk.multi_buffer()
-                && PAYLOAD_AT + g.head_len() <= TRAILER_AT
+                && sg
+                && head_end <= TRAILER_AT
                 && g.segments().all(|seg| {
                     let Some(base) = seg.memory().host_ptr() else {
                         return false;
                     };
                     let ptr = base.as_ptr().as_ptr().wrapping_add(seg.offset());
-                    let Some(mut at) = self.xsk.umem().addr_of(ptr, seg.len()) else {
+                    let Some(at) = self.xsk.umem().addr_of(ptr, seg.len()) else {
                         return false;
                     };
-                    // One descriptor per UMEM chunk the segment touches (aligned mode).
-                    let mut left = seg.len() as u64;
-                    while left > 0 {
-                        let room = FRAME_SIZE as u64 - at % FRAME_SIZE as u64;
-                        let take = left.min(room);
-                        if n_descs + 2 > MAX_PACKET_DESCS {
-                            return false;
-                        }
-                        descs[n_descs] = (at, take as u32);
-                        n_descs += 1;
-                        at += take;
-                        left -= take;
-                    }
-                    true
+                    chunk_descs(
+                        at,
+                        seg.len(),
+                        &mut descs,
+                        &mut n_descs,
+                        MAX_PACKET_DESCS - 3,
+                    )
                 });
-            let Some(buf) = self.xsk.frame_mut(addr) else {
+            let Some(buf) = self.xsk.region_mut(addr, TX_SLOT.min(room + 8)) else {
                 continue;
             };
-            let head_end = PAYLOAD_AT + g.head_len();
             if gathered && !in_place {
-                // One copy: segments and trailer after the head, the frame then whole.
-                if PAYLOAD_AT + tx.len > FRAME_SIZE {
+                // One copy: segments and trailer after the head, the packet then contiguous.
+                if PAYLOAD_AT + tx.len > room {
                     self.counters.tx_drop_frame += 1;
                     continue;
                 }
@@ -697,11 +774,11 @@ impl Link for XdpLink {
                 continue;
             };
             self.tx_free.pop();
+            let first = addr + start as u64;
             if in_place {
                 let trailer = g.trailer();
                 buf[TRAILER_AT..TRAILER_AT + trailer.len()].copy_from_slice(trailer);
-                self.tx_built
-                    .push((addr + start as u64, (head_end - start) as u32, true));
+                push_chunks(&mut self.tx_built, first, head_end - start, true);
                 for &(a, l) in &descs[..n_descs] {
                     self.tx_built.push((a, l, true));
                 }
@@ -709,8 +786,12 @@ impl Link for XdpLink {
                     .push((addr + TRAILER_AT as u64, trailer.len() as u32, false));
                 self.counters.tx_zero_copy += 1;
             } else {
-                let len = (PAYLOAD_AT + tx.len - start) as u32;
-                self.tx_built.push((addr + start as u64, len, false));
+                push_chunks(
+                    &mut self.tx_built,
+                    first,
+                    PAYLOAD_AT + tx.len - start,
+                    false,
+                );
             }
         }
         (built, built == BATCH)

@@ -444,14 +444,17 @@ impl Xsk {
         })
     }
 
-    /// Frame `addr`, writable, whole (`frame_size` bytes); `None` outside the UMEM.
-    pub(crate) fn frame_mut(&mut self, addr: u64) -> Option<&mut [u8]> {
-        let (start, end) = self.bounds(addr, self.frame_size)?;
-        // SAFETY: inside the mapping; the frame is owned by user space (free list: not on the
-        // fill or TX ring), and `&mut self` makes this the only reference.
-        Some(unsafe {
-            std::slice::from_raw_parts_mut(self.umem.base().as_ptr().add(start), end - start)
-        })
+    /// `len` bytes from UMEM address `addr`, writable, across chunks; `None` outside the UMEM.
+    /// For a transmit slot of several chunks, owned by user space (free list).
+    pub(crate) fn region_mut(&mut self, addr: u64, len: usize) -> Option<&mut [u8]> {
+        let start = usize::try_from(addr).ok()?;
+        let end = start.checked_add(len)?;
+        if end > self.umem.len() {
+            return None;
+        }
+        // SAFETY: inside the mapping; the slot's chunks are owned by user space (not on the fill
+        // or TX ring), and `&mut self` makes this the only reference.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.umem.base().as_ptr().add(start), len) })
     }
 
     fn bounds(&self, addr: u64, len: usize) -> Option<(usize, usize)> {
