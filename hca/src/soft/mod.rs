@@ -138,8 +138,8 @@ pub trait SoftLink: Link<Error: Into<DeviceError>> {
         None
     }
 
-    /// Memory the link sends from without a copy ([`Verbs::alloc_memory`]); `None` (the
-    /// default) for a link without any.
+    /// Memory the link sends from without a copy ([`crate::verbs::Verbs::alloc_memory`]);
+    /// `None` (the default) for a link without any.
     fn alloc_memory(&self, len: usize) -> Option<Result<Arc<dyn Memory>, DeviceError>> {
         let _ = len;
         None

@@ -54,7 +54,7 @@ mod umem;
 
 pub use link::{
     XdpError, XdpLink, XdpLinkConfig, XdpLinkCounters, XdpPoller, DEFAULT_MR_ARENA, FRAMES,
-    FRAME_SIZE, PAYLOAD_AT, RING_SIZE, RX_FRAMES, TRAILER_AT,
+    FRAME_SIZE, PAYLOAD_AT, RING_SIZE, RX_FRAMES, TRAILER_AT, TX_SLOT,
 };
 pub use program::AttachMode;
 pub use umem::UmemMemory;
