@@ -47,8 +47,12 @@ perf_cell() {
   line=$(awk -v s="$size" '$1 == s' "$tmp/c" | tail -1)
   cpu=$(awk '{ print $1 + $2 }' "$tmp/time")
   gb=$(echo "$size * $N / 1000000000" | bc -l)
-  printf '%-16s %-9s %s | server CPU %.2f s, %.2f s/GB\n' "$link" "$test" "$line" "$cpu" \
-    "$(echo "$cpu / $gb" | bc -l)"
+  if [ "$test" = write-bw ]; then
+    printf '%-16s %-9s %s | server CPU %.2f s, %.2f s/GB\n' "$link" "$test" "$line" "$cpu" \
+      "$(echo "$cpu / $gb" | bc -l)"
+  else
+    printf '%-16s %-9s %s | server CPU %.2f s\n' "$link" "$test" "$line" "$cpu"
+  fi
 }
 
 for link in xdp:xa0 udp:10.79.0.1; do
