@@ -170,6 +170,9 @@ impl<L: SoftLink> Verbs for SoftDevice<L> {
             ("progress", format!("{:?}", self.device_counters())),
         ])
     }
+    fn gsi(&self) -> Option<&dyn crate::verbs::api::GsiPort> {
+        Some(self)
+    }
     fn close(&self) {
         SoftDevice::close(self)
     }

@@ -73,6 +73,11 @@ impl std::ops::Deref for Dev {
 }
 
 impl Dev {
+    /// The device as a shared [`Verbs`] object (for a [`crate::rdma_cm::CmService`]).
+    pub fn verbs(&self) -> Arc<dyn Verbs> {
+        self.verbs.clone()
+    }
+
     /// The default GID index (the tools' `-g` / `-x` when not given): the software device's
     /// one GID, a libibverbs device's first RoCEv2 GID ([`Verbs::default_gid`]).
     pub fn gid_index(&self) -> u32 {
@@ -350,6 +355,20 @@ pub fn open_device(
     window_budget: Option<u32>,
     vfio: &VfioArgs,
 ) -> Result<Dev, Fail> {
+    open_device_dcqcn(spec, progress, window_budget, vfio, None)
+}
+
+/// [`open_device`] with DCQCN's reaction point on every QP of a software device
+/// ([`crate::engine::EngineConfig::dcqcn`]; `None`: off, the engine's default). `rdma-perf
+/// --dcqcn MBPS` passes [`crate::engine::DcqcnParams::paper_scaled`] at that line rate with
+/// `pace_at_max_rate`. A libibverbs device ignores it (its NIC has its own congestion control).
+pub fn open_device_dcqcn(
+    spec: DeviceSpec,
+    progress: Progress,
+    window_budget: Option<u32>,
+    vfio: &VfioArgs,
+    dcqcn: Option<crate::engine::DcqcnParams>,
+) -> Result<Dev, Fail> {
     let drop = crate::tools::fault::drop_hook_from_env()
         .map_err(|reason| Fail(format!("cannot open device {spec}: {reason}")))?;
     let mut options = OpenOptions {
@@ -361,6 +380,7 @@ pub fn open_device(
         vfio_interrupts: vfio.interrupts,
         ..OpenOptions::default()
     };
+    options.engine.dcqcn = dcqcn;
     if progress == Progress::Caller && matches!(spec, DeviceSpec::Udp { .. }) {
         options.engine.ack_delay = CALLER_ACK_DELAY;
     }

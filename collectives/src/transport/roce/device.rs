@@ -15,6 +15,7 @@ use hca::{AccessFlags, MemoryRegion, PdHandle};
 use super::env::{choose_address, RoceEnv};
 use super::keepalive::Keepalive;
 use super::registration::RegCache;
+use super::stats::Stats;
 use crate::transport::{SetupContext, TransportError};
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -89,6 +90,8 @@ pub(super) struct Hca {
     /// Bumped by every wait of a connector (the rank thread drives the device meanwhile).
     pub(super) activity: Arc<AtomicU64>,
     pub(super) keepalive: Option<Keepalive>,
+    /// Wait and pipelining counters (printed with `COLL_ROCE_STATS=1`).
+    pub(super) stats: Stats,
 }
 
 impl Drop for Hca {
@@ -100,11 +103,12 @@ impl Drop for Hca {
                 let regs = lock(&self.regs);
                 let lines: Vec<String> = stats.iter().map(|(k, v)| format!("{k} {v}")).collect();
                 eprintln!(
-                    "coll roce {}: {}\n  user buffers: {} registrations, {} cache hits",
+                    "coll roce {}: {}\n  user buffers: {} registrations, {} cache hits\n  {}",
                     self.dev.name(),
                     lines.join("\n  "),
                     regs.registrations,
-                    regs.hits
+                    regs.hits,
+                    self.stats
                 );
             }
         }
@@ -125,10 +129,16 @@ impl Hca {
             },
         };
         let software = env.verbs.is_none();
-        let options = OpenOptions {
+        let mut options = OpenOptions {
             progress: env.progress,
             ..OpenOptions::default()
         };
+        if let Some(w) = env.window {
+            options.engine.max_unacked_psns = w;
+        }
+        if let Some(d) = env.ack_delay {
+            options.engine.ack_delay = d;
+        }
         let what = if env.xdp.is_some() {
             "opening the AF_XDP device"
         } else if software {
@@ -163,6 +173,7 @@ impl Hca {
             user_wrs: AtomicUsize::new(0),
             activity,
             keepalive,
+            stats: Stats::default(),
         });
         Ok(hca)
     }
