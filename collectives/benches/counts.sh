@@ -8,7 +8,8 @@
 #      and the busiest calls), context switches per all-reduce per rank (perf stat -e
 #      context-switches, voluntary and involuntary together) and CPU time per all-reduce per
 #      rank (task-clock). Each figure is the difference of two runs that differ only in the
-#      number of iterations (ITERS_A, ITERS_B), divided by the difference: setup, connection and
+#      number of iterations (ITERS_A, ITERS_B), divided by the all-reduces between them (each
+#      coll-perf iteration runs two: out of place and in place): setup, connection and
 #      teardown cancel out.
 #   2. rdma-perf send-lat -s 8 (server + client on 127.0.47.x): system calls and context switches
 #      per round trip, both ends together, the same way (-n LAT_A vs -n LAT_B); against the
@@ -105,7 +106,8 @@ if [ "${COUNTS_SKIP_COLL:-0}" != 1 ]; then
     for s in $SIZES; do
         coll_run "$s" "$ITERS_A" a
         coll_run "$s" "$ITERS_B" b
-        units=$(((ITERS_B - ITERS_A) * NRANKS))
+        # Each coll-perf iteration runs two all-reduces: out of place and in place.
+        units=$(((ITERS_B - ITERS_A) * NRANKS * 2))
         read -r csa tca <"$WORK/p-a"
         read -r csb tcb <"$WORK/p-b"
         printf '%5s  %s\n' "$s" "$(diff_strace "$WORK/s-a" "$WORK/s-b" "$units")"
@@ -114,16 +116,31 @@ if [ "${COUNTS_SKIP_COLL:-0}" != 1 ]; then
 fi
 
 # The device's own counters (COLL_ROCE_STATS=1, no strace): sendmmsg(2) calls (tx_calls), receive
-# calls that got data (rx_calls), GSO trains and progress rounds, summed over ranks.
+# calls that got data (rx_calls), GSO trains and progress rounds, and the transport's waits for
+# data (how many found it at the first poll, slept, and the sleeps) and what blocked a sender
+# (credit: the slot window; ack: the HCA's window; sq: the send queue), summed over ranks.
 stats_run() { # size iters
     COLL_ROCE_STATS=1 "$CP" all-reduce --ranks "$NRANKS" --transport roce -d float -o sum \
         -b "$1" -e "$1" -n "$2" -w 1 -c 0 2>&1 >/dev/null | python3 -c '
 import re, sys
 t = {"tx_calls": 0, "rx_calls": 0, "tx_gso_trains": 0, "rounds": 0, "inline_rounds": 0, "sent_pkts": 0}
+# The wait counters of the transport: waits for data (all, at the first poll, slept, sleeps) and the
+# waits for a slot that did not succeed at once, by what blocked them.
+w = {"data_waits": 0, "data_at_once": 0, "data_slept": 0, "data_sleeps": 0,
+     "blocked_credit": 0, "blocked_ack": 0, "blocked_sq": 0}
 for line in sys.stdin:
     for k in t:
         for m in re.finditer(r"\b" + k + r": (\d+)", line):
             t[k] += int(m.group(1))
+    m = re.match(r"\s*waits for data \{ (.*) \}", line)
+    if m:
+        f = dict((k, int(v)) for k, v in re.findall(r"(\w+): (\d+)", m.group(1)))
+        for k in ("waits", "at_once", "slept", "sleeps"):
+            w["data_" + k] += f.get(k, 0)
+    for k in ("blocked_credit", "blocked_ack", "blocked_sq"):
+        for m in re.finditer(r"\b" + k + r": (\d+)", line):
+            w[k] += int(m.group(1))
+t.update(w)
 print(" ".join(f"{k}={v}" for k, v in t.items()))'
 }
 
@@ -132,7 +149,7 @@ if [ "${COUNTS_SKIP_COLL:-0}" != 1 ]; then
     for s in $SIZES; do
         a=$(stats_run "$s" "$ITERS_A")
         b=$(stats_run "$s" "$ITERS_B")
-        python3 - "$a" "$b" "$(((ITERS_B - ITERS_A) * NRANKS))" "$s" <<'PY'
+        python3 - "$a" "$b" "$(((ITERS_B - ITERS_A) * NRANKS * 2))" "$s" <<'PY'
 import sys
 pa = dict(kv.split("=") for kv in sys.argv[1].split())
 pb = dict(kv.split("=") for kv in sys.argv[2].split())

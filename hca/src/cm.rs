@@ -16,7 +16,9 @@
 //!   every [`CmConfig::response_timeout`] (its `remote_cm_response_timeout`), at most
 //!   [`CmConfig::max_cm_retries`] times; an MRA extends the wait by its service timeout. Then the
 //!   QP goes to ERR and [`CmEventKind::Unreachable`] is reported. A REP moves the QP INIT -> RTR
-//!   (the REP's QPN and starting PSN, the REQ's path MTU) -> RTS and sends an RTU
+//!   (the REP's QPN, the REQ's path MTU) -> RTS and sends an RTU. A message's starting PSN is the
+//!   first PSN its sender receives, as Linux `cm.c` sets the QPs: the active side receives from
+//!   its REQ's and sends from the REP's, the passive side the other way round
 //!   ([`CmEventKind::Established`]); a repeated REP (the RTU was lost) gets the RTU again. A REJ
 //!   moves the QP to ERR ([`CmEventKind::Rejected`] with the reason and private data).
 //! * **Passive side**: a REQ for a service nobody listens on is answered with REJ
@@ -25,9 +27,10 @@
 //!   `InvalidTransportType` / `InvalidMtu` / `NoResources`. Otherwise
 //!   [`CmEventKind::ConnectRequest`] is reported once: a duplicated REQ is recognised by the
 //!   sender's address and Communication ID and is never reported again (while the REP is out it
-//!   gets the REP again). [`Cm::accept`] moves the QP RESET -> INIT -> RTR and sends a REP,
+//!   gets the REP again). [`Cm::accept`] moves the QP RESET -> INIT -> RTR -> RTS (as Linux
+//!   `cma_accept` and librdmacm's `rdma_accept` do, so the consumer may send at once) and sends a REP,
 //!   resent on the REQ's `local_cm_response_timeout` at most the REQ's `max_cm_retries` times
-//!   (the timers the peer states, IBTA §12.7.27); an RTU moves the QP to RTS
+//!   (the timers the peer states, IBTA §12.7.27); an RTU completes it
 //!   ([`CmEventKind::Established`]); when the retries are spent the QP goes to ERR, a REJ
 //!   `Timeout` is sent and [`CmEventKind::ConnectError`] reported. [`Cm::reject`] sends REJ
 //!   `ConsumerDefined` with private data.
@@ -644,7 +647,7 @@ impl Cm {
     }
 
     /// Accepts a reported [`CmEventKind::ConnectRequest`] (`rdma_accept`): the QP goes
-    /// RESET -> INIT -> RTR and a REP is sent.
+    /// RESET -> INIT -> RTR -> RTS and a REP is sent.
     ///
     /// # Errors
     /// [`CmError::BadState`] if `id` is not a connection request waiting for an answer;
@@ -674,14 +677,19 @@ impl Cm {
             path_mtu: c.path_mtu,
             ah_attr: ConnectAttr::av(Gid::from(c.remote_ip), sgid, 64, 0),
             remote_qpn: c.remote_qpn,
-            remote_psn: c.remote_psn,
-            local_psn,
+            // A message's Starting PSN is the first PSN its sender receives (Linux cm.c: the
+            // passive side's rq_psn is the REP's, its sq_psn the REQ's; the active side's the
+            // other way round).
+            remote_psn: local_psn,
+            local_psn: c.remote_psn,
             max_dest_rd_atomic: p.rd_atomic,
             max_rd_atomic: p.rd_atomic,
             ..ConnectAttr::default()
         };
         let mut result = Ok(());
-        for to in [QpState::Init, QpState::Rtr] {
+        // RTS before the REP, as Linux `cma_accept` and librdmacm's `rdma_accept` do: the passive
+        // side may post sends as soon as accept returns (the RTU only confirms).
+        for to in [QpState::Init, QpState::Rtr, QpState::Rts] {
             if let Some((a, m)) = connect::step(&attr, to) {
                 if let Err(e) = hca.modify_qp(p.qpn, &a, m) {
                     result = Err(e);
@@ -1137,8 +1145,10 @@ impl Cm {
             path_mtu: c.path_mtu,
             ah_attr: ConnectAttr::av(Gid::from(c.remote_ip), sgid, 64, 0),
             remote_qpn: rep.local_qpn,
-            remote_psn: rep.starting_psn,
-            local_psn: c.local_psn,
+            // Receive from our REQ's Starting PSN, send from the REP's (Linux cm.c
+            // `ib_send_cm_req`: rq_psn = REQ's; `cm_rep_handler`: sq_psn = REP's).
+            remote_psn: c.local_psn,
+            local_psn: rep.starting_psn,
             max_dest_rd_atomic: c.rd_atomic,
             max_rd_atomic: c.rd_atomic.min(rep.responder_resources),
             ..ConnectAttr::default()
@@ -1189,11 +1199,16 @@ impl Cm {
         };
         let attr = ConnectAttr {
             qp_type: QpType::Rc,
-            local_psn: c.local_psn,
+            // Send from the REQ's Starting PSN (Linux cm.c `cm_req_handler`: sq_psn = REQ's).
+            local_psn: c.remote_psn,
             max_rd_atomic: c.rd_atomic,
             ..ConnectAttr::default()
         };
-        if let Some((a, mask)) = connect::step(&attr, QpState::Rts) {
+        // Accept moved it to RTS already; a QP the consumer left in RTR is moved now.
+        let in_rtr = hca
+            .query_qp(c.qpn)
+            .is_ok_and(|(a, _)| a.qp_state == QpState::Rtr);
+        if let Some((a, mask)) = connect::step(&attr, QpState::Rts).filter(|_| in_rtr) {
             if hca.modify_qp(c.qpn, &a, mask).is_err() {
                 to_err(hca, c.qpn);
                 self.forget(id);

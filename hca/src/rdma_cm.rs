@@ -20,6 +20,13 @@
 //!   `UNREACHABLE` and `CONNECT_ERROR`.
 //!
 //! Sans-I/O like [`Cm`]: the driver feeds [`RdmaCm::handle_mad`] and [`RdmaCm::handle_timeout`].
+//! [`CmService`] is that driver for a real device (any software device, e.g. from
+//! [`crate::open::open`]): a thread woken by QP1's MADs and the CM's timers, and an event queue
+//! with a bounded [`CmService::get_event`] and a pollable [`CmService::event_fd`].
+
+mod service;
+
+pub use service::{CmService, ServiceCounters, ServiceError, CALLER_POLL, MAD_BATCH};
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -202,13 +209,32 @@ impl RdmaCm {
         Ok(id)
     }
 
-    /// `rdma_destroy_id`: forgets the ID (a connection should be disconnected first).
+    /// `rdma_destroy_id`: forgets the ID (a connection should be disconnected first; later events
+    /// of its Communication ID are dropped). A listener's port stops taking REQs once no other ID
+    /// listens on it (they are then rejected as for an unknown service, REJ reason 8).
     pub fn destroy_id(&mut self, id: RdmaId) {
         if let Some(s) = self.ids.remove(&id) {
             if let Some(c) = s.comm {
                 self.by_comm.remove(&c);
             }
+            if let Some(port) = s.local.filter(|_| s.listening).map(|l| l.port()) {
+                let others = self
+                    .ids
+                    .values()
+                    .any(|o| o.listening && o.local.is_some_and(|l| l.port() == port));
+                if !others {
+                    self.cm.unlisten(service_id(port_space::TCP, port));
+                }
+            }
         }
+    }
+
+    /// The local and remote addresses of `id` (`rdma_get_local_addr` / `rdma_get_peer_addr`):
+    /// set by [`RdmaCm::resolve_addr`], [`RdmaCm::listen`], [`RdmaCm::connect`] (the source
+    /// port) and for a `CONNECT_REQUEST`'s new ID from the REQ's [`CmaHdr`]; `None` for an
+    /// unknown ID.
+    pub fn addresses(&self, id: RdmaId) -> Option<(Option<SocketAddr>, Option<SocketAddr>)> {
+        self.ids.get(&id).map(|s| (s.local, s.remote))
     }
 
     /// The next event, oldest first.

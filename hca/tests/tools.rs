@@ -1139,3 +1139,103 @@ fn perf_server_refuses_a_forged_preamble() {
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     }
 }
+
+// ---- perftest's -R (RDMA CM instead of TCP) ----
+
+/// A server and a client of `rdma-perf SUB -R` on two loopback addresses, the client given the
+/// server's device address; both must succeed. Returns (server stdout, client stdout).
+fn pair_rdma_cm(sub: &str, args: &[&str]) -> (String, String) {
+    let (a, b) = addresses();
+    let port = free_port().to_string();
+    let (link_a, link_b) = (format!("udp:{a}"), format!("udp:{b}"));
+    let common = ["-R", "-p", &port, "--timeout", "20"];
+    let mut sargs = vec![sub, "--link", &link_a];
+    sargs.extend_from_slice(&common);
+    sargs.extend_from_slice(args);
+    let server = spawn(PERF, &sargs);
+    let mut cargs = vec![sub, "--link", &link_b];
+    cargs.extend_from_slice(&common);
+    cargs.extend_from_slice(args);
+    cargs.push(&a);
+    // Until the server listens its CM rejects the client, which retries.
+    let client = spawn(PERF, &cargs);
+    let c = finish(client, "client");
+    let s = finish(server, "server");
+    let (so, co) = (text(&s.stdout), text(&c.stdout));
+    assert!(
+        s.status.success() && c.status.success(),
+        "server {:?}:\n{so}\n{}\nclient {:?}:\n{co}\n{}",
+        s.status,
+        text(&s.stderr),
+        c.status,
+        text(&c.stderr)
+    );
+    (so, co)
+}
+
+#[test]
+fn perf_rdma_cm_write_and_read_bw() {
+    // WRITE: the server prints the client's numbers, which came over the RDMA CM connection.
+    let (s, c) = pair_rdma_cm("write-bw", &["-n", "200", "-s", "4096"]);
+    check_bw(&c, 4096.0, 200.0, "client");
+    check_bw(&s, 4096.0, 200.0, "server");
+    for out in [&s, &c] {
+        assert!(out.contains(" rdma_cm QPs\t : ON"), "{out}");
+        assert!(out.contains(" Data ex. method : rdma_cm"), "{out}");
+    }
+    assert!(
+        s.contains(" Waiting for client rdma_cm QP to connect"),
+        "{s}"
+    );
+    // READ on two QPs connected by RDMA CM: each READ needs the rkey and address the binary
+    // pingpong_dest carried, and completes only if they are right.
+    // (perftest reports the iterations of all QPs: 2 x 100.)
+    let (s, c) = pair_rdma_cm("read-bw", &["-n", "100", "-s", "4096", "-q", "2"]);
+    check_bw(&c, 4096.0, 200.0, "client");
+    check_bw(&s, 4096.0, 200.0, "server");
+}
+
+#[test]
+fn perf_rdma_cm_client_without_server_fails_within_the_timeout() {
+    let (a, b) = addresses();
+    let port = free_port().to_string();
+    let link = format!("udp:{b}");
+    let (out, _) = run(
+        PERF,
+        &[
+            "write-bw",
+            "-R",
+            "--link",
+            &link,
+            "-p",
+            &port,
+            "--timeout",
+            "1",
+            &a,
+        ],
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("rdma_client"), "{err}");
+}
+
+#[test]
+fn perf_rdma_cm_refuses_uc_and_a_missing_link() {
+    let (out, _) = run(
+        PERF,
+        &["write-bw", "-R", "-c", "UC", "--link", "udp:127.0.0.1"],
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("UC is not supported"),
+        "{}",
+        text(&out.stderr)
+    );
+    let (out, _) = run(PERF, &["write-bw", "-R", "127.0.0.1"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--link"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -127,6 +127,23 @@ variant ib_write_bw:mtu4096:ipv4:uc "ib_write_bw -c UC -s 16384 -n 20" "write-bw
 variant ib_send_bw:mtu4096:ipv4:uc "ib_send_bw -c UC -s 16384 -n 20" "send-bw -c UC -s 16384 -n 20"
 variant ib_send_lat:mtu4096:ipv4:uc "ib_send_lat -c UC -s 16384 -n 20" "send-lat -c UC -s 16384 -n 20"
 variant ib_atomic_bw:mtu4096:ipv4:cmp-and-swap "ib_atomic_bw -A CMP_AND_SWAP -n 20" "atomic-bw -A CMP_AND_SWAP -n 20"
+# RDMA CM (perftest -R / --rdma_cm): the messages on an RC QP that rxe's kernel CM (ib_cm, rdma_cm) and
+# ours (hca::rdma_cm::CmService) connect, and the test's QP connected by RDMA CM too: REQ / REP / RTU /
+# DREQ / DREP on QP1 between the two CMs. No -m (the CM sets the path MTU).
+both "ib_write_bw:rdma-cm:ipv4" "ib_write_bw -R -d rxe0 -x 1 -s 4096 -n 5 -F" \
+    "rdma-perf write-bw -R --link $(link_of ipv4) -s 4096 -n 5 $perf_tmo"
+both "ib_write_bw:rdma-cm:ipv4:2-qps" "ib_write_bw -R -d rxe0 -x 1 -q 2 -s 4096 -n 5 -F" \
+    "rdma-perf write-bw -R --link $(link_of ipv4) -q 2 -s 4096 -n 5 $perf_tmo"
+both "ib_read_bw:rdma-cm:ipv4" "ib_read_bw -R -d rxe0 -x 1 -s 4096 -n 5 -F" \
+    "rdma-perf read-bw -R --link $(link_of ipv4) -s 4096 -n 5 $perf_tmo"
+# A closed port: the guest's perftest first connects to a port our side does not listen on and must see
+# REJECTED (our CM's REJ, reason 8), then runs the cell (tests/guest/rejcheck.sh, in the guest's /job).
+CELLS+=("ib_write_bw:rdma-cm:ipv4:rej-closed-port:ours-server|client|sh /job/rejcheck.sh 18999 ib_write_bw -R -d rxe0 -x 1 -s 4096 -n 5 -F|rdma-perf write-bw -R --link $(link_of ipv4) -s 4096 -n 5 $perf_tmo")
+for t in ib_send_bw ib_send_lat ib_write_lat ib_read_lat; do
+    sub="${t#ib_}" sub="${sub//_/-}"
+    both "$t:rdma-cm:ipv4" "$t -R -d rxe0 -x 1 -s 4096 -n 5 -F" \
+        "rdma-perf $sub -R --link $(link_of ipv4) -s 4096 -n 5 $perf_tmo"
+done
 # IPv6 link-local GIDs (RoCEv2 over IPv6): every tool at MTU 1024, and ibv_rc_pingpong at 4096 (the
 # reference run has ibv_rc_pingpong:mtu4096:ipv6ll and ib_write_bw:mtu1024:ipv6ll).
 pingpong_cells 1024 ipv6ll
@@ -196,6 +213,7 @@ rg_tap_add "$NS" br0 tap1 "$LINK_MTU"
 
 # ---------------------------------------------------------------- jobs
 rg_job_new "$RG_RUN/job-g1"
+cp "$HERE/rejcheck.sh" "$RG_RUN/job-g1/rejcheck.sh"
 rg_job_new "$RG_RUN/job-host"
 rg_job_pairs "$RG_RUN/job-g1" 18700 "" "$((2 * CELL_SECS + 120))" "${CELLS[@]}"
 

@@ -87,7 +87,7 @@ pub enum LinkError {
     },
     /// An eventfd(2) operation of a [`Waker`](super::wake::Waker) failed.
     Waker {
-        /// `"eventfd"`, `"write"` or `"read"`.
+        /// `"eventfd"`, `"write"`, `"read"` or `"poll"`.
         op: &'static str,
         /// The OS error.
         source: io::Error,

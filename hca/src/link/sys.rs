@@ -617,10 +617,9 @@ pub(crate) fn attach_reuseport_cbpf(
     }
 }
 
-/// A non-blocking `SOCK_DGRAM` Unix socket bound to the abstract name `name` (unix(7): a leading NUL byte,
-/// then `name`; released by the kernel when the socket closes). `AddrInUse` when another socket
-/// holds it; `InvalidInput` when `name` is longer than 107 bytes.
-pub(crate) fn bind_abstract_unix(name: &[u8]) -> io::Result<OwnedFd> {
+/// `name` as an abstract Unix socket address (unix(7): a leading NUL byte, then `name`) and its
+/// length; `InvalidInput` when `name` is longer than 107 bytes.
+fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
     // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
     let mut addr: libc::sockaddr_un = unsafe { mem::zeroed() };
     if name.len() + 1 > addr.sun_path.len() {
@@ -630,6 +629,12 @@ pub(crate) fn bind_abstract_unix(name: &[u8]) -> io::Result<OwnedFd> {
     for (d, s) in addr.sun_path[1..].iter_mut().zip(name) {
         *d = *s as libc::c_char;
     }
+    let len = mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    Ok((addr, len as libc::socklen_t))
+}
+
+/// A fresh non-blocking, close-on-exec `SOCK_DGRAM` Unix socket.
+fn unix_dgram_socket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2).
     let raw = unsafe {
         libc::socket(
@@ -642,14 +647,21 @@ pub(crate) fn bind_abstract_unix(name: &[u8]) -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: `raw` is a fresh descriptor nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let len = mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// A non-blocking `SOCK_DGRAM` Unix socket bound to the abstract name `name` (unix(7): a leading NUL byte,
+/// then `name`; released by the kernel when the socket closes). `AddrInUse` when another socket
+/// holds it; `InvalidInput` when `name` is longer than 107 bytes.
+pub(crate) fn bind_abstract_unix(name: &[u8]) -> io::Result<OwnedFd> {
+    let (addr, len) = abstract_addr(name)?;
+    let fd = unix_dgram_socket()?;
     // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
     let rc = unsafe {
         libc::bind(
             fd.as_raw_fd(),
             (&addr as *const libc::sockaddr_un).cast(),
-            len as libc::socklen_t,
+            len,
         )
     };
     if rc == 0 {
@@ -659,23 +671,32 @@ pub(crate) fn bind_abstract_unix(name: &[u8]) -> io::Result<OwnedFd> {
     }
 }
 
-/// sendmsg(2) of one datagram made of `parts` on the Unix datagram socket `fd` to the abstract
-/// name `name` (unix(7)), without blocking: `WouldBlock` when the receiver's queue is full,
-/// `ConnectionRefused` / `NotFound` when nobody holds the name.
-pub(crate) fn send_abstract_unix(
-    fd: BorrowedFd<'_>,
-    name: &[u8],
-    parts: &[&[u8]],
-) -> io::Result<()> {
-    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { mem::zeroed() };
-    if name.len() + 1 > addr.sun_path.len() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "name too long"));
+/// A non-blocking `SOCK_DGRAM` Unix socket connected to the abstract name `name` (connect(2),
+/// unix(7)): `ConnectionRefused` when nobody holds the name. While the receiver's queue is full
+/// (`net.unix.max_dgram_qlen`) sends fail with `WouldBlock` and poll(2) / epoll(7) report the
+/// socket writable again once it has room (the kernel's `unix_dgram_peer_wake_me`).
+pub(crate) fn connect_abstract_unix(name: &[u8]) -> io::Result<OwnedFd> {
+    let (addr, len) = abstract_addr(name)?;
+    let fd = unix_dgram_socket()?;
+    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
+    let rc = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    };
+    if rc == 0 {
+        Ok(fd)
+    } else {
+        Err(io::Error::last_os_error())
     }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in addr.sun_path[1..].iter_mut().zip(name) {
-        *d = *s as libc::c_char;
-    }
+}
+
+/// sendmsg(2) of one datagram made of `parts` (at most 4) on the connected Unix datagram socket
+/// `fd`, without blocking: `WouldBlock` when the receiver's queue is full, `ConnectionRefused`
+/// when the receiver has closed.
+pub(crate) fn send_parts(fd: BorrowedFd<'_>, parts: &[&[u8]]) -> io::Result<()> {
     let mut iov = [libc::iovec {
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
@@ -692,12 +713,9 @@ pub(crate) fn send_abstract_unix(
     }
     // SAFETY: msghdr is plain data; all zeroes is a valid value.
     let mut msg: libc::msghdr = unsafe { mem::zeroed() };
-    msg.msg_name = (&mut addr as *mut libc::sockaddr_un).cast();
-    msg.msg_namelen = (mem::size_of::<libc::sa_family_t>() + 1 + name.len()) as libc::socklen_t;
     msg.msg_iov = iov.as_mut_ptr();
     msg.msg_iovlen = parts.len() as _;
-    // SAFETY: `msg` points at `addr` and `iov`, which point at live borrowed bytes; the kernel
-    // only reads them.
+    // SAFETY: `iov` points at live borrowed bytes; the kernel only reads them.
     let rc = unsafe {
         libc::sendmsg(
             fd.as_raw_fd(),
@@ -712,22 +730,114 @@ pub(crate) fn send_abstract_unix(
     }
 }
 
-/// recv(2) of one datagram into `buf` without blocking: its length (`MSG_TRUNC`: the full
-/// length, which may exceed `buf`), or `WouldBlock` when none waits.
-pub(crate) fn recv_dontwait(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: `buf` is a live, writable buffer of `buf.len()` bytes.
+/// recvmsg(2) of one datagram into `buf` without blocking, on a Unix socket with `SO_PASSCRED`
+/// set (unix(7)): its length (`MSG_TRUNC`: the full length, which may exceed `buf`) and the
+/// sender's user ID from the kernel's `SCM_CREDENTIALS` message (`None` if none came), or
+/// `WouldBlock` when none waits.
+pub(crate) fn recv_with_uid(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<(usize, Option<u32>)> {
+    // u64 words: aligned for cmsghdr; room for one ucred message.
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; all zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = mem::size_of_val(&control) as _;
+    // SAFETY: `msg` points at `iov` (over `buf`) and `control`, live and writable.
     let rc = unsafe {
-        libc::recv(
+        libc::recvmsg(
             fd.as_raw_fd(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
+            &mut msg,
             libc::MSG_DONTWAIT | libc::MSG_TRUNC,
         )
     };
     if rc < 0 {
-        Err(io::Error::last_os_error())
+        return Err(io::Error::last_os_error());
+    }
+    let mut uid = None;
+    // SAFETY: the CMSG_* walk stays within `control`, as the kernel filled it in `msg`.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET
+                && (*c).cmsg_type == libc::SCM_CREDENTIALS
+                && (*c).cmsg_len as usize
+                    >= libc::CMSG_LEN(mem::size_of::<libc::ucred>() as u32) as usize
+            {
+                let cred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::ucred>());
+                uid = Some(cred.uid);
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((rc as usize, uid))
+}
+
+/// The calling process's effective user ID (geteuid(2); it cannot fail).
+pub(crate) fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// A close-on-exec epoll instance (epoll_create1(2)).
+pub(crate) fn epoll_new() -> io::Result<OwnedFd> {
+    // SAFETY: plain epoll_create1(2).
+    let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// epoll_ctl(2): `op` (`EPOLL_CTL_ADD` / `MOD` / `DEL`) `fd` in `epoll` for `events`
+/// (level-triggered), tagged `data`.
+pub(crate) fn epoll_ctl(
+    epoll: BorrowedFd<'_>,
+    op: libc::c_int,
+    fd: BorrowedFd<'_>,
+    events: u32,
+    data: u64,
+) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events, u64: data };
+    // SAFETY: `ev` is a valid epoll_event, alive for the call.
+    let rc = unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd.as_raw_fd(), &mut ev) };
+    if rc == 0 {
+        Ok(())
     } else {
-        Ok(rc as usize)
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Test helper: a child process (fork(2)) takes user ID `uid` (setuid(2), needs root) and
+/// sends `datagram` to the abstract Unix name `name`; whether it succeeded.
+#[cfg(test)]
+pub(crate) fn send_as_user(uid: u32, name: &[u8], datagram: &[u8]) -> bool {
+    // SAFETY: the child only makes system calls (setuid, socket, connect, sendmsg) on memory
+    // prepared before fork(2), then _exit(2)s; the parent reaps it.
+    unsafe {
+        let child = libc::fork();
+        if child < 0 {
+            return false;
+        }
+        if child == 0 {
+            let ok = libc::setuid(uid) == 0
+                && connect_abstract_unix(name)
+                    .and_then(|fd| send_parts(std::os::fd::AsFd::as_fd(&fd), &[datagram]))
+                    .is_ok();
+            libc::_exit(if ok { 0 } else { 1 });
+        }
+        let mut status = 0;
+        libc::waitpid(child, &mut status, 0) == child
+            && libc::WIFEXITED(status)
+            && libc::WEXITSTATUS(status) == 0
     }
 }
 

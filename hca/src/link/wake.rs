@@ -6,6 +6,7 @@
 //! `wait` polls that eventfd together with the socket and reports `woken`.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::Duration;
 
 use super::error::LinkError;
 use super::sys;
@@ -51,6 +52,18 @@ impl Waker {
     }
 }
 
+impl Waker {
+    /// Sleeps in poll(2) until the waker is woken or `timeout` passes, then resets it; returns
+    /// whether it was woken. A wake that came before the call returns at once.
+    ///
+    /// Errors: [`LinkError::Waker`] (`"poll"`, `"read"`).
+    pub fn wait(&self, timeout: Duration) -> Result<bool, LinkError> {
+        sys::poll([(self.fd.as_fd(), libc::POLLIN)], timeout)
+            .map_err(|source| LinkError::Waker { op: "poll", source })?;
+        self.take()
+    }
+}
+
 impl AsFd for Waker {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
@@ -68,6 +81,15 @@ mod tests {
         w.wake().unwrap();
         w.wake().unwrap();
         assert!(w.take().unwrap());
+        assert!(!w.take().unwrap());
+    }
+
+    #[test]
+    fn wait_returns_on_a_wake_or_the_timeout() {
+        let w = Waker::new().unwrap();
+        assert!(!w.wait(Duration::from_millis(1)).unwrap());
+        w.wake().unwrap();
+        assert!(w.wait(Duration::from_secs(60)).unwrap());
         assert!(!w.take().unwrap());
     }
 }

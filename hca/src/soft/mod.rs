@@ -89,6 +89,7 @@ use crate::engine::{Counters, EngineConfig, SoftHca};
 use crate::link::udp::ROCEV2_PORT as UDP_ROCEV2_PORT;
 use crate::link::{Link, Waker};
 use crate::verbs::ah::{AhAttr, AhHandle};
+use crate::verbs::api::{GsiPort, MadHook};
 use crate::verbs::cq::CqHandle;
 use crate::verbs::device::{DeviceAttr, PortAttr};
 use crate::verbs::event::AsyncEvent;
@@ -137,6 +138,13 @@ pub trait SoftLink: Link<Error: Into<DeviceError>> {
     fn udp_port(&self) -> Option<u16> {
         None
     }
+
+    /// Memory the link sends from without a copy ([`crate::verbs::Verbs::alloc_memory`]);
+    /// `None` (the default) for a link without any.
+    fn alloc_memory(&self, len: usize) -> Option<Result<Arc<dyn Memory>, DeviceError>> {
+        let _ = len;
+        None
+    }
 }
 
 /// The RoCEv2 UDP port, 4791 (IBTA vol. 1 Annex A17.2.2): the default local and peer port.
@@ -154,7 +162,25 @@ pub enum Progress {
     /// No thread: [`UdpDevice::poll_cq`], [`UdpDevice::wait_cq`] and [`UdpDevice::progress`]
     /// each drive one progress round.
     Caller,
+    /// A progress thread, and a [`UdpDevice::poll_cq`] that finds its CQ empty runs a round
+    /// itself when no other thread is in one (`try_lock`, never waiting): a busy-polling program
+    /// gets [`Progress::Caller`]'s latency path (its own thread receives and sends, no hand-off;
+    /// but a received message's ACK is built at once, not held for the reply: the program may
+    /// exit after its last completion), and one that never polls or waits on a completion
+    /// channel still gets the thread. While a caller polled within [`CALLER_WINDOW`] the thread
+    /// sleeps on its waker only, not on the socket, so that datagrams do not wake it (a context
+    /// switch each); [`UdpDevice::req_notify_cq`] and [`UdpDevice::wait_cq`] end that window
+    /// (the program is about to block) and give the socket back to the thread. What a caller
+    /// stops driving (a timer, a full batch) waits at most [`CALLER_WINDOW`]. The drop-in
+    /// libibverbs (`hca/abi`) opens its devices so.
+    Hybrid,
 }
+
+/// [`Progress::Hybrid`]: how long after a caller's polling round the progress thread leaves the
+/// socket to callers. 1 ms: at a few microseconds per round trip, one thread wake per hundreds
+/// of iterations, and the longest a packet waits when the program stops polling without
+/// [`UdpDevice::req_notify_cq`].
+pub const CALLER_WINDOW: Duration = Duration::from_millis(1);
 
 /// What the device's progress engine has done (the engine's and the link's own counters are
 /// [`SoftDevice::counters`] and [`SoftDevice::link_counters`]).
@@ -198,6 +224,11 @@ pub(crate) struct Shared<L: SoftLink> {
     sleeping: AtomicBool,
     /// A caller asked for a round it could not run itself.
     pending: AtomicBool,
+    /// [`Progress::Hybrid`]: the end of the window in which callers poll (nanoseconds since
+    /// `origin`; 0: none): the thread leaves the socket to them until then.
+    caller_until: AtomicU64,
+    /// [`Progress::Hybrid`]: the thread sleeps on its waker only (not on the socket).
+    blind: AtomicBool,
     /// When the sleeping thread will wake by itself (nanoseconds since `origin`; `u64::MAX`:
     /// never). A caller that arms an earlier timer wakes it.
     sleep_until: AtomicU64,
@@ -214,6 +245,10 @@ pub(crate) struct Shared<L: SoftLink> {
     /// Called after a round or verb that may have queued a CQ or async event
     /// ([`SoftDevice::set_event_hook`]).
     event_hook: std::sync::OnceLock<crate::verbs::api::EventHook>,
+    /// Called after a round that leaves received MADs in QP1's queue ([`GsiPort::set_mad_hook`]);
+    /// `mad_hook_on` lets rounds skip the lock when none is installed.
+    mad_hook: Mutex<Option<MadHook>>,
+    mad_hook_on: AtomicBool,
     /// Packets in flight shared among the RC / UC QPs ([`UdpDeviceConfig::window_budget`]).
     window_budget: u32,
     /// The configured window of one QP ([`EngineConfig::max_unacked_psns`]).
@@ -325,6 +360,8 @@ impl<L: SoftLink> SoftDevice<L> {
             stop: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             pending: AtomicBool::new(false),
+            caller_until: AtomicU64::new(0),
+            blind: AtomicBool::new(false),
             sleep_until: AtomicU64::new(u64::MAX),
             counters: Mutex::new(DeviceCounters::default()),
             round_counts: progress::RoundCounts::default(),
@@ -332,6 +369,8 @@ impl<L: SoftLink> SoftDevice<L> {
             epoch: AtomicU64::new(0),
             empty_hint: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
             event_hook: std::sync::OnceLock::new(),
+            mad_hook: Mutex::new(None),
+            mad_hook_on: AtomicBool::new(false),
             window_budget: window_budget.unwrap_or(u32::MAX),
             max_window,
         });
@@ -339,7 +378,7 @@ impl<L: SoftLink> SoftDevice<L> {
         static SERIAL: AtomicU64 = AtomicU64::new(0);
         let thread_name = format!("soft-hca#{}", SERIAL.fetch_add(1, Ordering::Relaxed));
         let thread = match progress {
-            Progress::Thread => {
+            Progress::Thread | Progress::Hybrid => {
                 let s = shared.clone();
                 let handle = std::thread::Builder::new()
                     .name(thread_name.clone())
@@ -467,6 +506,11 @@ impl<L: SoftLink> SoftDevice<L> {
         let r = self.shared.engine_op(f);
         self.kick();
         r
+    }
+
+    /// The hook of [`GsiPort::set_mad_hook`], if one is installed.
+    fn mad_hook(&self) -> Option<MadHook> {
+        lock(&self.shared.mad_hook).clone()
     }
 
     fn check_open(&self) -> Result<(), DeviceError> {
@@ -627,12 +671,21 @@ impl<L: SoftLink> SoftDevice<L> {
     /// [`DeviceError::Verbs`] as [`SoftHca::poll_cq`].
     pub fn poll_cq(&self, cq: CqHandle, out: &mut [WorkCompletion]) -> Result<usize, DeviceError> {
         let s = &self.shared;
-        if s.progress == Progress::Caller {
-            let ready = self.poll_ready(cq, out)?;
-            if ready > 0 {
-                return Ok(ready);
+        match s.progress {
+            Progress::Caller => {
+                let ready = self.poll_ready(cq, out)?;
+                if ready > 0 {
+                    return Ok(ready);
+                }
+                s.caller_round();
             }
-            s.caller_round();
+            Progress::Hybrid => {
+                let ready = self.poll_ready(cq, out)?;
+                if ready > 0 || !s.hybrid_round() {
+                    return Ok(ready);
+                }
+            }
+            Progress::Thread => {}
         }
         self.poll_ready(cq, out)
     }
@@ -673,7 +726,9 @@ impl<L: SoftLink> SoftDevice<L> {
         let mut buf = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 32];
         let s = &self.shared;
         match s.progress {
-            Progress::Thread => {
+            Progress::Thread | Progress::Hybrid => {
+                // The caller blocks: the thread takes the socket back (Hybrid).
+                s.end_caller_window();
                 let mut e = lock(&s.engine);
                 loop {
                     let want = (n - out.len()).min(buf.len());
@@ -779,6 +834,9 @@ impl<L: SoftLink> SoftDevice<L> {
     /// # Errors
     /// [`DeviceError::Verbs`] as [`SoftHca::req_notify_cq`].
     pub fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<(), DeviceError> {
+        // A program arms a CQ before it blocks on the completion channel: the progress thread
+        // takes the socket back ([`Progress::Hybrid`]).
+        self.shared.end_caller_window();
         Ok(self
             .shared
             .engine_op(|e| e.req_notify_cq(cq, solicited_only))?)
@@ -1037,5 +1095,41 @@ impl<L: SoftLink> Drop for SoftDevice<L> {
     /// As [`SoftDevice::close`].
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+impl<L: SoftLink> GsiPort for SoftDevice<L> {
+    fn with_gsi(&self, f: &mut dyn FnMut(crate::engine::Instant, &mut SoftHca)) {
+        self.shared.engine_op(|e| {
+            let now = self.shared.now().max(e.latest_instant());
+            f(now, e);
+        });
+        self.kick();
+    }
+
+    fn set_mad_hook(&self, hook: Option<MadHook>) -> Result<(), DeviceError> {
+        let on = hook.is_some();
+        {
+            let mut slot = lock(&self.shared.mad_hook);
+            if on && slot.is_some() {
+                return Err(DeviceError::Unsupported {
+                    device: self.shared.name.clone(),
+                    what: "a second MAD consumer on QP1",
+                });
+            }
+            *slot = hook;
+        }
+        self.shared.mad_hook_on.store(on, Ordering::SeqCst);
+        // MADs that arrived before the hook was installed: tell the new consumer at once.
+        if on && self.shared.engine_op(|e| e.has_pending_mads()) {
+            if let Some(h) = self.mad_hook() {
+                h();
+            }
+        }
+        Ok(())
+    }
+
+    fn caller_progress(&self) -> bool {
+        self.shared.progress == Progress::Caller
     }
 }

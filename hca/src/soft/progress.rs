@@ -114,6 +114,14 @@ impl<L: SoftLink> Shared<L> {
         }
     }
 
+    /// Calls the MAD hook, if one is installed ([`crate::verbs::api::GsiPort::set_mad_hook`]).
+    fn call_mad_hook(&self) {
+        let hook = lock(&self.mad_hook).clone();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+
     fn record_error(&self, e: &dyn std::fmt::Display) {
         *lock(&self.last_error) = Some(e.to_string());
     }
@@ -157,6 +165,7 @@ impl<L: SoftLink> Shared<L> {
         }
         let mut fired = false;
         let events;
+        let mads;
         {
             let mut e = lock(&self.engine);
             // A clock read before the engine lock may be older than what another thread's round
@@ -187,6 +196,7 @@ impl<L: SoftLink> Shared<L> {
             }
             out.next_timer = e.poll_timeout();
             events = self.event_hook.get().is_some() && e.has_pending_events();
+            mads = self.mad_hook_on.load(Ordering::Relaxed) && e.has_pending_mads();
             if thread {
                 let until = out.next_timer.map_or(u64::MAX, Instant::as_nanos);
                 self.sleep_until.store(until, Ordering::SeqCst);
@@ -198,6 +208,9 @@ impl<L: SoftLink> Shared<L> {
         }
         if events {
             self.call_event_hook();
+        }
+        if mads {
+            self.call_mad_hook();
         }
         // Links may have frames of their own to send too (ARP, Neighbor Discovery).
         if out.built > 0 || io.link.unsent() > 0 {
@@ -238,9 +251,12 @@ impl<L: SoftLink> Shared<L> {
     /// After a round the progress thread did not run: make it run one if work is left or a
     /// timer now expires before the thread wakes by itself.
     fn after_foreign_round(&self, outcome: &RoundOutcome) {
-        let earlier_timer = outcome
-            .next_timer
-            .is_some_and(|t| t.as_nanos() < self.sleep_until.load(Ordering::SeqCst));
+        // Progress::Hybrid: while a caller polls it fires timers itself, and the thread wakes
+        // by the end of the caller window anyway; a wake per post would cost a context switch.
+        let earlier_timer = !self.callers_poll()
+            && outcome
+                .next_timer
+                .is_some_and(|t| t.as_nanos() < self.sleep_until.load(Ordering::SeqCst));
         if outcome.tx_full || outcome.rx_full || outcome.blocked || earlier_timer {
             self.request_round();
         }
@@ -250,7 +266,13 @@ impl<L: SoftLink> Shared<L> {
     /// thread (if any) runs a round if more is left or a timer moved earlier. `now`: the clock
     /// the verb read, if it did.
     pub(crate) fn kick(&self, now: Option<Instant>) {
-        if self.progress == super::Progress::Thread && !self.sleeping.load(Ordering::SeqCst) {
+        let thread_rounds = match self.progress {
+            super::Progress::Thread => true,
+            // While a caller polls, the thread leaves rounds to callers.
+            super::Progress::Hybrid => !self.callers_poll(),
+            super::Progress::Caller => false,
+        };
+        if thread_rounds && !self.sleeping.load(Ordering::SeqCst) {
             // The thread is busy: it builds the new work with everything else in its next
             // round, in full batches (sending here would split them into small ones).
             self.request_round();
@@ -272,6 +294,77 @@ impl<L: SoftLink> Shared<L> {
         self.after_foreign_round(&outcome);
     }
 
+    /// [`super::Progress::Hybrid`]: a round on the thread of a caller that found its CQ empty,
+    /// if no other thread is in one (`try_lock`: a busy poller never waits for the progress
+    /// thread). Opens (extends) the caller window, during which the thread stays off the
+    /// socket. Whether a round ran.
+    pub(crate) fn hybrid_round(&self) -> bool {
+        let Ok(mut io) = self.io.try_lock() else {
+            return false;
+        };
+        let now = self.now();
+        let until = now.as_nanos() + super::CALLER_WINDOW.as_nanos() as u64;
+        self.caller_until.store(until, Ordering::SeqCst);
+        // No deferral of the ACKs of what this round receives (Progress::Caller defers them to
+        // the caller's next call, to leave with its reply): a program may take its last
+        // completion and exit, and with a thread nobody else would build them in time (the
+        // thread waits out the caller window); so a received message's ACK leaves in a
+        // sendmmsg of its own, as with Progress::Thread.
+        let outcome = self.round_as(&mut io, true, false, false, Some(now));
+        drop(io);
+        // The caller drives timers and full batches with its next poll while it
+        // polls; the thread picks up at the end of the window what it leaves (waking it for
+        // each full one-datagram idle batch would cost a switch per packet). Only a socket that
+        // refused a send needs the thread's wait for writable.
+        if outcome.blocked {
+            self.request_round();
+        }
+        true
+    }
+
+    /// [`super::Progress::Hybrid`]: closes the caller window and wakes the thread if it sleeps
+    /// off the socket, so that it sleeps on the socket again (the caller is about to block).
+    pub(crate) fn end_caller_window(&self) {
+        if self.progress != super::Progress::Hybrid {
+            return;
+        }
+        self.caller_until.store(0, Ordering::SeqCst);
+        if self.blind.load(Ordering::SeqCst) {
+            let _ = self.waker.wake();
+        }
+    }
+
+    /// [`super::Progress::Hybrid`] and a caller polled within [`super::CALLER_WINDOW`].
+    fn callers_poll(&self) -> bool {
+        self.progress == super::Progress::Hybrid
+            && self.now().as_nanos() < self.caller_until.load(Ordering::SeqCst)
+    }
+
+    /// The progress thread's sleep while callers poll ([`Shared::callers_poll`]): on the waker
+    /// only, until the caller window ends, [`Shared::end_caller_window`] or a request.
+    fn blind_sleep(&self) {
+        self.sleeping.store(true, Ordering::SeqCst);
+        self.blind.store(true, Ordering::SeqCst);
+        // Dekker pairs: `pending` with `sleeping` (request_round), `caller_until` with `blind`
+        // (end_caller_window).
+        let until = self.caller_until.load(Ordering::SeqCst);
+        let now = self.now().as_nanos();
+        if !self.pending.load(Ordering::SeqCst) && now < until {
+            let timeout = Duration::from_nanos(until - now).min(MAX_SLEEP);
+            lock(&self.counters).sleeps += 1;
+            if let Ok([r]) = crate::link::sys::poll(
+                [(std::os::fd::AsFd::as_fd(&self.waker), libc::POLLIN)],
+                timeout,
+            ) {
+                if r & libc::POLLIN != 0 {
+                    let _ = self.waker.take();
+                }
+            }
+        }
+        self.blind.store(false, Ordering::SeqCst);
+        self.sleeping.store(false, Ordering::SeqCst);
+    }
+
     /// Makes the progress thread run a round soon.
     fn request_round(&self) {
         if self.progress == super::Progress::Caller {
@@ -288,6 +381,14 @@ impl<L: SoftLink> Shared<L> {
     pub(crate) fn run_thread(&self) {
         let mut idle_rounds = 0u32;
         while !self.stop.load(Ordering::SeqCst) {
+            if self.callers_poll() && !self.pending.load(Ordering::SeqCst) {
+                // Progress::Hybrid: a caller polls and drives the engine (receive, timers,
+                // send); no round here (it would contend for `io`), and a sleep on the waker
+                // only (datagrams would each wake the thread) until the caller window ends or a
+                // caller asks for a round.
+                self.blind_sleep();
+                continue;
+            }
             let outcome = {
                 let mut io = lock(&self.io);
                 self.round_as(&mut io, true, true, false, None)

@@ -160,12 +160,18 @@ impl<L: SoftLink> Verbs for SoftDevice<L> {
             })
         }
     }
+    fn alloc_memory(&self, len: usize) -> Option<Result<Arc<dyn Memory>, DeviceError>> {
+        super::lock(&self.shared.io).link.alloc_memory(len)
+    }
     fn stats(&self) -> Option<Vec<(&'static str, String)>> {
         Some(vec![
             ("engine", format!("{:?}", self.counters())),
             ("link", format!("{:?}", self.link_counters())),
             ("progress", format!("{:?}", self.device_counters())),
         ])
+    }
+    fn gsi(&self) -> Option<&dyn crate::verbs::api::GsiPort> {
+        Some(self)
     }
     fn close(&self) {
         SoftDevice::close(self)

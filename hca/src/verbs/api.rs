@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use gpu_p2p::Memory;
 
+use crate::engine::{Instant, SoftHca};
 use crate::link::error::LinkError;
 #[cfg(target_os = "linux")]
 use crate::link::{any::AnyLinkError, vfio::VfioError, xdp::XdpError};
@@ -95,6 +96,16 @@ pub trait Verbs: Send + Sync + fmt::Debug {
         None
     }
 
+    /// `len` bytes of host memory the device sends from without a copy, for an MR: a software
+    /// HCA on an AF_XDP link hands out memory inside its UMEM
+    /// ([`XdpLink::alloc_mr_memory`](crate::link::xdp::XdpLink::alloc_mr_memory)). `None` (the
+    /// default) when the device has no such memory (any page-aligned host memory will do);
+    /// `Some(Err)` when it has but not that much left (the caller may fall back to host memory).
+    fn alloc_memory(&self, len: usize) -> Option<Result<Arc<dyn Memory>, DeviceError>> {
+        let _ = len;
+        None
+    }
+
     /// Sends the RoCEv2 packets for peer address `ip` to UDP port `port` instead of 4791 (the
     /// peer is a software HCA bound to that port, [`Verbs::udp_port`]).
     ///
@@ -138,6 +149,14 @@ pub trait Verbs: Send + Sync + fmt::Debug {
             device: self.name(),
             what: "an event hook",
         })
+    }
+
+    /// QP1 (the GSI) of a software device, for a communication manager that runs in this process
+    /// ([`crate::rdma_cm::CmService`]); `None` (the default) on a device whose QP1 belongs to
+    /// someone else (a hardware HCA or the kernel's rxe through libibverbs: their CM is the
+    /// kernel's `ib_cm`).
+    fn gsi(&self) -> Option<&dyn GsiPort> {
+        None
     }
 
     /// ibv_alloc_pd(3).
@@ -355,6 +374,35 @@ impl dyn Verbs + '_ {
 
 /// What [`Verbs::set_event_hook`] installs.
 pub type EventHook = Box<dyn Fn() + Send + Sync>;
+
+/// What [`GsiPort::set_mad_hook`] installs.
+pub type MadHook = Arc<dyn Fn() + Send + Sync>;
+
+/// The device side of a communication manager: QP1's received MADs (IBTA vol. 1 §13.5,
+/// [`crate::engine::gsi`]) and the engine it drives connections on, reached through
+/// [`Verbs::gsi`]. A device has one QP1, so one CM consumes it at a time.
+pub trait GsiPort: Send + Sync {
+    /// Runs `f` on the engine under its lock, with the device clock's current instant (never
+    /// earlier than what the engine has seen), then sends what `f` queued (MADs on QP1, QP
+    /// transitions' flushes) as a verb does. Keep `f` short: the progress engine waits meanwhile.
+    fn with_gsi(&self, f: &mut dyn FnMut(Instant, &mut SoftHca));
+
+    /// Installs `hook`, or removes the installed one with `None`. The device calls it (from its
+    /// progress thread or a verb's thread, with none of its locks held) after a progress round
+    /// that leaves received MADs in QP1's queue ([`SoftHca::has_pending_mads`]); it may be called
+    /// again before they are taken. Installing a hook when one is installed is refused: QP1's
+    /// MADs have one consumer.
+    ///
+    /// # Errors
+    /// [`DeviceError::Unsupported`] (`"a second MAD consumer on QP1"`) when a hook is already
+    /// installed.
+    fn set_mad_hook(&self, hook: Option<MadHook>) -> Result<(), DeviceError>;
+
+    /// Whether received datagrams reach the engine only when a caller drives progress
+    /// ([`crate::soft::Progress::Caller`]): a CM must then run progress rounds itself
+    /// ([`Verbs::progress`]) to receive MADs.
+    fn caller_progress(&self) -> bool;
+}
 
 /// A failed device operation. `Display` gives one line naming the device (its bound address).
 #[derive(Debug)]

@@ -331,6 +331,8 @@ impl Channel {
             }
         };
         self.hca.activity.fetch_add(1, Ordering::Relaxed);
+        let counts = self.hca.stats.counts(waiting_for);
+        counts.waits.fetch_add(1, Ordering::Relaxed);
         // With caller-driven progress every poll is a progress round (a recvmmsg(2)): spin
         // fewer times than on a memory word.
         let spin = if self.hca.caller_driven {
@@ -340,8 +342,12 @@ impl Channel {
         };
         for i in 0..spin + self.policy.yields {
             if let Some(v) = check(&mut self.state())? {
+                if i == 0 {
+                    counts.at_once.fetch_add(1, Ordering::Relaxed);
+                }
                 return Ok(v);
             }
+            counts.vain_polls.fetch_add(1, Ordering::Relaxed);
             if i < spin {
                 core::hint::spin_loop();
             } else {
@@ -349,11 +355,16 @@ impl Channel {
             }
         }
         let start = Instant::now();
+        let mut slept = false;
         loop {
             self.hca.activity.fetch_add(1, Ordering::Relaxed);
             if let Some(v) = check(&mut self.state())? {
+                if !slept && spin + self.policy.yields == 0 {
+                    counts.at_once.fetch_add(1, Ordering::Relaxed);
+                }
                 return Ok(v);
             }
+            counts.vain_polls.fetch_add(1, Ordering::Relaxed);
             let elapsed = start.elapsed();
             if elapsed >= timeout {
                 return Err(TransportError::Timeout {
@@ -374,6 +385,11 @@ impl Channel {
                 });
             }
             self.maybe_probe()?;
+            if !slept {
+                slept = true;
+                counts.slept.fetch_add(1, Ordering::Relaxed);
+            }
+            counts.sleeps.fetch_add(1, Ordering::Relaxed);
             let wcs = self
                 .hca
                 .dev

@@ -9,6 +9,7 @@ use hca::{SendOp, Sge};
 
 use super::channel::{Channel, WR_CREDIT, WR_DATA, WR_DATA_USER};
 use super::device::lock;
+use super::stats::Blocked;
 use crate::transport::{
     Abort, AbortReason, Imm, OpDesc, RecvChunk, RecvConnector, SendConnector, SlotHeader,
     TransportError, WaitFor,
@@ -50,11 +51,23 @@ impl RoceSend {
             self.ch.layout.nslots as u32,
             self.ch.layout.send_wrs(),
         );
+        let mut first = true;
+        let stats = &self.ch.hca.stats;
         self.ch.wait(timeout, WaitFor::Credit, |st| {
-            (step.wrapping_sub(st.credit) < nslots
-                && step.wrapping_sub(st.data_done) < nslots
-                && st.sq_outstanding < depth)
-                .then_some(())
+            let blocked = if step.wrapping_sub(st.credit) >= nslots {
+                Some(Blocked::Credit)
+            } else if step.wrapping_sub(st.data_done) >= nslots {
+                Some(Blocked::Ack)
+            } else if st.sq_outstanding >= depth {
+                Some(Blocked::Sq)
+            } else {
+                None
+            };
+            if let (Some(b), true) = (blocked, first) {
+                stats.blocked(b);
+            }
+            first = false;
+            blocked.is_none().then_some(())
         })
     }
 
@@ -117,6 +130,10 @@ impl RoceSend {
         }
         self.step = self.step.wrapping_add(1);
         st.posted = self.step;
+        self.ch.hca.stats.post(
+            st.posted.wrapping_sub(st.credit),
+            st.posted.wrapping_sub(st.data_done),
+        );
         self.slot_held = false;
         Ok(())
     }

@@ -23,6 +23,12 @@ pub(super) struct RoceEnv {
     pub(super) qp_timeout: u8,
     pub(super) retry_cnt: u8,
     pub(super) progress: Progress,
+    /// `COLL_ROCE_WINDOW`: the software HCA's window of unacknowledged packets per QP
+    /// ([`hca::engine::EngineConfig::max_unacked_psns`]), before the device shares its budget.
+    pub(super) window: Option<u32>,
+    /// `COLL_ROCE_ACK_DELAY_US`: how long the software HCA's plain ACK may wait for a request
+    /// of its QP (here: the credit) to ride with ([`hca::engine::EngineConfig::ack_delay`]).
+    pub(super) ack_delay: Option<std::time::Duration>,
 }
 
 pub(super) fn env_error(var: &'static str, value: &str, expected: &str) -> TransportError {
@@ -45,6 +51,8 @@ impl RoceEnv {
             qp_timeout: 17,
             retry_cnt: 7,
             progress: Progress::Caller,
+            window: None,
+            ack_delay: None,
         };
         if let Some(v) = get("COLL_ROCE_ADDR") {
             for a in v.split(',') {
@@ -92,6 +100,24 @@ impl RoceEnv {
                 .ok()
                 .filter(|t| *t <= 7)
                 .ok_or_else(|| env_error("COLL_ROCE_RETRY_CNT", &v, "0 ..= 7"))?;
+        }
+        if let Some(v) = get("COLL_ROCE_WINDOW") {
+            env.window = Some(
+                v.trim()
+                    .parse()
+                    .ok()
+                    .filter(|t| (1..=8192).contains(t))
+                    .ok_or_else(|| env_error("COLL_ROCE_WINDOW", &v, "1 ..= 8192 packets"))?,
+            );
+        }
+        if let Some(v) = get("COLL_ROCE_ACK_DELAY_US") {
+            let us: u64 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|t| *t <= 10_000)
+                .ok_or_else(|| env_error("COLL_ROCE_ACK_DELAY_US", &v, "0 ..= 10000 us"))?;
+            env.ack_delay = Some(std::time::Duration::from_micros(us));
         }
         if let Some(v) = get("COLL_ROCE_PROGRESS") {
             env.progress = match v.trim() {

@@ -123,15 +123,22 @@
 //! `COLL_ROCE_ADDR`, `COLL_ROCE_PORT`; `COLL_ROCE_TIMEOUT` (the QP's local ACK timeout exponent:
 //! 4.096 us * 2^t, default 17 = 0.54 s) and `COLL_ROCE_RETRY_CNT` (default 7): a dead peer is
 //! found after about `(retry_cnt + 1) * 4.096 us * 2^t`; `COLL_ROCE_PROGRESS=caller|thread`
-//! (who drives the device, default caller); `COLL_ROCE_STATS=1` prints the device's engine,
-//! link and progress counters, and the registration cache's registrations and hits, to stderr
-//! when the communicator closes.
+//! (who drives the device, default caller); `COLL_ROCE_WINDOW` (the software HCA's window of
+//! unacknowledged packets per QP, `hca::engine::EngineConfig::max_unacked_psns`, 1 ..= 8192,
+//! default 128, shared as the device's budget allows) and `COLL_ROCE_ACK_DELAY_US` (how long a
+//! plain ACK may wait for a request of its QP, here the credit, to leave with it:
+//! `EngineConfig::ack_delay`, 0 ..= 10000 us, default 0); `COLL_ROCE_STATS=1` prints the
+//! device's engine, link and progress counters, the registration cache's registrations and
+//! hits, and the transport's wait and pipelining counters (`stats`: waits by reason, how many
+//! found their condition at once, slept, and what blocked a sender; chunks in flight per post)
+//! to stderr when the communicator closes.
 //!
 //! # Files
 //! `env` (the environment and the address), `device` (opening the device, its PD and
 //! registered regions), `keepalive`, `registration` (the user-buffer cache), `layout` (ring
 //! geometry), `info` (the connection info), `qp` (QP creation and bring-up), `channel` (one QP's
-//! state and waits), `connector` (the send and receive ends); this file: [`RoceTransport`].
+//! state and waits), `connector` (the send and receive ends), `stats` (the wait and pipelining
+//! counters); this file: [`RoceTransport`].
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -162,6 +169,7 @@ mod layout;
 mod qp;
 #[allow(unsafe_code)]
 mod registration;
+mod stats;
 #[cfg(test)]
 #[allow(unsafe_code)]
 mod tests;

@@ -46,6 +46,8 @@ fn env(qp_timeout: u8, retry_cnt: u8) -> RoceEnv {
         qp_timeout,
         retry_cnt,
         progress: Progress::Caller,
+        window: None,
+        ack_delay: None,
     }
 }
 
@@ -470,4 +472,50 @@ fn a_dead_peer_is_found_by_the_qp() {
     );
     assert!(e.to_string().contains("peer rank 1"), "{e}");
     drop(b);
+}
+
+/// The wait and pipelining counters (`COLL_ROCE_STATS=1`) count what happened: posts and the
+/// steps in flight at each, a sender blocked by the slot window (not the HCA's), waits for data.
+#[test]
+fn wait_counters_name_what_blocked() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (mut a, mut b) = pair(2, env(14, 7));
+    let t = Duration::from_millis(30);
+    for k in 0..2u8 {
+        let slot = a.c.send[0].wait_slot(t).unwrap();
+        slot[0] = k;
+        a.c.send[0].post(1, k as u16, &desc()).unwrap();
+    }
+    let sa = &a.ch().hca.stats;
+    assert_eq!(sa.posts.load(Relaxed), 2);
+    assert_eq!(
+        sa.inflight_max.load(Relaxed),
+        2,
+        "two steps posted, none credited"
+    );
+    assert_eq!(sa.inflight_sum.load(Relaxed), 1 + 2);
+    assert_eq!(sa.blocked_credit.load(Relaxed), 0);
+    // No credit for the third step: the wait counts one credit block, and it slept.
+    assert!(a.c.send[0].wait_slot(t).is_err());
+    assert_eq!(sa.blocked_credit.load(Relaxed), 1);
+    assert_eq!(sa.blocked_ack.load(Relaxed), 0);
+    assert_eq!(sa.credit.waits.load(Relaxed), 3);
+    assert_eq!(sa.credit.slept.load(Relaxed), 1);
+    assert!(sa.credit.sleeps.load(Relaxed) >= 1);
+    for _ in 0..2u8 {
+        b.c.recv[0].wait(T).unwrap();
+        b.c.recv[0].release().unwrap();
+    }
+    let sb = &b.ch().hca.stats;
+    assert_eq!(sb.data.waits.load(Relaxed), 2);
+    assert_eq!(sb.posts.load(Relaxed), 0, "credits are not data posts");
+    // The credits arrive: the held step can go.
+    a.c.send[0].wait_slot(T).unwrap();
+    a.c.send[0].post(1, 2, &desc()).unwrap();
+    assert_eq!(sa.posts.load(Relaxed), 3);
+    let text = sa.to_string();
+    assert!(
+        text.contains("blocked_credit: 1") && text.contains("posts: 3"),
+        "{text}"
+    );
 }

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use gpu_p2p::{HostMemory, Memory};
+use gpu_p2p::Memory;
 use hca::soft::Progress;
 use hca::tools::oob::perftest::{
     BwReport, KeyFormat, PerftestConn, PerftestDest, PerftestListener, PerftestTest,
@@ -178,10 +178,23 @@ struct Args {
     /// Print the device's engine, link and progress counters to stderr at the end.
     #[arg(long)]
     stats: bool,
+    /// Connect with RDMA CM as perftest's -R / --rdma_cm: the messages travel on an RC QP
+    /// connected by RDMA CM to SERVER's address and port -p (no TCP), and the test's QPs are
+    /// connected by RDMA CM too (RC only; needs --link).
+    #[arg(short = 'R', long = "rdma_cm")]
+    rdma_cm: bool,
     /// Packets in flight the device allows across its QPs (each QP's window is this over the
     /// number of QPs, 16 ..= 128; default: from the socket receive buffer).
     #[arg(long = "window-budget", value_name = "PACKETS")]
     window_budget: Option<u32>,
+    /// DCQCN (Zhu et al., SIGCOMM 2015) on every QP of a software device: the reaction point
+    /// with the paper's parameters scaled in proportion to the line rate (rates, timers:
+    /// `hca::engine::DcqcnParams::paper_scaled`), for a line rate of MBPS
+    /// Mb/s (1 to 400000), at which the QPs are also paced before the first CNP (a UDP link
+    /// has no line rate of its own), with a burst allowance of 2 ms at the line rate (at least
+    /// 4 KiB). Off by default: CNPs are counted and ignored.
+    #[arg(long, value_name = "MBPS", value_parser = clap::value_parser!(u64).range(1..=400_000))]
+    dcqcn: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,6 +245,10 @@ struct Params {
     accept: Option<Duration>,
     stats: bool,
     window_budget: Option<u32>,
+    /// `--dcqcn`: the line rate, bit/s.
+    dcqcn: Option<u64>,
+    /// `-R`: RDMA CM instead of TCP.
+    rdma_cm: bool,
 }
 
 fn main() -> ExitCode {
@@ -343,6 +360,12 @@ fn resolve(cmd: &TestCmd) -> Result<Params, Fail> {
     if inline_size > 512 {
         return fail!("inline size {inline_size} above the device's maximum (512)");
     }
+    if a.rdma_cm && qp_type != QpType::Rc {
+        return fail!("UC is not supported in librdmacm (-R takes RC only)");
+    }
+    if a.rdma_cm && a.link.is_none() && a.ib_dev.is_none() {
+        return fail!("-R needs the device: give --link udp:ADDRESS");
+    }
     let server_waits = a.server.is_none()
         && matches!(
             test,
@@ -354,6 +377,8 @@ fn resolve(cmd: &TestCmd) -> Result<Params, Fail> {
     let progress = match (server_waits, a.progress, kind) {
         (true, _, _) => Progress::Thread,
         (false, Some(p), _) => p.into(),
+        // The CM service would otherwise poll the device every few milliseconds.
+        (false, None, _) if a.rdma_cm => Progress::Thread,
         (false, None, Kind::Bw) => Progress::Thread,
         (false, None, Kind::Lat) => Progress::Caller,
     };
@@ -386,6 +411,8 @@ fn resolve(cmd: &TestCmd) -> Result<Params, Fail> {
         accept: a.timeout.map(Duration::from_secs),
         stats: a.stats,
         window_budget: a.window_budget,
+        dcqcn: a.dcqcn.map(|m| m * 1_000_000),
+        rdma_cm: a.rdma_cm,
     })
 }
 
@@ -397,7 +424,7 @@ struct Res {
     send_cq: CqHandle,
     recv_cq: CqHandle,
     qpns: Vec<u32>,
-    mem: Arc<HostMemory>,
+    mem: Arc<dyn Memory>,
     mr: MemoryRegion,
     /// Bytes of one buffer region (`BUFF_SIZE(size, cycle_buffer)`): every QP sends from region
     /// 0 and is written / read / sent to in region 1. (perftest gives each QP its own pair; with
@@ -431,7 +458,14 @@ fn open_checked(
     p: &Params,
     spec: &DeviceSpec,
 ) -> Result<(common::Dev, i64, hca::Gid, PathMtu), Fail> {
-    let dev = common::open_device(spec.clone(), p.progress, p.window_budget, &p.vfio)?;
+    // Paced at the line rate from the start, with a burst allowance of 2 ms at the line rate
+    // (at least 4 KiB): the progress thread's poll(2) wakes it with a resolution of 1 ms.
+    let dcqcn = p.dcqcn.map(|line| hca::engine::DcqcnParams {
+        pace_at_max_rate: true,
+        pace_burst: (line / 8 / 500).max(4096),
+        ..hca::engine::DcqcnParams::paper_scaled(line)
+    });
+    let dev = common::open_device_dcqcn(spec.clone(), p.progress, p.window_budget, &p.vfio, dcqcn)?;
     let gid_index = p.gid_index.unwrap_or(i64::from(dev.gid_index()));
     let gid = common::check_gid_index(&dev, gid_index)?;
     let port_mtu = dev.query_port().active_mtu;
@@ -458,6 +492,9 @@ fn oob_timeouts(p: &Params) -> hca::tools::oob::OobTimeouts {
 }
 
 fn run(p: &Params) -> Result<(), Fail> {
+    if p.rdma_cm {
+        return run_rdma_cm(p);
+    }
     let t = oob_timeouts(p);
     // With --link the device is known before any peer: open it and check -x / -m first, as
     // perftest does, so that a bad flag fails at once instead of after a peer connects.
@@ -574,15 +611,168 @@ fn run(p: &Params) -> Result<(), Fail> {
     Ok(())
 }
 
+/// `run` with `-R` (perftest's `use_rdma_cm` + `work_rdma_cm`, perftest 4.5-0.17 `write_bw.c`
+/// and `perftest_communication.c`): the messages travel on an RC QP connected by RDMA CM
+/// ([`hca::tools::cm::CmChannel`]), in the order of the TCP exchange; between the preamble and
+/// the first `pingpong_dest` hand-shake `create_rdma_cm_connection` connects the test's QPs by
+/// RDMA CM, with a hand-shake of zeroed messages before and after; the QPs are not connected by
+/// hand (`ctx_connect`), and at the end both sides disconnect them
+/// (`rdma_cm_disconnect_nodes`, `destroy_ctx`).
+fn run_rdma_cm(p: &Params) -> Result<(), Fail> {
+    use hca::rdma_cm::CmService;
+    use hca::tools::cm::{self as tcm, CmChannel};
+    use hca::tools::oob::perftest::Role;
+    let spec = p
+        .link
+        .clone()
+        .ok_or_else(|| Fail("-R needs --link".into()))?;
+    let (dev, gid_index, gid, local_mtu) = open_checked(p, &spec)?;
+    let cm = Arc::new(
+        CmService::start(dev.verbs(), hca::cm::CmConfig::default())
+            .map_err(|e| Fail(format!("Unable to start RDMA CM: {e}")))?,
+    );
+    let local_ip = gid.to_ip();
+    let peer = match &p.server {
+        Some(host) => Some(resolve_server(host, p.port, local_ip)?),
+        None => None,
+    };
+    let accept = p.accept.unwrap_or(Duration::MAX);
+    let listen_addr = std::net::SocketAddr::new(local_ip, p.port);
+    let channel = match peer {
+        Some(dst) => {
+            // Until the server listens its CM rejects the REQ: retry until --timeout.
+            let start = Instant::now();
+            loop {
+                match CmChannel::connect(dev.verbs(), cm.clone(), dst, p.timeout) {
+                    Ok(c) => break c,
+                    Err(e) if start.elapsed() < p.timeout && e.contains("Rejected") => {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    Err(e) => return fail!("Unable to perform rdma_client function: {e}"),
+                }
+            }
+        }
+        None => {
+            println!();
+            println!("************************************");
+            println!("* Waiting for client to connect... *");
+            println!("************************************");
+            CmChannel::accept(dev.verbs(), cm.clone(), listen_addr, accept, p.timeout)
+                .map_err(|e| Fail(format!("Unable to perform rdma_server function: {e}")))?
+        }
+    };
+    let role = if peer.is_some() {
+        Role::Client
+    } else {
+        Role::Server
+    };
+    let mut conn = PerftestConn::over_channel(Box::new(channel), role);
+    let oob = |e: hca::tools::OobError| {
+        Fail(format!(
+            "Failed to exchange data between server and clients: {e}"
+        ))
+    };
+    let pre = conn
+        .preamble(DEFAULT_CYCLE_BUFFER, DEFAULT_CACHE_LINE_SIZE, local_mtu)
+        .map_err(oob)?;
+    let mut res = setup(p, dev, pre.cycle_buffer.max(1) as u64)?;
+    res.gid_index = gid_index;
+    // create_rdma_cm_connection: a hand-shake of the (still zeroed) messages, the CM
+    // connections, another hand-shake.
+    let zero = PerftestDest {
+        lid: 0,
+        out_reads: 0,
+        qpn: 0,
+        psn: 0,
+        rkey: 0,
+        vaddr: 0,
+        gid: hca::Gid::from_bytes([0; 16]),
+        srqn: 0,
+    };
+    conn.hand_shake(&zero).map_err(oob)?;
+    let ids = match peer {
+        Some(dst) => tcm::connect_qps(&*res.dev, &cm, dst, &res.qpns, p.timeout),
+        None => tcm::accept_qps(&cm, listen_addr, &res.qpns, p.timeout, p.timeout),
+    }
+    .map_err(|e| Fail(format!("Failed to create RDMA CM connection: {e}")))?;
+    conn.hand_shake(&zero).map_err(oob)?;
+    let my: Vec<PerftestDest> = res
+        .qpns
+        .iter()
+        .enumerate()
+        .map(|(i, &qpn)| PerftestDest {
+            lid: 0,
+            out_reads: res.out_reads,
+            qpn,
+            psn: common::random_psn(),
+            rkey: res.mr.rkey(),
+            vaddr: res.target(i),
+            gid,
+            srqn: 0,
+        })
+        .collect();
+    print_test_info(p, &spec, pre.mtu, &res);
+    let _ = conn.exchange_dests(p.test, &my).map_err(oob)?;
+    let rem = conn.sync_after_connect(p.test, &my).map_err(oob)?;
+    for d in &my {
+        print_dest(p, "local", d);
+    }
+    for d in &rem {
+        print_dest(p, "remote", d);
+    }
+    match p.kind {
+        Kind::Bw => run_bw(p, &res, conn, &my, &rem)?,
+        Kind::Lat => run_lat(p, &res, conn, &my, &rem)?,
+    }
+    // The client disconnects (rdma_cm_disconnect_nodes), the server destroys its connected IDs
+    // (destroy_ctx: the kernel's CM sends a DREQ for each): here both send DREQs and wait for
+    // DISCONNECTED, which the peer's DREQ or DREP brings, so that neither exits with the
+    // other's DREQ unanswered.
+    tcm::disconnect_qps(&cm, &ids, p.timeout)
+        .map_err(|e| Fail(format!("Failed to disconnect RDMA CM connection: {e}")))?;
+    if p.stats {
+        common::print_stats(&res.dev);
+    }
+    drop(cm);
+    res.dev.close();
+    Ok(())
+}
+
+/// The server's address for `-R`: `host` (an address, or a name resolved to one of the family
+/// of `local`) and `port`.
+fn resolve_server(host: &str, port: u16, local: IpAddr) -> Result<std::net::SocketAddr, Fail> {
+    use std::net::ToSocketAddrs;
+    let addrs = (host, port).to_socket_addrs().map_err(|e| {
+        Fail(format!(
+            "Problem in resolving basic address and port: {host}: {e}"
+        ))
+    })?;
+    let unmapped = |a: std::net::SocketAddr| match a.ip() {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map_or(a, |v4| std::net::SocketAddr::new(IpAddr::V4(v4), a.port())),
+        _ => a,
+    };
+    addrs
+        .map(unmapped)
+        .find(|a| a.is_ipv4() == local.is_ipv4())
+        .ok_or_else(|| {
+            Fail(format!(
+                "{host} has no address of the family of the device's {local}"
+            ))
+        })
+}
+
 /// `ctx_init`: the buffer (two regions shared by all QPs), PD, MR, CQs and QPs in INIT.
 fn setup(p: &Params, dev: common::Dev, cycle_buffer: u64) -> Result<Res, Fail> {
     let biggest = if p.all { MAX_SIZE } else { p.size };
     let region = biggest.max(cycle_buffer).next_multiple_of(64);
     let q = p.qps as usize;
     let len = (2 * region) as usize;
-    let mem = Arc::new(
-        HostMemory::new(len).map_err(|e| Fail(format!("Couldn't allocate the buffer: {e}")))?,
-    );
+    // In the UMEM on an AF_XDP link: RC payloads then leave without a copy.
+    let mem = dev
+        .alloc_memory(len)
+        .map_err(|e| Fail(format!("Couldn't allocate the buffer: {e}")))?;
     let pd = dev.alloc_pd()?;
     let access = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
@@ -739,8 +929,21 @@ fn print_test_info(p: &Params, spec: &DeviceSpec, mtu: PathMtu, res: &Res) {
     } else {
         println!(" Max inline data : {}[B]", p.inline_size);
     }
-    println!(" rdma_cm QPs\t : OFF");
-    println!(" Data ex. method : Ethernet");
+    // perftest prints the -R server's last two lines after the connections are made.
+    if p.rdma_cm {
+        println!(" rdma_cm QPs\t : ON");
+        print!(" Data ex. method : rdma_cm");
+        if p.server.is_none() {
+            println!();
+            println!("{RESULT_LINE}");
+            println!(" Waiting for client rdma_cm QP to connect");
+            print!(" Please run the same command with the IB/RoCE interface IP");
+        }
+        println!();
+    } else {
+        println!(" rdma_cm QPs\t : OFF");
+        println!(" Data ex. method : Ethernet");
+    }
     println!("{RESULT_LINE}");
 }
 

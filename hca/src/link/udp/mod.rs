@@ -317,7 +317,7 @@ impl Link for UdpLink {
         let mut waiting = self.link.recv(batch)?;
         self.forwarded_in = 0;
         if let (Some(fwd), Some(claim)) = (self.forward.as_mut(), self.link.claim()) {
-            self.forwarded_in = fwd.recv(claim.fd());
+            self.forwarded_in = fwd.recv(claim);
             waiting += self.forwarded_in;
         }
         Ok(RecvState { waiting })
@@ -327,7 +327,7 @@ impl Link for UdpLink {
         let batch = if self.small { &self.rx_idle } else { &self.rx };
         let claim = self.link.claim();
         let mut n = 0;
-        let (mut dropped, mut forwarded) = (0, 0);
+        let mut unforwarded = 0;
         for d in batch.iter() {
             n += 1;
             if let (Some(claim), Some(q)) = (claim, d.payload.get(5..8)) {
@@ -341,9 +341,9 @@ impl Link for UdpLink {
                         hop_limit: d.hop_limit.unwrap_or(64),
                         payload: d.payload,
                     };
-                    match &self.forward {
-                        Some(fwd) if fwd.forward(claim.fd(), owner, &stray) => forwarded += 1,
-                        _ => dropped += 1,
+                    match self.forward.as_mut() {
+                        Some(fwd) => fwd.forward(claim, owner, &stray),
+                        None => unforwarded += 1,
                     }
                     continue;
                 }
@@ -366,7 +366,11 @@ impl Link for UdpLink {
                 });
             }
         }
-        self.link.count_strays(dropped, forwarded);
+        if let Some(fwd) = self.forward.as_mut() {
+            let mut counts = fwd.take_counts();
+            counts.dropped += unforwarded;
+            self.link.count_strays(&counts);
+        }
         Ok(n)
     }
 

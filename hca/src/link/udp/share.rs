@@ -27,15 +27,27 @@
 //! `reuseport_detach_sock` moves the *last* socket into its hole: the datagrams of the last slot
 //! then reach another process. Any process that receives a datagram of another slot (a *stray*)
 //! forwards it, with its source address, ports, ECN, DSCP and hop limit ([`FORWARD_HEADER`]),
-//! over its slot's abstract Unix socket to the owner's (`LinkCounters::rx_forwarded`), which
-//! polls that socket along with its UDP socket and hands the datagram to its engine as if it
-//! had come from the wire; a stray whose slot nobody holds, or whose owner's queue is full, is
-//! dropped and counted (`LinkCounters::rx_strays`). The owner's queue holds
-//! `net.unix.max_dgram_qlen` datagrams (unix(7); 10 by default), so bursts of strays lose some:
-//! RC retransmits them. Correctness thus never depends on the
-//! kernel's index; a moved slot costs one extra local hop per datagram until the group is
-//! rebuilt (its processes reopen).
-
+//! over a Unix datagram socket connected to the owner's slot name (`LinkCounters::rx_forwarded`);
+//! the owner polls its slot socket (through an epoll set, `SlotClaim::wait_fd`) along with its
+//! UDP socket and hands the datagram to its engine as if it had come from the wire.
+//!
+//! # No stray lost to a full queue
+//! The owner's queue holds `net.unix.max_dgram_qlen` datagrams (unix(7); 10 by default, a
+//! per-namespace sysctl only root changes). A send to a full queue fails with `EAGAIN`; the
+//! stray, and any later one for the same owner, is then held back in order
+//! (`LinkCounters::rx_strays_held`, at most [`MAX_HELD_BYTES`] over all owners), and the
+//! connected socket joins the sender's epoll set for writable, which the kernel signals once
+//! the owner has read (`unix_dgram_peer_wake_me`, net/unix/af_unix.c): the sender's next round
+//! sends them. Only a stray whose slot nobody holds, whose owner closed, or beyond
+//! [`MAX_HELD_BYTES`] is dropped and counted (`LinkCounters::rx_strays`); RC retransmits it.
+//! Correctness thus never depends on the kernel's index; a moved slot costs one extra local hop
+//! per datagram until the group is rebuilt (its processes reopen).
+//!
+//! # Who may forward
+//! The slot socket has `SO_PASSCRED`: every datagram carries its sender's credentials, checked
+//! by the kernel, and one from a process of another user ID is discarded and counted
+//! (`LinkCounters::rx_forward_refused`). Processes of the same user can ptrace(2) each other, so
+//! they are trusted as the process itself is.
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -118,12 +130,19 @@ fn bind_abstract(name: &str) -> io::Result<OwnedFd> {
     crate::link::sys::bind_abstract_unix(name.as_bytes())
 }
 
+/// The epoll(7) tag of the slot socket in [`SlotClaim::wait_fd`]; forwarding sockets are tagged
+/// with their destination slot.
+const SLOT_TAG: u64 = u64::MAX;
+
 /// A process's claim on a slot of a shared address: held while this value lives (and by the
 /// kernel only as long as the process does).
 #[derive(Debug)]
 pub struct SlotClaim {
     slot: usize,
     _name: OwnedFd,
+    /// epoll(7) over the slot socket (readable) and the forwarding sockets with strays queued
+    /// (writable): what a link's wait watches beside its UDP socket.
+    events: OwnedFd,
 }
 
 impl SlotClaim {
@@ -136,6 +155,32 @@ impl SlotClaim {
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self._name.as_fd()
     }
+
+    /// An epoll descriptor that polls readable when a forwarded datagram waits on [`Self::fd`]
+    /// or when an owner whose queue was full has room for the strays this process holds back
+    /// ([`Forwarder`]).
+    pub(crate) fn wait_fd(&self) -> BorrowedFd<'_> {
+        self.events.as_fd()
+    }
+
+    /// The slot socket with `SO_PASSCRED` (so that each datagram carries its sender's
+    /// credentials, unix(7)) and its epoll set.
+    fn new(slot: usize, name: OwnedFd) -> io::Result<SlotClaim> {
+        crate::link::sys::set_int(name.as_fd(), libc::SOL_SOCKET, libc::SO_PASSCRED, 1)?;
+        let events = crate::link::sys::epoll_new()?;
+        crate::link::sys::epoll_ctl(
+            events.as_fd(),
+            libc::EPOLL_CTL_ADD,
+            name.as_fd(),
+            libc::EPOLLIN as u32,
+            SLOT_TAG,
+        )?;
+        Ok(SlotClaim {
+            slot,
+            _name: name,
+            events,
+        })
+    }
 }
 
 /// Bytes before the payload of a forwarded datagram: source address (16, IPv4 as IPv4-mapped
@@ -146,6 +191,11 @@ pub const FORWARD_HEADER: usize = 38;
 const FORWARD_BATCH: usize = 16;
 /// Bytes of one forwarded datagram's slot: a header and the largest UDP payload.
 const FORWARD_SLOT: usize = FORWARD_HEADER + 65536;
+/// Bytes of strays (headers included) a process holds back, over all owners, while their queues
+/// are full; beyond it strays are dropped and counted (`LinkCounters::rx_strays`). 4 MiB: a
+/// thousand 4 KiB-MTU packets, far more than the 10-datagram queues (`net.unix.max_dgram_qlen`)
+/// of all 31 other owners together.
+pub const MAX_HELD_BYTES: usize = 4 << 20;
 
 /// A received datagram as forwarding carries it.
 #[derive(Debug, Clone, Copy)]
@@ -209,12 +259,53 @@ pub fn parse_forwarded(b: &[u8]) -> Option<Forwarded<'_>> {
     })
 }
 
+/// What stray forwarding did since the last [`Forwarder::take_counts`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StrayCounts {
+    /// Strays dropped: nobody holds their slot, its owner closed with strays held back for it,
+    /// or [`MAX_HELD_BYTES`] were held already.
+    pub dropped: u64,
+    /// Strays the owner's queue accepted (at once or after being held back).
+    pub forwarded: u64,
+    /// Strays held back because the owner's queue was full (each is later forwarded or dropped).
+    pub held: u64,
+    /// Datagrams received on the slot socket from a process of another user: discarded.
+    pub refused: u64,
+}
+
+/// The forwarding channel to one owner slot.
+#[derive(Debug, Default)]
+struct Peer {
+    /// A Unix datagram socket connected to the owner's slot name.
+    fd: Option<OwnedFd>,
+    /// Strays (header and payload) waiting for room in the owner's queue, oldest first.
+    held: std::collections::VecDeque<Vec<u8>>,
+    /// `fd` is in the epoll set, for writable.
+    watched: bool,
+}
+
 /// Stray forwarding of a shared link: strays go to their owner's slot socket, and datagrams
 /// forwarded to this process are read from its own (see the [module docs](self)).
+///
+/// Nothing is lost for a full queue: each owner is reached through a Unix datagram socket
+/// connected to its slot name, so a full queue (`net.unix.max_dgram_qlen`, which only root can
+/// raise) refuses a send with `EAGAIN` and later polls that socket writable (the kernel's
+/// `unix_dgram_peer_wake_me`, net/unix/af_unix.c). The refused stray and those after it for the
+/// same owner are held back, in order, up to [`MAX_HELD_BYTES`], and that socket joins the
+/// claim's epoll set ([`SlotClaim::wait_fd`]) so the link's wait wakes when the owner has
+/// drained; [`Forwarder::recv`] sends them first.
+///
+/// Only the same user may inject: the slot socket has `SO_PASSCRED`, and a datagram whose
+/// `SCM_CREDENTIALS` user ID is not this process's effective user ID is discarded and counted
+/// ([`StrayCounts::refused`]). Processes of the same user can already ptrace(2) each other.
 #[derive(Debug)]
 pub(crate) struct Forwarder {
     /// The abstract names of the slots, `soft-hca/ADDR:PORT/slotN`.
     names: Vec<Vec<u8>>,
+    peers: Vec<Peer>,
+    held_bytes: usize,
+    uid: u32,
+    counts: StrayCounts,
     rx: Vec<u8>,
     lens: [usize; FORWARD_BATCH],
     count: usize,
@@ -226,38 +317,176 @@ impl Forwarder {
             names: (0..MAX_SLOTS)
                 .map(|s| format!("soft-hca/{local}/slot{s}").into_bytes())
                 .collect(),
+            peers: (0..MAX_SLOTS).map(|_| Peer::default()).collect(),
+            held_bytes: 0,
+            uid: crate::link::sys::effective_uid(),
+            counts: StrayCounts::default(),
             rx: Vec::new(),
             lens: [0; FORWARD_BATCH],
             count: 0,
         }
     }
 
-    /// Sends datagram `d` to the process of `slot` over `fd` (the sender's own slot socket).
-    /// `false` when it could not go (nobody holds the slot, or its queue is full): the caller
-    /// counts it dropped.
-    pub(crate) fn forward(&self, fd: BorrowedFd<'_>, slot: usize, d: &Forwarded<'_>) -> bool {
-        let head = forward_header(d);
-        let Some(name) = self.names.get(slot) else {
-            return false;
-        };
-        crate::link::sys::send_abstract_unix(fd, name, &[&head, d.payload]).is_ok()
+    /// The counts since the last call, reset.
+    pub(crate) fn take_counts(&mut self) -> StrayCounts {
+        std::mem::take(&mut self.counts)
     }
 
-    /// Reads up to 16 forwarded datagrams from `fd` without blocking; how many.
-    pub(crate) fn recv(&mut self, fd: BorrowedFd<'_>) -> usize {
+    /// Strays held back now.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.peers.iter().map(|p| p.held.len()).sum()
+    }
+
+    /// Sends datagram `d` to the process of `slot`; `claim` is this process's slot. Held back
+    /// while the owner's queue is full (and behind strays already held for it); dropped and
+    /// counted when nobody holds the slot or [`MAX_HELD_BYTES`] are held.
+    pub(crate) fn forward(&mut self, claim: &SlotClaim, slot: usize, d: &Forwarded<'_>) {
+        let head = forward_header(d);
+        if slot >= MAX_SLOTS || slot == claim.slot() {
+            self.counts.dropped += 1;
+            return;
+        }
+        if !self.peers[slot].held.is_empty() {
+            self.hold(claim, slot, &[&head, d.payload]);
+            return;
+        }
+        // A connected socket whose owner closed fails with ECONNREFUSED: reconnect once, in case
+        // a new process holds the slot.
+        for _ in 0..2 {
+            let Some(fd) = self.connected(slot) else {
+                self.counts.dropped += 1;
+                return;
+            };
+            match crate::link::sys::send_parts(fd, &[&head, d.payload]) {
+                Ok(()) => {
+                    self.counts.forwarded += 1;
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.hold(claim, slot, &[&head, d.payload]);
+                    return;
+                }
+                Err(_) => self.peers[slot].fd = None,
+            }
+        }
+        self.counts.dropped += 1;
+    }
+
+    /// The socket connected to `slot`'s owner, connecting it first; `None` if nobody holds it.
+    fn connected(&mut self, slot: usize) -> Option<BorrowedFd<'_>> {
+        let peer = &mut self.peers[slot];
+        if peer.fd.is_none() {
+            peer.fd = crate::link::sys::connect_abstract_unix(&self.names[slot]).ok();
+            peer.watched = false;
+        }
+        peer.fd.as_ref().map(|f| f.as_fd())
+    }
+
+    /// Holds a stray for `slot` back (in order) and watches its socket for room.
+    fn hold(&mut self, claim: &SlotClaim, slot: usize, parts: &[&[u8]]) {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if self.held_bytes + len > MAX_HELD_BYTES {
+            self.counts.dropped += 1;
+            return;
+        }
+        let peer = &mut self.peers[slot];
+        let Some(fd) = peer.fd.as_ref() else {
+            self.counts.dropped += 1;
+            return;
+        };
+        if !peer.watched {
+            let added = crate::link::sys::epoll_ctl(
+                claim.wait_fd(),
+                libc::EPOLL_CTL_ADD,
+                fd.as_fd(),
+                libc::EPOLLOUT as u32,
+                slot as u64,
+            );
+            if added.is_err() {
+                // Without a wake-up the stray could wait forever: drop it, RC retransmits.
+                self.counts.dropped += 1;
+                return;
+            }
+            peer.watched = true;
+        }
+        peer.held.push_back(parts.concat());
+        self.held_bytes += len;
+        self.counts.held += 1;
+    }
+
+    /// Sends the strays held back, in order, as far as their owners' queues take them; drops
+    /// those of owners that closed.
+    fn send_held(&mut self, claim: &SlotClaim) {
+        for slot in 0..MAX_SLOTS {
+            let peer = &mut self.peers[slot];
+            if peer.held.is_empty() {
+                continue;
+            }
+            let Some(fd) = peer.fd.as_ref() else {
+                continue;
+            };
+            let mut gone = false;
+            while let Some(front) = peer.held.front() {
+                match crate::link::sys::send_parts(fd.as_fd(), &[front]) {
+                    Ok(()) => {
+                        self.held_bytes -= front.len();
+                        peer.held.pop_front();
+                        self.counts.forwarded += 1;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(_) => {
+                        gone = true;
+                        break;
+                    }
+                }
+            }
+            if gone {
+                let bytes: usize = peer.held.iter().map(Vec::len).sum();
+                self.held_bytes -= bytes;
+                self.counts.dropped += peer.held.len() as u64;
+                peer.held.clear();
+                // Closing the socket also removes it from the epoll set (epoll(7)).
+                peer.fd = None;
+                peer.watched = false;
+            } else if peer.held.is_empty() && peer.watched {
+                let _ = crate::link::sys::epoll_ctl(
+                    claim.wait_fd(),
+                    libc::EPOLL_CTL_DEL,
+                    fd.as_fd(),
+                    0,
+                    0,
+                );
+                peer.watched = false;
+            }
+        }
+    }
+
+    /// Sends the strays held back that now fit, then reads up to 16 forwarded datagrams from
+    /// `claim`'s slot socket without blocking (discarding those of other users); how many.
+    pub(crate) fn recv(&mut self, claim: &SlotClaim) -> usize {
+        if self.held_bytes > 0 {
+            self.send_held(claim);
+        }
         if self.rx.is_empty() {
             self.rx = vec![0; FORWARD_BATCH * FORWARD_SLOT];
         }
         self.count = 0;
-        while self.count < FORWARD_BATCH {
+        // Each attempt consumes a datagram or ends the loop; the bound keeps a flood of
+        // refused datagrams from holding the round.
+        for _ in 0..2 * FORWARD_BATCH {
+            if self.count == FORWARD_BATCH {
+                break;
+            }
             let i = self.count;
             let buf = &mut self.rx[i * FORWARD_SLOT..(i + 1) * FORWARD_SLOT];
-            match crate::link::sys::recv_dontwait(fd, buf) {
-                Ok(n) if n <= FORWARD_SLOT => {
+            match crate::link::sys::recv_with_uid(claim.fd(), buf) {
+                Ok((n, Some(uid))) if n <= FORWARD_SLOT && uid == self.uid => {
                     self.lens[i] = n;
                     self.count += 1;
                 }
-                Ok(_) => continue, // truncated: not one of ours; dropped
+                Ok((n, _)) if n > FORWARD_SLOT => continue, // truncated: not one of ours
+                Ok(_) => self.counts.refused += 1,
                 Err(_) => break,
             }
         }
@@ -301,8 +530,9 @@ pub(crate) fn claim_and_bind<T>(
     for slot in 0..MAX_SLOTS {
         match bind_abstract(&format!("{base}/slot{slot}")) {
             Ok(name) => {
+                let claim = SlotClaim::new(slot, name)?;
                 let bound = bind(slot)?;
-                return Ok((SlotClaim { slot, _name: name }, bound));
+                return Ok((claim, bound));
             }
             Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
             Err(e) => return Err(e),
@@ -439,30 +669,124 @@ mod forward_tests {
         assert!(parse_forwarded(&[0; FORWARD_HEADER - 1]).is_none());
     }
 
-    /// A stray sent to a held slot arrives there; to a free slot it fails.
-    #[test]
-    fn strays_reach_their_owner() {
-        let local: SocketAddr = format!("127.0.0.1:{}", 20000 + std::process::id() % 20000)
-            .parse()
-            .unwrap();
-        let (a, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
-        let (b, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
-        let fa = Forwarder::new(local);
-        let mut fb = Forwarder::new(local);
-        let d = Forwarded {
+    fn stray(payload: &[u8]) -> Forwarded<'_> {
+        Forwarded {
             src: "127.0.0.9:50001".parse().unwrap(),
-            dst: local.ip(),
+            dst: "127.0.0.1".parse().unwrap(),
             ecn: 1,
             dscp: 0,
             hop_limit: 64,
-            payload: &[7; 100],
-        };
-        assert!(fa.forward(a.fd(), b.slot(), &d));
-        assert!(!fa.forward(a.fd(), 5, &d), "slot 5 is free");
-        assert_eq!(fb.recv(b.fd()), 1);
+            payload,
+        }
+    }
+
+    /// A shared address of its own per test and process (abstract names are per namespace).
+    fn local(test: u16) -> SocketAddr {
+        let port = 20000 + (std::process::id() % 10000) as u16 * 4 + test;
+        SocketAddr::new("127.0.0.1".parse().unwrap(), port)
+    }
+
+    /// Whether `fd` polls readable within 5 s.
+    fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
+        let [r] = crate::link::sys::poll([(fd, libc::POLLIN)], timeout).unwrap();
+        r & libc::POLLIN != 0
+    }
+
+    /// A stray sent to a held slot arrives there; to a free slot it is dropped.
+    #[test]
+    fn strays_reach_their_owner() {
+        let local = local(0);
+        let (a, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
+        let (b, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
+        let mut fa = Forwarder::new(local);
+        let mut fb = Forwarder::new(local);
+        let d = stray(&[7; 100]);
+        fa.forward(&a, b.slot(), &d);
+        fa.forward(&a, 5, &d); // slot 5 is free
+        let c = fa.take_counts();
+        assert_eq!((c.forwarded, c.dropped, c.held), (1, 1, 0), "{c:?}");
+        assert!(readable(b.wait_fd(), Duration::from_secs(5)));
+        assert_eq!(fb.recv(&b), 1);
         let got: Vec<_> = fb.received().collect();
         assert_eq!(got.len(), 1);
         assert_eq!((got[0].src, got[0].payload), (d.src, d.payload));
-        assert_eq!(fb.recv(b.fd()), 0);
+        assert_eq!(fb.recv(&b), 0);
+        assert_eq!(fb.take_counts(), StrayCounts::default());
+    }
+
+    /// More strays than the owner's queue holds (`net.unix.max_dgram_qlen`): the rest are held
+    /// back, the sender's wait descriptor polls readable once the owner has read, and all
+    /// arrive, in order, none dropped.
+    #[test]
+    fn a_full_queue_holds_strays_back_and_loses_none() {
+        let qlen: usize = std::fs::read_to_string("/proc/sys/net/unix/max_dgram_qlen")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(10);
+        let n = (qlen + 40).min(2000);
+        let local = local(1);
+        let (a, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
+        let (b, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
+        let mut fa = Forwarder::new(local);
+        let mut fb = Forwarder::new(local);
+        for i in 0..n as u32 {
+            fa.forward(&a, b.slot(), &stray(&i.to_be_bytes()));
+        }
+        let c = fa.take_counts();
+        assert_eq!(c.dropped, 0, "{c:?}");
+        assert_eq!(c.forwarded + c.held, n as u64, "{c:?}");
+        assert!(c.held > 0, "the queue of {qlen} was full: {c:?}");
+        assert_eq!(fa.held() as u64, c.held);
+        // Nothing to read and no room yet: a's wait descriptor is quiet.
+        assert!(!readable(a.wait_fd(), Duration::ZERO));
+        let mut got = Vec::new();
+        let mut forwarded = c.forwarded;
+        for _ in 0..4 * n {
+            if got.len() == n {
+                break;
+            }
+            let k = fb.recv(&b);
+            got.extend(
+                fb.received()
+                    .map(|d| u32::from_be_bytes(d.payload.try_into().unwrap())),
+            );
+            if k > 0 && fa.held() > 0 {
+                assert!(
+                    readable(a.wait_fd(), Duration::from_secs(5)),
+                    "the owner read: a polls readable"
+                );
+            }
+            assert_eq!(fa.recv(&a), 0, "nothing was forwarded to a");
+            let c = fa.take_counts();
+            assert_eq!(c.dropped, 0, "{c:?}");
+            forwarded += c.forwarded;
+        }
+        assert_eq!(got, (0..n as u32).collect::<Vec<_>>());
+        assert_eq!((forwarded, fa.held()), (n as u64, 0));
+        assert!(!readable(a.wait_fd(), Duration::ZERO), "no longer watched");
+    }
+
+    /// A datagram from another user reaches the slot socket but is discarded and counted; one
+    /// of the same user is taken. Needs root (to send as another user): skips otherwise.
+    #[test]
+    fn other_users_cannot_inject() {
+        if crate::link::sys::effective_uid() != 0 {
+            eprintln!("skip: sending as another user needs root");
+            return;
+        }
+        let local = local(2);
+        let (b, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
+        let mut fb = Forwarder::new(local);
+        let name = format!("soft-hca/{local}/slot{}", b.slot()).into_bytes();
+        let mut datagram = forward_header(&stray(b"x")).to_vec();
+        datagram.push(b'x');
+        assert!(
+            crate::link::sys::send_as_user(65534, &name, &datagram),
+            "a child sent as uid 65534"
+        );
+        let own = crate::link::sys::connect_abstract_unix(&name).unwrap();
+        crate::link::sys::send_parts(own.as_fd(), &[&datagram]).unwrap();
+        assert_eq!(fb.recv(&b), 1, "only the same user's datagram");
+        assert_eq!(fb.take_counts().refused, 1);
     }
 }

@@ -331,11 +331,17 @@ pub struct LinkCounters {
     /// (`SO_RXQ_OVFL`, socket(7)); the last value reported.
     pub rx_kernel_drops: u64,
     /// Datagrams a shared socket ([`RoceSocketConfig::share`]) received for another process's
-    /// slot and could not forward (nobody holds the slot, or its queue was full): dropped (see
-    /// [`super::share`]).
+    /// slot and could not forward (nobody holds the slot, its owner closed, or
+    /// [`super::share::MAX_HELD_BYTES`] were held back already): dropped (see [`super::share`]).
     pub rx_strays: u64,
     /// Datagrams a shared socket received for another process's slot and forwarded to it.
     pub rx_forwarded: u64,
+    /// Strays held back because their owner's queue was full (`net.unix.max_dgram_qlen`), each
+    /// forwarded later (in `rx_forwarded`) or dropped (in `rx_strays`).
+    pub rx_strays_held: u64,
+    /// Datagrams that reached this process's slot socket from a process of another user:
+    /// discarded ([`super::share`]).
+    pub rx_forward_refused: u64,
     /// Datagrams the kernel accepted for sending.
     pub tx_datagrams: u64,
     /// UDP payload bytes accepted for sending.
@@ -689,10 +695,14 @@ impl RoceSocket {
         })
     }
 
-    /// Adds to [`LinkCounters::rx_strays`] and [`LinkCounters::rx_forwarded`].
-    pub(crate) fn count_strays(&mut self, dropped: u64, forwarded: u64) {
-        self.counters.rx_strays += dropped;
-        self.counters.rx_forwarded += forwarded;
+    /// Adds what stray forwarding did to [`LinkCounters::rx_strays`],
+    /// [`LinkCounters::rx_forwarded`], [`LinkCounters::rx_strays_held`] and
+    /// [`LinkCounters::rx_forward_refused`].
+    pub(crate) fn count_strays(&mut self, c: &super::share::StrayCounts) {
+        self.counters.rx_strays += c.dropped;
+        self.counters.rx_forwarded += c.forwarded;
+        self.counters.rx_strays_held += c.held;
+        self.counters.rx_forward_refused += c.refused;
     }
 
     /// The slot claim of a shared socket.
@@ -1154,7 +1164,7 @@ impl RoceSocket {
         timeout: Duration,
     ) -> Result<Readiness, LinkError> {
         let out = self.fd_of(self.blocked.load(Ordering::Relaxed));
-        let extra = self.claim.as_ref().map(|c| c.fd());
+        let extra = self.claim.as_ref().map(|c| c.wait_fd());
         wait_on(
             self.fd.as_fd(),
             out,
@@ -1181,14 +1191,16 @@ impl RoceSocket {
             source,
         })?;
         let extra = match &self.claim {
-            Some(c) => Some(
-                c.fd()
-                    .try_clone_to_owned()
-                    .map_err(|source| LinkError::Socket {
-                        local: self.local,
-                        source,
-                    })?,
-            ),
+            Some(c) => {
+                Some(
+                    c.wait_fd()
+                        .try_clone_to_owned()
+                        .map_err(|source| LinkError::Socket {
+                            local: self.local,
+                            source,
+                        })?,
+                )
+            }
             None => None,
         };
         Ok(LinkPoller {
@@ -1215,7 +1227,8 @@ fn wait_on(
 ) -> Result<Readiness, LinkError> {
     let out_events = if writable { libc::POLLOUT } else { 0 };
     let map = |source| LinkError::Poll { local, source };
-    // A shared link's slot socket (forwarded strays) is read along with the UDP socket; without
+    // A shared link's epoll set (its slot socket with forwarded strays, and the forwarding
+    // sockets of owners that had no room) is read along with the UDP socket; without
     // one, or without a waker, the socket's own entry stands in with no events.
     let (x, x_events) = extra.map_or((fd, 0), |x| (x, libc::POLLIN));
     let (k, k_events) = waker.map_or((fd, 0), |w| (w.as_fd(), libc::POLLIN));
@@ -1359,7 +1372,8 @@ fn dst_slot(d: &SendDatagram<'_>) -> usize {
 #[derive(Debug)]
 pub struct LinkPoller {
     fd: OwnedFd,
-    /// A duplicate of a shared link's slot socket ([`super::share`]).
+    /// A duplicate of a shared link's epoll descriptor over its slot socket and forwarding
+    /// sockets ([`super::share::SlotClaim::wait_fd`]).
     extra: Option<OwnedFd>,
     senders: Arc<[Sender]>,
     blocked: Arc<AtomicUsize>,

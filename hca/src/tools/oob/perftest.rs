@@ -145,7 +145,15 @@ pub enum KeyFormat {
     WithGid,
     /// `KEY_PRINT_FMT`, 59 bytes: InfiniBand without `-x` (GID index -1).
     WithoutGid,
+    /// `struct pingpong_dest` itself, [`KEY_BINARY_LEN`] bytes: what `rdma_write_keys` sends over
+    /// perftest's RDMA CM connection (`-R`), see [`PerftestDest::encode`].
+    Binary,
 }
+
+/// Bytes of `struct pingpong_dest` on LP64 (perftest 4.5-0.17 `perftest_resources.h`): `int
+/// lid, out_reads, qpn, psn; unsigned rkey;` 4 bytes of padding, `unsigned long long vaddr;
+/// union ibv_gid gid; unsigned srqn; int gid_index;`.
+pub const KEY_BINARY_LEN: usize = 56;
 
 impl KeyFormat {
     /// Bytes of a message of this format, NUL included.
@@ -153,6 +161,7 @@ impl KeyFormat {
         match self {
             KeyFormat::WithGid => KEY_MSG_SIZE_GID,
             KeyFormat::WithoutGid => KEY_MSG_SIZE,
+            KeyFormat::Binary => KEY_BINARY_LEN,
         }
     }
 }
@@ -175,9 +184,24 @@ impl PerftestDest {
     ///
     /// Errors: [`OobError::OutOfRange`] for a QPN or PSN above 24 bits (the C format would print
     /// more digits than the fixed-size message holds).
+    /// [`KeyFormat::Binary`] is the struct with every integer big-endian (`rdma_write_keys` with
+    /// `HAVE_ENDIAN`: `htobe32` / `htobe64`), the GID bytes in order, the padding zero and
+    /// `gid_index` 0.
     pub fn encode(&self, format: KeyFormat) -> Result<Vec<u8>, OobError> {
         check_range("QPN", u64::from(self.qpn), 0xff_ffff)?;
         check_range("PSN", u64::from(self.psn), 0xff_ffff)?;
+        if format == KeyFormat::Binary {
+            let mut m = vec![0u8; KEY_BINARY_LEN];
+            m[0..4].copy_from_slice(&u32::from(self.lid).to_be_bytes());
+            m[4..8].copy_from_slice(&u32::from(self.out_reads).to_be_bytes());
+            m[8..12].copy_from_slice(&self.qpn.to_be_bytes());
+            m[12..16].copy_from_slice(&self.psn.to_be_bytes());
+            m[16..20].copy_from_slice(&self.rkey.to_be_bytes());
+            m[24..32].copy_from_slice(&self.vaddr.to_be_bytes());
+            m[32..48].copy_from_slice(self.gid.as_bytes());
+            m[48..52].copy_from_slice(&self.srqn.to_be_bytes());
+            return Ok(m);
+        }
         let mut text = format!(
             "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
             self.lid, self.out_reads, self.qpn, self.psn, self.rkey, self.vaddr
@@ -189,7 +213,9 @@ impl PerftestDest {
                 }
                 text.push_str(&format!("{:08x}:", self.srqn));
             }
-            KeyFormat::WithoutGid => text.push_str(&format!("{:08x}", self.srqn)),
+            KeyFormat::WithoutGid | KeyFormat::Binary => {
+                text.push_str(&format!("{:08x}", self.srqn))
+            }
         }
         let mut msg = text.into_bytes();
         msg.push(0);
@@ -203,6 +229,8 @@ impl PerftestDest {
     /// the no-GID format leaves `gid` zero.
     ///
     /// Errors: [`OobError::Malformed`] (without a peer) naming the bad field.
+    /// [`KeyFormat::Binary`]: [`KEY_BINARY_LEN`] bytes as [`PerftestDest::encode`] writes them;
+    /// LID and outstanding reads above 16 bits, QPN and PSN above 24 bits are refused.
     pub fn decode(msg: &[u8], format: KeyFormat) -> Result<PerftestDest, OobError> {
         let bad = |reason| OobError::Malformed {
             peer: None,
@@ -210,6 +238,35 @@ impl PerftestDest {
             reason,
             text: printable(msg),
         };
+        if format == KeyFormat::Binary {
+            if msg.len() != KEY_BINARY_LEN {
+                return Err(bad("not 56 bytes"));
+            }
+            let be32 =
+                |at: usize| u32::from_be_bytes([msg[at], msg[at + 1], msg[at + 2], msg[at + 3]]);
+            let (lid, out_reads) = (be32(0), be32(4));
+            let (qpn, psn) = (be32(8), be32(12));
+            if lid > 0xffff || out_reads > 0xffff {
+                return Err(bad("LID or outstanding reads above 16 bits"));
+            }
+            if qpn > 0xff_ffff || psn > 0xff_ffff {
+                return Err(bad("QPN or PSN above 24 bits"));
+            }
+            let mut vaddr = [0u8; 8];
+            vaddr.copy_from_slice(&msg[24..32]);
+            let mut gid = [0u8; 16];
+            gid.copy_from_slice(&msg[32..48]);
+            return Ok(PerftestDest {
+                lid: lid as u16,
+                out_reads: out_reads as u16,
+                qpn,
+                psn,
+                rkey: be32(16),
+                vaddr: u64::from_be_bytes(vaddr),
+                gid: Gid::from_bytes(gid),
+                srqn: be32(48),
+            });
+        }
         let end = msg
             .iter()
             .position(|&b| b == 0)
@@ -237,7 +294,7 @@ impl PerftestDest {
         let rest: Vec<&[u8]> = fields.collect();
         let trailer_ok = match format {
             KeyFormat::WithGid => rest == [&b""[..]],
-            KeyFormat::WithoutGid => rest.is_empty(),
+            KeyFormat::WithoutGid | KeyFormat::Binary => rest.is_empty(),
         };
         if !trailer_ok {
             return Err(bad("wrong number of fields"));
@@ -434,7 +491,7 @@ impl PerftestListener {
             .listener
             .accept_client(&self.timeouts, &first, &self.log)?;
         Ok(PerftestConn {
-            stream: OobStream::new(a.stream, self.timeouts.io)?,
+            stream: Transport::Tcp(OobStream::new(a.stream, self.timeouts.io)?),
             role: Role::Server,
             format,
             peer_version: Some(a.value),
@@ -442,11 +499,54 @@ impl PerftestListener {
     }
 }
 
-/// One perftest TCP connection, client or server; see the [module docs](self) for the order of
-/// calls.
+/// A connection that carries perftest's messages other than over TCP: perftest's `-R`
+/// connection, an RC QP connected by RDMA CM on which each message is one SEND into the one
+/// receive the peer keeps posted (`rdma_write_data` / `rdma_read_data`,
+/// [`crate::tools::cm::CmChannel`]).
+pub trait MessageChannel: std::fmt::Debug + Send {
+    /// Sends `msg` as one message.
+    ///
+    /// Errors: [`OobError::Write`], [`OobError::Timeout`].
+    fn send(&mut self, what: &'static str, msg: &[u8]) -> Result<(), OobError>;
+    /// Receives one message of exactly `buf.len()` bytes into `buf`.
+    ///
+    /// Errors: [`OobError::Read`], [`OobError::Timeout`], [`OobError::Closed`].
+    fn recv(&mut self, what: &'static str, buf: &mut [u8]) -> Result<(), OobError>;
+    /// The peer's address.
+    fn peer(&self) -> SocketAddr;
+    /// This side's address.
+    fn local_addr(&self) -> Option<SocketAddr>;
+    /// Changes how long each later [`MessageChannel::recv`] / [`MessageChannel::send`] waits.
+    fn set_io_timeout(&mut self, io: Duration);
+}
+
+#[derive(Debug)]
+enum Transport {
+    Tcp(OobStream),
+    Channel(Box<dyn MessageChannel>),
+}
+
+impl Transport {
+    fn write_msg(&mut self, what: &'static str, msg: &[u8]) -> Result<(), OobError> {
+        match self {
+            Transport::Tcp(s) => s.write_msg(what, msg),
+            Transport::Channel(c) => c.send(what, msg),
+        }
+    }
+
+    fn read_msg(&mut self, what: &'static str, buf: &mut [u8]) -> Result<(), OobError> {
+        match self {
+            Transport::Tcp(s) => s.read_msg(what, buf),
+            Transport::Channel(c) => c.recv(what, buf),
+        }
+    }
+}
+
+/// One perftest connection (TCP, or perftest's `-R` RDMA CM connection through a
+/// [`MessageChannel`]), client or server; see the [module docs](self) for the order of calls.
 #[derive(Debug)]
 pub struct PerftestConn {
-    stream: OobStream,
+    stream: Transport,
     role: Role,
     format: KeyFormat,
     /// A server's client version, read (and checked) by [`PerftestListener::accept`] and not
@@ -466,11 +566,23 @@ impl PerftestConn {
     ) -> Result<PerftestConn, OobError> {
         let stream = connect(host, port, timeouts)?;
         Ok(PerftestConn {
-            stream: OobStream::new(stream, timeouts.io)?,
+            stream: Transport::Tcp(OobStream::new(stream, timeouts.io)?),
             role: Role::Client,
             format,
             peer_version: None,
         })
+    }
+
+    /// A connection over `channel` (perftest's `-R`: messages are SENDs on an RC QP connected by
+    /// RDMA CM, and `pingpong_dest` travels as [`KeyFormat::Binary`]); `role` says who writes
+    /// first in each exchange.
+    pub fn over_channel(channel: Box<dyn MessageChannel>, role: Role) -> PerftestConn {
+        PerftestConn {
+            stream: Transport::Channel(channel),
+            role,
+            format: KeyFormat::Binary,
+            peer_version: None,
+        }
     }
 
     /// Client or server.
@@ -480,14 +592,20 @@ impl PerftestConn {
 
     /// The peer's TCP address.
     pub fn peer(&self) -> SocketAddr {
-        self.stream.peer
+        match &self.stream {
+            Transport::Tcp(s) => s.peer,
+            Transport::Channel(c) => c.peer(),
+        }
     }
 
     /// This side's address of the TCP connection (the source address the route to the peer
     /// uses, or the address the client reached): a tool without a configured device address
     /// uses it as its GID.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.stream.stream.local_addr().ok()
+        match &self.stream {
+            Transport::Tcp(s) => s.stream.local_addr().ok(),
+            Transport::Channel(c) => c.local_addr(),
+        }
     }
 
     /// Changes the timeout of each later read and write (e.g. to the test's duration plus a
@@ -495,7 +613,13 @@ impl PerftestConn {
     ///
     /// Errors: [`OobError::Write`] if the socket refuses the option.
     pub fn set_io_timeout(&mut self, io: Duration) -> Result<(), OobError> {
-        self.stream.set_io_timeout(io)
+        match &mut self.stream {
+            Transport::Tcp(s) => s.set_io_timeout(io),
+            Transport::Channel(c) => {
+                c.set_io_timeout(io);
+                Ok(())
+            }
+        }
     }
 
     /// One `ctx_xchg_data_ethernet`: the client writes `mine` then reads `theirs`, the server
@@ -735,10 +859,14 @@ impl PerftestConn {
     /// closes (after reading, for at most 500 ms, the peer's own `done`).
     ///
     /// Errors: those of [`hand_shake`](Self::hand_shake), [`OobError::Write`].
+    /// Over a [`MessageChannel`] (`-R`) only the hand-shake (perftest writes `"done"` only on
+    /// its TCP socket).
     pub fn close(mut self, local: &PerftestDest) -> Result<(), OobError> {
         self.hand_shake(local)?;
-        self.stream.write_msg("done message", DONE)?;
-        self.stream.finish(Duration::from_millis(500));
+        if let Transport::Tcp(mut s) = self.stream {
+            s.write_msg("done message", DONE)?;
+            s.finish(Duration::from_millis(500));
+        }
         Ok(())
     }
 }
@@ -804,6 +932,27 @@ mod tests {
             gid: Gid::from_bytes(g),
             srqn: 0,
         }
+    }
+
+    #[test]
+    fn binary_dest_is_the_big_endian_struct() {
+        let d = dest();
+        let m = d.encode(KeyFormat::Binary).unwrap();
+        let mut want = Vec::new();
+        want.extend_from_slice(&[
+            0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0x11, 0, 0xab, 0xcd, 0xef,
+        ]);
+        want.extend_from_slice(&[0, 0, 0x12, 0x34, 0, 0, 0, 0]);
+        want.extend_from_slice(&[0, 0, 0x7f, 0, 0, 0, 0x10, 0]);
+        want.extend_from_slice(d.gid.as_bytes());
+        want.extend_from_slice(&[0; 8]);
+        assert_eq!(m, want);
+        assert_eq!(PerftestDest::decode(&m, KeyFormat::Binary).unwrap(), d);
+        // Wrong length, or a QPN above 24 bits, is refused.
+        assert!(PerftestDest::decode(&m[..55], KeyFormat::Binary).is_err());
+        let mut bad = m.clone();
+        bad[8] = 1;
+        assert!(PerftestDest::decode(&bad, KeyFormat::Binary).is_err());
     }
 
     #[test]

@@ -1,0 +1,481 @@
+//! [`CmService`]: the RDMA CM ([`RdmaCm`]) driven from a real device (its docs say how).
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::{RdmaCm, RdmaCmError, RdmaCmEvent, RdmaId};
+use crate::cm::{CmConfig, MAX_EVENTS};
+use crate::engine::{Instant, SoftHca};
+use crate::link::{LinkError, Waker};
+use crate::verbs::api::{DeviceError, GsiPort, Verbs};
+
+/// Most MADs one turn of the service thread hands the CM (it runs another turn at once when more
+/// wait): bounds how long the engine lock is held.
+pub const MAD_BATCH: usize = 64;
+
+/// How often the service thread drives progress on a device without a progress thread
+/// ([`GsiPort::caller_progress`]).
+pub const CALLER_POLL: Duration = Duration::from_millis(5);
+
+/// Shortest sleep of the service thread between turns that found no more MADs.
+const MIN_SLEEP: Duration = Duration::from_micros(100);
+
+/// Longest sleep of an idle service thread (no timer armed); a MAD, a call or the drop wakes it
+/// at once, so this only bounds how long a lost wake-up could delay it.
+const IDLE_SLEEP: Duration = Duration::from_secs(10);
+
+/// Why [`CmService::start`] failed.
+#[derive(Debug)]
+pub enum ServiceError {
+    /// The device has no QP1 of its own ([`Verbs::gsi`] is `None`: a hardware HCA or the
+    /// kernel's rxe, whose CM is the kernel's), or another CM already consumes it.
+    Device(DeviceError),
+    /// An eventfd could not be made (out of descriptors).
+    Waker(LinkError),
+    /// The service thread could not be started.
+    Thread(io::Error),
+}
+
+impl std::fmt::Display for ServiceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServiceError::Device(e) => write!(f, "RDMA CM service: {e}"),
+            ServiceError::Waker(e) => write!(f, "RDMA CM service: {e}"),
+            ServiceError::Thread(e) => write!(f, "RDMA CM service: cannot start thread: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ServiceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ServiceError::Device(e) => Some(e),
+            ServiceError::Waker(e) => Some(e),
+            ServiceError::Thread(e) => Some(e),
+        }
+    }
+}
+
+/// What the service thread has done (counts, for tests and diagnostics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServiceCounters {
+    /// Turns of the service thread (each feeds MADs and due timers to the CM).
+    pub turns: u64,
+    /// Times the thread went to sleep in poll(2).
+    pub sleeps: u64,
+    /// MADs handed to the CM.
+    pub mads: u64,
+    /// Turns that fired CM timers.
+    pub timer_turns: u64,
+    /// Events dropped because [`MAX_EVENTS`] were undelivered.
+    pub events_lost: u64,
+    /// Errors of the thread's eventfd (it keeps running).
+    pub wait_errors: u64,
+}
+
+struct Queue {
+    events: VecDeque<RdmaCmEvent>,
+}
+
+struct Inner {
+    dev: Arc<dyn Verbs>,
+    cm: Mutex<RdmaCm>,
+    /// Wakes the service thread (the MAD hook holds a clone).
+    wake: Arc<Waker>,
+    queue: Mutex<Queue>,
+    queue_cv: Condvar,
+    /// Readable while `queue` holds an event.
+    ready: Waker,
+    stop: AtomicBool,
+    turns: AtomicU64,
+    counters: Mutex<ServiceCounters>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The RDMA CM ([`RdmaCm`]) of one software device, driven from the device by a thread of its
+/// own, with an event queue that a caller can block on or poll(2).
+///
+/// A software device ([`crate::soft::SoftDevice`] over any link, e.g. opened by
+/// [`crate::open::open`]) hands its QP1 out through [`Verbs::gsi`]. The service installs the
+/// device's MAD hook ([`GsiPort::set_mad_hook`]) and runs one thread (`rdma-cm#N`) that sleeps in
+/// poll(2) on an eventfd until the hook reports a MAD on QP1, a call on the service changed the
+/// timers, or the CM's next timer is due ([`RdmaCm::poll_timeout`]: REQ / REP / DREQ resends,
+/// timewait); it then feeds the MADs ([`RdmaCm::handle_mad`], at most [`MAD_BATCH`] per turn) and
+/// the due timers ([`RdmaCm::handle_timeout`]) to the CM on the engine, and moves the CM's events
+/// to the queue. An idle service does not wake up (no timer, no MAD: it sleeps until woken).
+///
+/// On a device whose datagrams reach the engine only when a caller drives progress
+/// ([`crate::soft::Progress::Caller`]) the thread also runs a progress round each turn and wakes
+/// at least every [`CALLER_POLL`] to do so.
+///
+/// Events ([`RdmaCmEvent`], librdmacm's `struct rdma_cm_event`) wait in a queue of at most
+/// [`crate::cm::MAX_EVENTS`] (more are counted in [`ServiceCounters::events_lost`]):
+/// [`CmService::get_event`] takes the oldest, waiting at most its timeout
+/// (`rdma_get_cm_event(3)`), and [`CmService::event_fd`] is an eventfd(2) that is readable exactly
+/// while the queue holds an event (the event channel's `fd` of librdmacm, `struct
+/// rdma_event_channel`, which programs poll).
+///
+/// The calls (`rdma_create_id`, `rdma_resolve_addr`, ... `rdma_destroy_id`) are [`RdmaCm`]'s,
+/// made on the engine under the service's lock; QPs are the caller's ([`Verbs::create_qp`]) and
+/// the CM moves them INIT -> RTR -> RTS (and to ERR) as [`crate::cm::Cm`] documents. `Send +
+/// Sync`: share it with an `Arc`. Dropping it stops and joins the thread and removes the hook.
+pub struct CmService {
+    inner: Arc<Inner>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for CmService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmService")
+            .field("device", &self.inner.dev.name())
+            .field("counters", &self.counters())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Inner {
+    fn gsi(&self) -> Option<&dyn GsiPort> {
+        self.dev.gsi()
+    }
+
+    /// Runs `f` on the CM and the engine (CM lock, then the engine's), then queues the CM's new
+    /// events. `None` if the device no longer hands out QP1.
+    fn op<R>(&self, f: impl FnOnce(&mut RdmaCm, Instant, &mut SoftHca) -> R) -> Option<R> {
+        let mut cm = lock(&self.cm);
+        let mut f = Some(f);
+        let mut out = None;
+        self.gsi()?.with_gsi(&mut |now, h| {
+            if let Some(f) = f.take() {
+                out = Some(f(&mut cm, now, h));
+            }
+        });
+        self.move_events(&mut cm);
+        out
+    }
+
+    /// Moves the CM's events to the queue (CM lock held: events stay in order).
+    fn move_events(&self, cm: &mut RdmaCm) {
+        let mut q = lock(&self.queue);
+        let was_empty = q.events.is_empty();
+        let mut lost = 0;
+        while let Some(e) = cm.poll_event() {
+            if q.events.len() >= MAX_EVENTS {
+                lost += 1;
+                continue;
+            }
+            q.events.push_back(e);
+        }
+        if was_empty && !q.events.is_empty() {
+            // A wake only fails on a closed descriptor, which `ready` never is while we live.
+            let _ = self.ready.wake();
+        }
+        if !q.events.is_empty() {
+            self.queue_cv.notify_all();
+        }
+        drop(q);
+        if lost > 0 {
+            lock(&self.counters).events_lost += lost;
+        }
+    }
+
+    /// One turn of the thread: MADs, due timers, events. Returns whether more MADs wait and how
+    /// long the thread may sleep.
+    fn turn(&self) -> (bool, Duration) {
+        self.turns.fetch_add(1, Ordering::Relaxed);
+        let mut more = false;
+        let mut sleep = IDLE_SLEEP;
+        let mut mads = 0u64;
+        let mut fired = false;
+        {
+            let mut cm = lock(&self.cm);
+            let Some(gsi) = self.gsi() else {
+                return (false, IDLE_SLEEP);
+            };
+            gsi.with_gsi(&mut |now, h| {
+                for _ in 0..MAD_BATCH {
+                    let Some(m) = h.poll_mad() else { break };
+                    cm.handle_mad(now, h, &m);
+                    mads += 1;
+                }
+                more = mads == MAD_BATCH as u64 && h.has_pending_mads();
+                if cm.poll_timeout().is_some_and(|t| t <= now) {
+                    cm.handle_timeout(now, h);
+                    fired = true;
+                }
+                if let Some(t) = cm.poll_timeout() {
+                    sleep = sleep.min(t - now);
+                }
+            });
+            self.move_events(&mut cm);
+        }
+        if mads > 0 || fired {
+            let mut c = lock(&self.counters);
+            c.mads += mads;
+            c.timer_turns += u64::from(fired);
+        }
+        (more, sleep)
+    }
+
+    fn run(&self) {
+        while !self.stop.load(Ordering::SeqCst) {
+            let caller = self.gsi().is_some_and(|g| g.caller_progress());
+            if caller {
+                self.dev.progress();
+            }
+            let (more, mut sleep) = self.turn();
+            if more {
+                continue;
+            }
+            if caller {
+                sleep = sleep.min(CALLER_POLL);
+            }
+            // A timer still due after the turn (the CM re-armed one for now) is fired by the
+            // next turn after a short sleep, never by spinning.
+            sleep = sleep.max(MIN_SLEEP);
+            lock(&self.counters).sleeps += 1;
+            if self.wake.wait(sleep).is_err() {
+                lock(&self.counters).wait_errors += 1;
+                // Do not spin on a persistent error.
+                std::thread::sleep(CALLER_POLL);
+            }
+        }
+    }
+}
+
+impl CmService {
+    /// Starts the RDMA CM of `dev` with `config`: installs its MAD hook and starts the service
+    /// thread.
+    ///
+    /// # Errors
+    /// [`ServiceError::Device`] when `dev` has no QP1 of its own ([`DeviceError::Unsupported`])
+    /// or another CM consumes it; [`ServiceError::Waker`]; [`ServiceError::Thread`].
+    pub fn start(dev: Arc<dyn Verbs>, config: CmConfig) -> Result<CmService, ServiceError> {
+        let Some(gsi) = dev.gsi() else {
+            return Err(ServiceError::Device(DeviceError::Unsupported {
+                device: dev.name(),
+                what: "a QP1 for a userspace CM",
+            }));
+        };
+        let wake = Arc::new(Waker::new().map_err(ServiceError::Waker)?);
+        let ready = Waker::new().map_err(ServiceError::Waker)?;
+        let hook_wake = wake.clone();
+        gsi.set_mad_hook(Some(Arc::new(move || {
+            let _ = hook_wake.wake();
+        })))
+        .map_err(ServiceError::Device)?;
+        let inner = Arc::new(Inner {
+            dev: dev.clone(),
+            cm: Mutex::new(RdmaCm::new(config)),
+            wake,
+            queue: Mutex::new(Queue {
+                events: VecDeque::new(),
+            }),
+            queue_cv: Condvar::new(),
+            ready,
+            stop: AtomicBool::new(false),
+            turns: AtomicU64::new(0),
+            counters: Mutex::new(ServiceCounters::default()),
+        });
+        static SERIAL: AtomicU64 = AtomicU64::new(0);
+        let name = format!("rdma-cm#{}", SERIAL.fetch_add(1, Ordering::Relaxed));
+        let s = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || s.run())
+            .map_err(|e| {
+                let _ = gsi.set_mad_hook(None);
+                ServiceError::Thread(e)
+            })?;
+        Ok(CmService {
+            inner,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// The device the service runs on.
+    pub fn device(&self) -> &Arc<dyn Verbs> {
+        &self.inner.dev
+    }
+
+    /// Runs `f` on the CM and the engine, queues the new events and wakes the thread (a call may
+    /// have armed a timer). [`RdmaCmError::BadState`] if the device no longer hands out QP1.
+    fn call<R>(
+        &self,
+        f: impl FnOnce(&mut RdmaCm, Instant, &mut SoftHca) -> Result<R, RdmaCmError>,
+    ) -> Result<R, RdmaCmError> {
+        let r = self.inner.op(f).unwrap_or(Err(RdmaCmError::BadState));
+        let _ = self.inner.wake.wake();
+        r
+    }
+
+    /// `rdma_create_id(3)` (port space `RDMA_PS_TCP`, RC).
+    ///
+    /// # Errors
+    /// [`RdmaCmError::InUse`] beyond [`super::MAX_IDS`].
+    pub fn create_id(&self) -> Result<RdmaId, RdmaCmError> {
+        lock(&self.inner.cm).create_id()
+    }
+
+    /// `rdma_destroy_id(3)`: an established connection is disconnected first (DREQ, as the
+    /// kernel's `cma.c` does when a connected ID is destroyed), a connection request not yet
+    /// answered is rejected; events of the ID still queued stay queued.
+    pub fn destroy_id(&self, id: RdmaId) {
+        let _ = self.call(|cm, now, h| {
+            if cm.disconnect(now, h, id).is_err() {
+                let _ = cm.reject(h, id, &[]);
+            }
+            cm.destroy_id(id);
+            Ok(())
+        });
+    }
+
+    /// `rdma_resolve_addr(3)`: reports `ADDR_RESOLVED` or `ADDR_ERROR` (see
+    /// [`RdmaCm::resolve_addr`]). On RoCEv2 this needs no exchange, so the event is queued before
+    /// this returns.
+    ///
+    /// # Errors
+    /// As [`RdmaCm::resolve_addr`].
+    pub fn resolve_addr(
+        &self,
+        id: RdmaId,
+        src: Option<IpAddr>,
+        dst: SocketAddr,
+    ) -> Result<(), RdmaCmError> {
+        self.call(|cm, _, h| cm.resolve_addr(h, id, src, dst))
+    }
+
+    /// `rdma_resolve_route(3)`: reports `ROUTE_RESOLVED` (queued before this returns).
+    ///
+    /// # Errors
+    /// As [`RdmaCm::resolve_route`].
+    pub fn resolve_route(&self, id: RdmaId) -> Result<(), RdmaCmError> {
+        self.call(|cm, _, _| cm.resolve_route(id))
+    }
+
+    /// `rdma_bind_addr(3)` + `rdma_listen(3)` on `addr` (a wildcard IP listens on every local
+    /// address).
+    ///
+    /// # Errors
+    /// As [`RdmaCm::listen`].
+    pub fn listen(&self, id: RdmaId, addr: SocketAddr) -> Result<(), RdmaCmError> {
+        self.call(|cm, _, _| cm.listen(id, addr))
+    }
+
+    /// `rdma_connect(3)` with the caller's RC QP `qpn` (in RESET; the CM moves it to INIT now and
+    /// to RTR / RTS when the REP arrives) and at most 56 bytes of `private_data`; `ESTABLISHED`,
+    /// `REJECTED` or `UNREACHABLE` follows.
+    ///
+    /// # Errors
+    /// As [`RdmaCm::connect`].
+    pub fn connect(&self, id: RdmaId, qpn: u32, private_data: &[u8]) -> Result<(), RdmaCmError> {
+        self.call(|cm, now, h| cm.connect(now, h, id, qpn, private_data))
+    }
+
+    /// `rdma_accept(3)` of a `CONNECT_REQUEST`'s ID with the caller's RC QP `qpn` (in RESET; the
+    /// CM moves it to RTR now and to RTS when the RTU arrives: `ESTABLISHED`) and at most 196
+    /// bytes of REP `private_data`.
+    ///
+    /// # Errors
+    /// As [`RdmaCm::accept`].
+    pub fn accept(&self, id: RdmaId, qpn: u32, private_data: &[u8]) -> Result<(), RdmaCmError> {
+        self.call(|cm, now, h| cm.accept(now, h, id, qpn, private_data))
+    }
+
+    /// `rdma_reject(3)` of a `CONNECT_REQUEST`'s ID with at most 148 bytes of `private_data`
+    /// (the peer sees `REJECTED`, status 28).
+    ///
+    /// # Errors
+    /// As [`RdmaCm::reject`].
+    pub fn reject(&self, id: RdmaId, private_data: &[u8]) -> Result<(), RdmaCmError> {
+        self.call(|cm, _, h| cm.reject(h, id, private_data))
+    }
+
+    /// `rdma_disconnect(3)`: the QP goes to ERR, a DREQ is sent; `DISCONNECTED` and then
+    /// `TIMEWAIT_EXIT` follow on both sides.
+    ///
+    /// # Errors
+    /// As [`RdmaCm::disconnect`].
+    pub fn disconnect(&self, id: RdmaId) -> Result<(), RdmaCmError> {
+        self.call(|cm, now, h| cm.disconnect(now, h, id))
+    }
+
+    /// The local and remote addresses of `id` ([`RdmaCm::addresses`]).
+    pub fn addresses(&self, id: RdmaId) -> Option<(Option<SocketAddr>, Option<SocketAddr>)> {
+        lock(&self.inner.cm).addresses(id)
+    }
+
+    /// Runs `f` on the CM (its counters, [`RdmaCm::refused`], the IB CM underneath).
+    pub fn with_cm<R>(&self, f: impl FnOnce(&RdmaCm) -> R) -> R {
+        f(&lock(&self.inner.cm))
+    }
+
+    /// The oldest queued event (`rdma_get_cm_event(3)`), waiting at most `timeout` for one
+    /// (`Duration::ZERO`: do not wait); `None` when none came.
+    pub fn get_event(&self, timeout: Duration) -> Option<RdmaCmEvent> {
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        let mut q = lock(&self.inner.queue);
+        loop {
+            if let Some(e) = q.events.pop_front() {
+                if q.events.is_empty() {
+                    // Not readable any more; a read error leaves it readable, never silent.
+                    let _ = self.inner.ready.take();
+                }
+                return Some(e);
+            }
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(std::time::Instant::now()),
+                None => IDLE_SLEEP,
+            };
+            if left.is_zero() {
+                return None;
+            }
+            q = self
+                .inner
+                .queue_cv
+                .wait_timeout(q, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// An eventfd(2) that is readable exactly while an event is queued (poll(2) it for `POLLIN`,
+    /// then call [`CmService::get_event`]); never read it directly.
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        self.inner.ready.as_fd()
+    }
+
+    /// What the service thread has done.
+    pub fn counters(&self) -> ServiceCounters {
+        let mut c = *lock(&self.inner.counters);
+        c.turns = self.inner.turns.load(Ordering::Relaxed);
+        c
+    }
+}
+
+impl AsFd for CmService {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.event_fd()
+    }
+}
+
+impl Drop for CmService {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+        let _ = self.inner.wake.wake();
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+        if let Some(g) = self.inner.gsi() {
+            let _ = g.set_mad_hook(None);
+        }
+    }
+}
