@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use gpu_p2p::{HostMemory, Memory};
+use gpu_p2p::Memory;
 use hca::soft::Progress;
 use hca::tools::oob::perftest::{
     BwReport, KeyFormat, PerftestConn, PerftestDest, PerftestListener, PerftestTest,
@@ -424,7 +424,7 @@ struct Res {
     send_cq: CqHandle,
     recv_cq: CqHandle,
     qpns: Vec<u32>,
-    mem: Arc<HostMemory>,
+    mem: Arc<dyn Memory>,
     mr: MemoryRegion,
     /// Bytes of one buffer region (`BUFF_SIZE(size, cycle_buffer)`): every QP sends from region
     /// 0 and is written / read / sent to in region 1. (perftest gives each QP its own pair; with
@@ -769,9 +769,10 @@ fn setup(p: &Params, dev: common::Dev, cycle_buffer: u64) -> Result<Res, Fail> {
     let region = biggest.max(cycle_buffer).next_multiple_of(64);
     let q = p.qps as usize;
     let len = (2 * region) as usize;
-    let mem = Arc::new(
-        HostMemory::new(len).map_err(|e| Fail(format!("Couldn't allocate the buffer: {e}")))?,
-    );
+    // In the UMEM on an AF_XDP link: RC payloads then leave without a copy.
+    let mem = dev
+        .alloc_memory(len)
+        .map_err(|e| Fail(format!("Couldn't allocate the buffer: {e}")))?;
     let pd = dev.alloc_pd()?;
     let access = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
