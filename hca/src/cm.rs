@@ -74,6 +74,14 @@ pub const MAX_LISTENERS: usize = 256;
 /// Most undelivered events; more are counted in [`CmCounters::events_lost`].
 pub const MAX_EVENTS: usize = 4096;
 
+/// The local ACK timeout (4.096 us x 2^17, about 0.54 s a try; with `retry_cnt` 7 about 4.3 s
+/// before `IBV_WC_RETRY_EXC_ERR`) of the RC QPs the CM moves to RTS, and the one its REQ states:
+/// Linux's over RoCE, `packet_life_time + 1` (`cm_init_av_by_path` in `drivers/infiniband/core/
+/// cm.c`) with `CMA_IBOE_PACKET_LIFETIME` 16 (`cma.c`). The verbs default of 14 (67 ms, 0.5 s
+/// in all) made a pair of busy-polling perftest processes on a loaded 2-core machine give up
+/// where rxe's would not (issue 19).
+pub const ACK_TIMEOUT: u8 = 17;
+
 /// The duration of a CM timeout code (IBTA vol. 1 §12.7.27: 4.096 µs · 2^code, code 0..=31).
 pub fn timeout_of(code: u8) -> Duration {
     Duration::from_nanos(4096u64 << u32::from(code.min(31)))
@@ -609,7 +617,7 @@ impl Cm {
                 remote_gid: Gid::from(p.remote_ip),
                 hop_limit: 64,
                 subnet_local: true,
-                local_ack_timeout: 14,
+                local_ack_timeout: ACK_TIMEOUT,
                 ..cm::Path::default()
             },
             alternate_path: cm::Path::default(),
@@ -684,6 +692,7 @@ impl Cm {
             local_psn: c.remote_psn,
             max_dest_rd_atomic: p.rd_atomic,
             max_rd_atomic: p.rd_atomic,
+            timeout: ACK_TIMEOUT,
             ..ConnectAttr::default()
         };
         let mut result = Ok(());
@@ -1151,6 +1160,7 @@ impl Cm {
             local_psn: rep.starting_psn,
             max_dest_rd_atomic: c.rd_atomic,
             max_rd_atomic: c.rd_atomic.min(rep.responder_resources),
+            timeout: ACK_TIMEOUT,
             ..ConnectAttr::default()
         };
         let mut ok = true;
@@ -1202,6 +1212,7 @@ impl Cm {
             // Send from the REQ's Starting PSN (Linux cm.c `cm_req_handler`: sq_psn = REQ's).
             local_psn: c.remote_psn,
             max_rd_atomic: c.rd_atomic,
+            timeout: ACK_TIMEOUT,
             ..ConnectAttr::default()
         };
         // Accept moved it to RTS already; a QP the consumer left in RTR is moved now.

@@ -217,6 +217,12 @@ fn connect_and_check(w: &mut World) -> (CommId, CommId) {
     );
     assert_eq!(state(&w.f, &w.a), QpState::Rts);
     assert_eq!(state(&w.f, &w.b), QpState::Rts);
+    // Both QPs got Linux's RC ACK timeout over RoCE (cm.c: packet_life_time + 1 = 17), not the
+    // verbs default of 14 (67 ms a try: a loaded peer that answered within 0.5 s was given up).
+    for p in [&w.a, &w.b] {
+        let qp = w.f.node(p.node).context().qp(p.qpn).unwrap();
+        assert_eq!(qp.attr().timeout, hca::cm::ACK_TIMEOUT);
+    }
     let rep_data = w.events[0]
         .iter()
         .find_map(|e| match &e.kind {
