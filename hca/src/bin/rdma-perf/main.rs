@@ -600,13 +600,15 @@ fn run(p: &Params) -> Result<(), Fail> {
     for d in &rem {
         print_dest(p, "remote", d);
     }
-    match p.kind {
-        Kind::Bw => run_bw(p, &res, conn, &my, &rem)?,
-        Kind::Lat => run_lat(p, &res, conn, &my, &rem)?,
-    }
+    let ran = match p.kind {
+        Kind::Bw => run_bw(p, &res, conn, &my, &rem),
+        Kind::Lat => run_lat(p, &res, conn, &my, &rem),
+    };
+    // The counters also on failure: they tell a lost packet's fate (drops, strays, retries).
     if p.stats {
         common::print_stats(&res.dev);
     }
+    ran?;
     res.dev.close();
     Ok(())
 }
