@@ -752,7 +752,10 @@ mod forward_tests {
             fa.forward(&a, b.slot(), &stray(&i.to_be_bytes()));
         }
         let c = fa.take_counts();
-        assert_eq!(c.held, MAX_HELD_PER_OWNER as u64, "the queue of {qlen} was full: {c:?}");
+        assert_eq!(
+            c.held, MAX_HELD_PER_OWNER as u64,
+            "the queue of {qlen} was full: {c:?}"
+        );
         assert_eq!(c.forwarded + c.held + c.dropped, n as u64, "{c:?}");
         assert!(c.dropped > 0, "{n} strays exceed queue and backlog: {c:?}");
         assert_eq!(fa.held() as u64, c.held);
