@@ -194,6 +194,11 @@ pub struct DeviceCounters {
     pub tx_blocked: u64,
     /// Socket errors while receiving (the last one is also logged by [`UdpDevice::last_error`]).
     pub rx_errors: u64,
+    /// [`Progress::Hybrid`]: polls of an empty CQ that found another thread in a round (the
+    /// `io` lock taken) and so received nothing themselves.
+    pub caller_io_busy: u64,
+    /// [`Progress::Hybrid`]: the longest run of consecutive such polls, in nanoseconds.
+    pub caller_io_busy_max_ns: u64,
 }
 
 /// State shared by the device handle, its progress thread and callers.
@@ -220,6 +225,10 @@ pub(crate) struct Shared<L: SoftLink> {
     /// [`Progress::Hybrid`]: the end of the window in which callers poll (nanoseconds since
     /// `origin`; 0: none): the thread leaves the socket to them until then.
     caller_until: AtomicU64,
+    /// [`Progress::Hybrid`]: when a caller's poll first found `io` taken, of the run of such
+    /// polls going on (nanoseconds since `origin`; 0: none), for
+    /// [`DeviceCounters::caller_io_busy_max_ns`].
+    caller_busy_since: AtomicU64,
     /// [`Progress::Hybrid`]: the thread sleeps on its waker only (not on the socket).
     blind: AtomicBool,
     /// When the sleeping thread will wake by itself (nanoseconds since `origin`; `u64::MAX`:
@@ -354,6 +363,7 @@ impl<L: SoftLink> SoftDevice<L> {
             sleeping: AtomicBool::new(false),
             pending: AtomicBool::new(false),
             caller_until: AtomicU64::new(0),
+            caller_busy_since: AtomicU64::new(0),
             blind: AtomicBool::new(false),
             sleep_until: AtomicU64::new(u64::MAX),
             counters: Mutex::new(DeviceCounters::default()),

@@ -300,9 +300,22 @@ impl<L: SoftLink> Shared<L> {
     /// socket. Whether a round ran.
     pub(crate) fn hybrid_round(&self) -> bool {
         let Ok(mut io) = self.io.try_lock() else {
+            let since = self.caller_busy_since.load(Ordering::Relaxed);
+            if since == 0 {
+                self.caller_busy_since
+                    .store(self.now().as_nanos().max(1), Ordering::Relaxed);
+            }
+            lock(&self.counters).caller_io_busy += 1;
             return false;
         };
         let now = self.now();
+        let since = self.caller_busy_since.swap(0, Ordering::Relaxed);
+        if since != 0 {
+            let mut c = lock(&self.counters);
+            c.caller_io_busy_max_ns = c
+                .caller_io_busy_max_ns
+                .max(now.as_nanos().saturating_sub(since));
+        }
         let until = now.as_nanos() + super::CALLER_WINDOW.as_nanos() as u64;
         self.caller_until.store(until, Ordering::SeqCst);
         // No deferral of the ACKs of what this round receives (Progress::Caller defers them to
