@@ -19,6 +19,10 @@ command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v clang >/dev/null 2>&1 || command -v clang-14 >/dev/null 2>&1 || need+=(clang-14)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
+# hca/abi/tests/rdmacm_tools.rs runs Debian's RDMA CM programs (rping, ucmatose, ...) on the drop-in
+# librdmacm.so.1; hca/abi/src/rdmacm/regenerate-bindings.sh reads librdmacm-dev's rdma_cma.h.
+command -v rping >/dev/null 2>&1 || need+=(rdmacm-utils)
+[ -f /usr/include/rdma/rdma_cma.h ] || need+=(librdmacm-dev)
 # hca/abi/tests/pyverbs.rs runs rdma-core's pyverbs test suite (shipped in python3-pyverbs) on it.
 /usr/bin/python3 -c 'import pyverbs' >/dev/null 2>&1 || need+=(python3-pyverbs)
 

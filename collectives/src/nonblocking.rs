@@ -15,7 +15,14 @@
 //! ([`CollError::Cancelled`]) and every queued one at once ([`CollError::Aborted`]), and tells the
 //! peers, whose operations then fail too. A per-operation timeout bounds how long any wait of
 //! one operation may go without progress.
+//!
+//! [`AsyncCommunicator::run_or_submit`] runs an operation on the calling thread instead when
+//! nothing is pending (no operation queued or running): a blocking call then costs no thread
+//! hand-off (no wake-up of the progress thread, no wake-up of the caller when it ends), and the
+//! issue order still holds, because an operation issued later, from any thread, waits for the
+//! communicator's lock.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -26,7 +33,25 @@ use crate::datatype::{DataType, RedOp};
 use crate::error::CollError;
 use crate::transport::CollKind;
 
-type Job = Box<dyn FnOnce(&mut Communicator) + Send>;
+/// A queued operation: runs with the communicator locked and returns what completes its handle,
+/// which the progress thread runs after unlocking (so that a waiter it wakes finds the
+/// communicator free).
+type Job = Box<dyn FnOnce(&mut Communicator) -> Box<dyn FnOnce() + Send> + Send>;
+
+/// What the progress thread and the issuing threads share.
+struct Shared {
+    comm: Mutex<Communicator>,
+    /// Jobs sent to the progress thread and not yet ended.
+    pending: AtomicUsize,
+    /// Operations run on the calling thread ([`AsyncCommunicator::run_or_submit`]).
+    inline_ops: AtomicU64,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Communicator> {
+        self.comm.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 struct Slot<T> {
     result: Mutex<Option<Result<T, CollError>>>,
@@ -48,6 +73,16 @@ impl<T> core::fmt::Debug for Work<T> {
 }
 
 impl<T> Work<T> {
+    /// A handle whose operation has already ended with `r`.
+    fn ended(r: Result<T, CollError>) -> Work<T> {
+        Work {
+            slot: Arc::new(Slot {
+                result: Mutex::new(Some(r)),
+                done: Condvar::new(),
+            }),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Result<T, CollError>>> {
         self.slot
             .result
@@ -134,8 +169,9 @@ pub struct AsyncCommunicator {
     rank: usize,
     nranks: usize,
     abort: AbortHandle,
+    shared: Arc<Shared>,
     jobs: Option<mpsc::Sender<Job>>,
-    thread: Option<JoinHandle<Communicator>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl core::fmt::Debug for AsyncCommunicator {
@@ -155,19 +191,26 @@ impl AsyncCommunicator {
     pub fn new(comm: Communicator) -> std::io::Result<AsyncCommunicator> {
         let (tx, rx) = mpsc::channel::<Job>();
         let (rank, nranks, abort) = (comm.rank(), comm.nranks(), comm.abort_handle());
+        let shared = Arc::new(Shared {
+            comm: Mutex::new(comm),
+            pending: AtomicUsize::new(0),
+            inline_ops: AtomicU64::new(0),
+        });
+        let progress = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("coll-progress-{rank}"))
             .spawn(move || {
-                let mut comm = comm;
                 while let Ok(job) = rx.recv() {
-                    job(&mut comm);
+                    let complete = job(&mut progress.lock());
+                    progress.pending.fetch_sub(1, Ordering::AcqRel);
+                    complete();
                 }
-                comm
             })?;
         Ok(AsyncCommunicator {
             rank,
             nranks,
             abort,
+            shared,
             jobs: Some(tx),
             thread: Some(thread),
         })
@@ -188,9 +231,28 @@ impl AsyncCommunicator {
     /// [`CollError::Aborted`].
     pub fn abort(&self) {
         self.abort.abort();
+        self.queue(Box::new(|c: &mut Communicator| {
+            c.abort_if_requested();
+            Box::new(|| ())
+        }));
+    }
+
+    /// Queues `job` for the progress thread (counted as pending until it ends). A send fails
+    /// only when the thread is gone: the job (and the completer it holds) is dropped, which fills
+    /// its slot with an error.
+    fn queue(&self, job: Job) {
         if let Some(tx) = &self.jobs {
-            let _ = tx.send(Box::new(|c: &mut Communicator| c.abort_if_requested()));
+            self.shared.pending.fetch_add(1, Ordering::AcqRel);
+            if tx.send(job).is_err() {
+                self.shared.pending.fetch_sub(1, Ordering::AcqRel);
+            }
         }
+    }
+
+    /// How many operations ran on their caller's thread ([`run_or_submit`](Self::run_or_submit))
+    /// rather than on the progress thread.
+    pub fn inline_ops(&self) -> u64 {
+        self.shared.inline_ops.load(Ordering::Relaxed)
     }
 
     /// A handle that aborts this communicator from anywhere (a watchdog thread).
@@ -216,32 +278,36 @@ impl AsyncCommunicator {
             op,
             sent: false,
         };
-        let job: Job = Box::new(move |comm: &mut Communicator| {
-            let r = match timeout {
-                Some(t) => {
-                    let before = comm.config().timeout;
-                    match comm.set_timeout(t) {
-                        Ok(()) => {
-                            let r = f(comm);
-                            let _ = comm.set_timeout(before);
-                            r
-                        }
-                        Err(e) => Err(CollError::InvalidArgument {
-                            op,
-                            what: e.to_string(),
-                        }),
-                    }
-                }
-                None => f(comm),
-            };
-            completer.complete(r);
-        });
-        if let Some(tx) = &self.jobs {
-            // A send fails only when the thread is gone: the job (and its completer) is dropped,
-            // which fills the slot with an error.
-            let _ = tx.send(job);
-        }
+        self.queue(Box::new(move |comm: &mut Communicator| {
+            let r = run_op(comm, op, timeout, f);
+            Box::new(move || completer.complete(r))
+        }));
         Work { slot }
+    }
+
+    /// Runs `f` at once on the calling thread when no operation is pending (none queued or
+    /// running on the progress thread), with the per-operation `timeout`, and returns its
+    /// already-ended handle; otherwise issues it as [`submit`](Self::submit) does. Issue order
+    /// holds either way (see the module docs). For blocking calls: the caller waits for the
+    /// operation anyway, and this way without waking, or waiting for, another thread.
+    pub fn run_or_submit<T: Send + 'static>(
+        &self,
+        op: CollKind,
+        timeout: Option<Duration>,
+        f: impl FnOnce(&mut Communicator) -> Result<T, CollError> + Send + 'static,
+    ) -> Work<T> {
+        if self.jobs.is_some() && self.shared.pending.load(Ordering::Acquire) == 0 {
+            // `try_lock`: the progress thread holds the lock only while it runs a job, which
+            // `pending` then counts; a thread of the caller's own running an inline operation
+            // holds it too, and then this one is queued behind it.
+            if let Ok(mut comm) = self.shared.comm.try_lock() {
+                if self.shared.pending.load(Ordering::Acquire) == 0 {
+                    self.shared.inline_ops.fetch_add(1, Ordering::Relaxed);
+                    return Work::ended(run_op(&mut comm, op, timeout, f));
+                }
+            }
+        }
+        self.submit(op, timeout, f)
     }
 
     /// Non-blocking in-place all-reduce of `count` elements of `buf`.
@@ -401,13 +467,44 @@ impl AsyncCommunicator {
     /// When the progress thread panicked (a bug), as a [`CollError::Aborted`].
     pub fn into_inner(mut self) -> Result<Communicator, CollError> {
         self.jobs.take();
-        match self.thread.take().map(JoinHandle::join) {
-            Some(Ok(comm)) => Ok(comm),
+        let joined = self.thread.take().map(JoinHandle::join);
+        let rank = self.rank;
+        let shared = self.shared.clone();
+        drop(self);
+        match (joined, Arc::try_unwrap(shared)) {
+            (Some(Ok(())), Ok(shared)) => Ok(shared
+                .comm
+                .into_inner()
+                .unwrap_or_else(PoisonError::into_inner)),
             _ => Err(CollError::Aborted {
                 op: CollKind::Barrier,
-                cause: format!("the progress thread of rank {} panicked", self.rank),
+                cause: format!("the progress thread of rank {rank} panicked"),
             }),
         }
+    }
+}
+
+/// Runs `f` on `comm` with the per-operation `timeout` (`None`: the communicator's).
+fn run_op<T>(
+    comm: &mut Communicator,
+    op: CollKind,
+    timeout: Option<Duration>,
+    f: impl FnOnce(&mut Communicator) -> Result<T, CollError>,
+) -> Result<T, CollError> {
+    let Some(t) = timeout else {
+        return f(comm);
+    };
+    let before = comm.config().timeout;
+    match comm.set_timeout(t) {
+        Ok(()) => {
+            let r = f(comm);
+            let _ = comm.set_timeout(before);
+            r
+        }
+        Err(e) => Err(CollError::InvalidArgument {
+            op,
+            what: e.to_string(),
+        }),
     }
 }
 

@@ -144,6 +144,8 @@ fn all_reduce_across(namespaces: &[String], master: &str, links: &[&str]) -> Vec
                 .env("LOCAL_RANK", "0")
                 .env("MASTER_ADDR", master)
                 .env("MASTER_PORT", "29500")
+                // The device's counters on stderr when it closes.
+                .env("COLL_ROCE_STATS", "1")
                 .env_remove("COLL_COMM_ID")
                 .env_remove("COLL_ROCE_ADDR")
                 .stdin(Stdio::null())
@@ -309,9 +311,21 @@ fn all_reduce_across_two_subnets_joined_by_a_router() {
     );
 }
 
+/// The value of counter `name` (`name: N` in a `Debug` dump of counters) in `text`.
+fn counter(text: &str, name: &str) -> Option<u64> {
+    let key = format!("{name}: ");
+    let at = text.find(&key)? + key.len();
+    text[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Rank 0 on the AF_XDP link (`COLL_ROCE_LINK=xdp:eth0`: an XDP program on its veth steers
 /// RoCEv2 to an AF_XDP socket), rank 1 on the UDP link, joined by a bridge: all-reduce results
-/// checked on both ranks.
+/// checked on both ranks. The transport's own buffers live in the link's UMEM, so some payloads
+/// leave without a copy (`tx_zero_copy` of rank 0's link counters).
 #[test]
 fn all_reduce_between_an_af_xdp_rank_and_a_udp_rank() {
     if let Some(why) = unsupported() {
@@ -330,4 +344,16 @@ fn all_reduce_between_an_af_xdp_rank_and_a_udp_rank() {
     attach(&ranks[1], &sw, "br0", "p1", "10.77.0.2/24").expect("veth");
     let outs = all_reduce_across(&ranks, "10.77.0.1", &["xdp:eth0", "udp:10.77.0.2:4791"]);
     check_outputs(&outs);
+    let stats = String::from_utf8_lossy(&outs[0].stderr);
+    let zc = counter(&stats, "tx_zero_copy").expect("rank 0's link counters (COLL_ROCE_STATS)");
+    assert!(
+        zc > 0,
+        "no payload left from the UMEM:
+{stats}"
+    );
+    assert_eq!(counter(&stats, "kernel_tx_invalid"), Some(0), "{stats}");
+    eprintln!(
+        "rank 0 (AF_XDP): tx_zero_copy {zc}, tx_copied {:?}",
+        counter(&stats, "tx_copied")
+    );
 }

@@ -121,6 +121,52 @@ fn many_operations_in_flight_complete_in_issue_order() {
 }
 
 #[test]
+fn blocking_calls_run_inline_when_nothing_is_pending_and_queue_otherwise() {
+    let out = with_store_ranks(3, common::config(TransportKind::InProcess), |comm| {
+        let r = comm.rank();
+        let a = AsyncCommunicator::new(comm).unwrap();
+        let inline = |k: usize| {
+            let mut v = f32s(&[(r + k) as f32; 50]);
+            a.run_or_submit(
+                collectives::transport::CollKind::AllReduce,
+                None,
+                move |c| {
+                    c.all_reduce_in_place(&mut v, 50, DataType::F32, RedOp::Sum)
+                        .map(|()| v)
+                },
+            )
+        };
+        // Nothing pending: each runs on this thread and its handle has ended on return.
+        let first = inline(0);
+        let ended_at_once = first.test();
+        let after_first = a.inline_ops();
+        // An operation queued and not yet waited for: the next blocking call goes behind it, on
+        // the progress thread (issue order), unless the queue has drained in between; either way
+        // both end with the right sums.
+        let queued = a.all_reduce(f32s(&[r as f32; 20]), 20, DataType::F32, RedOp::Sum, None);
+        let second = inline(1);
+        let q = floats(&queued.wait().unwrap());
+        let s = floats(&second.wait().unwrap());
+        (
+            ended_at_once,
+            after_first,
+            floats(&first.wait().unwrap()),
+            q,
+            s,
+            a.inline_ops(),
+        )
+    });
+    for (ended_at_once, after_first, first, q, s, total) in out {
+        assert!(ended_at_once);
+        assert_eq!(after_first, 1);
+        assert!(first.iter().all(|&x| x == 3.0), "{first:?}");
+        assert!(q.iter().all(|&x| x == 3.0), "{q:?}");
+        assert!(s.iter().all(|&x| x == 6.0), "{s:?}");
+        assert!((1..=2).contains(&total), "{total}");
+    }
+}
+
+#[test]
 fn abort_from_another_thread_ends_a_stuck_operation_and_the_queue() {
     // Rank 1 never joins rank 0's all-reduce; the operation timeout (60 s) would end it, but
     // abort() from a watchdog thread does first: the error says Cancelled, not a timeout.

@@ -20,10 +20,11 @@ const NODES: &[&str] = &[
     "IBVERBS_1.13",
     "IBVERBS_1.14",
     "IBVERBS_PRIVATE_34",
+    "IBVERBS_PRIVATE_RDMACM",
 ];
 
 /// The files whose `symver!` lines export functions.
-const SOURCES: &[&str] = &["ffi.rs", "compat.rs", "ffi/extended.rs"];
+const SOURCES: &[&str] = &["ffi.rs", "compat.rs", "ffi/extended.rs", "rdmacm/mod.rs"];
 
 fn main() {
     let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");

@@ -27,9 +27,10 @@
 //!   `InvalidTransportType` / `InvalidMtu` / `NoResources`. Otherwise
 //!   [`CmEventKind::ConnectRequest`] is reported once: a duplicated REQ is recognised by the
 //!   sender's address and Communication ID and is never reported again (while the REP is out it
-//!   gets the REP again). [`Cm::accept`] moves the QP RESET -> INIT -> RTR and sends a REP,
+//!   gets the REP again). [`Cm::accept`] moves the QP RESET -> INIT -> RTR -> RTS (as Linux
+//!   `cma_accept` and librdmacm's `rdma_accept` do, so the consumer may send at once) and sends a REP,
 //!   resent on the REQ's `local_cm_response_timeout` at most the REQ's `max_cm_retries` times
-//!   (the timers the peer states, IBTA §12.7.27); an RTU moves the QP to RTS
+//!   (the timers the peer states, IBTA §12.7.27); an RTU completes it
 //!   ([`CmEventKind::Established`]); when the retries are spent the QP goes to ERR, a REJ
 //!   `Timeout` is sent and [`CmEventKind::ConnectError`] reported. [`Cm::reject`] sends REJ
 //!   `ConsumerDefined` with private data.
@@ -646,7 +647,7 @@ impl Cm {
     }
 
     /// Accepts a reported [`CmEventKind::ConnectRequest`] (`rdma_accept`): the QP goes
-    /// RESET -> INIT -> RTR and a REP is sent.
+    /// RESET -> INIT -> RTR -> RTS and a REP is sent.
     ///
     /// # Errors
     /// [`CmError::BadState`] if `id` is not a connection request waiting for an answer;
@@ -686,7 +687,9 @@ impl Cm {
             ..ConnectAttr::default()
         };
         let mut result = Ok(());
-        for to in [QpState::Init, QpState::Rtr] {
+        // RTS before the REP, as Linux `cma_accept` and librdmacm's `rdma_accept` do: the passive
+        // side may post sends as soon as accept returns (the RTU only confirms).
+        for to in [QpState::Init, QpState::Rtr, QpState::Rts] {
             if let Some((a, m)) = connect::step(&attr, to) {
                 if let Err(e) = hca.modify_qp(p.qpn, &a, m) {
                     result = Err(e);
@@ -1201,7 +1204,11 @@ impl Cm {
             max_rd_atomic: c.rd_atomic,
             ..ConnectAttr::default()
         };
-        if let Some((a, mask)) = connect::step(&attr, QpState::Rts) {
+        // Accept moved it to RTS already; a QP the consumer left in RTR is moved now.
+        let in_rtr = hca
+            .query_qp(c.qpn)
+            .is_ok_and(|(a, _)| a.qp_state == QpState::Rtr);
+        if let Some((a, mask)) = connect::step(&attr, QpState::Rts).filter(|_| in_rtr) {
             if hca.modify_qp(c.qpn, &a, mask).is_err() {
                 to_err(hca, c.qpn);
                 self.forget(id);

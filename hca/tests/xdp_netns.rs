@@ -4,8 +4,10 @@
 //! `rdma-pingpong -c` (RC SEND, data compared) and `rdma-perf` write-bw and send-lat cells
 //! with each link as server; ping and a TCP connection to A's address keep working while the
 //! XDP program is attached; the program is attached while a tool runs and gone after it exits
-//! and after it is SIGKILLed. Root only (namespaces, XDP, AF_XDP): skipped with a message
-//! otherwise, and when the build had no clang for the XDP program.
+//! and after it is SIGKILLed; `rdma-perf`'s buffer in the link's UMEM sends its RC payloads
+//! without a copy, host memory with one (the link's counters). Root only (namespaces, XDP,
+//! AF_XDP): skipped with a message otherwise, and when the build had no clang for the XDP
+//! program.
 #![cfg(feature = "tools")]
 
 use std::process::{Child, Command, Output, Stdio};
@@ -438,4 +440,131 @@ fn other_traffic_passes_and_the_program_goes_with_the_process() {
         .unwrap();
     assert!(!none.status.success());
     assert!(text(&none).contains("no such interface"), "{}", text(&none));
+}
+
+/// The value of counter `name` in a `--stats` dump (`name: N` in the `Debug` form of the
+/// engine's and the link's counters); `None` when it is not there.
+fn counter(out: &str, name: &str) -> Option<u64> {
+    let key = format!("{name}: ");
+    let at = out.find(&key)? + key.len();
+    out[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// MR memory in the UMEM: `rdma-perf` on the AF_XDP link allocates its buffer there, so the
+/// RDMA WRITE payloads leave as TX descriptors pointing into the MR (`tx_zero_copy`, and no
+/// copy by the link or the engine); `rdma-pingpong`, whose buffer is plain host memory, has
+/// each RC SEND payload copied once by the link (`tx_copied`). Received payloads are copied
+/// into the MR by the engine (`rx_copied`). Data compared where the tool can (`-c`).
+#[test]
+fn payloads_leave_from_umem_mrs_without_a_copy() {
+    let Some(p) = pair("z") else { return };
+    let (s, c) = cell(
+        &p,
+        PERF,
+        &["write-bw", "-s", "65536", "-n", "200", "--stats"],
+        false,
+    );
+    let out = text(&c);
+    assert!(
+        s.status.success() && c.status.success(),
+        "rdma-perf write-bw, xdp client:\n{}\n{out}",
+        text(&s)
+    );
+    let zc = counter(&out, "tx_zero_copy").expect("tx_zero_copy in --stats");
+    // 200 WRITEs of 64 KiB at MTU 1024: at least 64 packets each, all from the UMEM.
+    assert!(zc >= 200 * 64, "tx_zero_copy {zc}:\n{out}");
+    assert_eq!(counter(&out, "tx_copied"), Some(0), "{out}");
+    assert_eq!(counter(&out, "tx_copied_pkts"), Some(0), "{out}");
+    assert_eq!(counter(&out, "kernel_tx_invalid"), Some(0), "{out}");
+    assert_eq!(counter(&out, "tx_gathered_pkts"), Some(zc), "{out}");
+    eprintln!("write-bw 64 KiB x 200 from a UMEM MR: tx_zero_copy {zc}, tx_copied 0");
+    // Host memory MRs: one copy by the link each; replies land by one engine copy.
+    let (s, c) = cell(
+        &p,
+        PINGPONG,
+        &["-s", "4096", "-n", "100", "-c", "-m", "1024", "--stats"],
+        false,
+    );
+    let out = text(&c);
+    assert!(
+        s.status.success() && c.status.success(),
+        "rdma-pingpong -c, xdp client:\n{}\n{out}",
+        text(&s)
+    );
+    let copied = counter(&out, "tx_copied").expect("tx_copied in --stats");
+    assert!(copied >= 100 * 4, "tx_copied {copied}:\n{out}");
+    assert_eq!(counter(&out, "tx_zero_copy"), Some(0), "{out}");
+    let rx = counter(&out, "rx_copied").expect("rx_copied in --stats");
+    assert!(rx >= 100 * 4, "rx_copied {rx}:\n{out}");
+    assert_eq!(counter(&out, "rx_roce"), Some(rx), "{out}");
+    eprintln!("rdma-pingpong 4 KiB x 100 from host memory: tx_copied {copied}, rx_copied {rx}");
+    assert!(wait_attached(&p, false), "XDP program left attached");
+}
+
+/// Path MTU 4096 over a veth pair with MTU 4200: a RoCEv2 packet then exceeds a 4096-byte UMEM
+/// chunk, so it leaves as a chain of descriptors (`XDP_USE_SG`: the link's transmit slots are
+/// two chunks) and arrives as one (reassembled by the link). `rdma-pingpong -c` (RC SEND, data
+/// compared) and `rdma-perf write-bw` at `-m 4096`, each link as server; the AF_XDP side's
+/// counters show 4 KiB packets both ways and nothing dropped.
+#[test]
+fn path_mtu_4096_over_a_veth_with_mtu_4200() {
+    let Some(p) = pair("m") else { return };
+    assert!(
+        ip(&["-n", &p.a, "link", "set", "xa0", "mtu", "4200"])
+            && ip(&["-n", &p.b, "link", "set", "xb0", "mtu", "4200"]),
+        "setting MTU 4200"
+    );
+    for xdp_server in [true, false] {
+        let (s, c) = cell(
+            &p,
+            PINGPONG,
+            &["-s", "16384", "-n", "100", "-c", "-m", "4096", "--stats"],
+            xdp_server,
+        );
+        assert!(
+            s.status.success() && c.status.success(),
+            "rdma-pingpong -c -m 4096, xdp server {xdp_server}:\n{}\n{}",
+            text(&s),
+            text(&c)
+        );
+        let xdp_out = text(if xdp_server { &s } else { &c });
+        let rx = counter(&xdp_out, "rx_roce").expect("rx_roce");
+        let bytes = counter(&xdp_out, "rx_bytes").expect("rx_bytes");
+        // 100 messages of 16 KiB: 400 packets of 4096-byte payload (4154-byte frames) plus
+        // ACKs; at a 2048-byte path MTU they would be 800 data packets.
+        assert!(
+            (400..800).contains(&rx) && bytes >= 400 * 4154,
+            "rx_roce {rx}, rx_bytes {bytes}:\n{xdp_out}"
+        );
+        for name in [
+            "rx_drop_malformed",
+            "rx_drop_unsupported",
+            "kernel_tx_invalid",
+        ] {
+            assert_eq!(counter(&xdp_out, name), Some(0), "{name}:\n{xdp_out}");
+        }
+        let (s, c) = cell(
+            &p,
+            PERF,
+            &["write-bw", "-s", "65536", "-n", "100", "-m", "4096"],
+            xdp_server,
+        );
+        let out = text(&c);
+        assert!(
+            s.status.success() && c.status.success(),
+            "rdma-perf write-bw -m 4096, xdp server {xdp_server}:\n{}\n{out}",
+            text(&s)
+        );
+        assert!(
+            out.lines()
+                .any(|l| l.split_whitespace().take(2).eq(["65536", "100"])),
+            "no result line in:\n{out}"
+        );
+        eprintln!("MTU 4096, xdp server {xdp_server}: rx_roce {rx}, rx_bytes {bytes}");
+    }
+    assert!(wait_attached(&p, false), "XDP program left attached");
 }

@@ -8,6 +8,12 @@
 // kernel stack (XDP_PASS), and so is a RoCEv2 frame on a queue with no socket (the flags argument
 // of bpf_redirect_map, Linux >= 5.3).
 //
+// The program is frags-aware (section "xdp.frags": BPF_F_XDP_HAS_FRAGS, Linux >= 5.18): a frame
+// longer than one page (a 4096-byte RoCE path MTU over an interface MTU of 4200) arrives as a
+// multi-buffer xdp_buff, its headers in the linear part this program reads, and reaches the
+// socket as a chain of descriptors (the socket is bound with XDP_USE_SG). It also lets veth
+// attach it natively at such MTUs (veth refuses a program without frags above about 3.5 KB).
+//
 // Built by hca/build.rs: clang -O2 -g -target bpf -c roce_redirect.bpf.c (libbpf-dev's
 // bpf_helpers.h); loaded and attached by the `aya` crate.
 
@@ -31,7 +37,7 @@ struct {
 	__type(value, __u32);
 } ROCE_XSKS SEC(".maps");
 
-SEC("xdp")
+SEC("xdp.frags")
 int roce_redirect(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;

@@ -92,11 +92,12 @@ rg_phase_end "kernel fetch" | tee -a "$TIMINGS"
 # ---------------------------------------------------------------- 3. initramfs
 rg_phase_begin "initramfs build"
 # Modules to load, in this order (crc32_generic before rdma_rxe: rxe's ICRC needs the "crc32" shash).
-MODULES=(crc32_generic virtio_pci virtio_net rdma_rxe ib_uverbs rdma_ucm)
-# Tools in the guest. The rxe provider is dlopen()ed, so it is listed by path, not found by ldd.
+# sch_htb, sch_tbf, sch_red, cls_u32: the shaped, ECN-marking bottleneck of tests/guest/router.sh.
+MODULES=(crc32_generic virtio_pci virtio_net rdma_rxe ib_uverbs rdma_ucm sch_htb sch_tbf sch_red cls_u32)
+# Tools in the guest (iproute2's `tc`: busybox's has no RED). The rxe provider is dlopen()ed, so it is listed by path, not found by ldd.
 TOOLS=(ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong ibv_devinfo ibv_devices
        ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw ib_send_lat ib_write_lat ib_read_lat ib_atomic_lat
-       rping ucmatose udaddy rdma)
+       rping ucmatose udaddy rdma tc)
 tool_paths=()
 for t in "${TOOLS[@]}"; do
     p="$(command -v "$t" || true)"

@@ -12,6 +12,9 @@
 //!   (`rocecoll/__init__.py`) turns numpy arrays and torch tensors into such views. The buffers
 //!   are held (a `Py_buffer` each) until the operation's `Work` is waited for or dropped.
 //! * The GIL is released while an operation runs and while `Work.wait` blocks.
+//! * Every operation takes `inline` (default false): true for a blocking call, which then runs
+//!   on the calling thread (GIL released) when no operation is pending, without handing off to
+//!   the progress thread and back; its `Work` has ended on return.
 //! * Every Rust error becomes `rocecoll.CollectiveError` (a `RuntimeError`) whose message starts
 //!   with `rank R:` and whose `rank` attribute is this rank; `peer` names the peer at fault when
 //!   the error names one.
@@ -359,6 +362,27 @@ impl PyCommunicator {
     fn work(&self, w: Work<Done>) -> PyWork {
         PyWork::new(self.inner.rank(), w)
     }
+
+    /// Issues `f`: on the progress thread (`inline` false), or, for a blocking call (`inline`
+    /// true), on this thread with the GIL released when no operation is pending
+    /// (`AsyncCommunicator::run_or_submit`; else queued like the others). The returned `Work`
+    /// has then already ended.
+    fn issue(
+        &self,
+        py: Python<'_>,
+        inline: bool,
+        op: CollKind,
+        timeout: Option<Duration>,
+        f: impl FnOnce(&mut Communicator) -> Result<Done, collectives::CollError> + Send + 'static,
+    ) -> PyWork {
+        let w = if inline {
+            let inner = &self.inner;
+            py.allow_threads(move || inner.run_or_submit(op, timeout, f))
+        } else {
+            self.inner.submit(op, timeout, f)
+        };
+        self.work(w)
+    }
 }
 
 #[pymethods]
@@ -425,6 +449,12 @@ impl PyCommunicator {
         self.inner.nranks()
     }
 
+    /// How many operations ran on their caller's thread (`inline=True` with nothing pending).
+    #[getter]
+    fn inline_ops(&self) -> u64 {
+        self.inner.inline_ops()
+    }
+
     /// Ends the operation in progress and every queued one with `CollectiveError`, from any
     /// thread, and tells the peers. Later operations raise.
     fn abort(&self) {
@@ -433,95 +463,101 @@ impl PyCommunicator {
 
     /// In-place all-reduce of `buf` (elements of `dtype`) with `op` ("sum" "prod" "min" "max"
     /// "avg"); `timeout` in seconds for this operation.
-    #[pyo3(signature = (buf, dtype, op="sum", timeout=None))]
+    #[pyo3(signature = (buf, dtype, op="sum", timeout=None, inline=false))]
     fn all_reduce(
         &self,
+        py: Python<'_>,
         buf: &Bound<'_, PyAny>,
         dtype: &str,
         op: &str,
         timeout: Option<f64>,
+        inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, op, t) = (datatype(dtype)?, redop(op)?, timeout_of(timeout)?);
         let mut b = Buf::get(buf, true, "all_reduce buffer")?;
         let n = count_of(b.len(), dt, "all_reduce buffer")?;
-        Ok(
-            self.work(self.inner.submit(CollKind::AllReduce, t, move |c| {
-                c.all_reduce_in_place(b.as_mut(), n, dt, op)
-                    .map(|()| Done::One(b))
-            })),
-        )
+        Ok(self.issue(py, inline, CollKind::AllReduce, t, move |c| {
+            c.all_reduce_in_place(b.as_mut(), n, dt, op)
+                .map(|()| Done::One(b))
+        }))
     }
 
     /// In-place broadcast of `buf` from `root`.
-    #[pyo3(signature = (buf, dtype, root, timeout=None))]
+    #[pyo3(signature = (buf, dtype, root, timeout=None, inline=false))]
     fn broadcast(
         &self,
+        py: Python<'_>,
         buf: &Bound<'_, PyAny>,
         dtype: &str,
         root: usize,
         timeout: Option<f64>,
+        inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
         let mut b = Buf::get(buf, true, "broadcast buffer")?;
         let n = count_of(b.len(), dt, "broadcast buffer")?;
-        Ok(
-            self.work(self.inner.submit(CollKind::Broadcast, t, move |c| {
-                c.broadcast_in_place(b.as_mut(), n, dt, root)
-                    .map(|()| Done::One(b))
-            })),
-        )
+        Ok(self.issue(py, inline, CollKind::Broadcast, t, move |c| {
+            c.broadcast_in_place(b.as_mut(), n, dt, root)
+                .map(|()| Done::One(b))
+        }))
     }
 
     /// In-place reduce of `buf` to `root` (other ranks' buffers are left as they were or
     /// hold partial results, as NCCL's).
-    #[pyo3(signature = (buf, dtype, root, op="sum", timeout=None))]
+    #[pyo3(signature = (buf, dtype, root, op="sum", timeout=None, inline=false))]
+    // The Python keyword signature, one argument each.
+    #[allow(clippy::too_many_arguments)]
     fn reduce(
         &self,
+        py: Python<'_>,
         buf: &Bound<'_, PyAny>,
         dtype: &str,
         root: usize,
         op: &str,
         timeout: Option<f64>,
+        inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, op, t) = (datatype(dtype)?, redop(op)?, timeout_of(timeout)?);
         let mut b = Buf::get(buf, true, "reduce buffer")?;
         let n = count_of(b.len(), dt, "reduce buffer")?;
-        Ok(self.work(self.inner.submit(CollKind::Reduce, t, move |c| {
+        Ok(self.issue(py, inline, CollKind::Reduce, t, move |c| {
             c.reduce_in_place(b.as_mut(), n, dt, op, root)
                 .map(|()| Done::One(b))
-        })))
+        }))
     }
 
     /// All-gather: `send` (n elements) from every rank into `recv` (size * n, rank order).
-    #[pyo3(signature = (send, recv, dtype, timeout=None))]
+    #[pyo3(signature = (send, recv, dtype, timeout=None, inline=false))]
     fn all_gather(
         &self,
+        py: Python<'_>,
         send: &Bound<'_, PyAny>,
         recv: &Bound<'_, PyAny>,
         dtype: &str,
         timeout: Option<f64>,
+        inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
         let s = Buf::get(send, false, "all_gather input")?;
         let mut r = Buf::get(recv, true, "all_gather output")?;
         disjoint(&s, &r)?;
         let n = count_of(s.len(), dt, "all_gather input")?;
-        Ok(
-            self.work(self.inner.submit(CollKind::AllGather, t, move |c| {
-                c.all_gather(s.as_ref(), r.as_mut(), n, dt)
-                    .map(|()| Done::Two(s, r))
-            })),
-        )
+        Ok(self.issue(py, inline, CollKind::AllGather, t, move |c| {
+            c.all_gather(s.as_ref(), r.as_mut(), n, dt)
+                .map(|()| Done::Two(s, r))
+        }))
     }
 
     /// In-place all-gather: this rank's n elements are block `rank` of `buf` (size * n
     /// elements), as NCCL's `sendbuff == recvbuff + rank * count` (FSDP2 gathers so).
-    #[pyo3(signature = (buf, dtype, timeout=None))]
+    #[pyo3(signature = (buf, dtype, timeout=None, inline=false))]
     fn all_gather_in_place(
         &self,
+        py: Python<'_>,
         buf: &Bound<'_, PyAny>,
         dtype: &str,
         timeout: Option<f64>,
+        inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
         let mut b = Buf::get(buf, true, "all_gather buffer")?;
@@ -533,24 +569,26 @@ impl PyCommunicator {
             )));
         }
         let n = total / size;
-        Ok(
-            self.work(self.inner.submit(CollKind::AllGather, t, move |c| {
-                c.all_gather_in_place(b.as_mut(), n, dt)
-                    .map(|()| Done::One(b))
-            })),
-        )
+        Ok(self.issue(py, inline, CollKind::AllGather, t, move |c| {
+            c.all_gather_in_place(b.as_mut(), n, dt)
+                .map(|()| Done::One(b))
+        }))
     }
 
     /// Reduce-scatter: `send` (size * n elements) reduced with `op`; this rank's block of n
     /// into `recv`.
-    #[pyo3(signature = (send, recv, dtype, op="sum", timeout=None))]
+    #[pyo3(signature = (send, recv, dtype, op="sum", timeout=None, inline=false))]
+    // The Python keyword signature, one argument each.
+    #[allow(clippy::too_many_arguments)]
     fn reduce_scatter(
         &self,
+        py: Python<'_>,
         send: &Bound<'_, PyAny>,
         recv: &Bound<'_, PyAny>,
         dtype: &str,
         op: &str,
         timeout: Option<f64>,
+        inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, op, t) = (datatype(dtype)?, redop(op)?, timeout_of(timeout)?);
         let s = Buf::get(send, false, "reduce_scatter input")?;
@@ -558,22 +596,24 @@ impl PyCommunicator {
         disjoint(&s, &r)?;
         let n = count_of(r.len(), dt, "reduce_scatter output")?;
         Ok(
-            self.work(self.inner.submit(CollKind::ReduceScatter, t, move |c| {
+            self.issue(py, inline, CollKind::ReduceScatter, t, move |c| {
                 c.reduce_scatter(s.as_ref(), r.as_mut(), n, dt, op)
                     .map(|()| Done::Two(s, r))
-            })),
+            }),
         )
     }
 
     /// All-to-all: block j of `send` (size blocks of n) to rank j; block i of `recv` from
     /// rank i.
-    #[pyo3(signature = (send, recv, dtype, timeout=None))]
+    #[pyo3(signature = (send, recv, dtype, timeout=None, inline=false))]
     fn all_to_all(
         &self,
+        py: Python<'_>,
         send: &Bound<'_, PyAny>,
         recv: &Bound<'_, PyAny>,
         dtype: &str,
         timeout: Option<f64>,
+        inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
         let s = Buf::get(send, false, "all_to_all input")?;
@@ -587,60 +627,57 @@ impl PyCommunicator {
             )));
         }
         let n = total / size;
-        Ok(
-            self.work(self.inner.submit(CollKind::AllToAll, t, move |c| {
-                c.all_to_all(s.as_ref(), r.as_mut(), n, dt)
-                    .map(|()| Done::Two(s, r))
-            })),
-        )
+        Ok(self.issue(py, inline, CollKind::AllToAll, t, move |c| {
+            c.all_to_all(s.as_ref(), r.as_mut(), n, dt)
+                .map(|()| Done::Two(s, r))
+        }))
     }
 
     /// Sends `buf` to `peer`.
-    #[pyo3(signature = (buf, dtype, peer, timeout=None))]
+    #[pyo3(signature = (buf, dtype, peer, timeout=None, inline=false))]
     fn send(
         &self,
+        py: Python<'_>,
         buf: &Bound<'_, PyAny>,
         dtype: &str,
         peer: usize,
         timeout: Option<f64>,
+        inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
         let b = Buf::get(buf, false, "send buffer")?;
         let n = count_of(b.len(), dt, "send buffer")?;
-        Ok(
-            self.work(self.inner.submit(CollKind::SendRecv, t, move |c| {
-                c.send(b.as_ref(), n, dt, peer).map(|()| Done::One(b))
-            })),
-        )
+        Ok(self.issue(py, inline, CollKind::SendRecv, t, move |c| {
+            c.send(b.as_ref(), n, dt, peer).map(|()| Done::One(b))
+        }))
     }
 
     /// Receives into `buf` from `peer` (the sender's count must equal this buffer's).
-    #[pyo3(signature = (buf, dtype, peer, timeout=None))]
+    #[pyo3(signature = (buf, dtype, peer, timeout=None, inline=false))]
     fn recv(
         &self,
+        py: Python<'_>,
         buf: &Bound<'_, PyAny>,
         dtype: &str,
         peer: usize,
         timeout: Option<f64>,
+        inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
         let mut b = Buf::get(buf, true, "recv buffer")?;
         let n = count_of(b.len(), dt, "recv buffer")?;
-        Ok(
-            self.work(self.inner.submit(CollKind::SendRecv, t, move |c| {
-                c.recv(b.as_mut(), n, dt, peer).map(|()| Done::One(b))
-            })),
-        )
+        Ok(self.issue(py, inline, CollKind::SendRecv, t, move |c| {
+            c.recv(b.as_mut(), n, dt, peer).map(|()| Done::One(b))
+        }))
     }
 
     /// Barrier.
-    #[pyo3(signature = (timeout=None))]
-    fn barrier(&self, timeout: Option<f64>) -> PyResult<PyWork> {
+    #[pyo3(signature = (timeout=None, inline=false))]
+    fn barrier(&self, py: Python<'_>, timeout: Option<f64>, inline: bool) -> PyResult<PyWork> {
         let t = timeout_of(timeout)?;
-        Ok(self.work(
-            self.inner
-                .submit(CollKind::Barrier, t, |c| c.barrier().map(|()| Done::None)),
-        ))
+        Ok(self.issue(py, inline, CollKind::Barrier, t, |c| {
+            c.barrier().map(|()| Done::None)
+        }))
     }
 }
 

@@ -148,5 +148,5 @@ def test_cuda_tensor_is_a_clear_error():
     import rocecoll
 
     t = torch.empty(3, device="meta")
-    with pytest.raises(rocecoll.CollectiveError, match="CPU tensors only"):
+    with pytest.raises(rocecoll.CollectiveError, match="buffer on meta: rocecoll handles CPU memory only"):
         rocecoll.as_bytes(t)

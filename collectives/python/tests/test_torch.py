@@ -119,9 +119,10 @@ def test_backend_ops(size, transport):
         assert bad == [], "\n".join(bad)
 
 
-def train(tmp_path, nproc, backend, mode, steps=50):
-    out = tmp_path / f"{backend}-{mode}-{nproc}.pt"
-    env = dict(os.environ, OMP_NUM_THREADS="1", ROCECOLL_TRANSPORT="shm")
+def train(tmp_path, nproc, backend, mode, steps=50, order="native"):
+    out = tmp_path / f"{backend}-{mode}-{nproc}-{order}.pt"
+    env = dict(os.environ, OMP_NUM_THREADS="1", ROCECOLL_TRANSPORT="shm",
+               ROCECOLL_SUM_ORDER=order)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", str(TRAIN), "--backend", backend, "--mode", mode,
            "--steps", str(steps), "--out", str(out)]
@@ -157,8 +158,18 @@ def test_trainer_two_ranks_bitwise_equal_to_gloo(tmp_path):
     assert ours["losses"] == gloo["losses"]
 
 
-def test_trainer_four_ranks_within_1e6_of_gloo(tmp_path):
+def test_trainer_four_ranks_against_gloo(tmp_path):
+    """With ROCECOLL_SUM_ORDER=gloo our all-reduces add in Gloo's ring order: the parameters
+    are bitwise Gloo's, through the backend and through the comm hook. With the crate's own
+    order (ring segments reduced from rank s+1 up, recursive doubling below 64 KiB) fp32 sums of
+    four values round differently; after 50 steps the whole model's relative L2 distance is
+    within 1e-6 (the issue's bound; measured 2026-12-04: see the README)."""
     gloo = train(tmp_path, 4, "gloo", "ddp")
+    same = train(tmp_path, 4, "rocecoll", "ddp", order="gloo")
+    same_hook = train(tmp_path, 4, "rocecoll", "hook", order="gloo")
+    assert_params(same, gloo, 0)
+    assert_params(same_hook, gloo, 0)
+    assert same["losses"] == gloo["losses"]
     ours = train(tmp_path, 4, "rocecoll", "ddp")
     hook = train(tmp_path, 4, "rocecoll", "hook")
     assert_params(ours, gloo, 1e-6)

@@ -37,7 +37,7 @@ use hca::{
 use crate::config::{device_specs, DeviceConfig};
 
 // ibv_create_qp_ex / ibv_create_cq_ex: an implementation file of this module.
-mod extended;
+pub(crate) mod extended;
 
 /// Most SGEs one WR may carry (rxe's `max_sge` is 32; the device reports its own limit).
 pub(crate) const MAX_SGE: usize = 32;
@@ -465,6 +465,84 @@ pub(crate) struct AbiQp {
     pub(crate) qpx: ibv_qp_ex,
     pub(crate) qp_type: QpType,
     pub(crate) builder: Option<Box<UnsafeCell<extended::Builder>>>,
+    /// The buffer `IBV_SEND_INLINE` data is copied to ([`InlineBounce`]), made on first use.
+    inline: Mutex<Option<InlineBounce>>,
+}
+
+/// Most inline bytes one WR carries: the software HCA's `max_inline_data` (32 SGEs x 16).
+const MAX_INLINE: usize = 512;
+
+/// Where an `IBV_SEND_INLINE` WR's bytes go before the engine takes them: ibv_post_send(3) reads
+/// inline data from the SGEs' addresses at post time and does not check their lkeys (the memory
+/// need not be registered, as rdma-core's `rdma_client` relies on), while the engine gathers
+/// through an MR; so the bytes are copied into this buffer, registered on the QP's PD, and the
+/// WR is posted with one SGE on it (the engine copies inline data before `post_send` returns, so
+/// the buffer is free again at once). Deregistered when the QP is freed.
+struct InlineBounce {
+    mem: Box<[u8; MAX_INLINE]>,
+    lkey: u32,
+    verbs: Arc<dyn Verbs>,
+}
+
+impl Drop for InlineBounce {
+    fn drop(&mut self) {
+        let _ = self.verbs.dereg_mr(self.lkey);
+    }
+}
+
+impl InlineBounce {
+    fn new(verbs: &Arc<dyn Verbs>, pd: PdHandle) -> Result<InlineBounce, c_int> {
+        let mut mem = Box::new([0u8; MAX_INLINE]);
+        let memory = Arc::new(AppMemory {
+            base: mem.as_mut_ptr() as usize,
+            len: MAX_INLINE,
+        });
+        let mr = verbs
+            .reg_mr(
+                pd,
+                memory,
+                0,
+                MAX_INLINE,
+                mem.as_ptr() as u64,
+                AccessFlags::LOCAL_WRITE,
+            )
+            .map_err(|e| errno_of(&e))?;
+        Ok(InlineBounce {
+            mem,
+            lkey: mr.lkey(),
+            verbs: verbs.clone(),
+        })
+    }
+
+    /// Copies the bytes `list` names into the buffer: the one SGE that replaces them, or
+    /// `EINVAL` past [`MAX_INLINE`] bytes.
+    ///
+    /// # Safety
+    /// Each SGE's `addr` is readable for its `length` (the program's promise for inline data).
+    unsafe fn gather(&mut self, list: &[Sge]) -> Result<Sge, c_int> {
+        let mut at = 0usize;
+        for s in list {
+            let len = s.length as usize;
+            let end = at
+                .checked_add(len)
+                .filter(|&e| e <= MAX_INLINE)
+                .ok_or(libc::EINVAL)?;
+            // SAFETY: the caller's promise; the destination range is inside the buffer.
+            unsafe {
+                ptr::copy(
+                    s.addr as usize as *const u8,
+                    self.mem.as_mut_ptr().add(at),
+                    len,
+                )
+            };
+            at = end;
+        }
+        Ok(Sge {
+            addr: self.mem.as_ptr() as u64,
+            length: at as u32,
+            lkey: self.lkey,
+        })
+    }
 }
 #[repr(C)]
 struct AbiSrq {
@@ -1818,6 +1896,7 @@ pub(crate) unsafe fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> 
         },
         qp_type,
         builder: None,
+        inline: Mutex::new(None),
     }));
     lock(&i.qps).insert(qpn, b as usize);
     b.cast()
@@ -2013,17 +2092,33 @@ unsafe extern "C" fn op_post_send(
         let rc = unsafe { sges(r.sg_list, r.num_sge, &mut buf) }.and_then(|n| {
             // SAFETY: as above.
             let op = unsafe { send_op(r, q.qp_type) }?;
-            i.verbs
-                .post_send(
-                    q.qpx.qp_base.qp_num,
-                    &SendWr {
-                        wr_id: r.wr_id,
-                        sg_list: &buf[..n],
-                        op,
-                        send_flags: SendFlags::from_bits_retain(r.send_flags),
-                    },
-                )
-                .map_err(|e| errno_of(&e))
+            let post = |sg_list: &[Sge]| {
+                i.verbs
+                    .post_send(
+                        q.qpx.qp_base.qp_num,
+                        &SendWr {
+                            wr_id: r.wr_id,
+                            sg_list,
+                            op,
+                            send_flags: SendFlags::from_bits_retain(r.send_flags),
+                        },
+                    )
+                    .map_err(|e| errno_of(&e))
+            };
+            if r.send_flags & ibv_send_flags_IBV_SEND_INLINE == 0 || n == 0 {
+                return post(&buf[..n]);
+            }
+            // Inline data need not lie in an MR: post it from the QP's bounce buffer.
+            let mut bounce = lock(&q.inline);
+            if bounce.is_none() {
+                // SAFETY: the QP's PD is an AbiPd of its context.
+                let pd = unsafe { (*q.qpx.qp_base.pd.cast::<AbiPd>()).handle };
+                *bounce = Some(InlineBounce::new(&i.verbs, pd)?);
+            }
+            let b = bounce.as_mut().ok_or(libc::EINVAL)?;
+            // SAFETY: inline SGEs are readable at post time (ibv_post_send(3)).
+            let sge = unsafe { b.gather(&buf[..n]) }?;
+            post(&[sge])
         });
         if let Err(e) = rc {
             // SAFETY: the caller's out parameter.

@@ -24,10 +24,19 @@
 //! first IPv6 one). The device's GID table is the software HCA's: index 0 is the bound address as
 //! a RoCEv2 GID (IPv4-mapped for IPv4).
 //!
-//! ## Phase 1 limit
-//! The software HCA binds UDP port 4791 on its address, so only one process at a time can open
-//! a device on a given address: two processes on one host use two addresses (`127.0.0.1` and
-//! `127.0.0.2` through `ROCE_DEVICES`). Sharing one device among many processes is phase 2.
+//! ## Many processes per address
+//! Devices are shared by default, as rxe's are: every process of the host may open a device on
+//! the same address at once (a slot per process, [`hca::soft::UdpDeviceConfig`]'s `share`;
+//! `SOFT_HCA_SHARE=0` turns it off, and then only one process at a time can open a device on a
+//! given address).
+//!
+//! ## RDMA CM (`librdmacm.so.1`)
+//! [`rdmacm`] implements rdma-core's `rdma_*` calls for the drop-in `librdmacm.so.1` (crate
+//! `rdmacm-abi`, which forwards to the `softrdmacm_*` functions this library exports in its
+//! private version node `IBVERBS_PRIVATE_RDMACM`), so that CM IDs, their QPs and PDs are this
+//! library's objects. QP1 of a shared device belongs to its slot 0 (the first process on the
+//! address): a process in another slot gets no MADs, so RDMA CM programs run one per address
+//! (server and client on two addresses) for now.
 //!
 //! ## What fails, and how
 //! Verbs the software HCA lacks fail as a provider without them fails in rdma-core: extended
@@ -59,3 +68,5 @@ mod compat;
 pub mod config;
 #[allow(unsafe_code)]
 mod ffi;
+#[allow(unsafe_code)]
+pub mod rdmacm;

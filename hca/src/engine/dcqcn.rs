@@ -95,6 +95,24 @@ pub struct DcqcnParams {
     /// ignored (mlx5 `rate_reduce_monitor_period`, 4 us; the paper relies on the NP's CNP
     /// interval instead: zero).
     pub rate_reduce_monitor_period: Duration,
+    /// Pace an unlimited QP at `rpg_max_rate` too (not a ConnectX parameter: a NIC's port
+    /// sends at its line rate by itself). For links without a line rate of their own, such as a
+    /// kernel UDP socket (`hca::link::udp`), where an unlimited requester would otherwise send
+    /// its whole window at once: with it, `rpg_max_rate` is the link's line rate and holds every
+    /// packet of `L` wire bytes back by `8 L / rpg_max_rate` before the first CNP and after a
+    /// release. `false` in [`DcqcnParams::paper`] and [`DcqcnParams::mlx5`] (the in-memory
+    /// fabric's NICs pace at their line rate themselves).
+    pub pace_at_max_rate: bool,
+    /// Burst allowance of the pacer, bytes (a token bucket's depth; not a ConnectX
+    /// parameter): a packet sent late, or after the QP was idle, is taken to have left up to
+    /// `8 x pace_burst / RC` before it did, so the packets after it may go back to back until
+    /// that credit is spent. Over any interval `I` a paced QP then sends at most
+    /// `RC x I / 8 + pace_burst` bytes plus one packet. For a driver that wakes late (a progress
+    /// thread sleeping in poll(2), whose timeout has a resolution of a millisecond), it keeps
+    /// the achieved rate at the configured one. 0 in [`DcqcnParams::paper`] and
+    /// [`DcqcnParams::mlx5`]: every packet is spaced from the one before, idle time earns
+    /// nothing.
+    pub pace_burst: u64,
 }
 
 impl DcqcnParams {
@@ -118,6 +136,39 @@ impl DcqcnParams {
             initial_alpha_value: 1024,
             rate_to_set_on_first_cnp: 0,
             rate_reduce_monitor_period: Duration::ZERO,
+            pace_at_max_rate: false,
+            pace_burst: 0,
+        }
+    }
+
+    /// [`DcqcnParams::paper`] scaled in proportion to a link of `line_rate` bit/s: the paper's
+    /// rates are for 40 Gb/s and its times for a datacenter's microsecond round trips, and kept as
+    /// they are they would take a link of a few Mb/s (whose round trip through a queue lasts
+    /// milliseconds) back to its line rate long before any feedback. With `s` = 40 Gb/s /
+    /// `line_rate`: `R_AI` = `line_rate` / 1000 and `R_HAI` = `line_rate` / 100 (the paper's
+    /// 40 and 400 Mb/s over 40 Gb/s), the timers `K` = `T` = 55 us x `s`, and CNPs within
+    /// 50 us x `s` of the last cut ignored (`rate_reduce_monitor_period`: the paper's NP sends
+    /// at most one CNP per 50 us, and the receiver's [`super::EngineConfig::cnp_interval`] is
+    /// not scaled); `B` (10 MB), `g`, `F` and alpha stay, so the dynamics per byte are the
+    /// paper's. `rpg_min_rate` is at most `line_rate` / 100 (not the proportional 1/40000:
+    /// a rate that low would stall a QP for seconds per packet). At least 1 for every rate;
+    /// `line_rate` 0 is taken as 1.
+    pub const fn paper_scaled(line_rate: u64) -> DcqcnParams {
+        let line = if line_rate == 0 { 1 } else { line_rate };
+        let p = DcqcnParams::paper(line);
+        let min = if line / 100 < p.rpg_min_rate {
+            line / 100
+        } else {
+            p.rpg_min_rate
+        };
+        DcqcnParams {
+            rpg_min_rate: nonzero(min),
+            rpg_ai_rate: nonzero(line / 1000),
+            rpg_hai_rate: nonzero(line / 100),
+            rpg_time_reset: scaled(55_000, line),
+            dce_tcp_rtt: scaled(55_000, line),
+            rate_reduce_monitor_period: scaled(50_000, line),
+            ..p
         }
     }
 
@@ -138,12 +189,33 @@ impl DcqcnParams {
             initial_alpha_value: 1023,
             rate_to_set_on_first_cnp: 0,
             rate_reduce_monitor_period: Duration::from_micros(4),
+            pace_at_max_rate: false,
+            pace_burst: 0,
         }
     }
 
     /// `g` in units of 2^-20.
     fn g(&self) -> u64 {
         u64::from(1024 - self.dce_tcp_g.min(1024)) << (ALPHA_SHIFT - 10)
+    }
+}
+
+/// `nanos` at 40 Gb/s scaled to `line` bit/s (`nanos` x 40 Gb/s / `line`, in u128: no
+/// overflow for any `line` >= 1 and the `nanos` used here).
+const fn scaled(nanos: u64, line: u64) -> Duration {
+    let n = (nanos as u128) * 40_000_000_000 / (line as u128);
+    Duration::from_nanos(if n > u64::MAX as u128 {
+        u64::MAX
+    } else {
+        n as u64
+    })
+}
+
+const fn nonzero(v: u64) -> u64 {
+    if v == 0 {
+        1
+    } else {
+        v
     }
 }
 
@@ -162,6 +234,15 @@ pub struct RpStats {
     pub byte_increases: u64,
     /// Times the limiter was removed (RC back at the line rate).
     pub releases: u64,
+    /// Wire bytes ([`wire_bytes`]) of the requester packets the pacer spaced: every packet sent
+    /// while limited, and while unlimited with [`DcqcnParams::pace_at_max_rate`].
+    pub paced_bytes: u64,
+    /// The most wire bytes of paced packets sent (by the driver's clock, `now` of
+    /// [`ReactionPoint::on_sent`]) within one accounting window of `rpg_time_reset` (windows
+    /// back to back from the first paced packet): what the pacer let through at its
+    /// fastest, against `RC x rpg_time_reset / 8` configured (plus the packet that straddles a
+    /// window's start). See [`ReactionPoint::paced_span`] for the rate over the whole run.
+    pub paced_window_max: u64,
 }
 
 /// One QP's reaction point. See the [module docs](self).
@@ -186,6 +267,13 @@ pub struct ReactionPoint {
     last_tx: Instant,
     /// Its size in bits; 0: no packet holds the next one back.
     last_bits: u64,
+    /// With a burst allowance: the last paced packet's pacing time plus its wire time at the
+    /// `RC` then (the theoretical time of the next one).
+    tat: Instant,
+    /// The current accounting window's start and its paced bytes ([`RpStats::paced_window_max`]).
+    window: Option<(Instant, u64)>,
+    /// When the first and the last paced packet were sent, and the last one's wire bytes.
+    span: Option<(Instant, Instant, u64)>,
     stats: RpStats,
 }
 
@@ -206,6 +294,9 @@ impl ReactionPoint {
             last_cut: None,
             last_tx: Instant::ZERO,
             last_bits: 0,
+            tat: Instant::ZERO,
+            window: None,
+            span: None,
             stats: RpStats::default(),
         }
     }
@@ -299,13 +390,23 @@ impl ReactionPoint {
     /// the next one back by `8 * wire_bytes / RC` (at the `RC` in force when the next may go: a
     /// rate raised meanwhile shortens the wait, as a NIC's rate limiter refills at its current
     /// rate) and the byte counter advances. A packet sent early is taken to have left at its
-    /// pacing time. Nothing happens while unlimited.
+    /// pacing time. Nothing happens while unlimited, unless [`DcqcnParams::pace_at_max_rate`]
+    /// is set: then the packet holds the next one back at `rpg_max_rate` (and counts in
+    /// [`RpStats::paced_bytes`]), the byte counter stays.
     pub fn on_sent(&mut self, now: Instant, wire_bytes: u64) {
         if !self.limited {
+            if self.params.pace_at_max_rate {
+                self.last_tx = self.pacing_time(now);
+                self.last_bits = wire_bytes.saturating_mul(8);
+                self.tat = self.allowed().unwrap_or(now);
+                self.account(now, wire_bytes);
+            }
             return;
         }
-        self.last_tx = self.allowed().map_or(now, |t| t.max(now));
+        self.account(now, wire_bytes);
+        self.last_tx = self.pacing_time(now);
         self.last_bits = wire_bytes.saturating_mul(8);
+        self.tat = self.allowed().unwrap_or(now);
         self.bytes = self.bytes.saturating_add(wire_bytes);
         let b = self.params.rpg_byte_reset.max(1);
         let mut n = 0;
@@ -318,9 +419,65 @@ impl ReactionPoint {
         }
     }
 
+    /// The time a packet sent at `now` is taken to have left: its allowed time, or `now` if
+    /// later, less the burst allowance (never before its allowed time).
+    fn pacing_time(&self, now: Instant) -> Instant {
+        let credit = if self.params.pace_burst == 0 {
+            0
+        } else {
+            let nanos = (u128::from(self.params.pace_burst) * 8 * 1_000_000_000)
+                .div_ceil(u128::from(self.rc.max(1)));
+            u64::try_from(nanos).unwrap_or(u64::MAX)
+        };
+        if credit == 0 {
+            return self.allowed().map_or(now, |t| t.max(now));
+        }
+        // GCRA (ITU-T I.371's virtual scheduling) with tolerance `credit`: the previous
+        // packet's theoretical end stays in `tat` after its deadline passed, so that the
+        // credit is earned by time, never renewed by a passed deadline.
+        let late = Instant::from_nanos(now.as_nanos().saturating_sub(credit));
+        self.allowed().unwrap_or(self.tat).max(late)
+    }
+
+    /// Counts a paced packet of `wire_bytes` sent at `now`: [`RpStats::paced_bytes`], the
+    /// accounting window ([`RpStats::paced_window_max`]) and the span.
+    fn account(&mut self, now: Instant, wire_bytes: u64) {
+        self.stats.paced_bytes = self.stats.paced_bytes.saturating_add(wire_bytes);
+        let w = self.params.rpg_time_reset.max(Duration::from_nanos(1));
+        let (mut start, mut bytes) = self.window.unwrap_or((now, 0));
+        if now >= start + w {
+            // Skip whole windows: the one holding `now` starts a multiple of `w` after `start`.
+            let w_ns = w.as_nanos().max(1);
+            let k = (now - start).as_nanos() / w_ns;
+            start = start.saturating_add_nanos(u64::try_from(k * w_ns).unwrap_or(u64::MAX));
+            bytes = 0;
+        }
+        bytes = bytes.saturating_add(wire_bytes);
+        self.window = Some((start, bytes));
+        self.stats.paced_window_max = self.stats.paced_window_max.max(bytes);
+        let first = self.span.map_or(now, |(f, _, _)| f);
+        self.span = Some((first, now, wire_bytes));
+    }
+
+    /// The achieved pacing over the whole run: `(bytes, from, to)`, the wire bytes of the
+    /// paced packets sent from the first (at `from`) up to but not including the last (at
+    /// `to`), so that `8 x bytes / (to - from)` is the achieved rate in bit/s, at most `RC`
+    /// where `RC` stayed constant (each packet holds the next back by its own wire time), less
+    /// where the driver sent late or the QP had no work. `None` before the second paced packet.
+    pub fn paced_span(&self) -> Option<(u64, Instant, Instant)> {
+        let (first, last, last_bytes) = self.span?;
+        (last > first).then(|| {
+            (
+                self.stats.paced_bytes.saturating_sub(last_bytes),
+                first,
+                last,
+            )
+        })
+    }
+
     /// When the next packet may start at the current rate, if a packet holds it back.
     fn allowed(&self) -> Option<Instant> {
-        if !self.limited || self.last_bits == 0 {
+        if (!self.limited && !self.params.pace_at_max_rate) || self.last_bits == 0 {
             return None;
         }
         let nanos =
@@ -611,6 +768,128 @@ mod tests {
         assert_eq!(rp.next_send(us(5)), Some(Instant::from_nanos(5500)));
         assert_eq!(wire_bytes(1078, false), 1078 + 66);
         assert_eq!(wire_bytes(1078, true), 1078 + 86);
+    }
+
+    #[test]
+    fn paper_scaled_is_the_paper_at_40_gbps_and_scales_below() {
+        assert_eq!(
+            DcqcnParams::paper_scaled(G40),
+            DcqcnParams {
+                rate_reduce_monitor_period: Duration::from_micros(50),
+                ..DcqcnParams::paper(G40)
+            }
+        );
+        // 16 Mb/s: s = 2500.
+        let p = DcqcnParams::paper_scaled(16_000_000);
+        assert_eq!(
+            (
+                p.rpg_ai_rate,
+                p.rpg_hai_rate,
+                p.rpg_byte_reset,
+                p.rpg_min_rate
+            ),
+            (16_000, 160_000, 10_000_000, 160_000)
+        );
+        assert_eq!(p.rpg_time_reset, Duration::from_micros(137_500));
+        assert_eq!(p.dce_tcp_rtt, Duration::from_micros(137_500));
+        assert_eq!(p.rate_reduce_monitor_period, Duration::from_micros(125_000));
+        let tiny = DcqcnParams::paper_scaled(0);
+        assert_eq!(
+            (
+                tiny.rpg_max_rate,
+                tiny.rpg_ai_rate,
+                tiny.rpg_hai_rate,
+                tiny.rpg_min_rate
+            ),
+            (1, 1, 1, 1)
+        );
+        assert_eq!(tiny.rpg_time_reset, Duration::from_nanos(55_000 * G40));
+    }
+
+    #[test]
+    fn pace_at_max_rate_spaces_an_unlimited_qp_at_the_line_rate() {
+        let mut rp = ReactionPoint::new(DcqcnParams {
+            pace_at_max_rate: true,
+            ..DcqcnParams::paper(1_000_000_000)
+        });
+        // 1250 wire bytes = 10 000 bits at 1 Gb/s: 10 us, before any CNP.
+        rp.on_sent(us(0), 1250);
+        assert!(!rp.is_limited());
+        assert_eq!(rp.next_send(us(0)), Some(us(10)));
+        assert_eq!(rp.poll_timeout(), None, "no DCQCN timers while unlimited");
+        // Sent early (at 4 us): taken to have left at 10 us.
+        rp.on_sent(us(4), 1250);
+        assert_eq!(rp.next_send(us(4)), Some(us(20)));
+        rp.handle_timeout(us(20));
+        assert_eq!(rp.pacing_deadline(), None);
+        // A CNP halves the rate: 20 us per packet; the byte counter runs only while limited.
+        rp.on_cnp(us(30));
+        rp.on_sent(us(30), 1250);
+        assert_eq!(rp.next_send(us(30)), Some(us(50)));
+        assert_eq!(rp.stats().paced_bytes, 3 * 1250);
+        // Sent at 0, 4 and 30 us: 2500 bytes over the first two, 30 us apart.
+        assert_eq!(rp.paced_span(), Some((2500, us(0), us(30))));
+        // One window of T = 55 us held all three.
+        assert_eq!(rp.stats().paced_window_max, 3 * 1250);
+        // Off (the default): an unlimited QP is never held back and counts nothing.
+        let mut off = ReactionPoint::new(DcqcnParams::paper(1_000_000_000));
+        off.on_sent(us(0), 1250);
+        assert_eq!((off.next_send(us(0)), off.stats().paced_bytes), (None, 0));
+    }
+
+    #[test]
+    fn paced_windows_stay_within_the_configured_bytes() {
+        // 1 Gb/s, T = 55 us: 6875 bytes per window configured; 1250-byte packets every 10 us.
+        let mut rp = ReactionPoint::new(DcqcnParams {
+            pace_at_max_rate: true,
+            ..DcqcnParams::paper(1_000_000_000)
+        });
+        let mut now = us(3);
+        for _ in 0..100 {
+            rp.on_sent(now, 1250);
+            now = rp.next_send(now).expect("held back");
+            rp.handle_timeout(now);
+        }
+        // Windows [3, 58) us and on: six packets in each at most (7500 <= 6875 + one packet).
+        assert_eq!(rp.stats().paced_window_max, 7500);
+        assert_eq!(rp.paced_span(), Some((99 * 1250, us(3), us(993))));
+        // 99 x 10 000 bits over 990 us: exactly the line rate.
+        let (bytes, from, to) = rp.paced_span().unwrap();
+        assert_eq!(
+            bytes * 8 * 1_000_000_000 / (to - from).as_nanos() as u64,
+            1_000_000_000
+        );
+    }
+
+    #[test]
+    fn burst_allowance_lets_a_late_or_idle_qp_catch_up_and_no_more() {
+        // 1 Gb/s: 1250 bytes take 10 us; burst 2500 bytes = 20 us of credit.
+        let mut rp = ReactionPoint::new(DcqcnParams {
+            pace_at_max_rate: true,
+            pace_burst: 2500,
+            ..DcqcnParams::paper(1_000_000_000)
+        });
+        // Idle until 100 us: the burst and one packet go back to back, the fourth waits.
+        for _ in 0..3 {
+            assert_eq!(rp.next_send(us(100)), None);
+            rp.on_sent(us(100), 1250);
+        }
+        assert_eq!(rp.next_send(us(100)), Some(us(110)));
+        rp.handle_timeout(us(110));
+        rp.on_sent(us(110), 1250);
+        assert_eq!(rp.next_send(us(110)), Some(us(120)));
+        // The driver wakes 15 us late: the packet it missed goes at once, then spacing resumes
+        // from the theoretical times (not from the late wake-up).
+        rp.handle_timeout(us(135));
+        rp.on_sent(us(135), 1250);
+        assert_eq!(rp.next_send(us(135)), None);
+        rp.on_sent(us(135), 1250);
+        assert_eq!(rp.next_send(us(135)), Some(us(140)));
+        // A passed deadline renews no credit: at 140 one packet, then 150.
+        rp.handle_timeout(us(140));
+        rp.on_sent(us(140), 1250);
+        assert_eq!(rp.next_send(us(140)), Some(us(150)));
+        assert_eq!(rp.stats().paced_bytes, 7 * 1250);
     }
 
     #[test]

@@ -181,6 +181,13 @@ impl SoftHca {
         !self.gsi.recv.is_empty()
     }
 
+    /// MADs queued on QP1 ([`SoftHca::gsi_send`], the GSI's own answers) and not yet handed to
+    /// the link: a CM in a process about to exit waits for 0, so that its last answers (a DREP)
+    /// leave before it does.
+    pub fn gsi_sends_pending(&self) -> usize {
+        self.gsi.send.len()
+    }
+
     /// Queues `mad` (exactly [`MAD_LEN`] = 256 bytes) for transmission from QP1 at `src_ip` to QP
     /// `dest_qpn` (1 for a peer's GSI) at `dst_ip`: a UD SEND ONLY with the GSI Q_Key and P_Key
     /// 0xFFFF (IBTA vol. 1 §13.5.1).

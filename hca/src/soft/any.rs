@@ -39,6 +39,16 @@ impl SoftLink for AnyLink {
             AnyLink::Vfio(_) => None,
         }
     }
+
+    fn alloc_memory(
+        &self,
+        len: usize,
+    ) -> Option<Result<std::sync::Arc<dyn gpu_p2p::Memory>, DeviceError>> {
+        match self {
+            AnyLink::Xdp(l) => SoftLink::alloc_memory(l, len),
+            AnyLink::Udp(_) | AnyLink::Vfio(_) => None,
+        }
+    }
 }
 
 /// A software RoCEv2 device on a link chosen at run time ([`AnyLink`]: the tools' `--link`).

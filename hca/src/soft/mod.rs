@@ -138,6 +138,13 @@ pub trait SoftLink: Link<Error: Into<DeviceError>> {
     fn udp_port(&self) -> Option<u16> {
         None
     }
+
+    /// Memory the link sends from without a copy ([`crate::verbs::Verbs::alloc_memory`]);
+    /// `None` (the default) for a link without any.
+    fn alloc_memory(&self, len: usize) -> Option<Result<Arc<dyn Memory>, DeviceError>> {
+        let _ = len;
+        None
+    }
 }
 
 /// The RoCEv2 UDP port, 4791 (IBTA vol. 1 Annex A17.2.2): the default local and peer port.

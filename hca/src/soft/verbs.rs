@@ -160,6 +160,9 @@ impl<L: SoftLink> Verbs for SoftDevice<L> {
             })
         }
     }
+    fn alloc_memory(&self, len: usize) -> Option<Result<Arc<dyn Memory>, DeviceError>> {
+        super::lock(&self.shared.io).link.alloc_memory(len)
+    }
     fn stats(&self) -> Option<Vec<(&'static str, String)>> {
         Some(vec![
             ("engine", format!("{:?}", self.counters())),

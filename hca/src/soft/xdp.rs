@@ -5,6 +5,10 @@
 //! at indexes 0 (RoCEv1) and 1 (RoCEv2), and the IPv4-mapped GID of the interface's IPv4
 //! address at index 2 when it has one, as Linux rxe numbers them.
 
+use std::sync::Arc;
+
+use gpu_p2p::Memory;
+
 use crate::engine::EngineConfig;
 use crate::link::xdp::{XdpLink, XdpLinkConfig};
 
@@ -48,6 +52,11 @@ impl SoftLink for XdpLink {
     fn udp_port(&self) -> Option<u16> {
         Some(super::ROCEV2_PORT)
     }
+
+    /// MR memory in the UMEM ([`XdpLink::alloc_mr_memory`]).
+    fn alloc_memory(&self, len: usize) -> Option<Result<Arc<dyn Memory>, DeviceError>> {
+        Some(self.alloc_mr_memory(len).map_err(DeviceError::from))
+    }
 }
 
 impl XdpDevice {
@@ -60,5 +69,16 @@ impl XdpDevice {
         let engine = config.engine.clone();
         let progress = config.progress;
         SoftDevice::with_link(link, config, engine, progress, None)
+    }
+
+    /// `len` bytes of MR memory inside the link's UMEM, which RC requests and RDMA READ
+    /// responses leave from without a CPU copy ([`XdpLink::alloc_mr_memory`]).
+    ///
+    /// # Errors
+    /// [`DeviceError::Xdp`] ([`crate::link::xdp::XdpError::UmemFull`]) when the MR arena has no
+    /// free run that long, or `len` is 0.
+    pub fn alloc_mr_memory(&self, len: usize) -> Result<Arc<dyn Memory>, DeviceError> {
+        self.with_link_mut(|l| l.alloc_mr_memory(len))
+            .map_err(DeviceError::from)
     }
 }

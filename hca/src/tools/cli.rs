@@ -3,6 +3,7 @@
 //! `--link verbs:DEVICE`, an RDMA device through libibverbs), bringing QPs up the way the C tools
 //! do, and C `printf` formats the tools' output needs.
 
+use gpu_p2p::{HostMemory, Memory};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::Arc;
@@ -15,7 +16,6 @@ use crate::tools::oob::OobTimeouts;
 use crate::verbs::connect::{self, ConnectAttr};
 use crate::verbs::Verbs;
 use crate::{AccessFlags, AhAttr, Gid, MemoryRegion, PathMtu, PdHandle, QpState, QpType};
-use gpu_p2p::HostMemory;
 
 /// A one-line error for the user; `main` prints it after the tool's name and exits with 1.
 #[derive(Debug)]
@@ -84,6 +84,21 @@ impl Dev {
         self.verbs.default_gid().0
     }
 
+    /// `len` bytes for the tool's MR buffer, zero-filled: memory the device sends from without a
+    /// copy where it has some ([`Verbs::alloc_memory`]: the UMEM of an AF_XDP link), else (or
+    /// when that is used up) page-aligned host memory ([`HostMemory`]).
+    ///
+    /// # Errors
+    /// The host allocation failed (mmap(2)), as text.
+    pub fn alloc_memory(&self, len: usize) -> Result<Arc<dyn Memory>, String> {
+        if let Some(Ok(m)) = self.verbs.alloc_memory(len) {
+            return Ok(m);
+        }
+        HostMemory::new(len)
+            .map(|m| Arc::new(m) as Arc<dyn Memory>)
+            .map_err(|e| e.to_string())
+    }
+
     /// Registers `memory` (whole) as the MR `iova ..` through [`Verbs::reg_mr`]: a software
     /// device maps it into the IOMMU on a VFIO link; a libibverbs device registers it with
     /// ibv_reg_mr_iova(3).
@@ -93,11 +108,11 @@ impl Dev {
     pub fn reg_mr(
         &self,
         pd: PdHandle,
-        memory: Arc<HostMemory>,
+        memory: Arc<dyn Memory>,
         iova: u64,
         access: AccessFlags,
     ) -> Result<MemoryRegion, DeviceError> {
-        let len = gpu_p2p::Memory::len(&*memory);
+        let len = memory.len();
         self.verbs.reg_mr(pd, memory, 0, len, iova, access)
     }
 
@@ -340,6 +355,20 @@ pub fn open_device(
     window_budget: Option<u32>,
     vfio: &VfioArgs,
 ) -> Result<Dev, Fail> {
+    open_device_dcqcn(spec, progress, window_budget, vfio, None)
+}
+
+/// [`open_device`] with DCQCN's reaction point on every QP of a software device
+/// ([`crate::engine::EngineConfig::dcqcn`]; `None`: off, the engine's default). `rdma-perf
+/// --dcqcn MBPS` passes [`crate::engine::DcqcnParams::paper_scaled`] at that line rate with
+/// `pace_at_max_rate`. A libibverbs device ignores it (its NIC has its own congestion control).
+pub fn open_device_dcqcn(
+    spec: DeviceSpec,
+    progress: Progress,
+    window_budget: Option<u32>,
+    vfio: &VfioArgs,
+    dcqcn: Option<crate::engine::DcqcnParams>,
+) -> Result<Dev, Fail> {
     let drop = crate::tools::fault::drop_hook_from_env()
         .map_err(|reason| Fail(format!("cannot open device {spec}: {reason}")))?;
     let mut options = OpenOptions {
@@ -351,6 +380,7 @@ pub fn open_device(
         vfio_interrupts: vfio.interrupts,
         ..OpenOptions::default()
     };
+    options.engine.dcqcn = dcqcn;
     if progress == Progress::Caller && matches!(spec, DeviceSpec::Udp { .. }) {
         options.engine.ack_delay = CALLER_ACK_DELAY;
     }

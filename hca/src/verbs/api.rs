@@ -96,6 +96,16 @@ pub trait Verbs: Send + Sync + fmt::Debug {
         None
     }
 
+    /// `len` bytes of host memory the device sends from without a copy, for an MR: a software
+    /// HCA on an AF_XDP link hands out memory inside its UMEM
+    /// ([`XdpLink::alloc_mr_memory`](crate::link::xdp::XdpLink::alloc_mr_memory)). `None` (the
+    /// default) when the device has no such memory (any page-aligned host memory will do);
+    /// `Some(Err)` when it has but not that much left (the caller may fall back to host memory).
+    fn alloc_memory(&self, len: usize) -> Option<Result<Arc<dyn Memory>, DeviceError>> {
+        let _ = len;
+        None
+    }
+
     /// Sends the RoCEv2 packets for peer address `ip` to UDP port `port` instead of 4791 (the
     /// peer is a software HCA bound to that port, [`Verbs::udp_port`]).
     ///

@@ -3,10 +3,12 @@
 * :func:`from_env` / :func:`from_store` make a :class:`Comm` (every rank of a job calls the same
   one): from a launcher's environment (torchrun, Open MPI, Slurm) or through a key-value store
   (a ``torch.distributed.Store`` or any object with ``set``, ``get``, ``check`` and ``add``).
-* Collectives on any contiguous CPU buffer: numpy arrays, torch tensors, or objects exporting a
-  C-contiguous buffer (PEP 3118, with ``dtype=`` given). ``async_op=True`` returns a
+* Collectives on any contiguous CPU buffer: numpy arrays, torch tensors, DLPack exporters
+  (``__dlpack__``), or objects exporting a C-contiguous buffer (PEP 3118, with ``dtype=`` given). ``async_op=True`` returns a
   :class:`Work` (``wait``, ``is_completed``); operations run in issue order on the
-  communicator's progress thread with the GIL released.
+  communicator's progress thread with the GIL released. A blocking call (``async_op=False``)
+  with no operation pending runs on the calling thread instead (GIL released), which spares the
+  two thread hand-offs (to the progress thread and back); ``Comm.inline_ops`` counts them.
 * Data types ``int8 uint8 int32 uint32 int64 uint64 float16 bfloat16 float32 float64`` and ops
   ``sum prod min max avg``, as in Rust (``collectives::DataType``, ``RedOp``).
 * Errors raise :class:`CollectiveError` (a ``RuntimeError``): ``rank R: ...`` names the rank
@@ -40,21 +42,52 @@ _NUMPY_DTYPES = {
 }
 
 
+# DLPack device types (dlpack.h, DLDeviceType): kDLCPU = 1; the rest name GPU / accelerator
+# memory this build cannot reach.
+_DL_CPU = 1
+_DL_DEVICES = {2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal", 9: "vpi",
+               10: "rocm", 11: "rocm_host", 13: "cuda_managed", 14: "oneapi"}
+
+
+def _no_gpu(where):
+    return CollectiveError(
+        f"buffer on {where}: rocecoll handles CPU memory only (no GPU path in this build: the "
+        "Rust gpu-p2p staging is not wired into the Python package; copy to the CPU first)"
+    )
+
+
+def _from_dlpack(x, writable):
+    """A byte view of a ``__dlpack__`` exporter's memory (CPU only; see ``rocecoll._dlpack``)."""
+    dev = x.__dlpack_device__() if hasattr(x, "__dlpack_device__") else (_DL_CPU, 0)
+    kind = int(dev[0])
+    if kind != _DL_CPU:
+        name = _DL_DEVICES.get(kind, f"DLPack device type {kind}")
+        raise _no_gpu(f"{name}:{int(dev[1])}")
+    from . import _dlpack
+
+    mv, name, read_only = _dlpack.view(x)
+    if writable and read_only:
+        raise ValueError(f"{type(x).__name__}: its DLPack export is read-only (DLPack < 1.0 "
+                         "exports, torch 2.7's, say nothing of it: inputs only)")
+    return mv, name
+
+
 def as_bytes(x, dtype=None, writable=True):
     """Returns ``(memoryview of bytes, dtype name)`` sharing ``x``'s memory.
 
-    ``x``: a CPU torch tensor (contiguous), a numpy array (C-contiguous), or any object exporting
-    a C-contiguous buffer (then ``dtype`` names its element type). Raises ``ValueError`` for
-    non-contiguous or unsupported types and :class:`CollectiveError` for a CUDA tensor (this build
-    has no GPU path: the Rust ``gpu-p2p`` staging is not wired into the Python package).
+    ``x``: a CPU torch tensor (contiguous), a numpy array (C-contiguous), an object exporting
+    DLPack (``__dlpack__`` / ``__dlpack_device__``, as the Python array API standard defines it:
+    jax, cupy, tensorflow, ...; CPU memory; read-only unless its DLPack >= 1.0 export says
+    otherwise, see ``rocecoll._dlpack``), or any object
+    exporting a C-contiguous buffer (PEP 3118; then ``dtype`` names its element type). Raises
+    ``ValueError`` for non-contiguous, read-only (when ``writable``) or unsupported types, and
+    :class:`CollectiveError` for GPU memory (a CUDA tensor, a DLPack device other than kDLCPU,
+    an object with ``__cuda_array_interface__``): this build has no GPU path.
     """
     mod = type(x).__module__
     if mod.startswith("torch"):
         if x.device.type != "cpu":
-            raise CollectiveError(
-                f"tensor on {x.device}: rocecoll handles CPU tensors only "
-                "(no GPU path in this build; copy to the CPU first)"
-            )
+            raise _no_gpu(str(x.device))
         name = _TORCH_DTYPES.get(str(x.dtype))
         if name is None:
             raise ValueError(f"unsupported tensor dtype {x.dtype}")
@@ -64,7 +97,15 @@ def as_bytes(x, dtype=None, writable=True):
 
         arr = x.detach().reshape(-1).view(torch.uint8).numpy()
         return memoryview(arr), name
-    if mod.startswith("numpy"):
+    if not mod.startswith("numpy"):
+        if hasattr(x, "__cuda_array_interface__"):
+            raise _no_gpu(f"cuda (a {type(x).__name__} with __cuda_array_interface__)")
+        if hasattr(x, "__dlpack__"):
+            mv, name = _from_dlpack(x, writable)
+            if dtype is not None and dtype != name:
+                raise ValueError(f"dtype={dtype}: the DLPack export holds {name}")
+            return mv, name
+    if type(x).__module__.startswith("numpy"):
         name = str(x.dtype)
         if dtype is not None and dtype != name:
             # e.g. bfloat16 values held as their bits in a uint16 array
@@ -130,50 +171,55 @@ class Comm:
     def size(self):
         return self._c.size
 
+    @property
+    def inline_ops(self):
+        """How many blocking calls ran on their caller's thread (nothing was pending)."""
+        return self._c.inline_ops
+
     def abort(self):
         """Ends every pending operation with :class:`CollectiveError`, from any thread."""
         self._c.abort()
 
     def all_reduce(self, x, op="sum", dtype=None, async_op=False, timeout=None):
         b, dt = as_bytes(x, dtype)
-        return _finish(self._c.all_reduce(b, dt, op, timeout), (x, b), async_op)
+        return _finish(self._c.all_reduce(b, dt, op, timeout, not async_op), (x, b), async_op)
 
     def broadcast(self, x, root, dtype=None, async_op=False, timeout=None):
         b, dt = as_bytes(x, dtype)
-        return _finish(self._c.broadcast(b, dt, root, timeout), (x, b), async_op)
+        return _finish(self._c.broadcast(b, dt, root, timeout, not async_op), (x, b), async_op)
 
     def reduce(self, x, root, op="sum", dtype=None, async_op=False, timeout=None):
         b, dt = as_bytes(x, dtype)
-        return _finish(self._c.reduce(b, dt, root, op, timeout), (x, b), async_op)
+        return _finish(self._c.reduce(b, dt, root, op, timeout, not async_op), (x, b), async_op)
 
     def all_gather(self, out, x, dtype=None, async_op=False, timeout=None):
         """``out`` (size * n elements) gets every rank's ``x`` (n elements) in rank order."""
         s, dt = as_bytes(x, dtype, writable=False)
         r, _ = as_bytes(out, dtype)
-        return _finish(self._c.all_gather(s, r, dt, timeout), (x, out, s, r), async_op)
+        return _finish(self._c.all_gather(s, r, dt, timeout, not async_op), (x, out, s, r), async_op)
 
     def reduce_scatter(self, out, x, op="sum", dtype=None, async_op=False, timeout=None):
         """``out`` (n elements) gets this rank's block of the reduction of ``x`` (size * n)."""
         s, dt = as_bytes(x, dtype, writable=False)
         r, _ = as_bytes(out, dtype)
-        return _finish(self._c.reduce_scatter(s, r, dt, op, timeout), (x, out, s, r), async_op)
+        return _finish(self._c.reduce_scatter(s, r, dt, op, timeout, not async_op), (x, out, s, r), async_op)
 
     def all_to_all(self, out, x, dtype=None, async_op=False, timeout=None):
         """Block j of ``x`` (size equal blocks) goes to rank j; block i of ``out`` from rank i."""
         s, dt = as_bytes(x, dtype, writable=False)
         r, _ = as_bytes(out, dtype)
-        return _finish(self._c.all_to_all(s, r, dt, timeout), (x, out, s, r), async_op)
+        return _finish(self._c.all_to_all(s, r, dt, timeout, not async_op), (x, out, s, r), async_op)
 
     def send(self, x, peer, dtype=None, async_op=False, timeout=None):
         b, dt = as_bytes(x, dtype, writable=False)
-        return _finish(self._c.send(b, dt, peer, timeout), (x, b), async_op)
+        return _finish(self._c.send(b, dt, peer, timeout, not async_op), (x, b), async_op)
 
     def recv(self, x, peer, dtype=None, async_op=False, timeout=None):
         b, dt = as_bytes(x, dtype)
-        return _finish(self._c.recv(b, dt, peer, timeout), (x, b), async_op)
+        return _finish(self._c.recv(b, dt, peer, timeout, not async_op), (x, b), async_op)
 
     def barrier(self, async_op=False, timeout=None):
-        return _finish(self._c.barrier(timeout), (), async_op)
+        return _finish(self._c.barrier(timeout, not async_op), (), async_op)
 
 
 def from_env(transport=None, timeout=None, bootstrap_timeout=None):

@@ -13,7 +13,15 @@ Implemented (what DDP and FSDP2 use on CPU): ``broadcast``, ``allreduce`` (and c
 ``reduce_scatter``, ``reduce_scatter_tensor`` (``_reduce_scatter_base``, and coalesced),
 ``alltoall_base`` (equal splits), ``barrier``, ``send``, ``recv`` (tag 0). Anything else raises
 ``NotImplementedError`` naming the op. Environment: ``ROCECOLL_TRANSPORT`` (auto, shm, roce),
-``ROCECOLL_LOCAL_IP`` (the address for RoCE; default 127.0.0.1 when MASTER_ADDR is local).
+``ROCECOLL_LOCAL_IP`` (the address for RoCE; default 127.0.0.1 when MASTER_ADDR is local),
+``ROCECOLL_SUM_ORDER`` (``native``, the default: the collectives crate's algorithms; ``gloo``:
+float32 / float64 sum all-reduces, here and in the DDP hook, add the ranks' values in the order
+Gloo's ring all-reduce does, so results are bitwise Gloo's on any world size, at the cost of an
+all-gather of every rank's values: for reproducing a Gloo run, not for speed).
+
+``Work.wait(timeout)`` honours its timeout as ``c10d::Work::wait`` does (Gloo's work): it raises
+:class:`WorkTimeout` (a :class:`rocecoll.CollectiveError`) naming the op and the ranks, and the
+operation goes on; ``abort()`` ends it and every pending one.
 """
 
 import datetime
@@ -24,7 +32,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from . import Comm, as_bytes
+from . import CollectiveError, Comm, as_bytes
 from ._native import Communicator as _Native
 
 NAME = "rocecoll"
@@ -84,14 +92,35 @@ class _Completer:
         self._q.put(None)
 
 
+class WorkTimeout(CollectiveError):
+    """``Work.wait(timeout)`` ran out before the operation ended. As ``c10d::Work::wait`` (the
+    base of Gloo's work, torch/csrc/distributed/c10d/Work.cpp: "Operation timed out!"), the
+    operation goes on and the process group stays usable: wait again, or ``abort()`` the group
+    to end it (then every pending operation raises). ``rank``, ``op``, ``timeout`` (seconds)."""
+
+
+def _seconds(timeout):
+    """``Work.wait``'s timeout in seconds, or None for none: a ``datetime.timedelta`` (what
+    torch's C++ side passes; ``timedelta(0)`` is its ``kNoTimeout``) or a number of seconds."""
+    if timeout is None:
+        return None
+    secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    if secs < 0:
+        raise ValueError(f"Work.wait: negative timeout {timeout}")
+    return secs if secs > 0 else None
+
+
 class _Work(dist._Work):
     """An async ``torch.distributed`` Work: ``wait`` raises the operation's error."""
 
-    def __init__(self, result):
+    def __init__(self, result, op, rank, size):
         super().__init__()
         self._event = threading.Event()
         self._error = None
         self._result = result
+        self._op = op
+        self._rank = rank
+        self._size = size
         self._future = torch.futures.Future()
 
     def _done(self, error):
@@ -103,7 +132,18 @@ class _Work(dist._Work):
         self._event.set()
 
     def wait(self, timeout=None):
-        self._event.wait()
+        """Waits for the operation; at most ``timeout`` (a ``timedelta`` or seconds; None or
+        ``timedelta(0)``: no limit), then raises :class:`WorkTimeout` naming the op and the
+        ranks. Raises the operation's :class:`CollectiveError` if it failed."""
+        secs = _seconds(timeout)
+        if not self._event.wait(secs):
+            err = WorkTimeout(
+                f"rank {self._rank}: {self._op} on ranks 0..{self._size - 1} of the rocecoll "
+                f"process group did not end within Work.wait(timeout={secs:g} s); it goes on "
+                "(wait again, or abort() the group)"
+            )
+            err.rank, err.peer, err.op, err.timeout = self._rank, None, self._op, secs
+            raise err
         if self._error is not None:
             raise self._error
         return True
@@ -123,6 +163,66 @@ class _Work(dist._Work):
     def result(self):
         self.wait()
         return self._result
+
+
+# Gloo's ring all-reduce (gloo/allreduce.cc, ring(), as torch 2.7's ProcessGroupGloo runs it for
+# dense CPU tensors: gloo::allreduce with the default options): the buffer of B bytes is cut into
+# S = roundUp(max(ceil(B / 1 MiB), 2n), n) segments (kMaxSegmentSize in gloo/allreduce.h) of
+# roundUp(ceil(B / S), element size) bytes, the last ones short or empty; chunk c is segments
+# c * S/n .. (c + 1) * S/n - 1 and ends on rank c. Each rank receives from rank + 1 and adds its
+# own values first: chunk c's sum is x[c] + (x[c+1] + (... + (x[c-2] + x[c-1]))), ranks mod n.
+_GLOO_MAX_SEGMENT = 1 << 20
+_GLOO_ORDER_DTYPES = (torch.float32, torch.float64)
+
+
+def _round_up(a, b):
+    return (a + b - 1) // b * b
+
+
+def gloo_chunk_elements(numel, element_size, size, max_segment=_GLOO_MAX_SEGMENT):
+    """Elements per chunk of Gloo's ring all-reduce of ``numel`` elements of ``element_size``
+    bytes on ``size`` ranks (the last chunks may be shorter or empty); see the comment above."""
+    nbytes = numel * element_size
+    max_seg = element_size * max(1, max_segment // element_size)
+    segments = _round_up(max((nbytes + max_seg - 1) // max_seg, 2 * size), size)
+    seg = _round_up((nbytes + segments - 1) // segments, element_size)
+    return segments // size * seg // element_size
+
+
+def gloo_order_sum(gathered, out, max_segment=_GLOO_MAX_SEGMENT):
+    """Writes into ``out`` (n elements) the sum of ``gathered``'s rows (size x n, row r = rank
+    r's values) in the order Gloo's ring all-reduce adds them (bitwise Gloo's result)."""
+    size, n = gathered.shape
+    per = gloo_chunk_elements(n, out.element_size(), size, max_segment)
+    for c in range(size):
+        lo, hi = c * per, min((c + 1) * per, n)
+        if lo >= hi:
+            break
+        acc = gathered[(c - 1) % size, lo:hi].clone()
+        for k in range(size - 2, -1, -1):
+            acc = gathered[(c + k) % size, lo:hi] + acc
+        out[lo:hi] = acc
+
+
+def _sum_order():
+    order = os.environ.get("ROCECOLL_SUM_ORDER", "native")
+    if order not in ("native", "gloo"):
+        raise ValueError(f"ROCECOLL_SUM_ORDER={order!r}: expected 'native' or 'gloo'")
+    return order
+
+
+def _gloo_order_allreduce(native, t, size):
+    """Issues a sum all-reduce of CPU tensor ``t`` (contiguous) that adds in Gloo's order: an
+    all-gather of every rank's values (size times the bytes of a ring all-reduce's traffic),
+    then :func:`gloo_order_sum` into ``t`` after it ends. Returns (native work, keep, post)."""
+    gathered = torch.empty((size, t.numel()), dtype=t.dtype)
+    s, dt = as_bytes(t, writable=False)
+    r, _ = as_bytes(gathered)
+
+    def post():
+        gloo_order_sum(gathered, t.detach().view(-1))
+
+    return native.all_gather(s, r, dt, None), (t, gathered, s, r), post
 
 
 def _local_ip():
@@ -151,6 +251,7 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
             min(secs, 300.0) if secs else None,
         )
         self._done = _Completer(f"rocecoll-pg-{rank}")
+        self._gloo_order = _sum_order() == "gloo"
 
     def getBackendName(self):
         return NAME
@@ -164,8 +265,8 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
     def group_name(self):
         return getattr(self, "_group_name", "")
 
-    def _issue(self, natives, result, keep=(), post=None):
-        w = _Work(result)
+    def _issue(self, op, natives, result, keep=(), post=None):
+        w = _Work(result, op, self.rank(), self.size())
 
         def after():
             if post is not None:
@@ -184,8 +285,12 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         t = self._one(tensors, "allreduce")
         op = _redop(opts, "allreduce") if opts is not None else "sum"
+        if op == "sum" and self._gloo_order and t.dtype in _GLOO_ORDER_DTYPES and t.numel():
+            as_bytes(t)  # the same checks (CPU, contiguous) as the native path
+            native, keep, post = _gloo_order_allreduce(self._c, t, self.size())
+            return self._issue("allreduce", [native], tensors, keep, post)
         b, dt = as_bytes(t)
-        return self._issue([self._c.all_reduce(b, dt, op, None)], tensors, (t, b))
+        return self._issue("allreduce", [self._c.all_reduce(b, dt, op, None)], tensors, (t, b))
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = _redop(opts, "allreduce_coalesced") if opts is not None else "sum"
@@ -194,18 +299,18 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
             b, dt = as_bytes(t)
             natives.append(self._c.all_reduce(b, dt, op, None))
             keep.append((t, b))
-        return self._issue(natives, tensors, keep)
+        return self._issue("allreduce_coalesced", natives, tensors, keep)
 
     def broadcast(self, tensors, opts):
         t = self._one(tensors, "broadcast")
         b, dt = as_bytes(t)
-        return self._issue([self._c.broadcast(b, dt, opts.rootRank, None)], tensors, (t, b))
+        return self._issue("broadcast", [self._c.broadcast(b, dt, opts.rootRank, None)], tensors, (t, b))
 
     def reduce(self, tensors, opts):
         t = self._one(tensors, "reduce")
         b, dt = as_bytes(t)
         op = _redop(opts, "reduce")
-        return self._issue([self._c.reduce(b, dt, opts.rootRank, op, None)], tensors, (t, b))
+        return self._issue("reduce", [self._c.reduce(b, dt, opts.rootRank, op, None)], tensors, (t, b))
 
     def allgather(self, output_lists, inputs, opts=None):
         t = self._one(inputs, "allgather")
@@ -221,7 +326,7 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
             for i, o in enumerate(outs):
                 o.copy_(flat[i * n:(i + 1) * n].view_as(o))
 
-        return self._issue([self._c.all_gather(s, r, dt, None)], output_lists, (t, flat, s, r), post)
+        return self._issue("allgather", [self._c.all_gather(s, r, dt, None)], output_lists, (t, flat, s, r), post)
 
     def _gather_into(self, output, input):
         """Issues output = all ranks' input; in place when the input is this rank's block of
@@ -240,7 +345,7 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
 
     def _allgather_base(self, output, input, opts=None):
         native, keep = self._gather_into(output, input)
-        return self._issue([native], [output], keep)
+        return self._issue("all_gather_into_tensor", [native], [output], keep)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         natives, keep = [], []
@@ -248,7 +353,7 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
             native, k = self._gather_into(o, i)
             natives.append(native)
             keep.append(k)
-        return self._issue(natives, outputs, keep)
+        return self._issue("allgather_into_tensor_coalesced", natives, outputs, keep)
 
     def reduce_scatter(self, outputs, input_lists, opts):
         out = self._one(outputs, "reduce_scatter")
@@ -259,13 +364,13 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
         op = _redop(opts, "reduce_scatter")
         s, dt = as_bytes(flat, writable=False)
         r, _ = as_bytes(out)
-        return self._issue([self._c.reduce_scatter(s, r, dt, op, None)], outputs, (flat, out, s, r))
+        return self._issue("reduce_scatter", [self._c.reduce_scatter(s, r, dt, op, None)], outputs, (flat, out, s, r))
 
     def _reduce_scatter_base(self, output, input, opts):
         op = _redop(opts, "reduce_scatter_tensor")
         s, dt = as_bytes(input, writable=False)
         r, _ = as_bytes(output)
-        return self._issue([self._c.reduce_scatter(s, r, dt, op, None)], [output], (input, output, s, r))
+        return self._issue("reduce_scatter_tensor", [self._c.reduce_scatter(s, r, dt, op, None)], [output], (input, output, s, r))
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):
         op = _redop(opts, "reduce_scatter_tensor_coalesced")
@@ -275,7 +380,7 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
             r, _ = as_bytes(o)
             natives.append(self._c.reduce_scatter(s, r, dt, op, None))
             keep.append((i, o, s, r))
-        return self._issue(natives, outputs, keep)
+        return self._issue("reduce_scatter_tensor_coalesced", natives, outputs, keep)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         n = self.size()
@@ -286,24 +391,24 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
             raise ValueError(f"alltoall_base: {input.numel()} elements is not {n} equal blocks")
         s, dt = as_bytes(input, writable=False)
         r, _ = as_bytes(output)
-        return self._issue([self._c.all_to_all(s, r, dt, None)], [output], (input, output, s, r))
+        return self._issue("alltoall_base", [self._c.all_to_all(s, r, dt, None)], [output], (input, output, s, r))
 
     def barrier(self, opts=None):
-        return self._issue([self._c.barrier(None)], [])
+        return self._issue("barrier", [self._c.barrier(None)], [])
 
     def send(self, tensors, dst, tag=0):
         t = self._one(tensors, "send")
         if tag != 0:
             raise NotImplementedError("rocecoll backend: send with a tag other than 0 is not implemented")
         b, dt = as_bytes(t, writable=False)
-        return self._issue([self._c.send(b, dt, dst, None)], tensors, (t, b))
+        return self._issue("send", [self._c.send(b, dt, dst, None)], tensors, (t, b))
 
     def recv(self, tensors, src, tag=0):
         t = self._one(tensors, "recv")
         if tag != 0:
             raise NotImplementedError("rocecoll backend: recv with a tag other than 0 is not implemented")
         b, dt = as_bytes(t)
-        return self._issue([self._c.recv(b, dt, src, None)], tensors, (t, b))
+        return self._issue("recv", [self._c.recv(b, dt, src, None)], tensors, (t, b))
 
     gather = _unsupported("gather")
     scatter = _unsupported("scatter")
@@ -343,10 +448,15 @@ def allreduce_hook(comm: Comm, bucket):
             _hook_completer = _Completer("rocecoll-ddp-hook")
     t = bucket.buffer()
     t.div_(comm.size)
-    b, dt = as_bytes(t)
-    native = comm._c.all_reduce(b, dt, "sum", None)
+    post = None
+    if _sum_order() == "gloo" and t.dtype in _GLOO_ORDER_DTYPES and t.numel():
+        native, k, post = _gloo_order_allreduce(comm._c, t, comm.size)
+        keep = [k]
+    else:
+        b, dt = as_bytes(t)
+        native = comm._c.all_reduce(b, dt, "sum", None)
+        keep = [t, b]
     fut = torch.futures.Future()
-    keep = [t, b]
 
     def done(err):
         keep.clear()
@@ -355,5 +465,5 @@ def allreduce_hook(comm: Comm, bucket):
         else:
             fut.set_exception(err)
 
-    _hook_completer.put([native], None, done)
+    _hook_completer.put([native], post, done)
     return fut

@@ -6,7 +6,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use gpu_p2p::{HostMemory, Memory};
+use gpu_p2p::{HostMemory, HostPtr, Memory};
 use hca::open::{open, DeviceSpec, OpenOptions};
 use hca::soft::{DeviceError, Progress};
 use hca::verbs::Verbs;
@@ -22,9 +22,13 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A page-aligned host buffer registered with the device.
+/// A page-aligned host buffer registered with the device: memory the device sends from without
+/// a copy where it has some ([`hca::verbs::Verbs::alloc_memory`]: the UMEM of an AF_XDP link),
+/// else [`HostMemory`].
 pub(super) struct Region {
-    pub(super) mem: Arc<HostMemory>,
+    pub(super) mem: Arc<dyn Memory>,
+    /// The CPU address of byte 0 (`mem.host_ptr()`).
+    base: HostPtr,
     pub(super) mr: MemoryRegion,
 }
 
@@ -35,19 +39,27 @@ impl Region {
         access: AccessFlags,
         what: &'static str,
     ) -> Result<Region, TransportError> {
-        let mem = Arc::new(HostMemory::new(len).map_err(|e| TransportError::Setup {
+        let setup = |e: String| TransportError::Setup {
             peer: None,
             op: "allocating",
             on: format!("{what} ({len} bytes)"),
-            source: io::Error::other(e.to_string()),
-        })?);
+            source: io::Error::other(e),
+        };
+        // Device memory first (used up: host memory, whose payloads take one copy).
+        let mem = match hca.dev.alloc_memory(len) {
+            Some(Ok(m)) => m,
+            _ => Arc::new(HostMemory::new(len).map_err(|e| setup(e.to_string()))?),
+        };
+        let base = mem
+            .host_ptr()
+            .ok_or_else(|| setup("memory the CPU cannot address".into()))?;
         // The iova is the virtual address, as ibv_reg_mr(3) uses.
-        let iova = mem.as_ptr() as u64;
+        let iova = base.as_ptr().as_ptr() as u64;
         let mr = hca
             .dev
             .reg_mr(hca.pd, mem.clone(), 0, len, iova, access)
             .map_err(Hca::verbs("ibv_reg_mr", None))?;
-        Ok(Region { mem, mr })
+        Ok(Region { mem, base, mr })
     }
 
     pub(super) fn iova(&self, offset: usize) -> u64 {
@@ -58,7 +70,7 @@ impl Region {
         debug_assert!(offset <= self.mem.len());
         // SAFETY: callers pass offsets inside the buffer (checked by the layout), so the
         // result stays inside the same allocation.
-        unsafe { self.mem.as_ptr().add(offset) }
+        unsafe { self.base.as_ptr().as_ptr().add(offset) }
     }
 }
 

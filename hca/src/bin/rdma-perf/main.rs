@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use gpu_p2p::{HostMemory, Memory};
+use gpu_p2p::Memory;
 use hca::soft::Progress;
 use hca::tools::oob::perftest::{
     BwReport, KeyFormat, PerftestConn, PerftestDest, PerftestListener, PerftestTest,
@@ -187,6 +187,14 @@ struct Args {
     /// number of QPs, 16 ..= 128; default: from the socket receive buffer).
     #[arg(long = "window-budget", value_name = "PACKETS")]
     window_budget: Option<u32>,
+    /// DCQCN (Zhu et al., SIGCOMM 2015) on every QP of a software device: the reaction point
+    /// with the paper's parameters scaled in proportion to the line rate (rates, timers:
+    /// `hca::engine::DcqcnParams::paper_scaled`), for a line rate of MBPS
+    /// Mb/s (1 to 400000), at which the QPs are also paced before the first CNP (a UDP link
+    /// has no line rate of its own), with a burst allowance of 2 ms at the line rate (at least
+    /// 4 KiB). Off by default: CNPs are counted and ignored.
+    #[arg(long, value_name = "MBPS", value_parser = clap::value_parser!(u64).range(1..=400_000))]
+    dcqcn: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,6 +245,8 @@ struct Params {
     accept: Option<Duration>,
     stats: bool,
     window_budget: Option<u32>,
+    /// `--dcqcn`: the line rate, bit/s.
+    dcqcn: Option<u64>,
     /// `-R`: RDMA CM instead of TCP.
     rdma_cm: bool,
 }
@@ -401,6 +411,7 @@ fn resolve(cmd: &TestCmd) -> Result<Params, Fail> {
         accept: a.timeout.map(Duration::from_secs),
         stats: a.stats,
         window_budget: a.window_budget,
+        dcqcn: a.dcqcn.map(|m| m * 1_000_000),
         rdma_cm: a.rdma_cm,
     })
 }
@@ -413,7 +424,7 @@ struct Res {
     send_cq: CqHandle,
     recv_cq: CqHandle,
     qpns: Vec<u32>,
-    mem: Arc<HostMemory>,
+    mem: Arc<dyn Memory>,
     mr: MemoryRegion,
     /// Bytes of one buffer region (`BUFF_SIZE(size, cycle_buffer)`): every QP sends from region
     /// 0 and is written / read / sent to in region 1. (perftest gives each QP its own pair; with
@@ -447,7 +458,14 @@ fn open_checked(
     p: &Params,
     spec: &DeviceSpec,
 ) -> Result<(common::Dev, i64, hca::Gid, PathMtu), Fail> {
-    let dev = common::open_device(spec.clone(), p.progress, p.window_budget, &p.vfio)?;
+    // Paced at the line rate from the start, with a burst allowance of 2 ms at the line rate
+    // (at least 4 KiB): the progress thread's poll(2) wakes it with a resolution of 1 ms.
+    let dcqcn = p.dcqcn.map(|line| hca::engine::DcqcnParams {
+        pace_at_max_rate: true,
+        pace_burst: (line / 8 / 500).max(4096),
+        ..hca::engine::DcqcnParams::paper_scaled(line)
+    });
+    let dev = common::open_device_dcqcn(spec.clone(), p.progress, p.window_budget, &p.vfio, dcqcn)?;
     let gid_index = p.gid_index.unwrap_or(i64::from(dev.gid_index()));
     let gid = common::check_gid_index(&dev, gid_index)?;
     let port_mtu = dev.query_port().active_mtu;
@@ -751,9 +769,10 @@ fn setup(p: &Params, dev: common::Dev, cycle_buffer: u64) -> Result<Res, Fail> {
     let region = biggest.max(cycle_buffer).next_multiple_of(64);
     let q = p.qps as usize;
     let len = (2 * region) as usize;
-    let mem = Arc::new(
-        HostMemory::new(len).map_err(|e| Fail(format!("Couldn't allocate the buffer: {e}")))?,
-    );
+    // In the UMEM on an AF_XDP link: RC payloads then leave without a copy.
+    let mem = dev
+        .alloc_memory(len)
+        .map_err(|e| Fail(format!("Couldn't allocate the buffer: {e}")))?;
     let pd = dev.alloc_pd()?;
     let access = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE

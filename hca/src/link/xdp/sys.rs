@@ -12,6 +12,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 fn last_error() -> io::Error {
@@ -194,6 +195,38 @@ pub(crate) struct KernelStats {
     pub(crate) tx_ring_empty_descs: u64,
 }
 
+/// The UMEM: one anonymous mapping registered with the socket (`XDP_UMEM_REG`), in chunks of
+/// `chunk` bytes. Shared (`Arc`) by the socket and the MR memory handed out of it, so it is
+/// unmapped only when the last of them is gone.
+#[derive(Debug)]
+pub(crate) struct Umem {
+    map: Mapping,
+    chunk: usize,
+}
+
+impl Umem {
+    /// The address of byte 0.
+    pub(crate) fn base(&self) -> NonNull<u8> {
+        self.map.ptr
+    }
+
+    /// Bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len
+    }
+
+    /// Bytes of one chunk.
+    pub(crate) fn chunk(&self) -> usize {
+        self.chunk
+    }
+
+    /// The UMEM address (offset) of `len` bytes at CPU address `ptr`, when they lie inside it.
+    pub(crate) fn addr_of(&self, ptr: *const u8, len: usize) -> Option<u64> {
+        let off = (ptr as usize).checked_sub(self.map.ptr.as_ptr() as usize)?;
+        (off.checked_add(len)? <= self.map.len).then_some(off as u64)
+    }
+}
+
 /// Retries of a bind(2) that found the queue busy.
 const BUSY_RETRIES: u32 = 150;
 /// Wait between those retries (so at most 3 s in all).
@@ -207,9 +240,11 @@ pub(crate) struct Xsk {
     comp: Ring<u64>,
     rx: Ring<libc::xdp_desc>,
     tx: Ring<libc::xdp_desc>,
-    umem: Mapping,
+    umem: Arc<Umem>,
     frame_size: usize,
     mode: BindMode,
+    /// Bound with `XDP_USE_SG`: a packet may span several descriptors (`XDP_PKT_CONTD`).
+    multi_buffer: bool,
     fd: OwnedFd,
 }
 
@@ -229,7 +264,8 @@ fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, v: &T) -> 
 impl Xsk {
     /// socket(AF_XDP), a UMEM of `frames` frames of `frame_size` bytes, rings of `ring_size`
     /// entries (a power of two), bound to `queue` of interface `ifindex` with
-    /// `XDP_USE_NEED_WAKEUP`, zero-copy when the driver has it (and `zero_copy`), else copy.
+    /// `XDP_USE_NEED_WAKEUP`, zero-copy when the driver has it (and `zero_copy`), else copy, and
+    /// multi-buffer (`XDP_USE_SG`, Linux >= 6.6) where the kernel and driver take it.
     /// `what` names the failed step.
     pub(crate) fn open(
         ifindex: u32,
@@ -247,15 +283,18 @@ impl Xsk {
         // SAFETY: raw is a fresh descriptor nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let len = frames * frame_size;
-        let umem = Mapping::map(
-            len,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-            -1,
-            0,
-        )
-        .map_err(|e| ("mmap of the UMEM", e))?;
+        let umem = Arc::new(Umem {
+            map: Mapping::map(
+                len,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+            .map_err(|e| ("mmap of the UMEM", e))?,
+            chunk: frame_size,
+        });
         let reg = libc::xdp_umem_reg {
-            addr: umem.ptr.as_ptr() as u64,
+            addr: umem.base().as_ptr() as u64,
             len: len as u64,
             chunk_size: frame_size as u32,
             headroom: 0,
@@ -325,19 +364,46 @@ impl Xsk {
         // A socket closed just before (the previous run on this queue) leaves the queue busy
         // until the kernel's deferred teardown of its buffer pool ran: EBUSY is retried for up to
         // BUSY_RETRIES x BUSY_RETRY_WAIT, then reported.
+        // Binds are tried from the most capable down: zero-copy (if asked) before copy,
+        // multi-buffer before single-buffer (EINVAL before Linux 6.6, EOPNOTSUPP for a
+        // zero-copy driver without it).
+        let mut attempts = Vec::with_capacity(4);
+        if zero_copy {
+            attempts.push((libc::XDP_ZEROCOPY, true));
+            attempts.push((libc::XDP_ZEROCOPY, false));
+        }
+        attempts.push((libc::XDP_COPY, true));
+        attempts.push((libc::XDP_COPY, false));
         let mut tries = 0;
-        let mode = loop {
-            if zero_copy && bind(libc::XDP_ZEROCOPY).is_ok() {
-                break BindMode::ZeroCopy;
-            }
-            match bind(libc::XDP_COPY) {
-                Ok(()) => break BindMode::Copy,
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < BUSY_RETRIES => {
-                    tries += 1;
-                    std::thread::sleep(BUSY_RETRY_WAIT);
+        let (mode, multi_buffer) = 'bound: loop {
+            let mut busy = false;
+            let mut last = None;
+            for &(copy_flag, sg) in &attempts {
+                let flags = copy_flag | if sg { libc::XDP_USE_SG } else { 0 };
+                match bind(flags) {
+                    Ok(()) => {
+                        let mode = if copy_flag == libc::XDP_ZEROCOPY {
+                            BindMode::ZeroCopy
+                        } else {
+                            BindMode::Copy
+                        };
+                        break 'bound (mode, sg);
+                    }
+                    Err(e) => {
+                        busy |= e.raw_os_error() == Some(libc::EBUSY);
+                        last = Some(e);
+                    }
                 }
-                Err(e) => return Err(("bind", e)),
             }
+            if busy && tries < BUSY_RETRIES {
+                tries += 1;
+                std::thread::sleep(BUSY_RETRY_WAIT);
+                continue;
+            }
+            return Err((
+                "bind",
+                last.unwrap_or_else(|| io::Error::other("no bind mode")),
+            ));
         };
         Ok(Xsk {
             fill,
@@ -347,8 +413,20 @@ impl Xsk {
             umem,
             frame_size,
             mode,
+            multi_buffer,
             fd,
         })
+    }
+
+    /// Whether the socket was bound with `XDP_USE_SG` (a TX packet may be a chain of
+    /// descriptors, each but the last with `XDP_PKT_CONTD`).
+    pub(crate) fn multi_buffer(&self) -> bool {
+        self.multi_buffer
+    }
+
+    /// The UMEM, shared.
+    pub(crate) fn umem(&self) -> &Arc<Umem> {
+        &self.umem
     }
 
     /// How the socket was bound.
@@ -361,24 +439,29 @@ impl Xsk {
         let (start, end) = self.bounds(addr, len)?;
         // SAFETY: [start, end) is inside the UMEM mapping; the frame is owned by user space (it
         // came from the RX ring and is not on the fill ring), so the kernel does not write it.
-        Some(unsafe { std::slice::from_raw_parts(self.umem.ptr.as_ptr().add(start), end - start) })
+        Some(unsafe {
+            std::slice::from_raw_parts(self.umem.base().as_ptr().add(start), end - start)
+        })
     }
 
-    /// Frame `addr`, writable, whole (`frame_size` bytes); `None` outside the UMEM.
-    pub(crate) fn frame_mut(&mut self, addr: u64) -> Option<&mut [u8]> {
-        let (start, end) = self.bounds(addr, self.frame_size)?;
-        // SAFETY: inside the mapping; the frame is owned by user space (free list: not on the
-        // fill or TX ring), and `&mut self` makes this the only reference.
-        Some(unsafe {
-            std::slice::from_raw_parts_mut(self.umem.ptr.as_ptr().add(start), end - start)
-        })
+    /// `len` bytes from UMEM address `addr`, writable, across chunks; `None` outside the UMEM.
+    /// For a transmit slot of several chunks, owned by user space (free list).
+    pub(crate) fn region_mut(&mut self, addr: u64, len: usize) -> Option<&mut [u8]> {
+        let start = usize::try_from(addr).ok()?;
+        let end = start.checked_add(len)?;
+        if end > self.umem.len() {
+            return None;
+        }
+        // SAFETY: inside the mapping; the slot's chunks are owned by user space (not on the fill
+        // or TX ring), and `&mut self` makes this the only reference.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.umem.base().as_ptr().add(start), len) })
     }
 
     fn bounds(&self, addr: u64, len: usize) -> Option<(usize, usize)> {
         let start = usize::try_from(addr).ok()?;
         let end = start.checked_add(len)?;
         let frame_end = (start / self.frame_size + 1) * self.frame_size;
-        (end <= self.umem.len && end <= frame_end).then_some((start, end))
+        (end <= self.umem.len() && end <= frame_end).then_some((start, end))
     }
 
     /// Free slots of the fill ring.
@@ -399,10 +482,11 @@ impl Xsk {
         self.rx.available()
     }
 
-    /// Received frame `i` of those [`Xsk::rx_available`] counted: (UMEM address, length).
-    pub(crate) fn rx_peek(&self, i: u32) -> (u64, u32) {
+    /// Received frame `i` of those [`Xsk::rx_available`] counted: (UMEM address, length,
+    /// whether the packet continues in the next descriptor: `XDP_PKT_CONTD`).
+    pub(crate) fn rx_peek(&self, i: u32) -> (u64, u32, bool) {
         let d = self.rx.peek(i);
-        (d.addr, d.len)
+        (d.addr, d.len, d.options & libc::XDP_PKT_CONTD != 0)
     }
 
     /// Releases `n` RX entries (their frames now belong to the caller).
@@ -415,13 +499,19 @@ impl Xsk {
         self.tx.free()
     }
 
-    /// Queues a frame for sending (the caller checked [`Xsk::tx_free`]); [`Xsk::tx_publish`]
-    /// hands it over.
-    pub(crate) fn tx_push(&mut self, addr: u64, len: u32) {
+    /// Descriptors on the TX ring the kernel has not taken yet.
+    pub(crate) fn tx_pending(&mut self) -> u32 {
+        self.tx.size - self.tx.free()
+    }
+
+    /// Queues a descriptor for sending (the caller checked [`Xsk::tx_free`]); `more`: the packet
+    /// continues in the next one (`XDP_PKT_CONTD`, multi-buffer sockets only).
+    /// [`Xsk::tx_publish`] hands them over.
+    pub(crate) fn tx_push(&mut self, addr: u64, len: u32, more: bool) {
         self.tx.push(libc::xdp_desc {
             addr,
             len,
-            options: 0,
+            options: if more { libc::XDP_PKT_CONTD } else { 0 },
         });
     }
 

@@ -1,0 +1,135 @@
+"""Import of DLPack exporters (``__dlpack__`` / ``__dlpack_device__``, the Python array API's
+interchange; layout from dlpack.h v1.0, include/dlpack/dlpack.h in dmlc/dlpack) as a byte
+``memoryview`` of their memory, without numpy (whose ``from_dlpack`` returns read-only arrays).
+
+* The versioned form (``__dlpack__(max_version=(1, 0))``, capsule ``"dltensor_versioned"``,
+  ``DLManagedTensorVersioned``) is asked for first: its ``flags`` say whether the memory is
+  read-only (``DLPACK_FLAG_BITMASK_READ_ONLY``). Exporters without it (torch 2.7) give the legacy
+  ``"dltensor"`` capsule (``DLManagedTensor``), which says nothing about writability: such memory
+  is taken as read-only (an input), as numpy does.
+* The capsule is renamed ``used_dltensor[_versioned]`` once consumed (the protocol's rule), and
+  the producer's ``deleter`` runs when the returned view's memory is no longer referenced.
+* Only CPU memory (``kDLCPU``), one lane, C-contiguous (strides NULL or row-major) is accepted.
+"""
+
+import ctypes
+
+KDL_CPU = 1
+_READ_ONLY = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
+# (DLDataTypeCode, bits) -> the element type's name: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4.
+_DTYPES = {(0, 8): "int8", (1, 8): "uint8", (0, 32): "int32", (1, 32): "uint32",
+           (0, 64): "int64", (1, 64): "uint64", (2, 16): "float16", (2, 32): "float32",
+           (2, 64): "float64", (4, 16): "bfloat16"}
+
+
+class _Device(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _Device), ("ndim", ctypes.c_int32),
+                ("dtype", _DataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _Managed(ctypes.Structure):
+    pass
+
+
+_Managed._fields_ = [("dl_tensor", _Tensor), ("manager_ctx", ctypes.c_void_p),
+                     ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(_Managed)))]
+
+
+class _Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _ManagedVersioned(ctypes.Structure):
+    pass
+
+
+_ManagedVersioned._fields_ = [
+    ("version", _Version), ("manager_ctx", ctypes.c_void_p),
+    ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(_ManagedVersioned))),
+    ("flags", ctypes.c_uint64), ("dl_tensor", _Tensor)]
+
+_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_get_pointer.restype = ctypes.c_void_p
+_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_is_valid = ctypes.pythonapi.PyCapsule_IsValid
+_is_valid.restype = ctypes.c_int
+_is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_set_name = ctypes.pythonapi.PyCapsule_SetName
+_set_name.restype = ctypes.c_int
+_set_name.argtypes = [ctypes.py_object, ctypes.c_char_p]
+# The names must outlive the capsules that point at them.
+_USED = b"used_dltensor"
+_USED_VERSIONED = b"used_dltensor_versioned"
+
+
+class _Owner:
+    """Runs the producer's deleter once, when the last view of the memory goes."""
+
+    def __init__(self, managed):
+        self._managed = managed
+
+    def __del__(self):
+        m, self._managed = self._managed, None
+        if m is not None and m.contents.deleter:
+            m.contents.deleter(m)
+
+
+def view(x):
+    """``(memoryview of bytes, element type name, read_only)`` of DLPack exporter ``x``'s memory.
+
+    Raises ``ValueError`` (a non-CPU device is reported by the caller first, from
+    ``__dlpack_device__``) for a capsule of an unknown kind, several lanes, an element type
+    outside ``_DTYPES``, or a layout that is not C-contiguous.
+    """
+    try:
+        cap = x.__dlpack__(max_version=(1, 0))
+    except TypeError:  # a producer older than DLPack 1.0's keyword arguments
+        cap = x.__dlpack__()
+    if _is_valid(cap, b"dltensor_versioned"):
+        ptr = _get_pointer(cap, b"dltensor_versioned")
+        managed = ctypes.cast(ptr, ctypes.POINTER(_ManagedVersioned))
+        _set_name(cap, _USED_VERSIONED)
+        read_only = bool(managed.contents.flags & _READ_ONLY)
+    elif _is_valid(cap, b"dltensor"):
+        ptr = _get_pointer(cap, b"dltensor")
+        managed = ctypes.cast(ptr, ctypes.POINTER(_Managed))
+        _set_name(cap, _USED)
+        read_only = True  # DLPack < 1.0 says nothing about it
+    else:
+        raise ValueError(f"{type(x).__name__}.__dlpack__ returned no DLPack capsule")
+    owner = _Owner(managed)
+    t = managed.contents.dl_tensor
+    if t.device.device_type != KDL_CPU:
+        raise ValueError(f"DLPack device type {t.device.device_type}: not CPU memory")
+    name = _DTYPES.get((t.dtype.code, t.dtype.bits))
+    if t.dtype.lanes != 1 or name is None:
+        raise ValueError(f"DLPack data type (code {t.dtype.code}, {t.dtype.bits} bits, "
+                         f"{t.dtype.lanes} lanes) is not supported")
+    if t.ndim < 0:
+        raise ValueError(f"DLPack ndim {t.ndim}")
+    shape = [t.shape[i] for i in range(t.ndim)]
+    if any(s < 0 for s in shape):
+        raise ValueError(f"DLPack shape {shape}")
+    numel = 1
+    for s in shape:
+        numel *= s
+    if t.strides and numel > 1:
+        expect = 1
+        for i in reversed(range(t.ndim)):
+            if shape[i] != 1 and t.strides[i] != expect:
+                raise ValueError(f"DLPack tensor of shape {shape} is not C-contiguous")
+            expect *= shape[i]
+    nbytes = numel * t.dtype.bits // 8
+    buf = (ctypes.c_char * nbytes).from_address((t.data or 0) + t.byte_offset) if nbytes else \
+        (ctypes.c_char * 0)()
+    buf.owner = owner  # the producer's memory lives as long as any view of it
+    return memoryview(buf).cast("B"), name, read_only

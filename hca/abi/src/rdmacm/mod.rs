@@ -1,0 +1,1813 @@
+//! RDMA CM for the drop-in `librdmacm.so.1`: rdma-core's `rdma_*` calls (`<rdma/rdma_cma.h>`,
+//! librdmacm(7)) over [`hca::rdma_cm::RdmaCm`], living in this library so that the CM IDs use the
+//! contexts, PDs and QPs of this `libibverbs.so.1` (one copy of the device state per process).
+//!
+//! `librdmacm.so` (crate `rdmacm-abi`) exports rdma-core 44's symbols (`RDMACM_1.0` ...
+//! `RDMACM_1.3`), each forwarding to the function of the same name with the `softrdmacm_`
+//! prefix here, exported in the private version node `IBVERBS_PRIVATE_RDMACM`.
+//!
+//! * **Devices**: the first call opens every device of the list (as librdmacm does) and keeps
+//!   one CM per device; an ID gets its device (`id->verbs`) from `rdma_bind_addr` of a
+//!   specific address or from `rdma_resolve_addr`; a wildcard listener listens on every device.
+//! * **Driver**: each device's CM is a [`CmService`] (its thread woken by QP1's MADs and the CM's
+//!   timers); one more thread per process sleeps in poll(2) on the services' event descriptors
+//!   and moves their events to the IDs' channels (so do the calls, for the events they cause).
+//! * **Event channels**: `struct rdma_event_channel`'s `fd` is an eventfd in semaphore mode
+//!   (eventfd(2)): readable while events are queued, so poll(2) / epoll work on it, and a channel
+//!   the program made non-blocking (`fcntl(O_NONBLOCK)`) makes `rdma_get_cm_event` fail with
+//!   `EAGAIN`, as rdma-core's does.
+//! * **Synchronous IDs** (`rdma_create_id` with a null channel, `rdma_create_ep`): each gets its
+//!   own channel and each call waits for its event, as in rdma-core (`ucma_complete`).
+//! * **QPs**: `rdma_create_qp` / `rdma_create_qp_ex` make QPs of this library and move them to
+//!   INIT (RC) or RTS (UD), as rdma-core does; the IB CM moves a connection's QP to RTR / RTS
+//!   itself (REP / RTU), so `rdma_connect` and `rdma_accept` report `ESTABLISHED` without the
+//!   program calling `rdma_establish` (which returns 0).
+//! * **Refused**, with rdma-core's `-1` and errno: UD over RDMA CM (`RDMA_PS_UDP`, SIDR) and
+//!   `RDMA_PS_IB` (`EOPNOTSUPP`), multicast and ECE (`EOPNOTSUPP`), `rdma_create_srq_ex`
+//!   (`EOPNOTSUPP`), `rdma_init_qp_attr` for RTR / RTS of a QP the CM has not connected
+//!   (`EINVAL`); rsockets (`rsocket`, `rsend`, ...) fail with `ENOSYS`, except `rpoll` /
+//!   `rselect` which, as every descriptor is a plain one, are poll(2) / select(2).
+// The constants keep rdma_cma.h's names, as bindgen writes them.
+#![allow(non_upper_case_globals)]
+
+#[allow(
+    non_camel_case_types,
+    non_snake_case,
+    dead_code,
+    missing_docs,
+    clippy::all,
+    unsafe_op_in_unsafe_fn
+)]
+mod bindings;
+
+use core::ffi::{c_char, c_int, c_void, CStr};
+use core::mem::{size_of, zeroed};
+use core::ptr::{self, null_mut};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use hca::ibverbs::ffi::*;
+use hca::rdma_cm::{CmService, RdmaCmEvent, RdmaCmEventType, RdmaId};
+use hca::verbs::gid::GidType;
+use hca::verbs::Verbs;
+
+use self::bindings::*;
+use crate::ffi::{inner, lock, set_errno};
+
+/// Longest sleep of the thread that moves events to channels: it wakes at once for an event; this
+/// only bounds how long a lost wake-up could delay one.
+pub const DISPATCH_POLL: Duration = Duration::from_millis(1000);
+
+/// `RDMA_OPTION_ID_TOS` ... `RDMA_OPTION_ID_ACK_TIMEOUT` (rdma_cma.h): accepted; the software
+/// HCA has one traffic class and the IB CM's own timeouts.
+const OPTION_ID_KNOWN: [c_int; 4] = [0, 1, 2, 3];
+
+/// `IBV_QPT_RC` (verbs.h).
+const QPT_RC: u32 = 2;
+
+/// One device: its context (opened by this library), default PD and CM.
+struct Dev {
+    ctx: *mut ibv_context,
+    /// The PD of QPs made without one (`rdma_create_ep`, `rdma_create_qp` with a null PD),
+    /// allocated on first use.
+    pd: *mut ibv_pd,
+    svc: Arc<CmService>,
+    ips: Vec<IpAddr>,
+}
+
+/// The library's state of one `struct rdma_cm_id`.
+#[derive(Default)]
+struct IdRec {
+    /// The device index (`id->verbs`), once bound or resolved.
+    dev: Option<usize>,
+    /// The CM IDs on the devices: one, or one per device for a wildcard listener.
+    rids: Vec<(usize, RdmaId)>,
+    /// Made with a null channel: the calls wait for their events on `own_channel`.
+    sync: bool,
+    /// `rdma_bind_addr`'s address.
+    bound: Option<SocketAddr>,
+    /// `rdma_create_ep`'s QP attributes of a passive endpoint, for `rdma_get_request`'s ID.
+    ep_qp_attr: Option<ibv_qp_init_attr>,
+    /// The ID made the default CQs (`ucma_create_cqs`): destroyed with its QP.
+    own_cqs: bool,
+}
+
+struct Global {
+    devs: Vec<Dev>,
+    /// `struct rdma_cm_id` address -> its state.
+    ids: HashMap<usize, IdRec>,
+    /// (device, CM ID) -> `struct rdma_cm_id` address.
+    by_rid: HashMap<(usize, RdmaId), usize>,
+}
+
+// SAFETY: the raw pointers are of objects this library made and frees under this lock.
+unsafe impl Send for Global {}
+
+/// A channel: `struct rdma_event_channel` first (the pointer handed out), then its queue.
+#[repr(C)]
+struct Channel {
+    ch: rdma_event_channel,
+    efd: OwnedFd,
+    queue: Mutex<VecDeque<usize>>,
+}
+
+/// An event: `struct rdma_cm_event` first, then the private data it points to.
+#[repr(C)]
+struct EventBox {
+    ev: rdma_cm_event,
+    data: Vec<u8>,
+}
+
+fn global() -> &'static Mutex<Global> {
+    static G: OnceLock<Mutex<Global>> = OnceLock::new();
+    G.get_or_init(|| {
+        let g = Mutex::new(Global {
+            devs: open_devices(),
+            ids: HashMap::new(),
+            by_rid: HashMap::new(),
+        });
+        let services: Vec<Arc<CmService>> = lock(&g).devs.iter().map(|d| d.svc.clone()).collect();
+        if !services.is_empty() {
+            let _ = std::thread::Builder::new()
+                .name("rdmacm-events".into())
+                .spawn(move || dispatch(&services));
+        }
+        g
+    })
+}
+
+/// Opens every device of the list; those that fail to open are left out.
+fn open_devices() -> Vec<Dev> {
+    let mut n: c_int = 0;
+    let list = crate::ffi::ibv_get_device_list(&mut n);
+    let mut devs = Vec::new();
+    if list.is_null() {
+        return devs;
+    }
+    for i in 0..n.max(0) as usize {
+        // SAFETY: the list has n entries.
+        let ctx = unsafe { crate::ffi::ibv_open_device(*list.add(i)) };
+        if ctx.is_null() {
+            continue;
+        }
+        // SAFETY: opened just now by this library.
+        let verbs = unsafe { inner(ctx) }.verbs.clone();
+        let ips = local_ips(verbs.as_ref());
+        // A device whose QP1 is not ours (a libibverbs device) has no CM here.
+        let Ok(svc) = CmService::start(verbs, hca::cm::CmConfig::default()) else {
+            continue;
+        };
+        devs.push(Dev {
+            ctx,
+            pd: null_mut(),
+            svc: Arc::new(svc),
+            ips,
+        });
+    }
+    // SAFETY: from ibv_get_device_list.
+    unsafe { crate::ffi::ibv_free_device_list(list) };
+    devs
+}
+
+fn local_ips(v: &dyn Verbs) -> Vec<IpAddr> {
+    let len = v.query_port().gid_tbl_len.min(256);
+    (0..len)
+        .filter_map(|i| v.query_gid(i).ok())
+        .filter(|e| e.gid_type == GidType::RoceV2 && !e.gid.is_zero())
+        .map(|e| e.gid.to_ip())
+        .collect()
+}
+
+/// The event thread: sleeps in poll(2) on every service's event descriptor (readable while it
+/// has events) and moves the events to their channels.
+fn dispatch(services: &[Arc<CmService>]) {
+    loop {
+        let mut fds: Vec<libc::pollfd> = services
+            .iter()
+            .map(|s| libc::pollfd {
+                fd: s.event_fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `fds` is a live array of its length.
+        unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                DISPATCH_POLL.as_millis() as c_int,
+            )
+        };
+        let mut g = lock(global());
+        for d in 0..g.devs.len() {
+            deliver(&mut g, d);
+        }
+    }
+}
+
+fn to_sockaddr(a: SocketAddr, out: &mut sockaddr_storage) -> socklen_t {
+    // SAFETY: sockaddr_storage holds either; all-zero is a valid value of each.
+    unsafe {
+        *out = zeroed();
+        match a {
+            SocketAddr::V4(v4) => {
+                let s = &mut *(out as *mut sockaddr_storage).cast::<libc::sockaddr_in>();
+                s.sin_family = libc::AF_INET as u16;
+                s.sin_port = v4.port().to_be();
+                s.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+                size_of::<libc::sockaddr_in>() as socklen_t
+            }
+            SocketAddr::V6(v6) => {
+                let s = &mut *(out as *mut sockaddr_storage).cast::<libc::sockaddr_in6>();
+                s.sin6_family = libc::AF_INET6 as u16;
+                s.sin6_port = v6.port().to_be();
+                s.sin6_addr.s6_addr = v6.ip().octets();
+                s.sin6_scope_id = v6.scope_id();
+                s.sin6_flowinfo = v6.flowinfo();
+                size_of::<libc::sockaddr_in6>() as socklen_t
+            }
+        }
+    }
+}
+
+/// The address at `sa` (AF_INET / AF_INET6), `None` for null or another family.
+///
+/// # Safety
+/// `sa` is null or a `struct sockaddr` of its family's size.
+unsafe fn from_sockaddr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's promise.
+    unsafe {
+        match i32::from((*sa).sa_family) {
+            libc::AF_INET => {
+                let s = &*sa.cast::<libc::sockaddr_in>();
+                Some(SocketAddr::V4(SocketAddrV4::new(
+                    Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr)),
+                    u16::from_be(s.sin_port),
+                )))
+            }
+            libc::AF_INET6 => {
+                let s = &*sa.cast::<libc::sockaddr_in6>();
+                let ip = Ipv6Addr::from(s.sin6_addr.s6_addr);
+                let port = u16::from_be(s.sin6_port);
+                // An IPv4-mapped address is IPv4 on RoCEv2 (IBTA Annex A17.4.1).
+                Some(match ip.to_ipv4_mapped() {
+                    Some(v4) => SocketAddr::V4(SocketAddrV4::new(v4, port)),
+                    None => SocketAddr::V6(SocketAddrV6::new(
+                        ip,
+                        port,
+                        s.sin6_flowinfo,
+                        s.sin6_scope_id,
+                    )),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Writes `src` / `dst` and their GIDs into `id->route.addr`.
+///
+/// # Safety
+/// `id` is a live ID of this library.
+unsafe fn set_route(id: *mut rdma_cm_id, src: Option<SocketAddr>, dst: Option<SocketAddr>) {
+    // SAFETY: the caller's promise; the unions are plain bytes.
+    unsafe {
+        let a = &mut (*id).route.addr;
+        let ib = a.addr.ibaddr.as_mut();
+        if let Some(s) = src {
+            to_sockaddr(s, &mut a.__bindgen_anon_1.src_storage);
+            ib.sgid.raw = *hca::verbs::gid::Gid::from(s.ip()).as_bytes();
+        }
+        if let Some(d) = dst {
+            to_sockaddr(d, &mut a.__bindgen_anon_2.dst_storage);
+            ib.dgid.raw = *hca::verbs::gid::Gid::from(d.ip()).as_bytes();
+        }
+        ib.pkey = 0xffff_u16.to_be();
+    }
+}
+
+fn new_channel() -> Option<*mut Channel> {
+    // SAFETY: plain eventfd(2).
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: just made, owned here.
+    let efd = unsafe { OwnedFd::from_raw_fd(fd) };
+    Some(Box::into_raw(Box::new(Channel {
+        ch: rdma_event_channel { fd },
+        efd,
+        queue: Mutex::new(VecDeque::new()),
+    })))
+}
+
+/// Queues `ev` on `ch` and makes its descriptor readable once more.
+///
+/// # Safety
+/// `ch` is a live channel of this library.
+unsafe fn post(ch: *mut rdma_event_channel, ev: Box<EventBox>) {
+    // SAFETY: the caller's promise; the Channel starts with its rdma_event_channel.
+    let c = unsafe { &*ch.cast::<Channel>() };
+    lock(&c.queue).push_back(Box::into_raw(ev) as usize);
+    let one: u64 = 1;
+    // SAFETY: an 8-byte write to our eventfd.
+    unsafe { libc::write(c.efd.as_raw_fd(), ptr::from_ref(&one).cast(), 8) };
+}
+
+fn event_type(e: RdmaCmEventType) -> rdma_cm_event_type {
+    e as u32
+}
+
+/// Turns the CM events of device `d` into `struct rdma_cm_event`s on their IDs' channels.
+fn deliver(g: &mut Global, d: usize) {
+    while let Some(e) = g.devs[d].svc.get_event(Duration::ZERO) {
+        deliver_one(g, d, e);
+    }
+}
+
+fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
+    let RdmaCmEvent {
+        id: rid,
+        listen_id,
+        event,
+        status,
+        private_data,
+    } = e;
+    let (id, listen) = match listen_id {
+        Some(l) => {
+            let Some(&lid) = g.by_rid.get(&(d, l)) else {
+                g.devs[d].svc.destroy_id(rid);
+                return;
+            };
+            // A new ID for the connection request, on the listener's channel.
+            // It is not synchronous yet: it shares the listener's channel until
+            // rdma_get_request moves it to one of its own.
+            let ep_qp_attr = g.ids.get(&lid).and_then(|r| r.ep_qp_attr);
+            // SAFETY: a live listener of this library (in `ids`).
+            let lp = unsafe { &*(lid as *const rdma_cm_id) };
+            // SAFETY: all-zero is a valid rdma_cm_id (null pointers, zero numbers).
+            let mut new: Box<rdma_cm_id> = Box::new(unsafe { zeroed() });
+            new.verbs = g.devs[d].ctx;
+            new.channel = lp.channel;
+            new.context = lp.context;
+            new.ps = lp.ps;
+            new.port_num = 1;
+            new.qp_type = lp.qp_type;
+            let np = Box::into_raw(new);
+            let (local, remote) = g.devs[d].svc.addresses(rid).unwrap_or((None, None));
+            // SAFETY: just made.
+            unsafe { set_route(np, local, remote) };
+            g.ids.insert(
+                np as usize,
+                IdRec {
+                    dev: Some(d),
+                    rids: vec![(d, rid)],
+                    ep_qp_attr,
+                    ..IdRec::default()
+                },
+            );
+            g.by_rid.insert((d, rid), np as usize);
+            (np as usize, lid)
+        }
+        None => match g.by_rid.get(&(d, rid)) {
+            Some(&id) => (id, 0),
+            None => return,
+        },
+    };
+    let idp = id as *mut rdma_cm_id;
+    // SAFETY: all-zero is a valid rdma_cm_event.
+    let mut ev = Box::new(EventBox {
+        ev: unsafe { zeroed() },
+        data: private_data,
+    });
+    ev.ev.id = idp;
+    ev.ev.listen_id = listen as *mut rdma_cm_id;
+    ev.ev.event = event_type(event);
+    ev.ev.status = status;
+    // SAFETY: the conn member of the param union, plain data.
+    unsafe {
+        let conn = ev.ev.param.conn.as_mut();
+        conn.private_data = if ev.data.is_empty() {
+            ptr::null()
+        } else {
+            ev.data.as_ptr().cast()
+        };
+        conn.private_data_len = ev.data.len().min(255) as u8;
+        conn.responder_resources = 4;
+        conn.initiator_depth = 4;
+        conn.retry_count = 7;
+        conn.rnr_retry_count = 7;
+    }
+    // SAFETY: a live ID of this library; its channel is live while it is.
+    unsafe {
+        let ch = (*idp).channel;
+        if !ch.is_null() {
+            post(ch, ev);
+        }
+    }
+}
+
+/// Runs `f` on device `d`'s CM service, then delivers the events it caused.
+fn on_dev<R>(g: &mut Global, d: usize, f: impl FnOnce(&CmService) -> R) -> R {
+    let svc = g.devs[d].svc.clone();
+    let r = f(&svc);
+    deliver(g, d);
+    r
+}
+
+fn fail<T>(errno: c_int, value: T) -> T {
+    set_errno(errno);
+    value
+}
+
+fn rc(r: Result<(), c_int>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => fail(e, -1),
+    }
+}
+
+fn errno_of_cm(e: &hca::rdma_cm::RdmaCmError) -> c_int {
+    use hca::rdma_cm::RdmaCmError as E;
+    match e {
+        E::BadState => libc::EINVAL,
+        E::PrivateDataTooLong => libc::EINVAL,
+        E::InUse => libc::EADDRINUSE,
+        E::Cm(hca::cm::CmError::TooMany) => libc::ENOMEM,
+        E::Cm(hca::cm::CmError::NoSuchAddress) => libc::EADDRNOTAVAIL,
+        E::Cm(_) => libc::EINVAL,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Event channels and events.
+
+/// rdma_create_event_channel(3): a channel on a pollable descriptor; null with errno on failure.
+#[no_mangle]
+pub extern "C" fn softrdmacm_create_event_channel() -> *mut rdma_event_channel {
+    let _ = global();
+    match new_channel() {
+        Some(c) => c.cast(),
+        None => fail(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EMFILE),
+            null_mut(),
+        ),
+    }
+}
+symver!(softrdmacm_create_event_channel, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_destroy_event_channel(3): frees the channel and its unacknowledged events.
+///
+/// # Safety
+/// `channel` is from [`softrdmacm_create_event_channel`], with no ID left on it.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_destroy_event_channel(channel: *mut rdma_event_channel) {
+    if channel.is_null() {
+        return;
+    }
+    // SAFETY: the caller's promise.
+    let c = unsafe { Box::from_raw(channel.cast::<Channel>()) };
+    for e in lock(&c.queue).drain(..) {
+        // SAFETY: queued by `post`, never handed out.
+        drop(unsafe { Box::from_raw(e as *mut EventBox) });
+    }
+}
+symver!(softrdmacm_destroy_event_channel, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_get_cm_event(3): the next event of `channel`, waiting for one unless the descriptor is
+/// non-blocking (then `EAGAIN`).
+///
+/// # Safety
+/// `channel` is a live channel; `event` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_get_cm_event(
+    channel: *mut rdma_event_channel,
+    event: *mut *mut rdma_cm_event,
+) -> c_int {
+    if channel.is_null() || event.is_null() {
+        return fail(libc::EINVAL, -1);
+    }
+    // SAFETY: the caller's promise.
+    let c = unsafe { &*channel.cast::<Channel>() };
+    loop {
+        let mut v: u64 = 0;
+        // SAFETY: an 8-byte read from our eventfd (semaphore mode: takes one event).
+        let n = unsafe { libc::read(c.efd.as_raw_fd(), ptr::from_mut(&mut v).cast(), 8) };
+        if n == 8 {
+            break;
+        }
+        let err = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
+        if err != libc::EINTR {
+            return fail(err, -1);
+        }
+    }
+    match lock(&c.queue).pop_front() {
+        Some(e) => {
+            // SAFETY: the caller's out parameter; the event is the EventBox's first field.
+            unsafe { *event = e as *mut rdma_cm_event };
+            0
+        }
+        None => fail(libc::EAGAIN, -1),
+    }
+}
+symver!(softrdmacm_get_cm_event, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_ack_cm_event(3): frees the event.
+///
+/// # Safety
+/// `event` is from [`softrdmacm_get_cm_event`], acknowledged once.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
+    if event.is_null() {
+        return fail(libc::EINVAL, -1);
+    }
+    // SAFETY: the caller's promise.
+    drop(unsafe { Box::from_raw(event.cast::<EventBox>()) });
+    0
+}
+symver!(softrdmacm_ack_cm_event, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_event_str(3): the event's name (`RDMA_CM_EVENT_...`), or "UNKNOWN EVENT".
+#[no_mangle]
+pub extern "C" fn softrdmacm_event_str(event: rdma_cm_event_type) -> *const c_char {
+    let s: &'static CStr = match event {
+        0 => c"RDMA_CM_EVENT_ADDR_RESOLVED",
+        1 => c"RDMA_CM_EVENT_ADDR_ERROR",
+        2 => c"RDMA_CM_EVENT_ROUTE_RESOLVED",
+        3 => c"RDMA_CM_EVENT_ROUTE_ERROR",
+        4 => c"RDMA_CM_EVENT_CONNECT_REQUEST",
+        5 => c"RDMA_CM_EVENT_CONNECT_RESPONSE",
+        6 => c"RDMA_CM_EVENT_CONNECT_ERROR",
+        7 => c"RDMA_CM_EVENT_UNREACHABLE",
+        8 => c"RDMA_CM_EVENT_REJECTED",
+        9 => c"RDMA_CM_EVENT_ESTABLISHED",
+        10 => c"RDMA_CM_EVENT_DISCONNECTED",
+        11 => c"RDMA_CM_EVENT_DEVICE_REMOVAL",
+        12 => c"RDMA_CM_EVENT_MULTICAST_JOIN",
+        13 => c"RDMA_CM_EVENT_MULTICAST_ERROR",
+        14 => c"RDMA_CM_EVENT_ADDR_CHANGE",
+        15 => c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
+        _ => c"UNKNOWN EVENT",
+    };
+    s.as_ptr()
+}
+symver!(softrdmacm_event_str, "IBVERBS_PRIVATE_RDMACM");
+
+/// Waits on a synchronous ID's channel for its next event: 0 when it is `want` with status 0,
+/// else -1 with errno (`ECONNREFUSED` for `REJECTED`, `ETIMEDOUT` for `UNREACHABLE`, the
+/// negated status otherwise), as rdma-core's `ucma_complete`.
+///
+/// # Safety
+/// `id` is a live synchronous ID.
+unsafe fn complete(id: *mut rdma_cm_id, want: rdma_cm_event_type) -> c_int {
+    let mut ev: *mut rdma_cm_event = null_mut();
+    // SAFETY: a synchronous ID's own channel.
+    if unsafe { softrdmacm_get_cm_event((*id).channel, &mut ev) } != 0 {
+        return -1;
+    }
+    // SAFETY: just got it.
+    let (kind, status) = unsafe { ((*ev).event, (*ev).status) };
+    // SAFETY: ours.
+    unsafe { softrdmacm_ack_cm_event(ev) };
+    if kind == want && status == 0 {
+        return 0;
+    }
+    let errno = match kind {
+        rdma_cm_event_type_RDMA_CM_EVENT_REJECTED => libc::ECONNREFUSED,
+        rdma_cm_event_type_RDMA_CM_EVENT_UNREACHABLE => libc::ETIMEDOUT,
+        _ if status < 0 => -status,
+        _ => libc::EINVAL,
+    };
+    fail(errno, -1)
+}
+
+fn is_sync(id: *mut rdma_cm_id) -> bool {
+    lock(global())
+        .ids
+        .get(&(id as usize))
+        .is_some_and(|r| r.sync)
+}
+
+// ---------------------------------------------------------------------------------------------
+// IDs and addresses.
+
+/// rdma_create_id(3): `RDMA_PS_TCP` (RC) IDs; `RDMA_PS_UDP` and `RDMA_PS_IB` fail with
+/// `EOPNOTSUPP` (no UD over RDMA CM here). A null `channel` makes a synchronous ID.
+///
+/// # Safety
+/// `channel` is null or a live channel; `id` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_create_id(
+    channel: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: rdma_port_space,
+) -> c_int {
+    if id.is_null() {
+        return fail(libc::EINVAL, -1);
+    }
+    if ps != rdma_port_space_RDMA_PS_TCP {
+        return fail(libc::EOPNOTSUPP, -1);
+    }
+    let mut g = lock(global());
+    let (channel, sync) = if channel.is_null() {
+        match new_channel() {
+            Some(c) => (c.cast::<rdma_event_channel>(), true),
+            None => return fail(libc::EMFILE, -1),
+        }
+    } else {
+        (channel, false)
+    };
+    // SAFETY: all-zero is a valid rdma_cm_id.
+    let mut new: Box<rdma_cm_id> = Box::new(unsafe { zeroed() });
+    new.channel = channel;
+    new.context = context;
+    new.ps = ps;
+    new.qp_type = QPT_RC;
+    let p = Box::into_raw(new);
+    g.ids.insert(
+        p as usize,
+        IdRec {
+            sync,
+            ..IdRec::default()
+        },
+    );
+    // SAFETY: the caller's out parameter.
+    unsafe { *id = p };
+    0
+}
+symver!(softrdmacm_create_id, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_destroy_id(3): forgets the ID and frees it (and a synchronous ID's channel); its
+/// unacknowledged events stay valid until acknowledged.
+///
+/// # Safety
+/// `id` is a live ID, its QP destroyed.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_destroy_id(id: *mut rdma_cm_id) -> c_int {
+    let mut g = lock(global());
+    let Some(rec) = g.ids.remove(&(id as usize)) else {
+        return fail(libc::EINVAL, -1);
+    };
+    let mut used = Vec::new();
+    for (d, rid) in rec.rids {
+        g.by_rid.remove(&(d, rid));
+        g.devs[d].svc.destroy_id(rid);
+        used.push(g.devs[d].svc.clone());
+    }
+    drop(g);
+    for svc in used {
+        linger(&svc);
+    }
+    // SAFETY: the caller's promise; made by Box in create_id or deliver_one.
+    let b = unsafe { Box::from_raw(id) };
+    if rec.sync {
+        // SAFETY: the ID's own channel.
+        unsafe { softrdmacm_destroy_event_channel(b.channel) };
+    }
+    0
+}
+symver!(softrdmacm_destroy_id, "IBVERBS_PRIVATE_RDMACM");
+
+/// Longest wait of [`softrdmacm_destroy_id`] for QP1's queued MADs to leave.
+pub const LINGER: Duration = Duration::from_millis(200);
+
+/// Waits, at most [`LINGER`], until the device's QP1 has sent what it queued (a DREP answering
+/// the peer's DREQ, the DREQ of a connection destroyed while established): a program often
+/// exits right after destroying its IDs, and the peer would otherwise resend its DREQ to nobody
+/// for the whole retry budget (15 x 4.3 s), where rxe's kernel CM outlives the process.
+fn linger(svc: &CmService) {
+    let Some(gsi) = svc.device().gsi() else {
+        return;
+    };
+    let start = std::time::Instant::now();
+    loop {
+        let mut pending = 0;
+        gsi.with_gsi(&mut |_, h| pending = h.gsi_sends_pending());
+        if pending == 0 || start.elapsed() >= LINGER {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The device holding `ip`.
+fn dev_of(g: &Global, ip: IpAddr) -> Option<usize> {
+    g.devs.iter().position(|d| d.ips.contains(&ip))
+}
+
+/// rdma_bind_addr(3): a specific address binds the ID to its device (`EADDRNOTAVAIL` when no
+/// device has it); a wildcard one binds the port only.
+///
+/// # Safety
+/// `id` is a live ID; `addr` a sockaddr of its family.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_bind_addr(
+    id: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+) -> c_int {
+    // SAFETY: the caller's promise.
+    let Some(a) = (unsafe { from_sockaddr(addr) }) else {
+        return fail(libc::EAFNOSUPPORT, -1);
+    };
+    let mut g = lock(global());
+    let dev = if a.ip().is_unspecified() {
+        None
+    } else {
+        match dev_of(&g, a.ip()) {
+            Some(d) => Some(d),
+            None => return fail(libc::EADDRNOTAVAIL, -1),
+        }
+    };
+    let ctx = dev.map_or(null_mut(), |d| g.devs[d].ctx);
+    let Some(rec) = g.ids.get_mut(&(id as usize)) else {
+        return fail(libc::EINVAL, -1);
+    };
+    rec.bound = Some(a);
+    rec.dev = dev;
+    // SAFETY: a live ID.
+    unsafe {
+        (*id).verbs = ctx;
+        (*id).port_num = 1;
+        set_route(id, Some(a), None);
+    }
+    0
+}
+symver!(softrdmacm_bind_addr, "IBVERBS_PRIVATE_RDMACM");
+
+/// The CM ID of `id` on device `d`, made on first use.
+fn rid_on(g: &mut Global, id: usize, d: usize) -> Result<RdmaId, c_int> {
+    if let Some(&(_, r)) = g
+        .ids
+        .get(&id)
+        .and_then(|r| r.rids.iter().find(|(x, _)| *x == d))
+    {
+        return Ok(r);
+    }
+    let r = g.devs[d].svc.create_id().map_err(|e| errno_of_cm(&e))?;
+    g.by_rid.insert((d, r), id);
+    if let Some(rec) = g.ids.get_mut(&id) {
+        rec.rids.push((d, r));
+        rec.dev = Some(d);
+    }
+    Ok(r)
+}
+
+/// rdma_resolve_addr(3): picks the device (the bound one, the one holding `src_addr`, or the
+/// first with an address of `dst_addr`'s family) and reports `ADDR_RESOLVED` or `ADDR_ERROR`.
+///
+/// # Safety
+/// `id` is a live ID; `src_addr` null or a sockaddr; `dst_addr` a sockaddr.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_resolve_addr(
+    id: *mut rdma_cm_id,
+    src_addr: *mut libc::sockaddr,
+    dst_addr: *mut libc::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    // SAFETY: the caller's promise.
+    let (src, dst) = unsafe { (from_sockaddr(src_addr), from_sockaddr(dst_addr)) };
+    let Some(dst) = dst else {
+        return fail(libc::EINVAL, -1);
+    };
+    let r = {
+        let mut g = lock(global());
+        resolve_addr(&mut g, id, src, dst)
+    };
+    if r.is_ok() && is_sync(id) {
+        // SAFETY: a live synchronous ID.
+        return unsafe { complete(id, rdma_cm_event_type_RDMA_CM_EVENT_ADDR_RESOLVED) };
+    }
+    rc(r)
+}
+symver!(softrdmacm_resolve_addr, "IBVERBS_PRIVATE_RDMACM");
+
+fn resolve_addr(
+    g: &mut Global,
+    id: *mut rdma_cm_id,
+    src: Option<SocketAddr>,
+    dst: SocketAddr,
+) -> Result<(), c_int> {
+    let rec = g.ids.get(&(id as usize)).ok_or(libc::EINVAL)?;
+    let src = src
+        .filter(|s| !s.ip().is_unspecified())
+        .or(rec.bound.filter(|b| !b.ip().is_unspecified()));
+    let d = match (rec.dev, src) {
+        (Some(d), _) => d,
+        (None, Some(s)) => dev_of(g, s.ip()).ok_or(libc::EADDRNOTAVAIL)?,
+        (None, None) => g
+            .devs
+            .iter()
+            .position(|d| d.ips.iter().any(|ip| ip.is_ipv4() == dst.is_ipv4()))
+            .ok_or(libc::EADDRNOTAVAIL)?,
+    };
+    let rid = rid_on(g, id as usize, d)?;
+    let ctx = g.devs[d].ctx;
+    // SAFETY: a live ID.
+    unsafe {
+        (*id).verbs = ctx;
+        (*id).port_num = 1;
+    }
+    // Event delivery happens after the addresses are in the ID: resolve, then fill, then deliver
+    // (the event thread waits for the lock held here).
+    g.devs[d]
+        .svc
+        .resolve_addr(rid, src.map(|s| s.ip()), dst)
+        .map_err(|e| errno_of_cm(&e))?;
+    let (local, remote) = g.devs[d].svc.addresses(rid).unwrap_or((None, None));
+    // SAFETY: a live ID.
+    unsafe { set_route(id, local, remote) };
+    deliver(g, d);
+    Ok(())
+}
+
+fn only_rid(g: &Global, id: *mut rdma_cm_id) -> Result<(usize, RdmaId), c_int> {
+    g.ids
+        .get(&(id as usize))
+        .and_then(|r| r.rids.first().copied())
+        .ok_or(libc::EINVAL)
+}
+
+/// rdma_resolve_route(3): reports `ROUTE_RESOLVED` (RoCE has no SA path query).
+///
+/// # Safety
+/// `id` is a live ID.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_resolve_route(
+    id: *mut rdma_cm_id,
+    _timeout_ms: c_int,
+) -> c_int {
+    let r = {
+        let mut g = lock(global());
+        only_rid(&g, id).and_then(|(d, rid)| {
+            on_dev(&mut g, d, |svc| svc.resolve_route(rid)).map_err(|e| errno_of_cm(&e))
+        })
+    };
+    if r.is_ok() && is_sync(id) {
+        // SAFETY: a live synchronous ID.
+        return unsafe { complete(id, rdma_cm_event_type_RDMA_CM_EVENT_ROUTE_RESOLVED) };
+    }
+    rc(r)
+}
+symver!(softrdmacm_resolve_route, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_listen(3): listens on the bound address's port (`RDMA_PS_TCP`), on its device, or on
+/// every device for a wildcard address; an unbound port gets an ephemeral one.
+///
+/// # Safety
+/// `id` is a live ID.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
+    let mut g = lock(global());
+    let Some(rec) = g.ids.get(&(id as usize)) else {
+        return fail(libc::EINVAL, -1);
+    };
+    let mut addr = rec
+        .bound
+        .unwrap_or(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
+    if addr.port() == 0 {
+        addr.set_port(
+            0x8000
+                | ({
+                    use hca::verbs::random::RandomSource;
+                    hca::verbs::random::OsRandom.next_u32()
+                } as u16
+                    & 0x7fff),
+        );
+    }
+    let devs: Vec<usize> = match rec.dev {
+        Some(d) => vec![d],
+        None => (0..g.devs.len())
+            .filter(|&d| {
+                g.devs[d]
+                    .ips
+                    .iter()
+                    .any(|ip| ip.is_ipv4() == addr.is_ipv4())
+            })
+            .collect(),
+    };
+    if devs.is_empty() {
+        return fail(libc::EADDRNOTAVAIL, -1);
+    }
+    for d in devs {
+        let r = rid_on(&mut g, id as usize, d)
+            .and_then(|rid| g.devs[d].svc.listen(rid, addr).map_err(|e| errno_of_cm(&e)));
+        if let Err(e) = r {
+            return fail(e, -1);
+        }
+    }
+    if let Some(rec) = g.ids.get_mut(&(id as usize)) {
+        rec.bound = Some(addr);
+    }
+    // SAFETY: a live ID.
+    unsafe { set_route(id, Some(addr), None) };
+    0
+}
+symver!(softrdmacm_listen, "IBVERBS_PRIVATE_RDMACM");
+
+/// The QPN a connection uses: the ID's QP, else `conn_param->qp_num`.
+///
+/// # Safety
+/// `id` is a live ID; `param` null or readable.
+unsafe fn qpn_of(id: *mut rdma_cm_id, param: *const rdma_conn_param) -> Option<u32> {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if !(*id).qp.is_null() {
+            Some((*(*id).qp).qp_num)
+        } else if !param.is_null() && (*param).qp_num != 0 {
+            Some((*param).qp_num)
+        } else {
+            None
+        }
+    }
+}
+
+/// The private data of `param` (at most 255 bytes, as its `uint8_t` length allows).
+///
+/// # Safety
+/// `param` is null or readable, its private data readable for its length.
+unsafe fn private_of<'a>(param: *const rdma_conn_param) -> &'a [u8] {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if param.is_null() || (*param).private_data.is_null() {
+            &[]
+        } else {
+            core::slice::from_raw_parts(
+                (*param).private_data.cast(),
+                usize::from((*param).private_data_len),
+            )
+        }
+    }
+}
+
+/// rdma_connect(3): sends the REQ from the ID's QP (or `conn_param->qp_num`); `ESTABLISHED`
+/// when the IB CM has moved the QP to RTS and sent the RTU, `REJECTED` / `UNREACHABLE`
+/// otherwise. `EINVAL` without a QP or a resolved route, or over 56 bytes of private data.
+///
+/// # Safety
+/// `id` is a live ID; `conn_param` null or readable.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_connect(
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+) -> c_int {
+    // SAFETY: the caller's promise.
+    let (qpn, data) = unsafe { (qpn_of(id, conn_param), private_of(conn_param)) };
+    let Some(qpn) = qpn else {
+        return fail(libc::EINVAL, -1);
+    };
+    let r = {
+        let mut g = lock(global());
+        only_rid(&g, id).and_then(|(d, rid)| {
+            on_dev(&mut g, d, |svc| svc.connect(rid, qpn, data)).map_err(|e| errno_of_cm(&e))
+        })
+    };
+    if r.is_ok() && is_sync(id) {
+        // SAFETY: a live synchronous ID.
+        return unsafe { complete(id, rdma_cm_event_type_RDMA_CM_EVENT_ESTABLISHED) };
+    }
+    rc(r)
+}
+symver!(softrdmacm_connect, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_accept(3) of a `CONNECT_REQUEST`'s ID: the QP goes to RTR and a REP is sent;
+/// `ESTABLISHED` follows the RTU.
+///
+/// # Safety
+/// `id` is a live ID; `conn_param` null or readable.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_accept(
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+) -> c_int {
+    // SAFETY: the caller's promise.
+    let (qpn, data) = unsafe { (qpn_of(id, conn_param), private_of(conn_param)) };
+    let Some(qpn) = qpn else {
+        return fail(libc::EINVAL, -1);
+    };
+    let r = {
+        let mut g = lock(global());
+        only_rid(&g, id).and_then(|(d, rid)| {
+            on_dev(&mut g, d, |svc| svc.accept(rid, qpn, data)).map_err(|e| errno_of_cm(&e))
+        })
+    };
+    if r.is_ok() && is_sync(id) {
+        // SAFETY: a live synchronous ID.
+        return unsafe { complete(id, rdma_cm_event_type_RDMA_CM_EVENT_ESTABLISHED) };
+    }
+    rc(r)
+}
+symver!(softrdmacm_accept, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_reject(3) with `private_data` (at most 148 bytes); the peer sees `REJECTED`, status 28.
+///
+/// # Safety
+/// `id` is a live ID; `private_data` readable for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_reject(
+    id: *mut rdma_cm_id,
+    private_data: *const c_void,
+    len: u8,
+) -> c_int {
+    let data: &[u8] = if private_data.is_null() {
+        &[]
+    } else {
+        // SAFETY: the caller's promise.
+        unsafe { core::slice::from_raw_parts(private_data.cast(), usize::from(len)) }
+    };
+    let mut g = lock(global());
+    rc(only_rid(&g, id).and_then(|(d, rid)| {
+        on_dev(&mut g, d, |svc| svc.reject(rid, data)).map_err(|e| errno_of_cm(&e))
+    }))
+}
+symver!(softrdmacm_reject, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_disconnect(3): the QP goes to ERR and a DREQ is sent; `DISCONNECTED` follows. On an ID
+/// whose connection is already going or gone (the peer's DREQ came first) it returns 0, as
+/// Linux `rdma_disconnect` does when `ib_send_cm_dreq` fails; `EINVAL` on an ID never resolved
+/// or connected.
+///
+/// # Safety
+/// `id` is a live ID.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_disconnect(id: *mut rdma_cm_id) -> c_int {
+    let mut g = lock(global());
+    rc(only_rid(&g, id).map(|(d, rid)| {
+        let _ = on_dev(&mut g, d, |svc| svc.disconnect(rid));
+    }))
+}
+symver!(softrdmacm_disconnect, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_establish(3): 0; the IB CM has already sent the RTU and moved the QP to RTS.
+#[no_mangle]
+pub extern "C" fn softrdmacm_establish(_id: *mut rdma_cm_id) -> c_int {
+    0
+}
+symver!(softrdmacm_establish, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_notify(3): 0 (the software HCA has no communication-established event to relay).
+#[no_mangle]
+pub extern "C" fn softrdmacm_notify(_id: *mut rdma_cm_id, _event: c_int) -> c_int {
+    0
+}
+symver!(softrdmacm_notify, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_migrate_id(3): moves the ID, and its queued events, to `channel` (a null one makes it
+/// synchronous on a channel of its own).
+///
+/// # Safety
+/// `id` is a live ID; `channel` null or live.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_migrate_id(
+    id: *mut rdma_cm_id,
+    channel: *mut rdma_event_channel,
+) -> c_int {
+    let mut g = lock(global());
+    let Some(rec) = g.ids.get_mut(&(id as usize)) else {
+        return fail(libc::EINVAL, -1);
+    };
+    let (to, sync) = if channel.is_null() {
+        match new_channel() {
+            Some(c) => (c.cast::<rdma_event_channel>(), true),
+            None => return fail(libc::EMFILE, -1),
+        }
+    } else {
+        (channel, false)
+    };
+    // SAFETY: a live ID and its live channel.
+    let from = unsafe { (*id).channel };
+    if !from.is_null() && from != to {
+        // SAFETY: live channels of this library.
+        let fc = unsafe { &*from.cast::<Channel>() };
+        let mut q = lock(&fc.queue);
+        let mine: Vec<usize> = q
+            .iter()
+            .copied()
+            // SAFETY: queued events are live EventBoxes.
+            .filter(|&e| unsafe { (*(e as *const EventBox)).ev.id } == id)
+            .collect();
+        q.retain(|e| !mine.contains(e));
+        drop(q);
+        for e in mine {
+            let mut v: u64 = 0;
+            // SAFETY: takes one count for each event moved (the descriptor counts them).
+            unsafe { libc::read(fc.efd.as_raw_fd(), ptr::from_mut(&mut v).cast(), 8) };
+            // SAFETY: the event leaves the old queue for the new.
+            unsafe { post(to, Box::from_raw(e as *mut EventBox)) };
+        }
+    }
+    let old_sync = rec.sync;
+    rec.sync = sync;
+    // SAFETY: a live ID.
+    unsafe { (*id).channel = to };
+    drop(g);
+    if old_sync && from != to {
+        // SAFETY: the ID's former own channel, now empty of its events.
+        unsafe { softrdmacm_destroy_event_channel(from) };
+    }
+    0
+}
+symver!(softrdmacm_migrate_id, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_set_option(3): `RDMA_OPTION_ID` options (TOS, REUSEADDR, AFONLY, ACK_TIMEOUT) are
+/// accepted; `RDMA_OPTION_IB_PATH` and others fail with `ENOSYS`, as the kernel's do.
+#[no_mangle]
+pub extern "C" fn softrdmacm_set_option(
+    _id: *mut rdma_cm_id,
+    level: c_int,
+    optname: c_int,
+    optval: *mut c_void,
+    _optlen: usize,
+) -> c_int {
+    if optval.is_null() {
+        return fail(libc::EINVAL, -1);
+    }
+    if level == RDMA_OPTION_ID as c_int && OPTION_ID_KNOWN.contains(&optname) {
+        0
+    } else {
+        fail(libc::ENOSYS, -1)
+    }
+}
+symver!(softrdmacm_set_option, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_get_src_port(3): the local port, network order.
+///
+/// # Safety
+/// `id` is a live ID.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_get_src_port(id: *mut rdma_cm_id) -> u16 {
+    // SAFETY: the caller's promise; the union holds a sockaddr.
+    unsafe { from_sockaddr(ptr::from_ref(&(*id).route.addr.__bindgen_anon_1.src_addr).cast()) }
+        .map_or(0, |a| a.port().to_be())
+}
+symver!(softrdmacm_get_src_port, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_get_dst_port(3): the peer's port, network order.
+///
+/// # Safety
+/// `id` is a live ID.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_get_dst_port(id: *mut rdma_cm_id) -> u16 {
+    // SAFETY: the caller's promise; the union holds a sockaddr.
+    unsafe { from_sockaddr(ptr::from_ref(&(*id).route.addr.__bindgen_anon_2.dst_addr).cast()) }
+        .map_or(0, |a| a.port().to_be())
+}
+symver!(softrdmacm_get_dst_port, "IBVERBS_PRIVATE_RDMACM");
+
+// ---------------------------------------------------------------------------------------------
+// Devices.
+
+/// rdma_get_devices(3): the opened contexts, null-terminated; free with rdma_free_devices.
+///
+/// # Safety
+/// `num_devices` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_get_devices(num_devices: *mut c_int) -> *mut *mut ibv_context {
+    let g = lock(global());
+    let mut list: Vec<*mut ibv_context> = g.devs.iter().map(|d| d.ctx).collect();
+    if !num_devices.is_null() {
+        // SAFETY: the caller's out parameter.
+        unsafe { *num_devices = list.len() as c_int };
+    }
+    list.push(null_mut());
+    Box::into_raw(list.into_boxed_slice()).cast()
+}
+symver!(softrdmacm_get_devices, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_free_devices(3).
+///
+/// # Safety
+/// `list` is from [`softrdmacm_get_devices`].
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_free_devices(list: *mut *mut ibv_context) {
+    if list.is_null() {
+        return;
+    }
+    let mut n = 0;
+    // SAFETY: null-terminated.
+    while !unsafe { *list.add(n) }.is_null() {
+        n += 1;
+    }
+    // SAFETY: the boxed slice of n + 1 pointers made above.
+    drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(list, n + 1)) });
+}
+symver!(softrdmacm_free_devices, "IBVERBS_PRIVATE_RDMACM");
+
+// ---------------------------------------------------------------------------------------------
+// QPs and SRQs.
+
+/// The ID's device's default PD, allocated on first use.
+fn default_pd(id: *mut rdma_cm_id) -> Result<*mut ibv_pd, c_int> {
+    let mut g = lock(global());
+    let d = g
+        .ids
+        .get(&(id as usize))
+        .and_then(|r| r.dev)
+        .ok_or(libc::EINVAL)?;
+    if g.devs[d].pd.is_null() {
+        // SAFETY: an open context of this library.
+        let pd = unsafe { crate::ffi::ibv_alloc_pd(g.devs[d].ctx) };
+        if pd.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        g.devs[d].pd = pd;
+    }
+    Ok(g.devs[d].pd)
+}
+
+/// Makes the CQs rdma-core makes for a QP without them (`ucma_create_cqs`): one per direction,
+/// each with a completion channel, in `id->send_cq` / `id->recv_cq`.
+///
+/// # Safety
+/// `id` is a live ID on a device.
+unsafe fn create_cqs(id: *mut rdma_cm_id, send: u32, recv: u32) -> Result<(), c_int> {
+    // SAFETY: the caller's promise; the verbs of this library on its context.
+    unsafe {
+        let ctx = (*id).verbs;
+        for (is_send, n) in [(true, send), (false, recv)] {
+            let ch = crate::ffi::ibv_create_comp_channel(ctx);
+            if ch.is_null() {
+                return Err(libc::ENOMEM);
+            }
+            let cq = crate::ffi::ibv_create_cq(ctx, n.max(1) as c_int, id.cast(), ch, 0);
+            if cq.is_null() {
+                crate::ffi::ibv_destroy_comp_channel(ch);
+                return Err(libc::ENOMEM);
+            }
+            if is_send {
+                (*id).send_cq_channel = ch;
+                (*id).send_cq = cq;
+            } else {
+                (*id).recv_cq_channel = ch;
+                (*id).recv_cq = cq;
+            }
+        }
+    }
+    if let Some(r) = lock(global()).ids.get_mut(&(id as usize)) {
+        r.own_cqs = true;
+    }
+    Ok(())
+}
+
+/// Moves a new QP to INIT for a connection (the CM takes it on), as rdma-core's
+/// `ucma_init_conn_qp`.
+///
+/// # Safety
+/// `qp` is a live QP of this library.
+unsafe fn init_qp(qp: *mut ibv_qp) -> c_int {
+    // SAFETY: all-zero is a valid ibv_qp_attr.
+    let mut attr: ibv_qp_attr = unsafe { zeroed() };
+    attr.qp_state = ibv_qp_state_IBV_QPS_INIT;
+    attr.pkey_index = 0;
+    attr.port_num = 1;
+    attr.qp_access_flags = ibv_access_flags_IBV_ACCESS_LOCAL_WRITE
+        | ibv_access_flags_IBV_ACCESS_REMOTE_READ
+        | ibv_access_flags_IBV_ACCESS_REMOTE_WRITE
+        | ibv_access_flags_IBV_ACCESS_REMOTE_ATOMIC;
+    let mask = ibv_qp_attr_mask_IBV_QP_STATE
+        | ibv_qp_attr_mask_IBV_QP_PKEY_INDEX
+        | ibv_qp_attr_mask_IBV_QP_PORT
+        | ibv_qp_attr_mask_IBV_QP_ACCESS_FLAGS;
+    // SAFETY: the caller's QP.
+    unsafe { crate::ffi::ibv_modify_qp(qp, &mut attr, mask as c_int) }
+}
+
+/// rdma_create_qp(3): an RC QP of this library on the ID's device, in INIT; a null `pd` takes
+/// the device's default PD, null CQs get CQs of their own (`id->send_cq` / `id->recv_cq`).
+///
+/// # Safety
+/// `id` is a live ID with a device; `pd` null or of its context; `qp_init_attr` readable.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    if qp_init_attr.is_null() {
+        return fail(libc::EINVAL, -1);
+    }
+    // SAFETY: the caller's promise.
+    let mut attr = unsafe { *qp_init_attr };
+    // SAFETY: as above, and for the ID.
+    rc(unsafe { create_qp(id, pd, &mut attr) }.map(|_| {
+        // SAFETY: the caller's attr, written back as rdma-core does (the CQs it made).
+        unsafe { *qp_init_attr = attr };
+    }))
+}
+symver!(softrdmacm_create_qp, "IBVERBS_PRIVATE_RDMACM");
+
+/// # Safety
+/// As [`softrdmacm_create_qp`].
+unsafe fn create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: &mut ibv_qp_init_attr,
+) -> Result<(), c_int> {
+    // SAFETY: the caller's promise.
+    if unsafe { (*id).verbs }.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // rdma_create_ep's callers may leave the type zero: the ID's (RC for RDMA_PS_TCP).
+    if attr.qp_type == 0 {
+        attr.qp_type = QPT_RC;
+    }
+    if attr.qp_type != QPT_RC {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let pd = if pd.is_null() { default_pd(id)? } else { pd };
+    // SAFETY: a live ID.
+    unsafe {
+        if attr.send_cq.is_null() || attr.recv_cq.is_null() {
+            if (*id).send_cq.is_null() {
+                create_cqs(id, attr.cap.max_send_wr, attr.cap.max_recv_wr)?;
+            }
+            if attr.send_cq.is_null() {
+                attr.send_cq = (*id).send_cq;
+            }
+            if attr.recv_cq.is_null() {
+                attr.recv_cq = (*id).recv_cq;
+            }
+        }
+        if attr.srq.is_null() {
+            attr.srq = (*id).srq;
+        }
+        let qp = crate::ffi::ibv_create_qp(pd, attr);
+        if qp.is_null() {
+            return Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL));
+        }
+        if init_qp(qp) != 0 {
+            crate::ffi::ibv_destroy_qp(qp);
+            return Err(libc::EINVAL);
+        }
+        (*id).qp = qp;
+        (*id).pd = pd;
+    }
+    Ok(())
+}
+
+/// rdma_create_qp_ex(3): as [`softrdmacm_create_qp`] through the context's `create_qp_ex`
+/// (`send_ops_flags` and the other extended attributes as ibv_create_qp_ex(3) takes them).
+///
+/// # Safety
+/// `id` is a live ID with a device; `attr` readable and writable.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_create_qp_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> c_int {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if attr.is_null() || (*id).verbs.is_null() {
+            return fail(libc::EINVAL, -1);
+        }
+        if (*attr).qp_type != QPT_RC {
+            return fail(libc::EOPNOTSUPP, -1);
+        }
+        if (*attr).comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD == 0
+            || (*attr).pd.is_null()
+        {
+            match default_pd(id) {
+                Ok(pd) => (*attr).pd = pd,
+                Err(e) => return fail(e, -1),
+            }
+            (*attr).comp_mask |= ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD;
+        }
+        if (*attr).send_cq.is_null() || (*attr).recv_cq.is_null() {
+            if (*id).send_cq.is_null() {
+                if let Err(e) = create_cqs(id, (*attr).cap.max_send_wr, (*attr).cap.max_recv_wr) {
+                    return fail(e, -1);
+                }
+            }
+            if (*attr).send_cq.is_null() {
+                (*attr).send_cq = (*id).send_cq;
+            }
+            if (*attr).recv_cq.is_null() {
+                (*attr).recv_cq = (*id).recv_cq;
+            }
+        }
+        let qp = crate::ffi::extended::vctx_create_qp_ex((*id).verbs, attr);
+        if qp.is_null() {
+            return -1;
+        }
+        if init_qp(qp) != 0 {
+            crate::ffi::ibv_destroy_qp(qp);
+            return fail(libc::EINVAL, -1);
+        }
+        (*id).qp = qp;
+        (*id).pd = (*attr).pd;
+    }
+    0
+}
+symver!(softrdmacm_create_qp_ex, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_destroy_qp(3): destroys the ID's QP (and the CQs rdma_create_qp made for it).
+///
+/// # Safety
+/// `id` is a live ID.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_destroy_qp(id: *mut rdma_cm_id) {
+    // SAFETY: the caller's promise; objects of this library.
+    unsafe {
+        if !(*id).qp.is_null() {
+            crate::ffi::ibv_destroy_qp((*id).qp);
+            (*id).qp = null_mut();
+        }
+        let own = lock(global())
+            .ids
+            .get_mut(&(id as usize))
+            .map(|r| core::mem::take(&mut r.own_cqs))
+            .unwrap_or(false);
+        if own {
+            for (cq, ch) in [
+                (&mut (*id).send_cq, &mut (*id).send_cq_channel),
+                (&mut (*id).recv_cq, &mut (*id).recv_cq_channel),
+            ] {
+                if !cq.is_null() {
+                    crate::ffi::ibv_destroy_cq(*cq);
+                    *cq = null_mut();
+                }
+                if !ch.is_null() {
+                    crate::ffi::ibv_destroy_comp_channel(*ch);
+                    *ch = null_mut();
+                }
+            }
+        }
+    }
+}
+symver!(softrdmacm_destroy_qp, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_init_qp_attr(3): for INIT, the attributes rdma_create_qp uses (port 1, P_Key index 0,
+/// remote read / write / atomic access); for RTR / RTS, the attributes the IB CM gave the ID's
+/// QP (ibv_query_qp(3)); `EINVAL` for another state or an ID without a QP there.
+///
+/// # Safety
+/// `id` is a live ID; `qp_attr` and `qp_attr_mask` writable.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_init_qp_attr(
+    id: *mut rdma_cm_id,
+    qp_attr: *mut ibv_qp_attr,
+    qp_attr_mask: *mut c_int,
+) -> c_int {
+    if qp_attr.is_null() || qp_attr_mask.is_null() {
+        return fail(libc::EINVAL, -1);
+    }
+    // SAFETY: the caller's promise.
+    unsafe {
+        let want = (*qp_attr).qp_state;
+        if want == ibv_qp_state_IBV_QPS_INIT {
+            *qp_attr = zeroed();
+            (*qp_attr).qp_state = want;
+            (*qp_attr).port_num = 1;
+            (*qp_attr).qp_access_flags = ibv_access_flags_IBV_ACCESS_LOCAL_WRITE
+                | ibv_access_flags_IBV_ACCESS_REMOTE_READ
+                | ibv_access_flags_IBV_ACCESS_REMOTE_WRITE
+                | ibv_access_flags_IBV_ACCESS_REMOTE_ATOMIC;
+            *qp_attr_mask = (ibv_qp_attr_mask_IBV_QP_STATE
+                | ibv_qp_attr_mask_IBV_QP_PKEY_INDEX
+                | ibv_qp_attr_mask_IBV_QP_PORT
+                | ibv_qp_attr_mask_IBV_QP_ACCESS_FLAGS) as c_int;
+            return 0;
+        }
+        let qp = (*id).qp;
+        if qp.is_null() || (want != ibv_qp_state_IBV_QPS_RTR && want != ibv_qp_state_IBV_QPS_RTS) {
+            return fail(libc::EINVAL, -1);
+        }
+        let mut init: ibv_qp_init_attr = zeroed();
+        let all = c_int::MAX;
+        if crate::ffi::ibv_query_qp(qp, qp_attr, all, &mut init) != 0 {
+            return -1;
+        }
+        if (*qp_attr).qp_state != ibv_qp_state_IBV_QPS_RTR
+            && (*qp_attr).qp_state != ibv_qp_state_IBV_QPS_RTS
+        {
+            return fail(libc::EINVAL, -1);
+        }
+        (*qp_attr).qp_state = want;
+        *qp_attr_mask = if want == ibv_qp_state_IBV_QPS_RTR {
+            ibv_qp_attr_mask_IBV_QP_STATE
+                | ibv_qp_attr_mask_IBV_QP_AV
+                | ibv_qp_attr_mask_IBV_QP_PATH_MTU
+                | ibv_qp_attr_mask_IBV_QP_DEST_QPN
+                | ibv_qp_attr_mask_IBV_QP_RQ_PSN
+                | ibv_qp_attr_mask_IBV_QP_MAX_DEST_RD_ATOMIC
+                | ibv_qp_attr_mask_IBV_QP_MIN_RNR_TIMER
+        } else {
+            ibv_qp_attr_mask_IBV_QP_STATE
+                | ibv_qp_attr_mask_IBV_QP_TIMEOUT
+                | ibv_qp_attr_mask_IBV_QP_RETRY_CNT
+                | ibv_qp_attr_mask_IBV_QP_RNR_RETRY
+                | ibv_qp_attr_mask_IBV_QP_SQ_PSN
+                | ibv_qp_attr_mask_IBV_QP_MAX_QP_RD_ATOMIC
+        } as c_int;
+    }
+    0
+}
+symver!(softrdmacm_init_qp_attr, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_create_srq(3): an SRQ on the ID's device (its default PD for a null `pd`), in
+/// `id->srq`, used by the ID's QP.
+///
+/// # Safety
+/// `id` is a live ID with a device; `attr` readable and writable.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_create_srq(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_srq_init_attr,
+) -> c_int {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if attr.is_null() || (*id).verbs.is_null() {
+            return fail(libc::EINVAL, -1);
+        }
+        let pd = if pd.is_null() {
+            match default_pd(id) {
+                Ok(p) => p,
+                Err(e) => return fail(e, -1),
+            }
+        } else {
+            pd
+        };
+        let srq = crate::ffi::ibv_create_srq(pd, attr);
+        if srq.is_null() {
+            return -1;
+        }
+        (*id).srq = srq;
+        (*id).pd = pd;
+    }
+    0
+}
+symver!(softrdmacm_create_srq, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_create_srq_ex(3): `EOPNOTSUPP` (XRC and the extended SRQ attributes are not built).
+#[no_mangle]
+pub extern "C" fn softrdmacm_create_srq_ex(_id: *mut rdma_cm_id, _attr: *mut c_void) -> c_int {
+    fail(libc::EOPNOTSUPP, -1)
+}
+symver!(softrdmacm_create_srq_ex, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_destroy_srq(3).
+///
+/// # Safety
+/// `id` is a live ID.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_destroy_srq(id: *mut rdma_cm_id) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if !(*id).srq.is_null() {
+            crate::ffi::ibv_destroy_srq((*id).srq);
+            (*id).srq = null_mut();
+        }
+    }
+}
+symver!(softrdmacm_destroy_srq, "IBVERBS_PRIVATE_RDMACM");
+
+// ---------------------------------------------------------------------------------------------
+// Endpoints (rdma_create_ep, rdma_get_request) and address information.
+
+/// A `struct rdma_addrinfo` with the addresses it points to.
+#[repr(C)]
+struct AddrInfoBox {
+    ai: rdma_addrinfo,
+    src: sockaddr_storage,
+    dst: sockaddr_storage,
+}
+
+/// rdma_getaddrinfo(3): resolves `node` / `service` with getaddrinfo(3) (numeric or by name)
+/// into one `struct rdma_addrinfo`: the source address for `RAI_PASSIVE`, else the
+/// destination; RC over `RDMA_PS_TCP` (hints asking for another QP type or port space fail
+/// with `EOPNOTSUPP`). Errors are getaddrinfo's return values, as rdma-core's.
+///
+/// # Safety
+/// `node` / `service` null or C strings; `hints` null or readable; `res` writable.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_getaddrinfo(
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const rdma_addrinfo,
+    res: *mut *mut rdma_addrinfo,
+) -> c_int {
+    if res.is_null() || (node.is_null() && service.is_null()) {
+        return fail(libc::EINVAL, -1);
+    }
+    // SAFETY: the caller's promise.
+    let (flags, family, qp_type, ps) = unsafe {
+        if hints.is_null() {
+            (0, 0, 0, 0)
+        } else {
+            (
+                (*hints).ai_flags,
+                (*hints).ai_family,
+                (*hints).ai_qp_type,
+                (*hints).ai_port_space,
+            )
+        }
+    };
+    if (qp_type != 0 && qp_type != QPT_RC as c_int)
+        || (ps != 0 && ps != rdma_port_space_RDMA_PS_TCP as c_int)
+    {
+        return fail(libc::EOPNOTSUPP, -1);
+    }
+    let passive = flags & RAI_PASSIVE as c_int != 0;
+    // SAFETY: all-zero is a valid addrinfo.
+    let mut h: libc::addrinfo = unsafe { zeroed() };
+    h.ai_family = family;
+    h.ai_socktype = libc::SOCK_STREAM;
+    h.ai_flags = if passive { libc::AI_PASSIVE } else { 0 }
+        | if flags & RAI_NUMERICHOST as c_int != 0 {
+            libc::AI_NUMERICHOST
+        } else {
+            0
+        };
+    let mut list: *mut libc::addrinfo = null_mut();
+    // SAFETY: the caller's strings; libc fills `list`.
+    let r = unsafe { libc::getaddrinfo(node, service, &h, &mut list) };
+    if r != 0 {
+        return r;
+    }
+    // SAFETY: getaddrinfo succeeded: at least one entry.
+    let addr = unsafe { from_sockaddr((*list).ai_addr) };
+    // SAFETY: from getaddrinfo.
+    unsafe { libc::freeaddrinfo(list) };
+    let Some(addr) = addr else {
+        return libc::EAI_FAMILY;
+    };
+    // SAFETY: all-zero is valid for each field.
+    let mut b: Box<AddrInfoBox> = Box::new(unsafe { zeroed() });
+    b.ai.ai_flags = flags;
+    b.ai.ai_family = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    b.ai.ai_qp_type = QPT_RC as c_int;
+    b.ai.ai_port_space = rdma_port_space_RDMA_PS_TCP as c_int;
+    if passive {
+        b.ai.ai_src_len = to_sockaddr(addr, &mut b.src);
+        b.ai.ai_src_addr = ptr::from_mut(&mut b.src).cast();
+    } else {
+        b.ai.ai_dst_len = to_sockaddr(addr, &mut b.dst);
+        b.ai.ai_dst_addr = ptr::from_mut(&mut b.dst).cast();
+    }
+    // SAFETY: the caller's out parameter.
+    unsafe { *res = Box::into_raw(b).cast() };
+    0
+}
+symver!(softrdmacm_getaddrinfo, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_freeaddrinfo(3).
+///
+/// # Safety
+/// `res` is from [`softrdmacm_getaddrinfo`].
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_freeaddrinfo(res: *mut rdma_addrinfo) {
+    let mut p = res;
+    while !p.is_null() {
+        // SAFETY: made by softrdmacm_getaddrinfo.
+        let b = unsafe { Box::from_raw(p.cast::<AddrInfoBox>()) };
+        p = b.ai.ai_next;
+    }
+}
+symver!(softrdmacm_freeaddrinfo, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_create_ep(3): a synchronous ID for `res`: bound (passive; the QP attributes are kept for
+/// rdma_get_request) or resolved to the destination with a QP made now (active).
+///
+/// # Safety
+/// `id` writable; `res` from rdma_getaddrinfo; `pd` null or a PD; `qp_init_attr` null or readable.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_create_ep(
+    id: *mut *mut rdma_cm_id,
+    res: *mut rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    if id.is_null() || res.is_null() {
+        return fail(libc::EINVAL, -1);
+    }
+    let mut new: *mut rdma_cm_id = null_mut();
+    // SAFETY: the caller's promise.
+    unsafe {
+        if softrdmacm_create_id(
+            null_mut(),
+            &mut new,
+            null_mut(),
+            rdma_port_space_RDMA_PS_TCP,
+        ) != 0
+        {
+            return -1;
+        }
+        let r = if (*res).ai_flags & RAI_PASSIVE as c_int != 0 {
+            let r = softrdmacm_bind_addr(new, (*res).ai_src_addr.cast());
+            if r == 0 && !qp_init_attr.is_null() {
+                if let Some(rec) = lock(global()).ids.get_mut(&(new as usize)) {
+                    rec.ep_qp_attr = Some(*qp_init_attr);
+                }
+            }
+            r
+        } else {
+            let mut r = softrdmacm_resolve_addr(
+                new,
+                (*res).ai_src_addr.cast(),
+                (*res).ai_dst_addr.cast(),
+                2000,
+            );
+            if r == 0 {
+                r = softrdmacm_resolve_route(new, 2000);
+            }
+            if r == 0 && !qp_init_attr.is_null() {
+                r = softrdmacm_create_qp(new, pd, qp_init_attr);
+            }
+            r
+        };
+        if r != 0 {
+            let e = *libc::__errno_location();
+            softrdmacm_destroy_ep(new);
+            return fail(e, -1);
+        }
+        *id = new;
+    }
+    0
+}
+symver!(softrdmacm_create_ep, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_destroy_ep(3): destroys the ID's QP, SRQ and ID.
+///
+/// # Safety
+/// `id` is a live ID.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_destroy_ep(id: *mut rdma_cm_id) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        softrdmacm_destroy_qp(id);
+        softrdmacm_destroy_srq(id);
+        softrdmacm_destroy_id(id);
+    }
+}
+symver!(softrdmacm_destroy_ep, "IBVERBS_PRIVATE_RDMACM");
+
+/// rdma_get_request(3): waits for a connection request on a synchronous listener and returns its
+/// ID, synchronous, with a QP made from the listener's rdma_create_ep attributes.
+///
+/// # Safety
+/// `listen` is a live listening ID; `id` writable.
+#[no_mangle]
+pub unsafe extern "C" fn softrdmacm_get_request(
+    listen: *mut rdma_cm_id,
+    id: *mut *mut rdma_cm_id,
+) -> c_int {
+    if id.is_null() || !is_sync(listen) {
+        return fail(libc::EINVAL, -1);
+    }
+    loop {
+        let mut ev: *mut rdma_cm_event = null_mut();
+        // SAFETY: the listener's own channel.
+        if unsafe { softrdmacm_get_cm_event((*listen).channel, &mut ev) } != 0 {
+            return -1;
+        }
+        // SAFETY: just got it.
+        let (kind, new) = unsafe { ((*ev).event, (*ev).id) };
+        // SAFETY: ours.
+        unsafe { softrdmacm_ack_cm_event(ev) };
+        if kind != rdma_cm_event_type_RDMA_CM_EVENT_CONNECT_REQUEST {
+            continue;
+        }
+        // The new ID gets its own channel (it is synchronous, as its listener).
+        // SAFETY: a live ID just reported.
+        if unsafe { softrdmacm_migrate_id(new, null_mut()) } != 0 {
+            return -1;
+        }
+        let attr = lock(global())
+            .ids
+            .get(&(new as usize))
+            .and_then(|r| r.ep_qp_attr);
+        if let Some(mut a) = attr {
+            // SAFETY: the new ID and its listener's PD.
+            let r = unsafe { softrdmacm_create_qp(new, (*listen).pd, &mut a) };
+            if r != 0 {
+                // SAFETY: refuse and forget the request.
+                unsafe {
+                    softrdmacm_reject(new, ptr::null(), 0);
+                    softrdmacm_destroy_id(new);
+                }
+                return -1;
+            }
+        }
+        // SAFETY: the caller's out parameter.
+        unsafe { *id = new };
+        return 0;
+    }
+}
+symver!(softrdmacm_get_request, "IBVERBS_PRIVATE_RDMACM");

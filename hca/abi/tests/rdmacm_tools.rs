@@ -1,0 +1,375 @@
+//! Debian's own, unmodified RDMA CM programs (rdma-core's `rdmacm-utils`, perftest's `-R`) over
+//! the drop-in `librdmacm.so.1` and `libibverbs.so.1` (`LD_LIBRARY_PATH`): `rping` with its data
+//! verified, `ucmatose` with several connections, `ib_write_bw -R`, `ib_send_lat -R`, a REJ for
+//! a port nobody listens on, and the library's exported symbol versions against rdma-core's.
+//! Server and client are separate processes, each on its own loopback address through
+//! `ROCE_DEVICES`.
+//!
+//! The test builds both libraries first (`cargo build -p ibverbs-abi -p rdmacm-abi`, the test's
+//! own profile), as `cargo test` does not build the librdmacm cdylib for this crate's tests.
+//! A tool that is missing fails the test with the setup advice, unless
+//! `ROCE_SKIP_DEBIAN_TOOLS=1`. Every process runs under `timeout`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+mod common;
+use common::{text, tool};
+
+/// The profile directory (`target/PROFILE`) with both libraries and their SONAME links, built
+/// once per test binary.
+fn lib_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test binary path");
+        let profile = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/PROFILE/deps/TEST")
+            .to_path_buf();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-q", "-p", "ibverbs-abi", "-p", "rdmacm-abi"]);
+        if profile.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build");
+        assert!(
+            status.success(),
+            "cargo build -p ibverbs-abi -p rdmacm-abi failed"
+        );
+        for so in ["libibverbs.so.1", "librdmacm.so.1"] {
+            assert!(
+                profile.join(so).exists(),
+                "{so} not in {}",
+                profile.display()
+            );
+        }
+        profile
+    })
+    .clone()
+}
+
+/// One server / client pair at a time: seven pairs at once on the 2-core VM at load 12 once starved
+/// an RC exchange into retry exhaustion (`ib_write_bw`: "Bad wc status 12").
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn command(devices: &str, secs: u32, tool: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new("timeout");
+    // Line-buffered, so a tool that `timeout` ends still leaves what it printed.
+    c.arg(secs.to_string())
+        .args(["stdbuf", "-oL", "-eL"])
+        .arg(tool)
+        .args(args)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("ROCE_DEVICES", devices)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Starts `server_args` on `a`, then runs `client_args` on `b` against it (retrying, at most 40
+/// times, while the client is rejected because the server is not listening yet: REJ reason 8,
+/// which the tools print as `RDMA_CM_EVENT_REJECTED` or, synchronous, `Connection refused`);
+/// returns both outputs.
+fn pair(
+    name: &str,
+    (a, b): (&str, &str),
+    server_args: &[&str],
+    client_args: &[&str],
+) -> Option<(Output, Output)> {
+    let t = tool(name)?;
+    let _serial = one_at_a_time();
+    let server: Child = command(&format!("rxe0=udp:{a}"), 60, &t, server_args)
+        .spawn()
+        .expect("start server");
+    let mut client = None;
+    for _ in 0..40 {
+        std::thread::sleep(Duration::from_millis(500));
+        let o = command(&format!("rxe1=udp:{b}"), 45, &t, client_args)
+            .output()
+            .expect("run client");
+        let out = text(&o);
+        let retry = out.contains("RDMA_CM_EVENT_REJECTED") || out.contains("Connection refused");
+        client = Some(o);
+        if !retry {
+            break;
+        }
+    }
+    let client = client.expect("client ran");
+    let server = server.wait_with_output().expect("server exits");
+    Some((server, client))
+}
+
+fn assert_ok(name: &str, server: &Output, client: &Output) {
+    let (s, c) = (text(server), text(client));
+    assert!(
+        server.status.success(),
+        "{name} server failed:\n{s}\nclient:\n{c}"
+    );
+    assert!(
+        client.status.success(),
+        "{name} client failed:\n{c}\nserver:\n{s}"
+    );
+}
+
+#[test]
+fn rping_100_verified_pings() {
+    let (a, b) = ("127.0.0.41", "127.0.0.42");
+    let Some((s, c)) = pair(
+        "rping",
+        (a, b),
+        &["-s", "-a", a, "-p", "7941", "-C", "100", "-V"],
+        &["-c", "-a", a, "-p", "7941", "-C", "100", "-V", "-v"],
+    ) else {
+        return;
+    };
+    assert_ok("rping", &s, &c);
+    let out = text(&c);
+    let pings = out
+        .lines()
+        .filter(|l| l.starts_with("ping data: rdma-ping-"))
+        .count();
+    assert_eq!(pings, 100, "client:\n{out}");
+    // -V: each ping's data was compared with what was sent; a mismatch prints this and fails.
+    assert!(!out.contains("data mismatch"), "{out}");
+    assert!(out.contains("ping data: rdma-ping-99: "), "{out}");
+}
+
+#[test]
+fn ucmatose_four_connections() {
+    let (a, b) = ("127.0.0.43", "127.0.0.44");
+    let Some((s, c)) = pair(
+        "ucmatose",
+        (a, b),
+        &["-b", a, "-p", "7943", "-c", "4", "-C", "10"],
+        &["-s", a, "-p", "7943", "-c", "4", "-C", "10"],
+    ) else {
+        return;
+    };
+    assert_ok("ucmatose", &s, &c);
+    for (side, o) in [("server", &s), ("client", &c)] {
+        let out = text(o);
+        assert!(out.contains("data transfers complete"), "{side}:\n{out}");
+        assert!(out.contains("return status 0"), "{side}:\n{out}");
+    }
+}
+
+/// `rdma_server` / `rdma_client` (synchronous IDs: `rdma_create_ep`, `rdma_get_request`; the
+/// client's send is `IBV_SEND_INLINE` from unregistered memory) and `rdma_xserver` /
+/// `rdma_xclient` (RC, a wildcard listener), each exchanging its message and ending with 0.
+#[test]
+fn rdma_server_and_client() {
+    for (server, client, (a, b), port, sargs) in [
+        (
+            "rdma_server",
+            "rdma_client",
+            ("127.0.0.51", "127.0.0.52"),
+            "7951",
+            vec!["-s", "127.0.0.51"],
+        ),
+        (
+            "rdma_xserver",
+            "rdma_xclient",
+            ("127.0.0.53", "127.0.0.54"),
+            "7953",
+            vec!["-c", "r"],
+        ),
+    ] {
+        let (Some(st), Some(ct)) = (tool(server), tool(client)) else {
+            return;
+        };
+        let _serial = one_at_a_time();
+        let mut sargs = sargs.clone();
+        sargs.extend(["-p", port]);
+        let s = command(&format!("rxe0=udp:{a}"), 60, &st, &sargs)
+            .spawn()
+            .expect("start server");
+        let mut c = None;
+        for _ in 0..40 {
+            std::thread::sleep(Duration::from_millis(500));
+            let o = command(
+                &format!("rxe1=udp:{b}"),
+                30,
+                &ct,
+                &["-s", a, "-p", port, "-c", "r"][..if client == "rdma_client" { 4 } else { 6 }],
+            )
+            .output()
+            .expect("run client");
+            let retry = text(&o).contains("Connection refused");
+            c = Some(o);
+            if !retry {
+                break;
+            }
+        }
+        let c = c.expect("client ran");
+        let s = s.wait_with_output().expect("server exits");
+        assert_ok(server, &s, &c);
+        assert!(
+            text(&s).contains(&format!("{server}: end 0")),
+            "{}",
+            text(&s)
+        );
+        assert!(
+            text(&c).contains(&format!("{client}: end 0")),
+            "{}",
+            text(&c)
+        );
+    }
+}
+
+/// perftest's `-R` (connect with RDMA CM): the run completes and both sides report a figure.
+fn perftest_rdma_cm(name: &str, (a, b): (&str, &str), port: &str, head: &str) {
+    let Some((s, c)) = pair(
+        name,
+        (a, b),
+        &["-R", "-d", "rxe0", "-n", "200", "-p", port],
+        &["-R", "-d", "rxe1", "-n", "200", "-p", port, a],
+    ) else {
+        return;
+    };
+    assert_ok(name, &s, &c);
+    for (side, o) in [("server", &s), ("client", &c)] {
+        let out = text(o);
+        assert!(out.contains(head), "{name} {side}:\n{out}");
+        assert!(!out.contains("Failed"), "{name} {side}:\n{out}");
+    }
+}
+
+#[test]
+fn ib_write_bw_over_rdma_cm() {
+    perftest_rdma_cm(
+        "ib_write_bw",
+        ("127.0.0.45", "127.0.0.46"),
+        "7945",
+        "BW average[MB/sec]",
+    );
+}
+
+#[test]
+fn ib_send_lat_over_rdma_cm() {
+    perftest_rdma_cm(
+        "ib_send_lat",
+        ("127.0.0.47", "127.0.0.48"),
+        "7947",
+        "t_typical[usec]",
+    );
+}
+
+/// A REQ for a port nobody listens on (the peer runs a CM, listening elsewhere) is answered
+/// with REJ "invalid service ID" (IBTA §12.6.7.2 reason 8), which rping reports as the
+/// `REJECTED` event with that status, and exits with an error well before its timeout.
+#[test]
+fn connect_to_a_closed_port_is_rejected() {
+    let Some(t) = tool("rping") else { return };
+    let _serial = one_at_a_time();
+    let (a, b) = ("127.0.0.49", "127.0.0.50");
+    let mut server = command(
+        &format!("rxe0=udp:{a}"),
+        30,
+        &t,
+        &["-s", "-a", a, "-p", "7949"],
+    )
+    .spawn()
+    .expect("start server");
+    std::thread::sleep(Duration::from_millis(500));
+    let o = command(
+        &format!("rxe1=udp:{b}"),
+        20,
+        &t,
+        &["-c", "-a", a, "-p", "7950", "-C", "1"],
+    )
+    .output()
+    .expect("run client");
+    let _ = server.kill();
+    let _ = server.wait();
+    let out = text(&o);
+    assert_eq!(
+        o.status.code().map(|c| c != 0 && c != 124),
+        Some(true),
+        "{out}"
+    );
+    assert!(out.contains("RDMA_CM_EVENT_REJECTED, error 8"), "{out}");
+}
+
+/// `(version, name)` of every function `lib` defines (`want_defined`) or imports, from
+/// `objdump -T`, for versions starting with `prefix`.
+fn symbols(lib: &Path, want_defined: bool, prefix: &str) -> Option<Vec<(String, String)>> {
+    let o = Command::new("objdump").arg("-T").arg(lib).output().ok()?;
+    let mut v: Vec<(String, String)> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.contains(" DF ") && l.contains("*UND*") != want_defined)
+        .filter_map(|l| {
+            let mut it = l.split_whitespace().rev();
+            let name = it.next()?.to_owned();
+            let ver = it.next()?.trim_matches(['(', ')']).to_owned();
+            ver.starts_with(prefix).then_some((ver, name))
+        })
+        .collect();
+    v.sort();
+    Some(v)
+}
+
+/// Ours exports exactly rdma-core 44's functions at their versions, carries its SONAME and
+/// needs libibverbs.so.1, whose private node defines every function it forwards to; and every
+/// librdmacm function the Debian tools import is there at the version they ask for.
+#[test]
+fn exports_match_rdma_core_librdmacm() {
+    let ours = lib_dir().join("librdmacm.so.1");
+    let Some(exported) = symbols(&ours, true, "RDMACM") else {
+        eprintln!("objdump (binutils) is not installed: skipped");
+        return;
+    };
+    assert!(exported.contains(&("RDMACM_1.0".into(), "rdma_create_id".into())));
+    assert!(exported.contains(&("RDMACM_1.2".into(), "rdma_establish".into())));
+    let real = Path::new("/usr/lib/x86_64-linux-gnu/librdmacm.so.1");
+    if let Some(theirs) = real
+        .exists()
+        .then(|| symbols(real, true, "RDMACM"))
+        .flatten()
+    {
+        assert_eq!(exported, theirs, "ours vs rdma-core's librdmacm.so.1");
+    }
+    let d = Command::new("readelf")
+        .arg("-d")
+        .arg(&ours)
+        .output()
+        .expect("readelf");
+    let d = String::from_utf8_lossy(&d.stdout);
+    assert!(d.contains("Library soname: [librdmacm.so.1]"), "{d}");
+    assert!(d.contains("Shared library: [libibverbs.so.1]"), "{d}");
+    let forwarded = symbols(&ours, false, "IBVERBS_PRIVATE_RDMACM").unwrap();
+    let provided = symbols(
+        &lib_dir().join("libibverbs.so.1"),
+        true,
+        "IBVERBS_PRIVATE_RDMACM",
+    )
+    .unwrap();
+    assert!(!forwarded.is_empty());
+    assert_eq!(
+        forwarded, provided,
+        "what librdmacm imports vs what libibverbs defines"
+    );
+    for exe in [
+        "rping",
+        "ucmatose",
+        "udaddy",
+        "rdma_server",
+        "rdma_client",
+        "ib_write_bw",
+        "ib_send_lat",
+    ] {
+        let Some(p) = tool(exe) else { continue };
+        for (v, n) in symbols(&p, false, "RDMACM").unwrap() {
+            assert!(
+                exported.contains(&(v.clone(), n.clone())),
+                "{exe} imports {n}@{v}"
+            );
+        }
+    }
+}
