@@ -309,6 +309,18 @@ impl<L: SoftLink> Shared<L> {
             return false;
         };
         let now = self.now();
+        let last = self
+            .last_caller_round
+            .swap(now.as_nanos(), Ordering::Relaxed);
+        if last != 0 {
+            let gap = now.as_nanos().saturating_sub(last);
+            if gap > super::CALLER_WINDOW.as_nanos() as u64 {
+                self.caller_round_gaps.fetch_add(1, Ordering::Relaxed);
+            }
+            if gap > self.caller_round_gap_max.load(Ordering::Relaxed) {
+                self.caller_round_gap_max.store(gap, Ordering::Relaxed);
+            }
+        }
         let since = self.caller_busy_since.swap(0, Ordering::Relaxed);
         if since != 0 {
             let mut c = lock(&self.counters);
