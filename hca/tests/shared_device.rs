@@ -182,7 +182,8 @@ fn sigkill_leaves_the_others_running_and_frees_its_slot() {
     let (mut vs, mut vc) = pair(PERF, &["write-bw"], addr, &["-s", "65536", "-D", "60"], 9);
     vs.wait_for("remote address");
     vc.wait_for("remote address");
-    let args = ["-s", "65536", "-D", "4"];
+    // `--stats`: on failure the output tells where packets went (strays, drops, retries).
+    let args = ["-s", "65536", "-D", "4", "--stats"];
     let mut pairs: Vec<_> = (0..3)
         .map(|i| pair(PERF, &["write-bw"], addr, &args, i))
         .collect();

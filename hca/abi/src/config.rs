@@ -27,6 +27,24 @@ pub fn share() -> bool {
     share_from(std::env::var(SOFT_HCA_SHARE).ok().as_deref())
 }
 
+/// The environment variable that makes the library print the device's counters (engine:
+/// rxe's `hw_counters` names, retransmissions, drops by reason; link; progress) on stderr when
+/// the process's last context on it closes (`ibv_close_device`): set to any value. For
+/// diagnosing losses and retransmission stalls of unmodified programs.
+pub const SOFT_HCA_STATS: &str = "SOFT_HCA_STATS";
+
+/// Prints `verbs`' counters ([`hca::verbs::Verbs::stats`]) on stderr, one `name: value` line
+/// each, prefixed with the device's name and the process id.
+pub fn dump_stats(verbs: &dyn hca::verbs::Verbs) {
+    let Some(lines) = verbs.stats() else {
+        return;
+    };
+    let (name, pid) = (verbs.name(), std::process::id());
+    for (what, value) in lines {
+        eprintln!("libibverbs (software HCA) stats pid {pid} {name} {what}: {value}");
+    }
+}
+
 /// One device the library lists: its name (`ibv_get_device_name`) and what it opens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceConfig {

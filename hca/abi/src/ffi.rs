@@ -808,6 +808,9 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     let mut open_now = lock(open_devices());
     // The last context on the HCA closes it (its QPs flush); the map's entry is a Weak.
     if Arc::strong_count(&shared) == 1 {
+        if std::env::var_os(crate::config::SOFT_HCA_STATS).is_some() {
+            crate::config::dump_stats(&*shared.verbs);
+        }
         shared.verbs.close();
         open_now.retain(|_, w| !ptr::eq(w.as_ptr(), Arc::as_ptr(&shared)));
     }

@@ -201,6 +201,17 @@ pub struct DeviceCounters {
     pub tx_blocked: u64,
     /// Socket errors while receiving (the last one is also logged by [`UdpDevice::last_error`]).
     pub rx_errors: u64,
+    /// [`Progress::Hybrid`]: polls of an empty CQ that found another thread in a round (the
+    /// `io` lock taken) and so received nothing themselves.
+    pub caller_io_busy: u64,
+    /// [`Progress::Hybrid`]: the longest run of consecutive such polls, in nanoseconds.
+    pub caller_io_busy_max_ns: u64,
+    /// [`Progress::Hybrid`]: the longest time between two rounds run by callers (polls of an
+    /// empty CQ), in nanoseconds: how long a caller that polls left the socket unread.
+    pub caller_round_gap_max_ns: u64,
+    /// [`Progress::Hybrid`]: times callers' rounds paused longer than [`CALLER_WINDOW`] (the
+    /// thread then takes the socket back); includes the pauses of a program's setup.
+    pub caller_round_gaps: u64,
 }
 
 /// State shared by the device handle, its progress thread and callers.
@@ -227,6 +238,18 @@ pub(crate) struct Shared<L: SoftLink> {
     /// [`Progress::Hybrid`]: the end of the window in which callers poll (nanoseconds since
     /// `origin`; 0: none): the thread leaves the socket to them until then.
     caller_until: AtomicU64,
+    /// [`Progress::Hybrid`]: when a caller's poll first found `io` taken, of the run of such
+    /// polls going on (nanoseconds since `origin`; 0: none), for
+    /// [`DeviceCounters::caller_io_busy_max_ns`].
+    caller_busy_since: AtomicU64,
+    /// [`Progress::Hybrid`]: when the last caller round ran (nanoseconds since `origin`; 0:
+    /// none yet), for [`DeviceCounters::caller_round_gap_max_ns`].
+    last_caller_round: AtomicU64,
+    /// [`DeviceCounters::caller_round_gap_max_ns`] (kept out of the `counters` mutex: written
+    /// on the polling path).
+    caller_round_gap_max: AtomicU64,
+    /// [`DeviceCounters::caller_round_gaps`].
+    caller_round_gaps: AtomicU64,
     /// [`Progress::Hybrid`]: the thread sleeps on its waker only (not on the socket).
     blind: AtomicBool,
     /// When the sleeping thread will wake by itself (nanoseconds since `origin`; `u64::MAX`:
@@ -361,6 +384,10 @@ impl<L: SoftLink> SoftDevice<L> {
             sleeping: AtomicBool::new(false),
             pending: AtomicBool::new(false),
             caller_until: AtomicU64::new(0),
+            caller_busy_since: AtomicU64::new(0),
+            last_caller_round: AtomicU64::new(0),
+            caller_round_gap_max: AtomicU64::new(0),
+            caller_round_gaps: AtomicU64::new(0),
             blind: AtomicBool::new(false),
             sleep_until: AtomicU64::new(u64::MAX),
             counters: Mutex::new(DeviceCounters::default()),
@@ -485,6 +512,8 @@ impl<L: SoftLink> SoftDevice<L> {
     pub fn device_counters(&self) -> DeviceCounters {
         let mut c = *lock(&self.shared.counters);
         self.shared.round_counts.read_into(&mut c);
+        c.caller_round_gap_max_ns = self.shared.caller_round_gap_max.load(Ordering::Relaxed);
+        c.caller_round_gaps = self.shared.caller_round_gaps.load(Ordering::Relaxed);
         c
     }
 

@@ -300,9 +300,34 @@ impl<L: SoftLink> Shared<L> {
     /// socket. Whether a round ran.
     pub(crate) fn hybrid_round(&self) -> bool {
         let Ok(mut io) = self.io.try_lock() else {
+            let since = self.caller_busy_since.load(Ordering::Relaxed);
+            if since == 0 {
+                self.caller_busy_since
+                    .store(self.now().as_nanos().max(1), Ordering::Relaxed);
+            }
+            lock(&self.counters).caller_io_busy += 1;
             return false;
         };
         let now = self.now();
+        let last = self
+            .last_caller_round
+            .swap(now.as_nanos(), Ordering::Relaxed);
+        if last != 0 {
+            let gap = now.as_nanos().saturating_sub(last);
+            if gap > super::CALLER_WINDOW.as_nanos() as u64 {
+                self.caller_round_gaps.fetch_add(1, Ordering::Relaxed);
+            }
+            if gap > self.caller_round_gap_max.load(Ordering::Relaxed) {
+                self.caller_round_gap_max.store(gap, Ordering::Relaxed);
+            }
+        }
+        let since = self.caller_busy_since.swap(0, Ordering::Relaxed);
+        if since != 0 {
+            let mut c = lock(&self.counters);
+            c.caller_io_busy_max_ns = c
+                .caller_io_busy_max_ns
+                .max(now.as_nanos().saturating_sub(since));
+        }
         let until = now.as_nanos() + super::CALLER_WINDOW.as_nanos() as u64;
         self.caller_until.store(until, Ordering::SeqCst);
         // No deferral of the ACKs of what this round receives (Progress::Caller defers them to

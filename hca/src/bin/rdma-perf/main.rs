@@ -175,7 +175,8 @@ struct Args {
     /// does, unless --timeout is given: then it gives up after SECS.
     #[arg(long, value_name = "SECS", value_parser = common::parse_secs)]
     timeout: Option<u64>,
-    /// Print the device's engine, link and progress counters to stderr at the end.
+    /// Print the device's engine, link and progress counters to stderr at the end, also when the
+    /// test fails (a completion error, a peer gone): they tell where packets went.
     #[arg(long)]
     stats: bool,
     /// Connect with RDMA CM as perftest's -R / --rdma_cm: the messages travel on an RC QP
@@ -600,13 +601,15 @@ fn run(p: &Params) -> Result<(), Fail> {
     for d in &rem {
         print_dest(p, "remote", d);
     }
-    match p.kind {
-        Kind::Bw => run_bw(p, &res, conn, &my, &rem)?,
-        Kind::Lat => run_lat(p, &res, conn, &my, &rem)?,
-    }
+    let ran = match p.kind {
+        Kind::Bw => run_bw(p, &res, conn, &my, &rem),
+        Kind::Lat => run_lat(p, &res, conn, &my, &rem),
+    };
+    // The counters also on failure: they tell a lost packet's fate (drops, strays, retries).
     if p.stats {
         common::print_stats(&res.dev);
     }
+    ran?;
     res.dev.close();
     Ok(())
 }

@@ -31,15 +31,24 @@
 //! the owner polls its slot socket (through an epoll set, `SlotClaim::wait_fd`) along with its
 //! UDP socket and hands the datagram to its engine as if it had come from the wire.
 //!
-//! # No stray lost to a full queue
+//! # A burst held back, never a standing queue
 //! The owner's queue holds `net.unix.max_dgram_qlen` datagrams (unix(7); 10 by default, a
 //! per-namespace sysctl only root changes). A send to a full queue fails with `EAGAIN`; the
 //! stray, and any later one for the same owner, is then held back in order
-//! (`LinkCounters::rx_strays_held`, at most [`MAX_HELD_BYTES`] over all owners), and the
-//! connected socket joins the sender's epoll set for writable, which the kernel signals once
-//! the owner has read (`unix_dgram_peer_wake_me`, net/unix/af_unix.c): the sender's next round
-//! sends them. Only a stray whose slot nobody holds, whose owner closed, or beyond
-//! [`MAX_HELD_BYTES`] is dropped and counted (`LinkCounters::rx_strays`); RC retransmits it.
+//! (`LinkCounters::rx_strays_held`), and the connected socket joins the sender's epoll set for
+//! writable, which the kernel signals once the owner has read (`unix_dgram_peer_wake_me`,
+//! net/unix/af_unix.c): the sender's next round sends them. At most [`MAX_HELD_PER_OWNER`]
+//! strays (what the owner reads in one round) are held per owner, and [`MAX_HELD_BYTES`] over
+//! all owners: beyond that, the newest stray is dropped and counted
+//! (`LinkCounters::rx_strays`), as are those whose slot nobody holds or whose owner closed; RC
+//! retransmits them. The cap is what keeps a busy flow alive: the owner drains a few queues'
+//! worth per scheduling round trip, so a deep backlog (it was 4 MiB, a thousand 4 KiB packets)
+//! delivers each packet, retransmissions included, long after the requester's ACK timeout
+//! (ibv_modify_qp(3) `timeout`: 4.096 us x 2^timeout, 67 ms at perftest's 14), and a full
+//! one drops exactly the fresh retransmissions while keeping stale duplicates: the requester
+//! then exhausts its retry count (`IBV_WC_RETRY_EXC_ERR`) with the responder holding all its
+//! data. A short backlog keeps a burst (a GSO train, a round's batch) whole and loses, under a
+//! standing overload, the tail of a go-back-N window, which RC recovers from.
 //! Correctness thus never depends on the kernel's index; a moved slot costs one extra local hop
 //! per datagram until the group is rebuilt (its processes reopen).
 //!
@@ -192,10 +201,15 @@ const FORWARD_BATCH: usize = 16;
 /// Bytes of one forwarded datagram's slot: a header and the largest UDP payload.
 const FORWARD_SLOT: usize = FORWARD_HEADER + 65536;
 /// Bytes of strays (headers included) a process holds back, over all owners, while their queues
-/// are full; beyond it strays are dropped and counted (`LinkCounters::rx_strays`). 4 MiB: a
-/// thousand 4 KiB-MTU packets, far more than the 10-datagram queues (`net.unix.max_dgram_qlen`)
-/// of all 31 other owners together.
+/// are full; beyond it strays are dropped and counted (`LinkCounters::rx_strays`). 4 MiB: room
+/// for [`MAX_HELD_PER_OWNER`] 4 KiB-MTU packets for each of 31 other owners, and a bound on
+/// 64 KiB datagrams.
 pub const MAX_HELD_BYTES: usize = 4 << 20;
+/// Strays held back for one owner while its queue is full: what the owner reads in one round
+/// (its `Forwarder::recv` batch). A newer stray for it is dropped (tail drop: the oldest,
+/// first-needed PSNs of a go-back-N window go through) and counted (`LinkCounters::rx_strays`).
+/// A longer backlog only adds delay: see the [module docs](self).
+pub const MAX_HELD_PER_OWNER: usize = FORWARD_BATCH;
 
 /// A received datagram as forwarding carries it.
 #[derive(Debug, Clone, Copy)]
@@ -263,7 +277,7 @@ pub fn parse_forwarded(b: &[u8]) -> Option<Forwarded<'_>> {
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StrayCounts {
     /// Strays dropped: nobody holds their slot, its owner closed with strays held back for it,
-    /// or [`MAX_HELD_BYTES`] were held already.
+    /// or [`MAX_HELD_PER_OWNER`] (for its owner) or [`MAX_HELD_BYTES`] were held already.
     pub dropped: u64,
     /// Strays the owner's queue accepted (at once or after being held back).
     pub forwarded: u64,
@@ -340,7 +354,8 @@ impl Forwarder {
 
     /// Sends datagram `d` to the process of `slot`; `claim` is this process's slot. Held back
     /// while the owner's queue is full (and behind strays already held for it); dropped and
-    /// counted when nobody holds the slot or [`MAX_HELD_BYTES`] are held.
+    /// counted when nobody holds the slot, or [`MAX_HELD_PER_OWNER`] are held for it, or
+    /// [`MAX_HELD_BYTES`] in all.
     pub(crate) fn forward(&mut self, claim: &SlotClaim, slot: usize, d: &Forwarded<'_>) {
         let head = forward_header(d);
         if slot >= MAX_SLOTS || slot == claim.slot() {
@@ -383,10 +398,13 @@ impl Forwarder {
         peer.fd.as_ref().map(|f| f.as_fd())
     }
 
-    /// Holds a stray for `slot` back (in order) and watches its socket for room.
+    /// Holds a stray for `slot` back (in order) and watches its socket for room; drops it (the
+    /// newest) when [`MAX_HELD_PER_OWNER`] or [`MAX_HELD_BYTES`] are held.
     fn hold(&mut self, claim: &SlotClaim, slot: usize, parts: &[&[u8]]) {
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        if self.held_bytes + len > MAX_HELD_BYTES {
+        if self.held_bytes + len > MAX_HELD_BYTES
+            || self.peers[slot].held.len() >= MAX_HELD_PER_OWNER
+        {
             self.counts.dropped += 1;
             return;
         }
@@ -714,11 +732,12 @@ mod forward_tests {
         assert_eq!(fb.take_counts(), StrayCounts::default());
     }
 
-    /// More strays than the owner's queue holds (`net.unix.max_dgram_qlen`): the rest are held
-    /// back, the sender's wait descriptor polls readable once the owner has read, and all
-    /// arrive, in order, none dropped.
+    /// More strays than the owner's queue holds (`net.unix.max_dgram_qlen`): the next
+    /// [`MAX_HELD_PER_OWNER`] are held back, the newer ones dropped and counted (no standing
+    /// backlog); the sender's wait descriptor polls readable once the owner has read, and the
+    /// first ones (queued and held) all arrive, in order.
     #[test]
-    fn a_full_queue_holds_strays_back_and_loses_none() {
+    fn a_full_queue_holds_a_burst_back_and_drops_the_newest() {
         let qlen: usize = std::fs::read_to_string("/proc/sys/net/unix/max_dgram_qlen")
             .ok()
             .and_then(|s| s.trim().parse().ok())
@@ -733,16 +752,21 @@ mod forward_tests {
             fa.forward(&a, b.slot(), &stray(&i.to_be_bytes()));
         }
         let c = fa.take_counts();
-        assert_eq!(c.dropped, 0, "{c:?}");
-        assert_eq!(c.forwarded + c.held, n as u64, "{c:?}");
-        assert!(c.held > 0, "the queue of {qlen} was full: {c:?}");
+        assert_eq!(
+            c.held, MAX_HELD_PER_OWNER as u64,
+            "the queue of {qlen} was full: {c:?}"
+        );
+        assert_eq!(c.forwarded + c.held + c.dropped, n as u64, "{c:?}");
+        assert!(c.dropped > 0, "{n} strays exceed queue and backlog: {c:?}");
         assert_eq!(fa.held() as u64, c.held);
+        // Tail drop: the first `kept` strays go through, the newest are dropped.
+        let kept = (c.forwarded + c.held) as usize;
         // Nothing to read and no room yet: a's wait descriptor is quiet.
         assert!(!readable(a.wait_fd(), Duration::ZERO));
         let mut got = Vec::new();
         let mut forwarded = c.forwarded;
         for _ in 0..4 * n {
-            if got.len() == n {
+            if got.len() == kept {
                 break;
             }
             let k = fb.recv(&b);
@@ -761,8 +785,9 @@ mod forward_tests {
             assert_eq!(c.dropped, 0, "{c:?}");
             forwarded += c.forwarded;
         }
-        assert_eq!(got, (0..n as u32).collect::<Vec<_>>());
-        assert_eq!((forwarded, fa.held()), (n as u64, 0));
+        assert_eq!(got, (0..kept as u32).collect::<Vec<_>>());
+        assert_eq!((forwarded, fa.held()), (kept as u64, 0));
+        assert_eq!(fb.recv(&b), 0, "the dropped strays never arrive");
         assert!(!readable(a.wait_fd(), Duration::ZERO), "no longer watched");
     }
 

@@ -332,7 +332,8 @@ pub struct LinkCounters {
     pub rx_kernel_drops: u64,
     /// Datagrams a shared socket ([`RoceSocketConfig::share`]) received for another process's
     /// slot and could not forward (nobody holds the slot, its owner closed, or
-    /// [`super::share::MAX_HELD_BYTES`] were held back already): dropped (see [`super::share`]).
+    /// [`super::share::MAX_HELD_PER_OWNER`] strays for it or [`super::share::MAX_HELD_BYTES`] in
+    /// all were held back already): dropped (see [`super::share`]).
     pub rx_strays: u64,
     /// Datagrams a shared socket received for another process's slot and forwarded to it.
     pub rx_forwarded: u64,
