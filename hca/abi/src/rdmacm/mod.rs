@@ -480,7 +480,7 @@ symver!(softrdmacm_create_event_channel, "IBVERBS_PRIVATE_RDMACM");
 
 /// rdma_destroy_event_channel(3): frees the channel and its unacknowledged events. A pointer
 /// that is not a live channel of this library (null, or a channel already destroyed: see
-/// [`live_channels`]) is ignored; the call returns nothing to report it in.
+/// `live_channels`) is ignored; the call returns nothing to report it in.
 ///
 /// # Safety
 /// `channel` is from [`softrdmacm_create_event_channel`], with no ID left on it.
