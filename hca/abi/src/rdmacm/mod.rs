@@ -847,6 +847,35 @@ fn resolve_addr(
     Ok(())
 }
 
+/// rdma_connect(3) and rdma_accept(3): `step` (`CmService::connect` or `accept`) with the ID's QP
+/// and `conn_param`'s private data; a synchronous ID then waits for `ESTABLISHED`. `EINVAL` without
+/// a QP or a resolved ID.
+///
+/// # Safety
+/// `id` is a live ID; `conn_param` null or readable.
+unsafe fn establish(
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+    step: fn(&CmService, RdmaId, u32, &[u8]) -> Result<(), hca::rdma_cm::RdmaCmError>,
+) -> c_int {
+    // SAFETY: the caller's promise.
+    let (qpn, data) = unsafe { (qpn_of(id, conn_param), private_of(conn_param)) };
+    let Some(qpn) = qpn else {
+        return fail(libc::EINVAL, -1);
+    };
+    let r = {
+        let mut g = lock(global());
+        only_rid(&g, id).and_then(|(d, rid)| {
+            on_dev(&mut g, d, |svc| step(svc, rid, qpn, data)).map_err(|e| errno_of_cm(&e))
+        })
+    };
+    if r.is_ok() && is_sync(id) {
+        // SAFETY: a live synchronous ID.
+        return unsafe { complete(id, rdma_cm_event_type_RDMA_CM_EVENT_ESTABLISHED) };
+    }
+    rc(r)
+}
+
 fn only_rid(g: &Global, id: *mut rdma_cm_id) -> Result<(usize, RdmaId), c_int> {
     g.ids
         .get(&(id as usize))
@@ -978,21 +1007,7 @@ pub unsafe extern "C" fn softrdmacm_connect(
     conn_param: *mut rdma_conn_param,
 ) -> c_int {
     // SAFETY: the caller's promise.
-    let (qpn, data) = unsafe { (qpn_of(id, conn_param), private_of(conn_param)) };
-    let Some(qpn) = qpn else {
-        return fail(libc::EINVAL, -1);
-    };
-    let r = {
-        let mut g = lock(global());
-        only_rid(&g, id).and_then(|(d, rid)| {
-            on_dev(&mut g, d, |svc| svc.connect(rid, qpn, data)).map_err(|e| errno_of_cm(&e))
-        })
-    };
-    if r.is_ok() && is_sync(id) {
-        // SAFETY: a live synchronous ID.
-        return unsafe { complete(id, rdma_cm_event_type_RDMA_CM_EVENT_ESTABLISHED) };
-    }
-    rc(r)
+    unsafe { establish(id, conn_param, CmService::connect) }
 }
 symver!(softrdmacm_connect, "IBVERBS_PRIVATE_RDMACM");
 
@@ -1007,21 +1022,7 @@ pub unsafe extern "C" fn softrdmacm_accept(
     conn_param: *mut rdma_conn_param,
 ) -> c_int {
     // SAFETY: the caller's promise.
-    let (qpn, data) = unsafe { (qpn_of(id, conn_param), private_of(conn_param)) };
-    let Some(qpn) = qpn else {
-        return fail(libc::EINVAL, -1);
-    };
-    let r = {
-        let mut g = lock(global());
-        only_rid(&g, id).and_then(|(d, rid)| {
-            on_dev(&mut g, d, |svc| svc.accept(rid, qpn, data)).map_err(|e| errno_of_cm(&e))
-        })
-    };
-    if r.is_ok() && is_sync(id) {
-        // SAFETY: a live synchronous ID.
-        return unsafe { complete(id, rdma_cm_event_type_RDMA_CM_EVENT_ESTABLISHED) };
-    }
-    rc(r)
+    unsafe { establish(id, conn_param, CmService::accept) }
 }
 symver!(softrdmacm_accept, "IBVERBS_PRIVATE_RDMACM");
 
