@@ -650,15 +650,17 @@ fn unix_dgram_socket() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
-/// A non-blocking `SOCK_DGRAM` Unix socket bound to the abstract name `name` (unix(7): a leading NUL byte,
-/// then `name`; released by the kernel when the socket closes). `AddrInUse` when another socket
-/// holds it; `InvalidInput` when `name` is longer than 107 bytes.
-pub(crate) fn bind_abstract_unix(name: &[u8]) -> io::Result<OwnedFd> {
+/// A non-blocking `SOCK_DGRAM` Unix socket on which `op` (bind(2) or connect(2)) took the
+/// abstract name `name`; `op`'s error.
+fn abstract_unix(
+    name: &[u8],
+    op: unsafe extern "C" fn(libc::c_int, *const libc::sockaddr, libc::socklen_t) -> libc::c_int,
+) -> io::Result<OwnedFd> {
     let (addr, len) = abstract_addr(name)?;
     let fd = unix_dgram_socket()?;
     // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
     let rc = unsafe {
-        libc::bind(
+        op(
             fd.as_raw_fd(),
             (&addr as *const libc::sockaddr_un).cast(),
             len,
@@ -671,26 +673,19 @@ pub(crate) fn bind_abstract_unix(name: &[u8]) -> io::Result<OwnedFd> {
     }
 }
 
+/// A non-blocking `SOCK_DGRAM` Unix socket bound to the abstract name `name` (unix(7): a leading NUL byte,
+/// then `name`; released by the kernel when the socket closes). `AddrInUse` when another socket
+/// holds it; `InvalidInput` when `name` is longer than 107 bytes.
+pub(crate) fn bind_abstract_unix(name: &[u8]) -> io::Result<OwnedFd> {
+    abstract_unix(name, libc::bind)
+}
+
 /// A non-blocking `SOCK_DGRAM` Unix socket connected to the abstract name `name` (connect(2),
 /// unix(7)): `ConnectionRefused` when nobody holds the name. While the receiver's queue is full
 /// (`net.unix.max_dgram_qlen`) sends fail with `WouldBlock` and poll(2) / epoll(7) report the
 /// socket writable again once it has room (the kernel's `unix_dgram_peer_wake_me`).
 pub(crate) fn connect_abstract_unix(name: &[u8]) -> io::Result<OwnedFd> {
-    let (addr, len) = abstract_addr(name)?;
-    let fd = unix_dgram_socket()?;
-    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
-    let rc = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            len,
-        )
-    };
-    if rc == 0 {
-        Ok(fd)
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    abstract_unix(name, libc::connect)
 }
 
 /// sendmsg(2) of one datagram made of `parts` (at most 4) on the connected Unix datagram socket
