@@ -1902,7 +1902,8 @@ pub(crate) unsafe fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> 
     b.cast()
 }
 
-/// ibv_modify_qp(3). PSNs are masked to 24 bits, as rxe and mlx5 do.
+/// ibv_modify_qp(3). PSNs are masked to 24 bits, as rxe and mlx5 do; the AV's flow label to its
+/// 20 bits (see [`ibv_create_ah`]).
 ///
 /// # Safety
 /// `qp` is from ibv_create_qp; `attr` is valid.
@@ -1919,6 +1920,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
     let mut rust = translate::qp_attr_from(a);
     rust.sq_psn &= 0x00ff_ffff;
     rust.rq_psn &= 0x00ff_ffff;
+    rust.ah_attr.flow_label &= FLOW_LABEL_MASK;
     let mask = QpAttrMask::from_bits_retain(mask as u32);
     match i.verbs.modify_qp(q.qpx.qp_base.qp_num, &rust, mask) {
         Ok(_) => {
@@ -2170,7 +2172,13 @@ unsafe extern "C" fn op_post_recv(
 // ---------------------------------------------------------------------------------------------
 // AH.
 
-/// ibv_create_ah(3): RoCE needs a GRH (`is_global`), else `EINVAL` as rxe.
+/// The IPv6 flow label's 20 bits (RFC 8200 section 6; IBTA vol. 1 8.3.1 `FlowLabel`).
+const FLOW_LABEL_MASK: u32 = 0x000f_ffff;
+
+/// ibv_create_ah(3): RoCE needs a GRH (`is_global`), else `EINVAL` as rxe. The GRH's flow label is
+/// masked to its 20 bits: the kernel's uverbs and rxe take any `u32` there without a check, and
+/// UCX (`uct_ib_iface_fill_ah_attr_from_gid_lid`, 1.13) passes `~0` on RoCE, whose low 20 bits
+/// mlx5 turns into the UDP source port.
 ///
 /// # Safety
 /// `pd` is from ibv_alloc_pd; `attr` is valid.
@@ -2184,8 +2192,10 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         set_errno(libc::EINVAL);
         return null_mut();
     }
+    let mut av = translate::ah_attr_from(a);
+    av.flow_label &= FLOW_LABEL_MASK;
     boxed_or_null(
-        i.verbs.create_ah(p.handle, &translate::ah_attr_from(a)),
+        i.verbs.create_ah(p.handle, &av),
         |handle| AbiAh {
             ah: ibv_ah {
                 context: p.pd.context,
