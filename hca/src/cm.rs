@@ -352,6 +352,9 @@ pub struct Cm {
     /// (remote address, remote Communication ID) -> local ID: duplicate REQ detection.
     by_remote: HashMap<(IpAddr, u32), CommId>,
     listeners: Vec<u64>,
+    /// The abstract names announcing each listener to the other processes of a shared address
+    /// ([`crate::link::udp::share::register_listener`]).
+    listener_names: HashMap<u64, crate::link::udp::share::ListenerNames>,
     events: VecDeque<CmEvent>,
     counters: CmCounters,
     next_tid: u64,
@@ -364,6 +367,19 @@ fn padded<const N: usize>(data: &[u8]) -> Result<[u8; N], CmError> {
     let mut out = [0u8; N];
     out[..data.len()].copy_from_slice(data);
     Ok(out)
+}
+
+/// An OS-random Communication ID or SIDR Request ID. On a device shared by several processes
+/// (its engine fixes a QPN prefix, [`crate::link::udp::share`]) the top bits are the process's
+/// slot, so that slot 0, which receives every MAD for QP 1, forwards the replies naming this ID
+/// to this process ([`crate::link::udp::share::gsi_owner`]).
+fn random_id(hca: &SoftHca) -> u32 {
+    use crate::link::udp::share;
+    let r = OsRandom.next_u32();
+    match hca.config().qpn_prefix {
+        Some((_, value)) => share::comm_id_with_slot(r, (value >> share::RANDOM_QPN_BITS) as usize),
+        None => r,
+    }
 }
 
 /// The index of `ip`'s RoCEv2 GID on port 1 of `hca`.
@@ -397,6 +413,7 @@ impl Cm {
             conns: HashMap::new(),
             by_remote: HashMap::new(),
             listeners: Vec::new(),
+            listener_names: HashMap::new(),
             events: VecDeque::new(),
             counters: CmCounters::default(),
             next_tid: u64::from(OsRandom.next_u32()) << 32,
@@ -448,7 +465,7 @@ impl Cm {
             return Err(CmError::TooMany);
         }
         let id = (0..64)
-            .map(|_| OsRandom.next_u32())
+            .map(|_| random_id(hca))
             .find(|id| *id != 0 && !self.sidr_out.contains_key(id))
             .ok_or(CmError::TooMany)?;
         let msg = Message::SidrReq(cm::SidrReq {
@@ -515,6 +532,10 @@ impl Cm {
                 return Err(CmError::TooMany);
             }
             self.listeners.push(service_id);
+            self.listener_names.insert(
+                service_id,
+                crate::link::udp::share::register_listener(service_id),
+            );
         }
         Ok(())
     }
@@ -522,6 +543,7 @@ impl Cm {
     /// Stops accepting REQs for `service_id`.
     pub fn unlisten(&mut self, service_id: u64) {
         self.listeners.retain(|&s| s != service_id);
+        self.listener_names.remove(&service_id);
     }
 
     fn event(&mut self, id: CommId, kind: CmEventKind) {
@@ -532,11 +554,11 @@ impl Cm {
         self.events.push_back(CmEvent { id, kind });
     }
 
-    /// A fresh random Communication ID; `None` only if 64 draws all hit taken IDs (a broken
-    /// random source: at most `max_connections` of 2^32 are taken).
-    fn new_id(&self) -> Option<CommId> {
+    /// A fresh random Communication ID ([`random_id`]); `None` only if 64 draws all hit taken
+    /// IDs (a broken random source: at most `max_connections` of 2^27 are taken).
+    fn new_id(&self, hca: &SoftHca) -> Option<CommId> {
         (0..64)
-            .map(|_| OsRandom.next_u32())
+            .map(|_| random_id(hca))
             .find(|id| *id != 0 && !self.conns.contains_key(id))
     }
 
@@ -586,7 +608,7 @@ impl Cm {
                 hca.modify_qp(p.qpn, &a, m)?;
             }
         }
-        let id = self.new_id().ok_or(CmError::TooMany)?;
+        let id = self.new_id(hca).ok_or(CmError::TooMany)?;
         let local_psn = random_psn();
         let c = self.config.clone();
         let req = cm::Req {
@@ -1062,7 +1084,7 @@ impl Cm {
             self.send(hca, m.dst_ip, m.src_ip, &refuse(reason), tid);
             return;
         }
-        let Some(id) = self.new_id() else {
+        let Some(id) = self.new_id(hca) else {
             self.counters.refused_resources += 1;
             self.send(
                 hca,

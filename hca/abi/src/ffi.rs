@@ -2194,17 +2194,14 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
     }
     let mut av = translate::ah_attr_from(a);
     av.flow_label &= FLOW_LABEL_MASK;
-    boxed_or_null(
-        i.verbs.create_ah(p.handle, &av),
-        |handle| AbiAh {
-            ah: ibv_ah {
-                context: p.pd.context,
-                pd,
-                handle: handle.index(),
-            },
-            handle,
+    boxed_or_null(i.verbs.create_ah(p.handle, &av), |handle| AbiAh {
+        ah: ibv_ah {
+            context: p.pd.context,
+            pd,
+            handle: handle.index(),
         },
-    )
+        handle,
+    })
 }
 symver!(ibv_create_ah, "IBVERBS_1.1");
 

@@ -331,7 +331,13 @@ impl Link for UdpLink {
         for d in batch.iter() {
             n += 1;
             if let (Some(claim), Some(q)) = (claim, d.payload.get(5..8)) {
-                let owner = share::slot_of_qpn(u32::from_be_bytes([0, q[0], q[1], q[2]]));
+                let qpn = u32::from_be_bytes([0, q[0], q[1], q[2]]);
+                let owner = if qpn == share::GSI_QPN {
+                    let local = self.link.local_addr();
+                    share::gsi_owner(d.payload, |sid| share::listener_slot(local, sid))
+                } else {
+                    share::slot_of_qpn(qpn)
+                };
                 if owner != claim.slot() {
                     let stray = share::Forwarded {
                         src: d.src,

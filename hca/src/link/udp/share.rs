@@ -52,6 +52,18 @@
 //! Correctness thus never depends on the kernel's index; a moved slot costs one extra local hop
 //! per datagram until the group is rebuilt (its processes reopen).
 //!
+//! # QP 1: the CM's MADs
+//! Every process of a shared address may run an RDMA CM (its QP 1 sends MADs from its own
+//! socket). A MAD arriving for QP 1 goes to slot 0 by the BPF program; [`gsi_owner`] then picks
+//! the process it is for, from the CM message (IBTA vol. 1 section 12.6): a reply (MRA, REJ,
+//! REP, RTU, DREQ, DREP, LAP, APR) names the receiver's Communication ID, whose top
+//! [`SLOT_BITS`] bits a shared device's CM sets to its slot ([`comm_id_with_slot`]); a REQ or
+//! SIDR_REQ names a service ID, looked up among the abstract names
+//! `soft-hca/<address>:<port>/listen/<service ID>/slot<N>` a listening process binds
+//! ([`register_listener`], [`listener_slot`]); a SIDR_REP names the requester's request ID. The
+//! MAD is then forwarded as any stray. Anything else (another class, a REQ nobody listens for)
+//! stays in slot 0, whose CM answers it.
+//!
 //! # Who may forward
 //! The slot socket has `SO_PASSCRED`: every datagram carries its sender's credentials, checked
 //! by the kernel, and one from a process of another user ID is discarded and counted
@@ -72,6 +84,114 @@ pub const RANDOM_QPN_BITS: u32 = 24 - SLOT_BITS;
 pub const GSI_QPN: u32 = 1;
 /// Longest wait for another process's join to finish.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Random bits left in a Communication ID drawn by a shared device's CM: `32 - SLOT_BITS`.
+pub const RANDOM_COMM_ID_BITS: u32 = 32 - SLOT_BITS;
+
+/// A Communication ID (IBTA vol. 1 section 12.6.2, 32 bits) for the CM of `slot`: the slot in the
+/// top [`SLOT_BITS`] bits, `random`'s low [`RANDOM_COMM_ID_BITS`] bits below.
+pub fn comm_id_with_slot(random: u32, slot: usize) -> u32 {
+    ((slot as u32) << RANDOM_COMM_ID_BITS) | (random & ((1 << RANDOM_COMM_ID_BITS) - 1))
+}
+
+/// The slot whose CM drew Communication ID `id` ([`comm_id_with_slot`]).
+pub fn slot_of_comm_id(id: u32) -> usize {
+    (id >> RANDOM_COMM_ID_BITS) as usize
+}
+
+/// The slot a datagram for QP 1 belongs to (see "QP 1" above): `payload` is the UDP payload (BTH,
+/// DETH, then the 256-byte MAD, IBTA vol. 1 sections 9.2, 9.3.2, 13.4); `listener` maps a
+/// service ID to the slot listening for it. Slot 0 for anything but a CM message naming
+/// another process.
+pub fn gsi_owner(payload: &[u8], listener: impl FnOnce(u64) -> Option<usize>) -> usize {
+    use roce::cm::AttrId;
+    // BTH (12 bytes) and DETH (8) precede the MAD; the CM's data follows the 24-byte MAD header.
+    const MAD: usize = 20;
+    const DATA: usize = MAD + roce::mad::HEADER_LEN;
+    let Some(data) = payload.get(DATA..DATA + 16) else {
+        return 0;
+    };
+    let mad = &payload[MAD..];
+    // MgmtClass at byte 1, AttributeID at 16..18 (IBTA vol. 1 section 13.4.2, table 145).
+    if mad[1] != u8::from(roce::mad::MgmtClass::CommMgmt) {
+        return 0;
+    }
+    let attr = AttrId::from(u16::from_be_bytes([mad[16], mad[17]]));
+    let word = |at: usize| u32::from_be_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]);
+    let slot = match attr {
+        // Local Communication ID / Request ID at 0, Service ID at 8 (tables 99 and 114).
+        AttrId::Req | AttrId::SidrReq => {
+            let mut sid = [0u8; 8];
+            sid.copy_from_slice(&data[8..16]);
+            listener(u64::from_be_bytes(sid)).unwrap_or(0)
+        }
+        // The Request ID the requester chose, at 0 (table 115).
+        AttrId::SidrRep => slot_of_comm_id(word(0)),
+        // Local Communication ID at 0, Remote (the receiver's) at 4.
+        AttrId::Mra
+        | AttrId::Rej
+        | AttrId::Rep
+        | AttrId::Rtu
+        | AttrId::Dreq
+        | AttrId::Drep
+        | AttrId::Lap
+        | AttrId::Apr => slot_of_comm_id(word(4)),
+        _ => 0,
+    };
+    if slot < MAX_SLOTS {
+        slot
+    } else {
+        0
+    }
+}
+
+/// The shared addresses this process holds a slot of: `(soft-hca/ADDR:PORT, slot)`.
+static CLAIMS: std::sync::Mutex<Vec<(String, usize)>> = std::sync::Mutex::new(Vec::new());
+
+fn claims() -> std::sync::MutexGuard<'static, Vec<(String, usize)>> {
+    CLAIMS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The slot of this process's shared device on `local`, if it holds one (the slot its CM puts in
+/// its Communication IDs).
+pub fn slot_of_address(local: SocketAddr) -> Option<usize> {
+    let base = format!("soft-hca/{local}");
+    claims().iter().find(|(b, _)| *b == base).map(|&(_, s)| s)
+}
+
+/// The abstract names a listener holds ([`register_listener`]); dropping it releases them.
+#[derive(Debug)]
+pub struct ListenerNames {
+    _names: Vec<OwnedFd>,
+}
+
+/// Announces that this process's CM listens for `service_id`: binds
+/// `soft-hca/ADDR:PORT/listen/<service ID>/slot<N>` for every shared address it holds slot `N`
+/// of, so that slot 0 there forwards REQs for that service here ([`gsi_owner`]). Names that
+/// cannot be bound (another process of the same slot number on another namespace's address) are
+/// skipped: their REQs stay in slot 0, which rejects them as for no listener.
+pub fn register_listener(service_id: u64) -> ListenerNames {
+    let names = claims()
+        .iter()
+        .filter_map(|(base, slot)| {
+            bind_abstract(&format!("{base}/listen/{service_id:016x}/slot{slot}")).ok()
+        })
+        .collect();
+    ListenerNames { _names: names }
+}
+
+/// The slot that listens for `service_id` on the shared address `local` ([`register_listener`]),
+/// found by connecting to each slot's name (at most [`MAX_SLOTS`] connect(2) calls, once per REQ).
+pub fn listener_slot(local: SocketAddr, service_id: u64) -> Option<usize> {
+    (0..MAX_SLOTS).find(|slot| {
+        crate::link::sys::connect_abstract_unix(
+            format!("soft-hca/{local}/listen/{service_id:016x}/slot{slot}").as_bytes(),
+        )
+        .is_ok()
+    })
+}
 
 /// The slot a destination QPN belongs to (QP 1 and QP 0: slot 0).
 pub fn slot_of_qpn(qpn: u32) -> usize {
@@ -148,6 +268,8 @@ const SLOT_TAG: u64 = u64::MAX;
 #[derive(Debug)]
 pub struct SlotClaim {
     slot: usize,
+    /// `soft-hca/ADDR:PORT`, listed in [`CLAIMS`] while this claim lives.
+    base: String,
     _name: OwnedFd,
     /// epoll(7) over the slot socket (readable) and the forwarding sockets with strays queued
     /// (writable): what a link's wait watches beside its UDP socket.
@@ -174,7 +296,7 @@ impl SlotClaim {
 
     /// The slot socket with `SO_PASSCRED` (so that each datagram carries its sender's
     /// credentials, unix(7)) and its epoll set.
-    fn new(slot: usize, name: OwnedFd) -> io::Result<SlotClaim> {
+    fn new(base: &str, slot: usize, name: OwnedFd) -> io::Result<SlotClaim> {
         crate::link::sys::set_int(name.as_fd(), libc::SOL_SOCKET, libc::SO_PASSCRED, 1)?;
         let events = crate::link::sys::epoll_new()?;
         crate::link::sys::epoll_ctl(
@@ -184,11 +306,25 @@ impl SlotClaim {
             libc::EPOLLIN as u32,
             SLOT_TAG,
         )?;
+        claims().push((base.to_string(), slot));
         Ok(SlotClaim {
             slot,
+            base: base.to_string(),
             _name: name,
             events,
         })
+    }
+}
+
+impl Drop for SlotClaim {
+    fn drop(&mut self) {
+        let mut c = claims();
+        if let Some(i) = c
+            .iter()
+            .position(|(b, s)| *b == self.base && *s == self.slot)
+        {
+            c.swap_remove(i);
+        }
     }
 }
 
@@ -548,7 +684,7 @@ pub(crate) fn claim_and_bind<T>(
     for slot in 0..MAX_SLOTS {
         match bind_abstract(&format!("{base}/slot{slot}")) {
             Ok(name) => {
-                let claim = SlotClaim::new(slot, name)?;
+                let claim = SlotClaim::new(&base, slot, name)?;
                 let bound = bind(slot)?;
                 return Ok((claim, bound));
             }
