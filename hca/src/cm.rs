@@ -319,6 +319,8 @@ struct Conn {
     peer_retries: u8,
     /// Kept for the ConnectRequest answer (REJ needs the requester's IDs).
     tid: u64,
+    /// The QP's local ACK timeout at RTS ([`ACK_TIMEOUT`] unless [`Cm::set_ack_timeout`]).
+    ack_timeout: u8,
 }
 
 /// An outstanding SIDR_REQ of ours.
@@ -540,6 +542,24 @@ impl Cm {
         Ok(())
     }
 
+    /// Sets the local ACK timeout (`ibv_qp_attr.timeout`, 4.096 us x 2^`timeout`, 5 bits) the
+    /// CM gives connection `id`'s QP when it moves it to RTS, instead of [`ACK_TIMEOUT`]: what
+    /// `rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)` asks (Linux `cma.c` `rdma_set_ack_timeout`,
+    /// applied in `rdma_init_qp_attr` for RTS). Call it after [`Cm::connect`] (before the REP)
+    /// or before [`Cm::accept`].
+    ///
+    /// # Errors
+    /// [`CmError::BadState`] for an unknown connection or a `timeout` over 31.
+    pub fn set_ack_timeout(&mut self, id: CommId, timeout: u8) -> Result<(), CmError> {
+        match self.conns.get_mut(&id) {
+            Some(c) if timeout <= 31 => {
+                c.ack_timeout = timeout;
+                Ok(())
+            }
+            _ => Err(CmError::BadState),
+        }
+    }
+
     /// Stops accepting REQs for `service_id`.
     pub fn unlisten(&mut self, service_id: u64) {
         self.listeners.retain(|&s| s != service_id);
@@ -653,6 +673,7 @@ impl Cm {
         self.conns.insert(
             id,
             Conn {
+                ack_timeout: ACK_TIMEOUT,
                 state: State::ReqSent,
                 local_ip: p.local_ip,
                 remote_ip: p.remote_ip,
@@ -714,7 +735,7 @@ impl Cm {
             local_psn: c.remote_psn,
             max_dest_rd_atomic: p.rd_atomic,
             max_rd_atomic: p.rd_atomic,
-            timeout: ACK_TIMEOUT,
+            timeout: c.ack_timeout,
             ..ConnectAttr::default()
         };
         let mut result = Ok(());
@@ -1100,6 +1121,7 @@ impl Cm {
         self.conns.insert(
             id,
             Conn {
+                ack_timeout: ACK_TIMEOUT,
                 state: State::ReqRcvd,
                 local_ip: m.dst_ip,
                 remote_ip: m.src_ip,
@@ -1182,7 +1204,7 @@ impl Cm {
             local_psn: rep.starting_psn,
             max_dest_rd_atomic: c.rd_atomic,
             max_rd_atomic: c.rd_atomic.min(rep.responder_resources),
-            timeout: ACK_TIMEOUT,
+            timeout: c.ack_timeout,
             ..ConnectAttr::default()
         };
         let mut ok = true;
@@ -1234,7 +1256,7 @@ impl Cm {
             // Send from the REQ's Starting PSN (Linux cm.c `cm_req_handler`: sq_psn = REQ's).
             local_psn: c.remote_psn,
             max_rd_atomic: c.rd_atomic,
-            timeout: ACK_TIMEOUT,
+            timeout: c.ack_timeout,
             ..ConnectAttr::default()
         };
         // Accept moved it to RTS already; a QP the consumer left in RTR is moved now.

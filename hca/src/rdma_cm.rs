@@ -141,6 +141,8 @@ struct IdState {
     route_resolved: bool,
     listening: bool,
     comm: Option<CommId>,
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`, if set ([`RdmaCm::set_ack_timeout`]).
+    ack_timeout: Option<u8>,
 }
 
 /// The RDMA CM of one device; see the [module docs](self).
@@ -409,6 +411,9 @@ impl RdmaCm {
             private_data: &data,
         };
         let comm = self.cm.connect(now, hca, &params)?;
+        if let Some(t) = s.ack_timeout {
+            self.cm.set_ack_timeout(comm, t)?;
+        }
         if let Some(st) = self.ids.get_mut(&id) {
             st.comm = Some(comm);
             st.local = Some(SocketAddr::new(local.ip(), src_port));
@@ -416,6 +421,23 @@ impl RdmaCm {
         self.by_comm.insert(comm, id);
         self.drain(hca);
         Ok(())
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT)`: the local ACK timeout
+    /// (`ibv_qp_attr.timeout`, 4.096 us x 2^`timeout`) the CM gives `id`'s QP at RTS when it
+    /// connects or accepts, instead of [`crate::cm::ACK_TIMEOUT`] (Linux `cma.c`
+    /// `rdma_set_ack_timeout`; rdma_set_option(3)).
+    ///
+    /// # Errors
+    /// [`RdmaCmError::BadState`] for an unknown ID or a `timeout` over 31.
+    pub fn set_ack_timeout(&mut self, id: RdmaId, timeout: u8) -> Result<(), RdmaCmError> {
+        match self.ids.get_mut(&id) {
+            Some(s) if timeout <= 31 => {
+                s.ack_timeout = Some(timeout);
+                Ok(())
+            }
+            _ => Err(RdmaCmError::BadState),
+        }
     }
 
     fn comm_of(&self, id: RdmaId) -> Result<CommId, RdmaCmError> {
@@ -439,6 +461,9 @@ impl RdmaCm {
         private_data: &[u8],
     ) -> Result<(), RdmaCmError> {
         let comm = self.comm_of(id)?;
+        if let Some(t) = self.ids.get(&id).and_then(|s| s.ack_timeout) {
+            self.cm.set_ack_timeout(comm, t)?;
+        }
         let p = AcceptParams {
             qpn,
             access: AccessFlags::LOCAL_WRITE
@@ -552,6 +577,7 @@ impl RdmaCm {
                             route_resolved: true,
                             listening: false,
                             comm: Some(e.id),
+                            ack_timeout: None,
                         },
                     );
                     self.by_comm.insert(e.id, new_id);

@@ -93,6 +93,8 @@ struct IdRec {
     ep_qp_attr: Option<ibv_qp_init_attr>,
     /// The ID made the default CQs (`ucma_create_cqs`): destroyed with its QP.
     own_cqs: bool,
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`'s value: given to the CM when the ID connects or accepts.
+    ack_timeout: Option<u8>,
 }
 
 struct Global {
@@ -865,8 +867,15 @@ unsafe fn establish(
     };
     let r = {
         let mut g = lock(global());
+        let ack_timeout = g.ids.get(&(id as usize)).and_then(|r| r.ack_timeout);
         only_rid(&g, id).and_then(|(d, rid)| {
-            on_dev(&mut g, d, |svc| step(svc, rid, qpn, data)).map_err(|e| errno_of_cm(&e))
+            on_dev(&mut g, d, |svc| {
+                if let Some(t) = ack_timeout {
+                    svc.set_ack_timeout(rid, t)?;
+                }
+                step(svc, rid, qpn, data)
+            })
+            .map_err(|e| errno_of_cm(&e))
         })
     };
     if r.is_ok() && is_sync(id) {
@@ -1136,24 +1145,44 @@ pub unsafe extern "C" fn softrdmacm_migrate_id(
 }
 symver!(softrdmacm_migrate_id, "IBVERBS_PRIVATE_RDMACM");
 
-/// rdma_set_option(3): `RDMA_OPTION_ID` options (TOS, REUSEADDR, AFONLY, ACK_TIMEOUT) are
-/// accepted; `RDMA_OPTION_IB_PATH` and others fail with `ENOSYS`, as the kernel's do.
+/// rdma_set_option(3): `RDMA_OPTION_ID` options (TOS, REUSEADDR, AFONLY) are accepted without
+/// effect; `RDMA_OPTION_ID_ACK_TIMEOUT` (a `u8`, at most 31, else `EINVAL`) becomes the local ACK
+/// timeout of the ID's QP at RTS when it connects or accepts, as Linux `cma.c`
+/// `rdma_set_ack_timeout` makes it (`ibv_query_qp` then reports it); `RDMA_OPTION_IB_PATH` and
+/// others fail with `ENOSYS`, as the kernel's do.
+///
+/// # Safety
+/// `id` is a live ID; `optval` points at `optlen` readable bytes.
 #[no_mangle]
-pub extern "C" fn softrdmacm_set_option(
-    _id: *mut rdma_cm_id,
+pub unsafe extern "C" fn softrdmacm_set_option(
+    id: *mut rdma_cm_id,
     level: c_int,
     optname: c_int,
     optval: *mut c_void,
-    _optlen: usize,
+    optlen: usize,
 ) -> c_int {
     if optval.is_null() {
         return fail(libc::EINVAL, -1);
     }
-    if level == RDMA_OPTION_ID as c_int && OPTION_ID_KNOWN.contains(&optname) {
-        0
-    } else {
-        fail(libc::ENOSYS, -1)
+    if level != RDMA_OPTION_ID as c_int || !OPTION_ID_KNOWN.contains(&optname) {
+        return fail(libc::ENOSYS, -1);
     }
+    if optname == RDMA_OPTION_ID_ACK_TIMEOUT as c_int {
+        // SAFETY: the caller's promise (optlen bytes at optval, at least one checked here).
+        let t = match optlen {
+            0 => return fail(libc::EINVAL, -1),
+            _ => unsafe { *optval.cast::<u8>() },
+        };
+        if t > 31 {
+            return fail(libc::EINVAL, -1);
+        }
+        let mut g = lock(global());
+        let Some(rec) = g.ids.get_mut(&(id as usize)) else {
+            return fail(libc::EINVAL, -1);
+        };
+        rec.ack_timeout = Some(t);
+    }
+    0
 }
 symver!(softrdmacm_set_option, "IBVERBS_PRIVATE_RDMACM");
 
