@@ -717,6 +717,80 @@ mod tests {
         assert_eq!(slot_of_qpn(0), 0);
     }
 
+    #[test]
+    fn comm_ids_carry_the_slot() {
+        for slot in 0..MAX_SLOTS {
+            for r in [0u32, 1, 0x07ff_ffff, u32::MAX, 0x9e37_79b9] {
+                let id = comm_id_with_slot(r, slot);
+                assert_eq!(slot_of_comm_id(id), slot);
+                assert_eq!(id & ((1 << RANDOM_COMM_ID_BITS) - 1), r & 0x07ff_ffff);
+            }
+        }
+    }
+
+    /// A UD SEND to QP 1: 20 bytes of BTH + DETH (zeros: not read), then `mad`.
+    fn to_qp1(mad: &[u8]) -> Vec<u8> {
+        let mut p = vec![0u8; 20];
+        p.extend_from_slice(mad);
+        p.extend_from_slice(&[0; 4]); // ICRC
+        p
+    }
+
+    #[test]
+    fn qp1_mads_go_to_the_slot_they_name() {
+        use roce::cm::{Dreq, Message, Rtu, SidrRep, SidrStatus, DREQ_PRIVATE_DATA_LEN};
+        let mut mad = [0u8; roce::mad::MAD_LEN];
+        // A DREQ to Communication ID of slot 7, built by the roce crate.
+        let dreq = Message::Dreq(Dreq {
+            local_comm_id: 0x1234_5678,
+            remote_comm_id: comm_id_with_slot(0x0abc_def0, 7),
+            remote_qpn: 0x40_0001,
+            private_data: [0; DREQ_PRIVATE_DATA_LEN],
+        });
+        dreq.emit_mad(1, &mut mad).unwrap();
+        assert_eq!(gsi_owner(&to_qp1(&mad), |_| panic!("no lookup")), 7);
+        let rtu = Message::Rtu(Rtu {
+            local_comm_id: 1,
+            remote_comm_id: comm_id_with_slot(5, 31),
+            private_data: [0; roce::cm::RTU_PRIVATE_DATA_LEN],
+        });
+        rtu.emit_mad(2, &mut mad).unwrap();
+        assert_eq!(gsi_owner(&to_qp1(&mad), |_| None), 31);
+        // A SIDR_REP names the requester's Request ID at offset 0.
+        let sidr_rep = Message::SidrRep(SidrRep {
+            request_id: comm_id_with_slot(9, 3),
+            status: SidrStatus::Success,
+            info_len: 0,
+            qpn: 0x1000,
+            service_id: 0x0106_0000_0000_1234,
+            qkey: 0,
+            info: [0; roce::cm::SIDR_REP_INFO_LEN],
+            private_data: [0; roce::cm::SIDR_REP_PRIVATE_DATA_LEN],
+        });
+        sidr_rep.emit_mad(3, &mut mad).unwrap();
+        assert_eq!(gsi_owner(&to_qp1(&mad), |_| None), 3);
+        // A REQ (hand-built: class 7, attribute 0x0010, Service ID at data offset 8) goes to the
+        // listener's slot, or to slot 0 when nobody listens.
+        let mut req = [0u8; roce::mad::MAD_LEN];
+        req[..4].copy_from_slice(&[1, 0x07, 2, 3]);
+        req[16..18].copy_from_slice(&0x0010u16.to_be_bytes());
+        req[24 + 8..24 + 16].copy_from_slice(&0x0000_0000_0106_4d2bu64.to_be_bytes());
+        let mut asked = None;
+        let owner = gsi_owner(&to_qp1(&req), |sid| {
+            asked = Some(sid);
+            Some(12)
+        });
+        assert_eq!((owner, asked), (12, Some(0x0106_4d2b)));
+        assert_eq!(gsi_owner(&to_qp1(&req), |_| None), 0);
+        // Another class (a PerfMgt Get), a truncated MAD, a slot out of range: slot 0.
+        let mut perf = req;
+        perf[1] = 0x04;
+        assert_eq!(gsi_owner(&to_qp1(&perf), |_| Some(5)), 0);
+        assert_eq!(gsi_owner(&to_qp1(&req)[..40], |_| Some(5)), 0);
+        assert_eq!(gsi_owner(&req[..10], |_| Some(5)), 0);
+        assert_eq!(gsi_owner(&to_qp1(&req), |_| Some(MAX_SLOTS)), 0);
+    }
+
     /// A reuseport group of `n` sockets on 127.0.0.1 (a free port) with the program attached.
     fn group(n: usize) -> Option<Vec<UdpSocket>> {
         let mut socks = Vec::new();
