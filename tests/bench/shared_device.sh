@@ -36,8 +36,11 @@ for n in "${@:-2 4 8}"; do
       port=$((port + 1))
       wb 127.0.0.1 $port >"$tmp/s$i" 2>&1 &
       pids+=($!)
-      sleep 0.2
-      wb 127.0.0.1 $port 127.0.0.1 >"$tmp/c$i" 2>&1 &
+    done
+    # All servers first, then all clients at once: the pairs overlap for (nearly) their whole run.
+    sleep 0.5
+    for i in $(seq 1 "$n"); do
+      wb 127.0.0.1 $((port - n + i)) 127.0.0.1 >"$tmp/c$i" 2>&1 &
       pids+=($!)
     done
     wait "${pids[@]}"
@@ -52,8 +55,10 @@ for n in "${@:-2 4 8}"; do
       port=$((port + 1))
       wb 127.0.1.$i $port >"$tmp/S$i" 2>&1 &
       pids+=($!)
-      sleep 0.2
-      wb 127.0.2.$i $port 127.0.1.$i >"$tmp/C$i" 2>&1 &
+    done
+    sleep 0.5
+    for i in $(seq 1 "$n"); do
+      wb 127.0.2.$i $((port - n + i)) 127.0.1.$i >"$tmp/C$i" 2>&1 &
       pids+=($!)
     done
     wait "${pids[@]}"
