@@ -1829,7 +1829,12 @@ symver!(ibv_create_qp, "IBVERBS_1.1");
 /// # Safety
 /// As [`ibv_create_qp`].
 pub(crate) unsafe fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
-    // SAFETY: the caller's promise.
+    if pd.is_null() || init.is_null() {
+        // rdma-core's would fault; a program that passes a missing PD gets EINVAL instead.
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    // SAFETY: the caller's promise (both checked non-null).
     let (p, a) = unsafe { (&*pd.cast::<AbiPd>(), &mut *init) };
     // SAFETY: its context is open.
     let i = unsafe { inner(p.pd.context) };

@@ -159,7 +159,7 @@ const RDMACM_MUST_PASS: &[&str] = &[
 /// Tests allowed to fail today, with the reason: UD over `RDMA_PS_UDP` needs SIDR at the RDMA
 /// CM layer (`rdma_getaddrinfo` with `RAI_PASSIVE` / `RDMA_PS_UDP` fails with `EOPNOTSUPP`);
 /// an external QP needs `CONNECT_RESPONSE`, `rdma_init_qp_attr` for RTR / RTS and
-/// `rdma_establish` (this CM moves the QP itself and reports `ESTABLISHED`).
+/// `rdma_establish` (this CM moves the QP itself: `rdma_init_qp_attr` for RTR fails with `EINVAL`).
 const RDMACM_NOT_YET: &[&str] = &[
     "test_rdmacm_async_udp_traffic",
     "test_rdmacm_async_traffic_external_qp",

@@ -370,6 +370,7 @@ fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
             // SAFETY: all-zero is a valid rdma_cm_id (null pointers, zero numbers).
             let mut new: Box<rdma_cm_id> = Box::new(unsafe { zeroed() });
             new.verbs = g.devs[d].ctx;
+            new.pd = dev_pd(g, d).unwrap_or(null_mut());
             new.channel = lp.channel;
             new.context = lp.context;
             new.ps = lp.ps;
@@ -748,6 +749,7 @@ pub unsafe extern "C" fn softrdmacm_bind_addr(
         }
     };
     let ctx = dev.map_or(null_mut(), |d| g.devs[d].ctx);
+    let pd = dev.and_then(|d| dev_pd(&mut g, d)).unwrap_or(null_mut());
     let Some(rec) = g.ids.get_mut(&(id as usize)) else {
         return fail(libc::EINVAL, -1);
     };
@@ -756,6 +758,7 @@ pub unsafe extern "C" fn softrdmacm_bind_addr(
     // SAFETY: a live ID.
     unsafe {
         (*id).verbs = ctx;
+        (*id).pd = pd;
         (*id).port_num = 1;
         set_route(id, Some(a), None);
     }
@@ -831,9 +834,11 @@ fn resolve_addr(
     };
     let rid = rid_on(g, id as usize, d)?;
     let ctx = g.devs[d].ctx;
+    let pd = dev_pd(g, d).unwrap_or(null_mut());
     // SAFETY: a live ID.
     unsafe {
         (*id).verbs = ctx;
+        (*id).pd = pd;
         (*id).port_num = 1;
     }
     // Event delivery happens after the addresses are in the ID: resolve, then fill, then deliver
@@ -1260,15 +1265,22 @@ fn default_pd(id: *mut rdma_cm_id) -> Result<*mut ibv_pd, c_int> {
         .get(&(id as usize))
         .and_then(|r| r.dev)
         .ok_or(libc::EINVAL)?;
+    dev_pd(&mut g, d).ok_or(libc::ENOMEM)
+}
+
+/// Device `d`'s PD for IDs and QPs made without one, allocated on first use (rdma-core's
+/// `ucma_get_device` gives every ID bound to a device that device's PD in `id->pd`, which
+/// programs use for QPs and MRs of their own); `None` when ibv_alloc_pd fails.
+fn dev_pd(g: &mut Global, d: usize) -> Option<*mut ibv_pd> {
     if g.devs[d].pd.is_null() {
         // SAFETY: an open context of this library.
         let pd = unsafe { crate::ffi::ibv_alloc_pd(g.devs[d].ctx) };
         if pd.is_null() {
-            return Err(libc::ENOMEM);
+            return None;
         }
         g.devs[d].pd = pd;
     }
-    Ok(g.devs[d].pd)
+    Some(g.devs[d].pd)
 }
 
 /// Makes the CQs rdma-core makes for a QP without them (`ucma_create_cqs`): one per direction,
