@@ -449,7 +449,8 @@ impl Cm {
         }
         let id = (0..64)
             .map(|_| OsRandom.next_u32())
-            .find(|id| *id != 0 && !self.sidr_out.contains_key(id))
+            // Distinct from the Communication IDs too: both name events (`Unreachable`).
+            .find(|id| *id != 0 && !self.sidr_out.contains_key(id) && !self.conns.contains_key(id))
             .ok_or(CmError::TooMany)?;
         let msg = Message::SidrReq(cm::SidrReq {
             request_id: id,
@@ -505,6 +506,12 @@ impl Cm {
         Ok(())
     }
 
+    /// Forgets a [`CmEventKind::SidrRequest`] without answering it (its sender's retries end in
+    /// `Unreachable`); nothing for an unknown `id`.
+    pub fn sidr_forget(&mut self, id: u32) {
+        self.sidr_in.remove(&id);
+    }
+
     /// Accepts REQs for `service_id` (e.g. [`roce::cm::service_id`] of a port space and port).
     ///
     /// # Errors
@@ -537,7 +544,7 @@ impl Cm {
     fn new_id(&self) -> Option<CommId> {
         (0..64)
             .map(|_| OsRandom.next_u32())
-            .find(|id| *id != 0 && !self.conns.contains_key(id))
+            .find(|id| *id != 0 && !self.conns.contains_key(id) && !self.sidr_out.contains_key(id))
     }
 
     fn tid(&mut self) -> u64 {

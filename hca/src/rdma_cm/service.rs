@@ -325,6 +325,15 @@ impl CmService {
         lock(&self.inner.cm).create_id()
     }
 
+    /// `rdma_create_id(3)` with port space `ps` (`RDMA_PS_TCP` for RC, `RDMA_PS_UDP` for UD over
+    /// SIDR; [`roce::cm::port_space`]).
+    ///
+    /// # Errors
+    /// As [`RdmaCm::create_id_ps`].
+    pub fn create_id_ps(&self, ps: u16) -> Result<RdmaId, RdmaCmError> {
+        lock(&self.inner.cm).create_id_ps(ps)
+    }
+
     /// `rdma_destroy_id(3)`: an established connection is disconnected first (DREQ, as the
     /// kernel's `cma.c` does when a connected ID is destroyed), a connection request not yet
     /// answered is rejected; events of the ID still queued stay queued.
@@ -372,7 +381,9 @@ impl CmService {
 
     /// `rdma_connect(3)` with the caller's RC QP `qpn` (in RESET; the CM moves it to INIT now and
     /// to RTR / RTS when the REP arrives) and at most 56 bytes of `private_data`; `ESTABLISHED`,
-    /// `REJECTED` or `UNREACHABLE` follows.
+    /// `REJECTED` or `UNREACHABLE` follows. For a UD ID a SIDR_REQ (at most 180 bytes of
+    /// `private_data`; the caller's UD QP is its own to bring up): `ESTABLISHED` with the peer's
+    /// QPN and Q_Key, or `UNREACHABLE`.
     ///
     /// # Errors
     /// As [`RdmaCm::connect`].
@@ -382,7 +393,7 @@ impl CmService {
 
     /// `rdma_accept(3)` of a `CONNECT_REQUEST`'s ID with the caller's RC QP `qpn` (in RESET; the
     /// CM moves it to RTR now and to RTS when the RTU arrives: `ESTABLISHED`) and at most 196
-    /// bytes of REP `private_data`.
+    /// bytes of REP `private_data`; of a UD ID, a SIDR_REP naming UD QP `qpn` (at most 136 bytes).
     ///
     /// # Errors
     /// As [`RdmaCm::accept`].

@@ -352,6 +352,7 @@ fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
         event,
         status,
         private_data,
+        ud,
     } = e;
     let (id, listen) = match listen_id {
         Some(l) => {
