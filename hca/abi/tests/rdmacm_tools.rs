@@ -1,7 +1,8 @@
 //! Debian's own, unmodified RDMA CM programs (rdma-core's `rdmacm-utils`, perftest's `-R`) over
 //! the drop-in `librdmacm.so.1` and `libibverbs.so.1` (`LD_LIBRARY_PATH`): `rping` with its data
-//! verified, `ucmatose` with several connections, `ib_write_bw -R`, `ib_send_lat -R`, a REJ for
-//! a port nobody listens on, and the library's exported symbol versions against rdma-core's.
+//! verified, `ucmatose` with several connections, `udaddy` (UD over SIDR), `ib_write_bw -R`,
+//! `ib_send_lat -R`, a REJ for a port nobody listens on, and the library's exported symbol
+//! versions against rdma-core's.
 //! Server and client are separate processes, each on its own loopback address through
 //! `ROCE_DEVICES`.
 //!
@@ -107,7 +108,11 @@ fn pair(
             .output()
             .expect("run client");
         let out = text(&client);
-        let rejected = out.contains("RDMA_CM_EVENT_REJECTED") || out.contains("Connection refused");
+        // A SIDR_REQ for a port nobody listens on is answered SIDR_REP status 1 (Unsupported),
+        // which udaddy prints as UNREACHABLE with that status.
+        let rejected = out.contains("RDMA_CM_EVENT_REJECTED")
+            || out.contains("Connection refused")
+            || out.contains("RDMA_CM_EVENT_UNREACHABLE, error: 1");
         if rejected {
             // SIGTERM to `timeout`, which passes it on to the tool (SIGKILL would leave the
             // tool running, bound to the address the next server needs).
@@ -176,6 +181,31 @@ fn ucmatose_four_connections() {
         assert!(out.contains("data transfers complete"), "{side}:\n{out}");
         assert!(out.contains("return status 0"), "{side}:\n{out}");
     }
+}
+
+/// `udaddy` (`RDMA_PS_UDP`): the client's SIDR_REQ, the server's SIDR_REP with its UD QPN and
+/// Q_Key; 10 datagrams of 100 bytes each way (the client's QPN in the immediate data, the
+/// server's replies through `ibv_create_ah_from_wc` from the GRH area of what it received);
+/// both end with status 0 after their transfers.
+#[test]
+fn udaddy_ud_over_sidr() {
+    let (a, b) = ("127.0.0.55", "127.0.0.56");
+    let Some((s, c)) = pair(
+        "udaddy",
+        (a, b),
+        // udaddy's port is its fixed 7174 (its -p is the port space).
+        &["-b", a, "-C", "10"],
+        &["-s", a, "-C", "10"],
+    ) else {
+        return;
+    };
+    assert_ok("udaddy", &s, &c);
+    for (side, o) in [("server", &s), ("client", &c)] {
+        let out = text(o);
+        assert!(out.contains("data transfers complete"), "{side}:\n{out}");
+        assert!(out.contains("return status 0"), "{side}:\n{out}");
+    }
+    assert!(text(&s).contains("sending replies"), "{}", text(&s));
 }
 
 /// `rdma_server` / `rdma_client` (synchronous IDs: `rdma_create_ep`, `rdma_get_request`; the
