@@ -87,6 +87,52 @@ pub fn timeout_of(code: u8) -> Duration {
     Duration::from_nanos(4096u64 << u32::from(code.min(31)))
 }
 
+/// The connection parameters a REQ or REP carries (IBTA vol. 1 §12.7, tables 106 and 109), as
+/// Linux `cma.c` reports them in `struct rdma_conn_param` (`cma_set_req_event_data`,
+/// `cma_set_rep_event_data`), seen from the local side: the peer's initiator depth is how many
+/// RDMA READs / atomics this side must serve (`responder_resources`) and the peer's responder
+/// resources how many this side may issue (`initiator_depth`), the swap Linux `cm.c`
+/// (`cm_format_req_event`, `cm_format_rep_event`) makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ConnParam {
+    /// RDMA READs / atomics the peer may have outstanding at this side (0..=255).
+    pub responder_resources: u8,
+    /// RDMA READs / atomics this side may have outstanding at the peer (0..=255).
+    pub initiator_depth: u8,
+    /// The peer's end-to-end flow control bit.
+    pub flow_control: bool,
+    /// The REQ's retry count (3 bits; 0 in a REP, which has none).
+    pub retry_count: u8,
+    /// The RNR retry count (3 bits; 7 = retry forever, IBTA §9.7.5.2.8).
+    pub rnr_retry_count: u8,
+    /// Whether the peer's QP uses an SRQ.
+    pub srq: bool,
+    /// The peer's QPN (24 bits).
+    pub qp_num: u32,
+}
+
+/// The ACK timeout of a connection's QP from the peer's CA ACK delay and the path's packet
+/// life time (Linux `cm.c` `cm_ack_timeout`: packet life time + 1, raised by one when the ACK
+/// delay is about as large, or the ACK delay + 1 when that is larger; at most 31).
+pub fn cm_ack_timeout(ca_ack_delay: u8, packet_life_time: u8) -> u8 {
+    let plt = i32::from(packet_life_time);
+    let delay = i32::from(ca_ack_delay);
+    let mut t = plt + 1;
+    if t >= delay {
+        t += i32::from(delay >= t - 1);
+    } else {
+        t = delay + i32::from(t >= delay - 1);
+    }
+    t.min(31) as u8
+}
+
+/// The local ACK timeout of the passive side's QP from a REQ's primary local ACK timeout (Linux
+/// `cm.c`: `cm_format_paths_from_req` takes the packet life time as that timeout less one,
+/// `cm_init_av_by_path` adds one back: so the REQ's value, at least 1).
+pub fn passive_ack_timeout(req_local_ack_timeout: u8) -> u8 {
+    req_local_ack_timeout.clamp(1, 31)
+}
+
 /// CM tunables; `Default` gives Linux `cma.c`'s values (`CMA_CM_RESPONSE_TIMEOUT` 20,
 /// `CMA_MAX_CM_RETRIES` 15).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,6 +148,9 @@ pub struct CmConfig {
     pub max_per_remote: usize,
     /// How long a closed connection's Communication ID stays in timewait.
     pub timewait: Duration,
+    /// The local ACK timeout code (5 bits) this CM's REQs state in their primary path and its
+    /// active side's QPs use ([`ACK_TIMEOUT`] by default; the passive side takes the REQ's).
+    pub local_ack_timeout: u8,
 }
 
 impl Default for CmConfig {
@@ -112,6 +161,7 @@ impl Default for CmConfig {
             max_connections: 1024,
             max_per_remote: 64,
             timewait: timeout_of(20),
+            local_ack_timeout: ACK_TIMEOUT,
         }
     }
 }
@@ -156,11 +206,18 @@ pub enum CmEventKind {
         remote_qpn: u32,
         /// The REQ's private data (92 bytes).
         private_data: Vec<u8>,
+        /// The REQ's connection parameters, from this side's view.
+        param: ConnParam,
+        /// The REQ's path MTU.
+        path_mtu: PathMtu,
     },
     /// `RDMA_CM_EVENT_ESTABLISHED`: the QP is in RTS.
     Established {
         /// The REP's (active side) or RTU's (passive side) private data.
         private_data: Vec<u8>,
+        /// Active side: the REP's connection parameters, from this side's view; passive side
+        /// (RTU): `None` (`cma.c` reports none).
+        param: Option<ConnParam>,
     },
     /// `RDMA_CM_EVENT_REJECTED`: the peer sent a REJ; the QP is in ERR.
     Rejected {
@@ -262,8 +319,16 @@ pub struct ConnectParams<'a> {
     pub path_mtu: PathMtu,
     /// Remote access the QP grants.
     pub access: AccessFlags,
-    /// RDMA READ / atomic depth, both directions (`responder_resources` / `initiator_depth`).
-    pub rd_atomic: u8,
+    /// RDMA READs / atomics the peer may have outstanding here (REQ responder resources; the
+    /// QP's `max_dest_rd_atomic`).
+    pub responder_resources: u8,
+    /// RDMA READs / atomics this QP may have outstanding (REQ initiator depth; the QP's
+    /// `max_rd_atomic`, at most the REP's responder resources).
+    pub initiator_depth: u8,
+    /// The QP's `retry_cnt` (3 bits), sent in the REQ for the peer's QP.
+    pub retry_count: u8,
+    /// The RNR retry count the REQ asks of the peer's QP (3 bits; 7 = forever).
+    pub rnr_retry_count: u8,
     /// REQ private data (at most 92 bytes).
     pub private_data: &'a [u8],
 }
@@ -275,8 +340,14 @@ pub struct AcceptParams<'a> {
     pub qpn: u32,
     /// Remote access the QP grants.
     pub access: AccessFlags,
-    /// RDMA READ / atomic depth, both directions.
-    pub rd_atomic: u8,
+    /// RDMA READs / atomics the requester may have outstanding here (REP responder
+    /// resources; the QP's `max_dest_rd_atomic`).
+    pub responder_resources: u8,
+    /// RDMA READs / atomics this QP may have outstanding (REP initiator depth; the QP's
+    /// `max_rd_atomic`, at most the REQ's responder resources).
+    pub initiator_depth: u8,
+    /// The RNR retry count the REP asks of the requester's QP (3 bits; 7 = forever).
+    pub rnr_retry_count: u8,
     /// REP private data (at most 196 bytes).
     pub private_data: &'a [u8],
 }
@@ -307,7 +378,17 @@ struct Conn {
     remote_psn: u32,
     path_mtu: PathMtu,
     access: AccessFlags,
-    rd_atomic: u8,
+    /// The QP's `max_dest_rd_atomic` / `max_rd_atomic`.
+    responder_resources: u8,
+    initiator_depth: u8,
+    /// Active: what the REQ offered / asked; passive: the REQ's values (as Linux `cm.c` keeps
+    /// them for `cm_init_qp_rts_attr`).
+    retry_count: u8,
+    rnr_retry_count: u8,
+    /// Passive: the REQ's responder resources (bounds this side's initiator depth).
+    peer_responder_resources: u8,
+    /// The QP's local ACK timeout code.
+    ack_timeout: u8,
     /// The message resent on timeout, and its TID.
     last: Option<(Message, u64)>,
     /// Resend timeout and retries left for `last`.
@@ -602,20 +683,20 @@ impl Cm {
             local_ca_guid: 0,
             local_qkey: 0,
             local_qpn: p.qpn,
-            responder_resources: p.rd_atomic,
+            responder_resources: p.responder_resources,
             local_eecn: 0,
-            initiator_depth: p.rd_atomic,
+            initiator_depth: p.initiator_depth,
             remote_eecn: 0,
             remote_cm_response_timeout: c.response_timeout,
             transport_type: TransportType::Rc,
             end_to_end_flow_control: false,
             starting_psn: local_psn,
             local_cm_response_timeout: c.response_timeout,
-            retry_count: 7,
+            retry_count: p.retry_count.min(7),
             pkey: mad::DEFAULT_PKEY,
             path_mtu_code: p.path_mtu.code(),
             rdc_exists: false,
-            rnr_retry_count: 7,
+            rnr_retry_count: p.rnr_retry_count.min(7),
             max_cm_retries: c.max_cm_retries,
             srq: false,
             extended_transport_type: 0,
@@ -624,7 +705,7 @@ impl Cm {
                 remote_gid: Gid::from(p.remote_ip),
                 hop_limit: 64,
                 subnet_local: true,
-                local_ack_timeout: ACK_TIMEOUT,
+                local_ack_timeout: c.local_ack_timeout.min(31),
                 ..cm::Path::default()
             },
             alternate_path: cm::Path::default(),
@@ -648,7 +729,12 @@ impl Cm {
                 remote_psn: 0,
                 path_mtu: p.path_mtu,
                 access: p.access,
-                rd_atomic: p.rd_atomic,
+                responder_resources: p.responder_resources,
+                initiator_depth: p.initiator_depth,
+                retry_count: p.retry_count.min(7),
+                rnr_retry_count: 7,
+                peer_responder_resources: 0,
+                ack_timeout: c.local_ack_timeout.min(31),
                 last: Some((msg, tid)),
                 resend_after,
                 retries_left: c.max_cm_retries,
@@ -697,11 +783,15 @@ impl Cm {
             // other way round).
             remote_psn: local_psn,
             local_psn: c.remote_psn,
-            max_dest_rd_atomic: p.rd_atomic,
-            max_rd_atomic: p.rd_atomic,
-            timeout: ACK_TIMEOUT,
+            max_dest_rd_atomic: p.responder_resources,
+            max_rd_atomic: p.initiator_depth.min(c.peer_responder_resources),
+            // The REQ's timers and retry counts (Linux cm.c cm_init_qp_rts_attr).
+            timeout: c.ack_timeout,
+            retry_cnt: c.retry_count,
+            rnr_retry: c.rnr_retry_count,
             ..ConnectAttr::default()
         };
+        let initiator_depth = attr.max_rd_atomic;
         let mut result = Ok(());
         // RTS before the REP, as Linux `cma_accept` and librdmacm's `rdma_accept` do: the passive
         // side may post sends as soon as accept returns (the RTU only confirms).
@@ -725,12 +815,12 @@ impl Cm {
             local_qpn: p.qpn,
             local_eecn: 0,
             starting_psn: local_psn,
-            responder_resources: p.rd_atomic,
-            initiator_depth: p.rd_atomic,
+            responder_resources: p.responder_resources,
+            initiator_depth,
             target_ack_delay: 0,
             failover_accepted: 1,
             end_to_end_flow_control: false,
-            rnr_retry_count: 7,
+            rnr_retry_count: p.rnr_retry_count.min(7),
             srq: false,
             local_ca_guid: 0,
             private_data,
@@ -742,7 +832,8 @@ impl Cm {
             conn.qpn = p.qpn;
             conn.local_psn = local_psn;
             conn.access = p.access;
-            conn.rd_atomic = p.rd_atomic;
+            conn.responder_resources = p.responder_resources;
+            conn.initiator_depth = initiator_depth;
             conn.last = Some((msg, c.tid));
             conn.resend_after = c.peer_timeout;
             conn.retries_left = c.peer_retries;
@@ -1081,7 +1172,12 @@ impl Cm {
             return;
         };
         let peer_timeout = timeout_of(req.local_cm_response_timeout);
-        let mtu = req.path_mtu().unwrap_or(PathMtu::Mtu1024);
+        // The REQ's path MTU, at most the port's (a QP's path MTU cannot exceed it).
+        let port_mtu = hca
+            .context()
+            .query_port(1)
+            .map_or(PathMtu::Mtu1024, |p| p.active_mtu);
+        let mtu = req.path_mtu().unwrap_or(PathMtu::Mtu1024).min(port_mtu);
         self.conns.insert(
             id,
             Conn {
@@ -1095,7 +1191,12 @@ impl Cm {
                 remote_psn: req.starting_psn,
                 path_mtu: mtu,
                 access: AccessFlags::empty(),
-                rd_atomic: req.initiator_depth,
+                responder_resources: req.initiator_depth,
+                initiator_depth: req.responder_resources,
+                retry_count: req.retry_count,
+                rnr_retry_count: req.rnr_retry_count,
+                peer_responder_resources: req.responder_resources,
+                ack_timeout: passive_ack_timeout(req.primary_path.local_ack_timeout),
                 last: None,
                 resend_after: peer_timeout,
                 retries_left: 0,
@@ -1114,6 +1215,16 @@ impl Cm {
                 local_ip: m.dst_ip,
                 remote_qpn: req.local_qpn,
                 private_data: req.private_data.to_vec(),
+                param: ConnParam {
+                    responder_resources: req.initiator_depth,
+                    initiator_depth: req.responder_resources,
+                    flow_control: req.end_to_end_flow_control,
+                    retry_count: req.retry_count,
+                    rnr_retry_count: req.rnr_retry_count,
+                    srq: req.srq,
+                    qp_num: req.local_qpn,
+                },
+                path_mtu: mtu,
             },
         );
     }
@@ -1165,9 +1276,13 @@ impl Cm {
             // `ib_send_cm_req`: rq_psn = REQ's; `cm_rep_handler`: sq_psn = REP's).
             remote_psn: c.local_psn,
             local_psn: rep.starting_psn,
-            max_dest_rd_atomic: c.rd_atomic,
-            max_rd_atomic: c.rd_atomic.min(rep.responder_resources),
-            timeout: ACK_TIMEOUT,
+            max_dest_rd_atomic: c.responder_resources,
+            max_rd_atomic: c.initiator_depth.min(rep.responder_resources),
+            // Linux cm.c cm_rep_handler: the path's ACK timeout with the peer's ACK delay; the
+            // REP's RNR retry count.
+            timeout: cm_ack_timeout(rep.target_ack_delay, c.ack_timeout.saturating_sub(1)),
+            retry_cnt: c.retry_count,
+            rnr_retry: rep.rnr_retry_count,
             ..ConnectAttr::default()
         };
         let mut ok = true;
@@ -1201,6 +1316,15 @@ impl Cm {
             id,
             CmEventKind::Established {
                 private_data: rep.private_data.to_vec(),
+                param: Some(ConnParam {
+                    responder_resources: rep.initiator_depth,
+                    initiator_depth: rep.responder_resources,
+                    flow_control: rep.end_to_end_flow_control,
+                    retry_count: 0,
+                    rnr_retry_count: rep.rnr_retry_count,
+                    srq: rep.srq,
+                    qp_num: rep.local_qpn,
+                }),
             },
         );
     }
@@ -1218,8 +1342,10 @@ impl Cm {
             qp_type: QpType::Rc,
             // Send from the REQ's Starting PSN (Linux cm.c `cm_req_handler`: sq_psn = REQ's).
             local_psn: c.remote_psn,
-            max_rd_atomic: c.rd_atomic,
-            timeout: ACK_TIMEOUT,
+            max_rd_atomic: c.initiator_depth,
+            timeout: c.ack_timeout,
+            retry_cnt: c.retry_count,
+            rnr_retry: c.rnr_retry_count,
             ..ConnectAttr::default()
         };
         // Accept moved it to RTS already; a QP the consumer left in RTR is moved now.
@@ -1243,6 +1369,7 @@ impl Cm {
             id,
             CmEventKind::Established {
                 private_data: rtu.private_data.to_vec(),
+                param: None,
             },
         );
     }

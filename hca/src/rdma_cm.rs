@@ -41,10 +41,11 @@ use std::net::{IpAddr, SocketAddr};
 
 use roce::cm::{port_space, service_id, CmaHdr, SidrStatus};
 
+pub use crate::cm::ConnParam;
+
 use crate::cm::{AcceptParams, Cm, CmConfig, CmError, CmEventKind, CommId, ConnectParams};
 use crate::engine::gsi::ReceivedMad;
 use crate::engine::{Instant, SoftHca};
-use crate::verbs::device::PathMtu;
 use crate::verbs::gid::{Gid, GidType};
 use crate::verbs::mr::AccessFlags;
 use crate::verbs::random::{OsRandom, RandomSource};
@@ -62,6 +63,22 @@ pub const EINVAL: i32 = -22;
 /// The Q_Key of `RDMA_PS_UDP` IDs (Linux `include/rdma/rdma_cm.h` `RDMA_UDP_QKEY`): the UD QP
 /// of either side uses it, and the SIDR_REP of an accept carries it.
 pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
+/// `RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH` (librdmacm `rdma_cma.h`): as many RDMA READs /
+/// atomics as the device allows (for an accept: at most what the request asked).
+pub const RDMA_MAX_RD_ATOMIC: u8 = 0xFF;
+
+/// The parameters [`RdmaCm::connect`] and [`RdmaCm::accept`] use: 4 RDMA READs / atomics each
+/// way, retry and RNR retry counts 7.
+pub const DEFAULT_CONN_PARAM: ConnParam = ConnParam {
+    responder_resources: 4,
+    initiator_depth: 4,
+    flow_control: false,
+    retry_count: 7,
+    rnr_retry_count: 7,
+    srq: false,
+    qp_num: 0,
+};
 
 /// Consumer private data of a SIDR_REQ: 216 bytes less the [`CmaHdr`] (Linux
 /// `rdma_connect`'s limit for UD).
@@ -126,6 +143,10 @@ pub struct RdmaCmEvent {
     pub private_data: Vec<u8>,
     /// For events of a UD ID (`RDMA_PS_UDP`): `struct rdma_ud_param`'s QPN and Q_Key.
     pub ud: Option<UdParam>,
+    /// `struct rdma_conn_param` as `cma.c` fills it: the REQ's (`CONNECT_REQUEST`) or the
+    /// REP's (the active side's `ESTABLISHED`) parameters from this side's view; `None` for the
+    /// other events (all zero in librdmacm's struct).
+    pub conn: Option<ConnParam>,
 }
 
 /// Why a call was refused.
@@ -137,6 +158,9 @@ pub enum RdmaCmError {
     PrivateDataTooLong,
     /// A port space other than `RDMA_PS_TCP` / `RDMA_PS_UDP`.
     Unsupported,
+    /// Responder resources or initiator depth above the device's limit (librdmacm
+    /// `ucma_valid_param`: `EINVAL`).
+    BadParam,
     /// Port already listened on for this address, or [`MAX_IDS`] reached.
     InUse,
     /// The IB CM refused.
@@ -158,6 +182,7 @@ impl core::fmt::Display for RdmaCmError {
             RdmaCmError::BadState => f.write_str("no such RDMA CM ID in a state that allows this"),
             RdmaCmError::PrivateDataTooLong => f.write_str("private data too long"),
             RdmaCmError::Unsupported => f.write_str("port space not supported"),
+            RdmaCmError::BadParam => f.write_str("RDMA READ / atomic depth above the device's"),
             RdmaCmError::InUse => f.write_str("address in use or too many IDs"),
             RdmaCmError::Cm(e) => write!(f, "{e}"),
         }
@@ -177,6 +202,8 @@ struct IdState {
     comm: Option<CommId>,
     /// UD: the outstanding SIDR_REQ of ours (active) or the reported one (passive).
     sidr: Option<u32>,
+    /// Passive: the REQ's parameters (an accept's [`RDMA_MAX_RD_ATOMIC`] takes them).
+    req_param: Option<ConnParam>,
 }
 
 impl IdState {
@@ -189,6 +216,7 @@ impl IdState {
             listening: false,
             comm: None,
             sidr: None,
+            req_param: None,
         }
     }
 
@@ -345,6 +373,18 @@ impl RdmaCm {
         private_data: Vec<u8>,
         ud: Option<UdParam>,
     ) {
+        self.push_full(id, event, status, private_data, ud, None);
+    }
+
+    fn push_full(
+        &mut self,
+        id: RdmaId,
+        event: RdmaCmEventType,
+        status: i32,
+        private_data: Vec<u8>,
+        ud: Option<UdParam>,
+        conn: Option<ConnParam>,
+    ) {
         if self.events.len() < crate::cm::MAX_EVENTS {
             self.events.push_back(RdmaCmEvent {
                 id,
@@ -353,6 +393,7 @@ impl RdmaCm {
                 status,
                 private_data,
                 ud,
+                conn,
             });
         }
     }
@@ -399,6 +440,7 @@ impl RdmaCm {
                 status: 0,
                 private_data: private_data[CmaHdr::LEN..].to_vec(),
                 ud: Some(UdParam::default()),
+                conn: None,
             });
         }
     }
@@ -515,6 +557,27 @@ impl RdmaCm {
         qpn: u32,
         private_data: &[u8],
     ) -> Result<(), RdmaCmError> {
+        self.connect_with(now, hca, id, qpn, private_data, &DEFAULT_CONN_PARAM)
+    }
+
+    /// [`RdmaCm::connect`] with `rdma_conn_param`'s `responder_resources` and `initiator_depth`
+    /// (each at most the device's `max_qp_rd_atom` / `max_qp_init_rd_atom`, or
+    /// [`RDMA_MAX_RD_ATOMIC`] for that limit), `retry_count` and `rnr_retry_count` (at most 7)
+    /// in the REQ and on the QP (Linux `cma_connect_ib`); the path MTU is the port's active MTU
+    /// (as `cma.c` derives it from the netdev MTU on RoCE). The other fields are ignored.
+    ///
+    /// # Errors
+    /// As [`RdmaCm::connect`]; [`RdmaCmError::BadParam`] above the device's limits.
+    pub fn connect_with(
+        &mut self,
+        now: Instant,
+        hca: &mut SoftHca,
+        id: RdmaId,
+        qpn: u32,
+        private_data: &[u8],
+        param: &ConnParam,
+    ) -> Result<(), RdmaCmError> {
+        let (responder_resources, initiator_depth) = rd_atomic_limits(hca, param, None)?;
         let s = self
             .ids
             .get(&id)
@@ -565,12 +628,19 @@ impl RdmaCm {
             local_ip: local.ip(),
             remote_ip: remote.ip(),
             service_id: service_id(port_space::TCP, remote.port()),
-            path_mtu: PathMtu::Mtu1024,
+            path_mtu: hca
+                .context()
+                .query_port(1)
+                .map_err(|e| RdmaCmError::Cm(CmError::Verbs(e)))?
+                .active_mtu,
             access: AccessFlags::LOCAL_WRITE
                 | AccessFlags::REMOTE_WRITE
                 | AccessFlags::REMOTE_READ
                 | AccessFlags::REMOTE_ATOMIC,
-            rd_atomic: 4,
+            responder_resources,
+            initiator_depth,
+            retry_count: param.retry_count.min(7),
+            rnr_retry_count: param.rnr_retry_count.min(7),
             private_data: data,
         };
         let comm = self.cm.connect(now, hca, &params)?;
@@ -621,6 +691,27 @@ impl RdmaCm {
         qpn: u32,
         private_data: &[u8],
     ) -> Result<(), RdmaCmError> {
+        self.accept_with(now, hca, id, qpn, private_data, &DEFAULT_CONN_PARAM)
+    }
+
+    /// [`RdmaCm::accept`] with `rdma_conn_param`'s `responder_resources` and `initiator_depth`
+    /// in the REP and on the QP (each at most the device's limit; [`RDMA_MAX_RD_ATOMIC`] takes
+    /// the request's value within that limit, as librdmacm's `rdma_accept`; the QP's initiator
+    /// depth is also at most the REQ's responder resources) and `rnr_retry_count` in the REP.
+    /// The QP's ACK timeout, retry and RNR retry counts are the REQ's (Linux `cm.c`
+    /// `cm_req_handler`, `cm_init_qp_rts_attr`). For a UD ID the parameters are not used.
+    ///
+    /// # Errors
+    /// As [`RdmaCm::accept`]; [`RdmaCmError::BadParam`] above the device's limits.
+    pub fn accept_with(
+        &mut self,
+        now: Instant,
+        hca: &mut SoftHca,
+        id: RdmaId,
+        qpn: u32,
+        private_data: &[u8],
+        param: &ConnParam,
+    ) -> Result<(), RdmaCmError> {
         if let Some(r) = self.sidr_in_of(id) {
             self.cm
                 .sidr_answer(hca, r, Some((qpn, RDMA_UDP_QKEY)), private_data)?;
@@ -628,13 +719,17 @@ impl RdmaCm {
             return Ok(());
         }
         let comm = self.comm_of(id)?;
+        let asked = self.ids.get(&id).and_then(|s| s.req_param);
+        let (responder_resources, initiator_depth) = rd_atomic_limits(hca, param, asked)?;
         let p = AcceptParams {
             qpn,
             access: AccessFlags::LOCAL_WRITE
                 | AccessFlags::REMOTE_WRITE
                 | AccessFlags::REMOTE_READ
                 | AccessFlags::REMOTE_ATOMIC,
-            rd_atomic: 4,
+            responder_resources,
+            initiator_depth,
+            rnr_retry_count: param.rnr_retry_count.min(7),
             private_data,
         };
         let r = self.cm.accept(now, hca, comm, &p);
@@ -726,6 +821,7 @@ impl RdmaCm {
                 CmEventKind::ConnectRequest {
                     service_id: sid,
                     private_data,
+                    param,
                     ..
                 } => {
                     let hdr = CmaHdr::parse(&private_data).ok();
@@ -754,6 +850,7 @@ impl RdmaCm {
                             remote: Some(SocketAddr::new(h.src_addr, h.src_port)),
                             route_resolved: true,
                             comm: Some(e.id),
+                            req_param: Some(param),
                             ..IdState::new(port_space::TCP)
                         },
                     );
@@ -766,6 +863,7 @@ impl RdmaCm {
                             status: 0,
                             private_data: private_data[CmaHdr::LEN..].to_vec(),
                             ud: None,
+                            conn: Some(param),
                         });
                     }
                 }
@@ -825,8 +923,13 @@ impl RdmaCm {
                     let Some(&id) = self.by_comm.get(&e.id) else {
                         continue;
                     };
+                    let mut conn = None;
                     let (event, status, data) = match kind {
-                        CmEventKind::Established { private_data } => {
+                        CmEventKind::Established {
+                            private_data,
+                            param,
+                        } => {
+                            conn = param;
                             (RdmaCmEventType::Established, 0, private_data)
                         }
                         CmEventKind::Rejected {
@@ -862,9 +965,39 @@ impl RdmaCm {
                             s.comm = None;
                         }
                     }
-                    self.push(id, event, status, data);
+                    self.push_full(id, event, status, data, None, conn);
                 }
             }
         }
     }
+}
+
+/// `(responder_resources, initiator_depth)` of `param` within the device's `max_qp_rd_atom` /
+/// `max_qp_init_rd_atom`: [`RDMA_MAX_RD_ATOMIC`] is the limit, or `asked` (a request's
+/// parameters, for an accept) within it (librdmacm `rdma_connect` / `rdma_accept`).
+fn rd_atomic_limits(
+    hca: &SoftHca,
+    param: &ConnParam,
+    asked: Option<ConnParam>,
+) -> Result<(u8, u8), RdmaCmError> {
+    let d = hca.context().query_device();
+    let max_resp = d.max_qp_rd_atom.min(254) as u8;
+    let max_init = d.max_qp_init_rd_atom.min(254) as u8;
+    let pick = |v: u8, max: u8, asked: Option<u8>| match v {
+        RDMA_MAX_RD_ATOMIC => Ok(asked.map_or(max, |a| a.min(max))),
+        v if v <= max => Ok(v),
+        _ => Err(RdmaCmError::BadParam),
+    };
+    Ok((
+        pick(
+            param.responder_resources,
+            max_resp,
+            asked.map(|a| a.responder_resources),
+        )?,
+        pick(
+            param.initiator_depth,
+            max_init,
+            asked.map(|a| a.initiator_depth),
+        )?,
+    ))
 }

@@ -542,3 +542,106 @@ fn ud_limits() {
         "UD IDs have no connection"
     );
 }
+
+/// `rdma_conn_param` through the RDMA CM: the caller's depths and counts reach the peer's
+/// `CONNECT_REQUEST` and the active side's `ESTABLISHED` (as `cma.c` fills them), the accept's
+/// `RDMA_MAX_RD_ATOMIC` takes the request's depths, the path MTU is the port's active MTU (not a
+/// fixed 1024), and depths above the device's limit are refused.
+#[test]
+fn conn_param_in_events_and_on_the_qps() {
+    use hca::rdma_cm::{ConnParam, RDMA_MAX_RD_ATOMIC};
+    let mut w = World::new(false);
+    let l = w.cms[1].create_id().unwrap();
+    w.cms[1].listen(l, wildcard(false)).unwrap();
+    let id = w.cms[0].create_id().unwrap();
+    let node = w.a.node;
+    w.cms[0]
+        .resolve_addr(w.f.node(node), id, None, SocketAddr::new(w.b.ip, PORT))
+        .unwrap();
+    w.cms[0].resolve_route(id).unwrap();
+    let (now, qpn) = (w.f.now(), w.a.qpn);
+    let max = w.f.node(node).context().query_device().max_qp_rd_atom;
+    let too_deep = ConnParam {
+        responder_resources: (max + 1) as u8,
+        ..ConnParam::default()
+    };
+    assert_eq!(
+        w.cms[0].connect_with(now, w.f.node_mut(node), id, qpn, b"", &too_deep),
+        Err(RdmaCmError::BadParam)
+    );
+    let asked = ConnParam {
+        responder_resources: 2,
+        initiator_depth: 7,
+        retry_count: 5,
+        rnr_retry_count: 3,
+        ..ConnParam::default()
+    };
+    w.cms[0]
+        .connect_with(now, w.f.node_mut(node), id, qpn, b"cp", &asked)
+        .unwrap();
+    assert!(w.run_until(1000, |w| w.find(1, E::ConnectRequest).is_some()));
+    let req = w.find(1, E::ConnectRequest).unwrap().clone();
+    let got = req.conn.unwrap();
+    assert_eq!(
+        (
+            got.responder_resources,
+            got.initiator_depth,
+            got.retry_count,
+            got.rnr_retry_count,
+            got.qp_num
+        ),
+        (7, 2, 5, 3, w.a.qpn),
+        "the REQ seen from B: A's initiator depth is what B serves"
+    );
+    let (bnode, bqpn) = (w.b.node, w.b.qpn);
+    let all = ConnParam {
+        responder_resources: RDMA_MAX_RD_ATOMIC,
+        initiator_depth: RDMA_MAX_RD_ATOMIC,
+        rnr_retry_count: 6,
+        ..ConnParam::default()
+    };
+    let now = w.f.now();
+    w.cms[1]
+        .accept_with(now, w.f.node_mut(bnode), req.id, bqpn, b"", &all)
+        .unwrap();
+    assert!(w.run_until(1000, |w| w.find(0, E::Established).is_some()
+        && w.find(1, E::Established).is_some()));
+    let est = w.find(0, E::Established).unwrap().conn.unwrap();
+    assert_eq!(
+        (
+            est.responder_resources,
+            est.initiator_depth,
+            est.rnr_retry_count,
+            est.qp_num
+        ),
+        (2, 7, 6, w.b.qpn)
+    );
+    assert_eq!(w.find(1, E::Established).unwrap().conn, None);
+    let attr = |n, q| w.f.node(n).context().qp(q).unwrap().attr().clone();
+    let (a, b) = (attr(node, qpn), attr(bnode, bqpn));
+    assert_eq!(
+        (
+            a.max_dest_rd_atomic,
+            a.max_rd_atomic,
+            a.retry_cnt,
+            a.rnr_retry
+        ),
+        (2, 7, 5, 6)
+    );
+    assert_eq!(
+        (
+            b.max_dest_rd_atomic,
+            b.max_rd_atomic,
+            b.retry_cnt,
+            b.rnr_retry
+        ),
+        (7, 2, 5, 3)
+    );
+    let port_mtu = w.f.node(node).context().query_port(1).unwrap().active_mtu;
+    assert_ne!(
+        port_mtu,
+        hca::PathMtu::Mtu1024,
+        "the fabric's 9000-byte links"
+    );
+    assert_eq!((a.path_mtu, b.path_mtu), (port_mtu, port_mtu));
+}

@@ -423,7 +423,10 @@ fn tshark_dissects_a_cm_exchange_between_two_engines() {
                 service_id: sid,
                 path_mtu: roce::PathMtu::Mtu1024,
                 access,
-                rd_atomic: 1,
+                responder_resources: 1,
+                initiator_depth: 1,
+                retry_count: 7,
+                rnr_retry_count: 7,
                 private_data: b"captured",
             },
         )
@@ -445,7 +448,9 @@ fn tshark_dissects_a_cm_exchange_between_two_engines() {
                     let p = AcceptParams {
                         qpn: nodes[1].1,
                         access,
-                        rd_atomic: 1,
+                        responder_resources: 1,
+                        initiator_depth: 1,
+                        rnr_retry_count: 7,
                         private_data: b"ok",
                     };
                     cm.accept(now, f.node_mut(node), e.id, &p).unwrap();

@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{RdmaCm, RdmaCmError, RdmaCmEvent, RdmaId};
+use super::{ConnParam, RdmaCm, RdmaCmError, RdmaCmEvent, RdmaId};
 use crate::cm::{CmConfig, MAX_EVENTS};
 use crate::engine::{Instant, SoftHca};
 use crate::link::{LinkError, Waker};
@@ -391,6 +391,21 @@ impl CmService {
         self.call(|cm, now, h| cm.connect(now, h, id, qpn, private_data))
     }
 
+    /// [`CmService::connect`] with `rdma_conn_param`'s depths and retry counts
+    /// ([`RdmaCm::connect_with`]).
+    ///
+    /// # Errors
+    /// As [`RdmaCm::connect_with`].
+    pub fn connect_with(
+        &self,
+        id: RdmaId,
+        qpn: u32,
+        private_data: &[u8],
+        param: &ConnParam,
+    ) -> Result<(), RdmaCmError> {
+        self.call(|cm, now, h| cm.connect_with(now, h, id, qpn, private_data, param))
+    }
+
     /// `rdma_accept(3)` of a `CONNECT_REQUEST`'s ID with the caller's RC QP `qpn` (in RESET; the
     /// CM moves it to RTR now and to RTS when the RTU arrives: `ESTABLISHED`) and at most 196
     /// bytes of REP `private_data`; of a UD ID, a SIDR_REP naming UD QP `qpn` (at most 136 bytes).
@@ -399,6 +414,21 @@ impl CmService {
     /// As [`RdmaCm::accept`].
     pub fn accept(&self, id: RdmaId, qpn: u32, private_data: &[u8]) -> Result<(), RdmaCmError> {
         self.call(|cm, now, h| cm.accept(now, h, id, qpn, private_data))
+    }
+
+    /// [`CmService::accept`] with `rdma_conn_param`'s depths and RNR retry count
+    /// ([`RdmaCm::accept_with`]).
+    ///
+    /// # Errors
+    /// As [`RdmaCm::accept_with`].
+    pub fn accept_with(
+        &self,
+        id: RdmaId,
+        qpn: u32,
+        private_data: &[u8],
+        param: &ConnParam,
+    ) -> Result<(), RdmaCmError> {
+        self.call(|cm, now, h| cm.accept_with(now, h, id, qpn, private_data, param))
     }
 
     /// `rdma_reject(3)` of a `CONNECT_REQUEST`'s ID with at most 148 bytes of `private_data`

@@ -54,7 +54,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use hca::ibverbs::ffi::*;
-use hca::rdma_cm::{CmService, RdmaCmEvent, RdmaCmEventType, RdmaId, RDMA_UDP_QKEY};
+use hca::rdma_cm::{
+    CmService, ConnParam, RdmaCmEvent, RdmaCmEventType, RdmaId, RDMA_MAX_RD_ATOMIC, RDMA_UDP_QKEY,
+};
 use hca::verbs::gid::GidType;
 use hca::verbs::Verbs;
 
@@ -359,7 +361,9 @@ fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
         status,
         private_data,
         ud,
+        conn,
     } = e;
+    let conn_param = conn;
     let (id, listen) = match listen_id {
         Some(l) => {
             let Some(&lid) = g.by_rid.get(&(d, l)) else {
@@ -457,10 +461,19 @@ fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
             ev.data.as_ptr().cast()
         };
         conn.private_data_len = ev.data.len().min(255) as u8;
-        conn.responder_resources = 4;
-        conn.initiator_depth = 4;
-        conn.retry_count = 7;
-        conn.rnr_retry_count = 7;
+    }
+    // cma.c fills the parameters in CONNECT_REQUEST and the active side's ESTABLISHED; the
+    // other events leave them zero.
+    if let Some(p) = conn_param {
+        // SAFETY: as above.
+        let c = unsafe { ev.ev.param.conn.as_mut() };
+        c.responder_resources = p.responder_resources;
+        c.initiator_depth = p.initiator_depth;
+        c.flow_control = u8::from(p.flow_control);
+        c.retry_count = p.retry_count;
+        c.rnr_retry_count = p.rnr_retry_count;
+        c.srq = u8::from(p.srq);
+        c.qp_num = p.qp_num;
     }
     // SAFETY: a live ID of this library; its channel is live while it is.
     unsafe {
@@ -498,6 +511,7 @@ fn errno_of_cm(e: &hca::rdma_cm::RdmaCmError) -> c_int {
         E::PrivateDataTooLong => libc::EINVAL,
         E::InUse => libc::EADDRINUSE,
         E::Unsupported => libc::EOPNOTSUPP,
+        E::BadParam => libc::EINVAL,
         E::Cm(hca::cm::CmError::TooMany) => libc::ENOMEM,
         E::Cm(hca::cm::CmError::NoSuchAddress) => libc::EADDRNOTAVAIL,
         E::Cm(_) => libc::EINVAL,
@@ -910,11 +924,13 @@ fn resolve_addr(
 unsafe fn establish(
     id: *mut rdma_cm_id,
     conn_param: *mut rdma_conn_param,
-    step: fn(&CmService, RdmaId, u32, &[u8]) -> Result<(), hca::rdma_cm::RdmaCmError>,
+    step: fn(&CmService, RdmaId, u32, &[u8], &ConnParam) -> Result<(), hca::rdma_cm::RdmaCmError>,
     is_connect: bool,
 ) -> c_int {
     // SAFETY: the caller's promise.
     let (qpn, data) = unsafe { (qpn_of(id, conn_param), private_of(conn_param)) };
+    // SAFETY: as above.
+    let param = unsafe { conn_param_of(conn_param) };
     // A UD rdma_connect (SIDR_REQ) names no QP (cma_resolve_ib_udp).
     // SAFETY: a live ID.
     let ud_connect = is_connect && unsafe { (*id).ps } == rdma_port_space_RDMA_PS_UDP;
@@ -924,7 +940,7 @@ unsafe fn establish(
     let r = {
         let mut g = lock(global());
         only_rid(&g, id).and_then(|(d, rid)| {
-            on_dev(&mut g, d, |svc| step(svc, rid, qpn, data)).map_err(|e| errno_of_cm(&e))
+            on_dev(&mut g, d, |svc| step(svc, rid, qpn, data, &param)).map_err(|e| errno_of_cm(&e))
         })
     };
     // A UD accept (SIDR_REP) is complete when sent: no event follows on this side.
@@ -1039,6 +1055,34 @@ unsafe fn qpn_of(id: *mut rdma_cm_id, param: *const rdma_conn_param) -> Option<u
     }
 }
 
+/// The CM parameters of `param` (`responder_resources`, `initiator_depth`, `retry_count`,
+/// `rnr_retry_count`); a null `param` asks for the device's depths (an accept: the request's,
+/// within them) and 7 retries, as librdmacm's defaults.
+///
+/// # Safety
+/// `param` is null or readable.
+unsafe fn conn_param_of(param: *const rdma_conn_param) -> ConnParam {
+    // SAFETY: the caller's promise.
+    match unsafe { param.as_ref() } {
+        None => ConnParam {
+            responder_resources: RDMA_MAX_RD_ATOMIC,
+            initiator_depth: RDMA_MAX_RD_ATOMIC,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..ConnParam::default()
+        },
+        Some(p) => ConnParam {
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            flow_control: p.flow_control != 0,
+            retry_count: p.retry_count,
+            rnr_retry_count: p.rnr_retry_count,
+            srq: p.srq != 0,
+            qp_num: p.qp_num,
+        },
+    }
+}
+
 /// The private data of `param` (at most 255 bytes, as its `uint8_t` length allows).
 ///
 /// # Safety
@@ -1069,7 +1113,7 @@ pub unsafe extern "C" fn softrdmacm_connect(
     conn_param: *mut rdma_conn_param,
 ) -> c_int {
     // SAFETY: the caller's promise.
-    unsafe { establish(id, conn_param, CmService::connect, true) }
+    unsafe { establish(id, conn_param, CmService::connect_with, true) }
 }
 symver!(softrdmacm_connect, "IBVERBS_PRIVATE_RDMACM");
 
@@ -1084,7 +1128,7 @@ pub unsafe extern "C" fn softrdmacm_accept(
     conn_param: *mut rdma_conn_param,
 ) -> c_int {
     // SAFETY: the caller's promise.
-    unsafe { establish(id, conn_param, CmService::accept, false) }
+    unsafe { establish(id, conn_param, CmService::accept_with, false) }
 }
 symver!(softrdmacm_accept, "IBVERBS_PRIVATE_RDMACM");
 
