@@ -643,7 +643,7 @@ fn conn_params_and_the_reqs_ack_timeout_reach_events_and_qps() {
         })
         .unwrap();
     assert_eq!(passive, None, "an RTU carries no parameters");
-    let attr = |p: &Peer| w.f.node(p.node).context().qp(p.qpn).unwrap().attr().clone();
+    let attr = |p: &Peer| *w.f.node(p.node).context().qp(p.qpn).unwrap().attr();
     let (a, b) = (attr(&w.a), attr(&w.b));
     assert_eq!(
         (

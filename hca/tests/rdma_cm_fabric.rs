@@ -617,7 +617,7 @@ fn conn_param_in_events_and_on_the_qps() {
         (2, 7, 6, w.b.qpn)
     );
     assert_eq!(w.find(1, E::Established).unwrap().conn, None);
-    let attr = |n, q| w.f.node(n).context().qp(q).unwrap().attr().clone();
+    let attr = |n, q| *w.f.node(n).context().qp(q).unwrap().attr();
     let (a, b) = (attr(node, qpn), attr(bnode, bqpn));
     assert_eq!(
         (

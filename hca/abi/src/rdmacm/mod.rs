@@ -915,6 +915,10 @@ fn resolve_addr(
     Ok(())
 }
 
+/// `CmService::connect_with` or `CmService::accept_with`.
+type EstablishStep =
+    fn(&CmService, RdmaId, u32, &[u8], &ConnParam) -> Result<(), hca::rdma_cm::RdmaCmError>;
+
 /// rdma_connect(3) and rdma_accept(3): `step` (`CmService::connect` or `accept`) with the ID's QP
 /// and `conn_param`'s private data; a synchronous ID then waits for `ESTABLISHED`. `EINVAL` without
 /// a QP or a resolved ID.
@@ -924,7 +928,7 @@ fn resolve_addr(
 unsafe fn establish(
     id: *mut rdma_cm_id,
     conn_param: *mut rdma_conn_param,
-    step: fn(&CmService, RdmaId, u32, &[u8], &ConnParam) -> Result<(), hca::rdma_cm::RdmaCmError>,
+    step: EstablishStep,
     is_connect: bool,
 ) -> c_int {
     // SAFETY: the caller's promise.
