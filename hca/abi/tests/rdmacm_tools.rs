@@ -345,6 +345,46 @@ fn connect_to_a_closed_port_is_rejected() {
     assert!(out.contains("RDMA_CM_EVENT_REJECTED, error 8"), "{out}");
 }
 
+/// tests/c/conn_param.c, compiled against rdma-core's `<rdma/rdma_cma.h>` and linked against
+/// both drop-in libraries: `rdma_conn_param` as a C program sees it (the peer's depths and
+/// retry counts in `CONNECT_REQUEST` from its own view, the REP's in the active `ESTABLISHED`,
+/// none in the passive one; the QPs' `max_dest_rd_atomic` / `max_rd_atomic` / `retry_cnt` /
+/// `rnr_retry` / `timeout` by ibv_query_qp(3); a depth above the device's `EINVAL`;
+/// `RDMA_MAX_RESP_RES` taking the request's), and a UD ID's rdma_init_qp_attr(3).
+#[test]
+fn conn_param_from_c() {
+    if !Path::new("/usr/include/rdma/rdma_cma.h").exists() {
+        panic!("<rdma/rdma_cma.h> is missing: run `bash tests/setup.sh` as root (librdmacm-dev)");
+    }
+    let _serial = one_at_a_time();
+    let dir = std::env::temp_dir().join(format!("rdmacm-conn-param-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/conn_param.c");
+    let exe = dir.join("conn_param");
+    let cc = Command::new("cc")
+        .args(["-Wall", "-Werror", "-O1"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("-L{}", lib_dir().display()))
+        .args(["-l:librdmacm.so.1", "-l:libibverbs.so.1"])
+        .output()
+        .expect("cc is installed");
+    assert!(cc.status.success(), "{}", text(&cc));
+    let o = Command::new("timeout")
+        .args(["30"])
+        .arg(&exe)
+        .args(["127.0.0.61", "127.0.0.62"])
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("ROCE_DEVICES", "rxe0=udp:127.0.0.61,rxe1=udp:127.0.0.62")
+        .output()
+        .expect("run timeout");
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("all checks passed"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `(version, name)` of every function `lib` defines (`want_defined`) or imports, from
 /// `objdump -T`, for versions starting with `prefix`.
 fn symbols(lib: &Path, want_defined: bool, prefix: &str) -> Option<Vec<(String, String)>> {
