@@ -30,7 +30,10 @@
 //!   gets the REP again). [`Cm::accept`] moves the QP RESET -> INIT -> RTR -> RTS (as Linux
 //!   `cma_accept` and librdmacm's `rdma_accept` do, so the consumer may send at once) and sends a REP,
 //!   resent on the REQ's `local_cm_response_timeout` at most the REQ's `max_cm_retries` times
-//!   (the timers the peer states, IBTA §12.7.27); an RTU completes it
+//!   (the timers the peer states, IBTA §12.7.27); the passive QP takes the REQ's local ACK
+//!   timeout, retry count and RNR retry count, the active QP the REP's RNR retry count
+//!   (`cm_init_qp_rts_attr`), and the parameters travel to the peer's events from its view
+//!   ([`ConnParam`]); an RTU completes it
 //!   ([`CmEventKind::Established`]); when the retries are spent the QP goes to ERR, a REJ
 //!   `Timeout` is sent and [`CmEventKind::ConnectError`] reported. [`Cm::reject`] sends REJ
 //!   `ConsumerDefined` with private data.
@@ -74,8 +77,9 @@ pub const MAX_LISTENERS: usize = 256;
 /// Most undelivered events; more are counted in [`CmCounters::events_lost`].
 pub const MAX_EVENTS: usize = 4096;
 
-/// The local ACK timeout (4.096 us x 2^17, about 0.54 s a try; with `retry_cnt` 7 about 4.3 s
-/// before `IBV_WC_RETRY_EXC_ERR`) of the RC QPs the CM moves to RTS, and the one its REQ states:
+/// The default local ACK timeout ([`CmConfig::local_ack_timeout`]: 4.096 us x 2^17, about
+/// 0.54 s a try; with `retry_cnt` 7 about 4.3 s before `IBV_WC_RETRY_EXC_ERR`) that the REQ
+/// states and the active side's QP uses (the passive side's takes the REQ's):
 /// Linux's over RoCE, `packet_life_time + 1` (`cm_init_av_by_path` in `drivers/infiniband/core/
 /// cm.c`) with `CMA_IBOE_PACKET_LIFETIME` 16 (`cma.c`). The verbs default of 14 (67 ms, 0.5 s
 /// in all) made a pair of busy-polling perftest processes on a loaded 2-core machine give up
