@@ -645,3 +645,32 @@ fn conn_param_in_events_and_on_the_qps() {
     );
     assert_eq!((a.path_mtu, b.path_mtu), (port_mtu, port_mtu));
 }
+
+/// A SIDR_REQ for a listened-on UDP port whose private data is no `cma_hdr` (sent by a bare IB
+/// CM, not the RDMA CM) is refused at the RDMA CM layer (SIDR_REP `Reject`, counted), never
+/// reported.
+#[test]
+fn ud_sidr_req_without_a_cma_hdr_is_refused() {
+    let mut w = ud_world(false);
+    let l = w.cms[1].create_id_ps(port_space::UDP).unwrap();
+    w.cms[1].listen(l, wildcard(false)).unwrap();
+    let mut raw = hca::cm::Cm::new(config());
+    let (node, a_ip, b_ip) = (w.a.node, w.a.ip, w.b.ip);
+    let now = w.f.now();
+    raw.sidr_resolve(
+        now,
+        w.f.node_mut(node),
+        a_ip,
+        b_ip,
+        roce::cm::service_id(port_space::UDP, PORT),
+        &[0xee; 40],
+    )
+    .unwrap();
+    assert!(w.run_until(1000, |w| w.cms[1].refused() == 1));
+    w.run_until(50, |_| false);
+    assert!(w.find(1, E::ConnectRequest).is_none());
+    assert!(
+        w.cms[0].cm().counters().unmatched >= 1,
+        "the SIDR_REP went to A's RDMA CM, which sent no SIDR_REQ"
+    );
+}
