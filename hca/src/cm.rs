@@ -333,6 +333,10 @@ pub struct ConnectParams<'a> {
     pub retry_count: u8,
     /// The RNR retry count the REQ asks of the peer's QP (3 bits; 7 = forever).
     pub rnr_retry_count: u8,
+    /// The REQ's end-to-end flow control bit (`rdma_conn_param.flow_control`).
+    pub flow_control: bool,
+    /// The REQ's SRQ bit: the local QP uses an SRQ.
+    pub srq: bool,
     /// REQ private data (at most 92 bytes).
     pub private_data: &'a [u8],
 }
@@ -352,6 +356,10 @@ pub struct AcceptParams<'a> {
     pub initiator_depth: u8,
     /// The RNR retry count the REP asks of the requester's QP (3 bits; 7 = forever).
     pub rnr_retry_count: u8,
+    /// The REP's end-to-end flow control bit.
+    pub flow_control: bool,
+    /// The REP's SRQ bit: the local QP uses an SRQ.
+    pub srq: bool,
     /// REP private data (at most 196 bytes).
     pub private_data: &'a [u8],
 }
@@ -693,7 +701,7 @@ impl Cm {
             remote_eecn: 0,
             remote_cm_response_timeout: c.response_timeout,
             transport_type: TransportType::Rc,
-            end_to_end_flow_control: false,
+            end_to_end_flow_control: p.flow_control,
             starting_psn: local_psn,
             local_cm_response_timeout: c.response_timeout,
             retry_count: p.retry_count.min(7),
@@ -702,7 +710,7 @@ impl Cm {
             rdc_exists: false,
             rnr_retry_count: p.rnr_retry_count.min(7),
             max_cm_retries: c.max_cm_retries,
-            srq: false,
+            srq: p.srq,
             extended_transport_type: 0,
             primary_path: cm::Path {
                 local_gid: Gid::from(p.local_ip),
@@ -823,9 +831,9 @@ impl Cm {
             initiator_depth,
             target_ack_delay: 0,
             failover_accepted: 1,
-            end_to_end_flow_control: false,
+            end_to_end_flow_control: p.flow_control,
             rnr_retry_count: p.rnr_retry_count.min(7),
-            srq: false,
+            srq: p.srq,
             local_ca_guid: 0,
             private_data,
         };

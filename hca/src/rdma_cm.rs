@@ -563,8 +563,9 @@ impl RdmaCm {
     /// [`RdmaCm::connect`] with `rdma_conn_param`'s `responder_resources` and `initiator_depth`
     /// (each at most the device's `max_qp_rd_atom` / `max_qp_init_rd_atom`, or
     /// [`RDMA_MAX_RD_ATOMIC`] for that limit), `retry_count` and `rnr_retry_count` (at most 7)
-    /// in the REQ and on the QP (Linux `cma_connect_ib`); the path MTU is the port's active MTU
-    /// (as `cma.c` derives it from the netdev MTU on RoCE). The other fields are ignored.
+    /// in the REQ and on the QP, `flow_control` and `srq` in the REQ (Linux `cma_connect_ib`);
+    /// the path MTU is the port's active MTU (as `cma.c` derives it from the netdev MTU on RoCE).
+    /// `qp_num` is ignored (`qpn` is the QP).
     ///
     /// # Errors
     /// As [`RdmaCm::connect`]; [`RdmaCmError::BadParam`] above the device's limits.
@@ -641,6 +642,8 @@ impl RdmaCm {
             initiator_depth,
             retry_count: param.retry_count.min(7),
             rnr_retry_count: param.rnr_retry_count.min(7),
+            flow_control: param.flow_control,
+            srq: param.srq,
             private_data: data,
         };
         let comm = self.cm.connect(now, hca, &params)?;
@@ -697,7 +700,8 @@ impl RdmaCm {
     /// [`RdmaCm::accept`] with `rdma_conn_param`'s `responder_resources` and `initiator_depth`
     /// in the REP and on the QP (each at most the device's limit; [`RDMA_MAX_RD_ATOMIC`] takes
     /// the request's value within that limit, as librdmacm's `rdma_accept`; the QP's initiator
-    /// depth is also at most the REQ's responder resources) and `rnr_retry_count` in the REP.
+    /// depth is also at most the REQ's responder resources), `rnr_retry_count`, `flow_control`
+    /// and `srq` in the REP.
     /// The QP's ACK timeout, retry and RNR retry counts are the REQ's (Linux `cm.c`
     /// `cm_req_handler`, `cm_init_qp_rts_attr`). For a UD ID the parameters are not used.
     ///
@@ -730,6 +734,8 @@ impl RdmaCm {
             responder_resources,
             initiator_depth,
             rnr_retry_count: param.rnr_retry_count.min(7),
+            flow_control: param.flow_control,
+            srq: param.srq,
             private_data,
         };
         let r = self.cm.accept(now, hca, comm, &p);

@@ -123,6 +123,8 @@ impl World {
             initiator_depth: 5,
             retry_count: 6,
             rnr_retry_count: 5,
+            flow_control: true,
+            srq: false,
             private_data,
         };
         let node = self.a.node;
@@ -144,6 +146,8 @@ impl World {
             responder_resources: 6,
             initiator_depth: 8,
             rnr_retry_count: 4,
+            flow_control: false,
+            srq: true,
             private_data: b"welcome",
         };
         self.cms[1]
@@ -605,7 +609,7 @@ fn conn_params_and_the_reqs_ack_timeout_reach_events_and_qps() {
         ConnParam {
             responder_resources: 5,
             initiator_depth: 3,
-            flow_control: false,
+            flow_control: true,
             retry_count: 6,
             rnr_retry_count: 5,
             srq: false,
@@ -631,7 +635,7 @@ fn conn_params_and_the_reqs_ack_timeout_reach_events_and_qps() {
             flow_control: false,
             retry_count: 0,
             rnr_retry_count: 4,
-            srq: false,
+            srq: true,
             qp_num: w.b.qpn,
         })
     );

@@ -427,6 +427,8 @@ fn tshark_dissects_a_cm_exchange_between_two_engines() {
                 initiator_depth: 1,
                 retry_count: 7,
                 rnr_retry_count: 7,
+                flow_control: false,
+                srq: false,
                 private_data: b"captured",
             },
         )
@@ -451,6 +453,8 @@ fn tshark_dissects_a_cm_exchange_between_two_engines() {
                         responder_resources: 1,
                         initiator_depth: 1,
                         rnr_retry_count: 7,
+                        flow_control: false,
+                        srq: false,
                         private_data: b"ok",
                     };
                     cm.accept(now, f.node_mut(node), e.id, &p).unwrap();

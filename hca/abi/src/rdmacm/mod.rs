@@ -934,7 +934,12 @@ unsafe fn establish(
     // SAFETY: the caller's promise.
     let (qpn, data) = unsafe { (qpn_of(id, conn_param), private_of(conn_param)) };
     // SAFETY: as above.
-    let param = unsafe { conn_param_of(conn_param) };
+    let mut param = unsafe { conn_param_of(conn_param) };
+    // librdmacm: the SRQ bit is the QP's when the ID has one (`rdma_connect` / `rdma_accept`).
+    // SAFETY: a live ID; its QP is one of this library's.
+    if let Some(qp) = unsafe { (*id).qp.as_ref() } {
+        param.srq = !qp.srq.is_null();
+    }
     // A UD rdma_connect (SIDR_REQ) names no QP (cma_resolve_ib_udp).
     // SAFETY: a live ID.
     let ud_connect = is_connect && unsafe { (*id).ps } == rdma_port_space_RDMA_PS_UDP;
