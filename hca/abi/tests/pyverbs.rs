@@ -146,7 +146,7 @@ fn both_libraries() -> PathBuf {
     profile
 }
 
-/// The RC tests of `test_rdmacm` that must pass; the file's other tests are the 3 multicast
+/// The RC and UD (`RDMA_PS_UDP`, SIDR) tests of `test_rdmacm` that must pass; the file's other tests are the 3 multicast
 /// ones (skipped: "Multicast is not supported on this device") and [`RDMACM_NOT_YET`].
 const RDMACM_MUST_PASS: &[&str] = &[
     "test_rdmacm_sync_traffic",
@@ -154,16 +154,12 @@ const RDMACM_MUST_PASS: &[&str] = &[
     "test_rdmacm_async_reject_traffic",
     "test_rdmacm_async_read",
     "test_rdmacm_async_write",
+    "test_rdmacm_async_udp_traffic",
 ];
 
-/// Tests allowed to fail today, with the reason: UD over `RDMA_PS_UDP` needs SIDR at the RDMA
-/// CM layer (`rdma_getaddrinfo` with `RAI_PASSIVE` / `RDMA_PS_UDP` fails with `EOPNOTSUPP`);
-/// an external QP needs `CONNECT_RESPONSE`, `rdma_init_qp_attr` for RTR / RTS and
+/// Tests allowed to fail today, with the reason: an external QP needs `CONNECT_RESPONSE`, `rdma_init_qp_attr` for RTR / RTS and
 /// `rdma_establish` (this CM moves the QP itself: `rdma_init_qp_attr` for RTR fails with `EINVAL`).
-const RDMACM_NOT_YET: &[&str] = &[
-    "test_rdmacm_async_udp_traffic",
-    "test_rdmacm_async_traffic_external_qp",
-];
+const RDMACM_NOT_YET: &[&str] = &["test_rdmacm_async_traffic_external_qp"];
 
 #[test]
 fn pyverbs_rdmacm_with_the_sysfs_view() {
