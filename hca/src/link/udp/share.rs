@@ -900,7 +900,7 @@ mod tests {
         mads.push((mad(4, 0x0013, 0, comm_id_with_slot(1, 3)), 0));
         for (i, (p, slot)) in mads.iter_mut().enumerate() {
             p.push(i as u8);
-            tx.send_to(&p, to).unwrap();
+            tx.send_to(p, to).unwrap();
             let mut buf = [0u8; 512];
             let len = socks[*slot]
                 .recv(&mut buf)
