@@ -83,7 +83,14 @@ impl Node {
         let cq = dev.create_cq(256).unwrap();
         let mem = Arc::new(HostMemory::new(1 << 16).unwrap());
         let mr = dev
-            .reg_mr(pd, mem.clone(), 0, 1 << 16, 0x1000, AccessFlags::LOCAL_WRITE)
+            .reg_mr(
+                pd,
+                mem.clone(),
+                0,
+                1 << 16,
+                0x1000,
+                AccessFlags::LOCAL_WRITE,
+            )
             .unwrap();
         Node {
             dev,
@@ -128,7 +135,9 @@ impl Node {
     fn link_counter(&self, name: &str) -> u64 {
         let stats = self.dev.stats().unwrap();
         let link = &stats.iter().find(|(k, _)| *k == "link").unwrap().1;
-        let at = link.find(&format!("{name}: ")).unwrap_or_else(|| panic!("{link}"));
+        let at = link
+            .find(&format!("{name}: "))
+            .unwrap_or_else(|| panic!("{link}"));
         link[at + name.len() + 2..]
             .split(|c: char| !c.is_ascii_digit())
             .next()
@@ -163,7 +172,10 @@ fn serve(node: &Node, cm: &CmService, port: u16, count: usize) {
     let mut closed = 0;
     let deadline = Instant::now() + 3 * WAIT;
     while closed < count {
-        assert!(Instant::now() < deadline, "server {port}: {closed} of {count} closed");
+        assert!(
+            Instant::now() < deadline,
+            "server {port}: {closed} of {count} closed"
+        );
         let e = next_event(cm);
         match e.event {
             E::ConnectRequest => {
@@ -211,12 +223,15 @@ fn connect_all(node: &Node, cm: &CmService, index: u8, server: IpAddr, ports: &[
     let mut ids = HashMap::new();
     for (k, &port) in ports.iter().enumerate() {
         let id = cm.create_id().unwrap();
-        cm.resolve_addr(id, None, SocketAddr::new(server, port)).unwrap();
+        cm.resolve_addr(id, None, SocketAddr::new(server, port))
+            .unwrap();
         assert_eq!(next_event(cm).event, E::AddrResolved);
         cm.resolve_route(id).unwrap();
         assert_eq!(next_event(cm).event, E::RouteResolved);
         let qpn = node.qp();
-        node.mem.write(node.mr_off(k), &message(index, port)).unwrap();
+        node.mem
+            .write(node.mr_off(k), &message(index, port))
+            .unwrap();
         ids.insert(id, (qpn, k));
     }
     // All REQs leave before any answer is handled: the connections are set up concurrently.
@@ -287,7 +302,8 @@ fn helper_process() {
             let node = Node::open(servers, clients);
             let cm = CmService::start(node.dev.clone(), config()).unwrap();
             let l = cm.create_id().unwrap();
-            cm.listen(l, SocketAddr::new(servers.ip(), num(args[3]))).unwrap();
+            cm.listen(l, SocketAddr::new(servers.ip(), num(args[3])))
+                .unwrap();
             println!("READY");
             // Accept what comes (a connection the parent later finds dead) until killed.
             let deadline = Instant::now() + 3 * WAIT;
@@ -317,7 +333,12 @@ struct Helper {
 impl Helper {
     fn start(role: String) -> Helper {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "helper_process", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "helper_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(ROLE, &role)
             .stdout(Stdio::piped())
             .spawn()
@@ -410,8 +431,14 @@ fn two_servers_and_two_clients_of_shared_addresses_connect_at_once() {
     }
     // The REQs reached the servers through this process (slot 0 of 127.0.0.1), and the REPs and
     // DREPs the clients' (slot 0 of 127.0.0.2).
-    let (rs, rc) = (s0.link_counter("rx_mads_routed"), c0.link_counter("rx_mads_routed"));
-    assert!(rs >= 4 && rc >= 4, "routed: servers' address {rs}, clients' {rc}");
+    let (rs, rc) = (
+        s0.link_counter("rx_mads_routed"),
+        c0.link_counter("rx_mads_routed"),
+    );
+    assert!(
+        rs >= 4 && rc >= 4,
+        "routed: servers' address {rs}, clients' {rc}"
+    );
 }
 
 #[test]
@@ -432,7 +459,8 @@ fn a_claimed_port_is_in_use_for_other_processes_and_freed_by_sigkill() {
     // A connection to the holder, from this process's client address (slot 0 there).
     let ccm = CmService::start(c0.dev.clone(), config()).unwrap();
     let id = ccm.create_id().unwrap();
-    ccm.resolve_addr(id, None, SocketAddr::new(ip, port)).unwrap();
+    ccm.resolve_addr(id, None, SocketAddr::new(ip, port))
+        .unwrap();
     assert_eq!(next_event(&ccm).event, E::AddrResolved);
     ccm.resolve_route(id).unwrap();
     assert_eq!(next_event(&ccm).event, E::RouteResolved);
@@ -460,7 +488,8 @@ fn a_claimed_port_is_in_use_for_other_processes_and_freed_by_sigkill() {
 
     // A new connect to the port: nobody claims it, slot 0's CM answers REJ reason 8.
     let id2 = ccm.create_id().unwrap();
-    ccm.resolve_addr(id2, None, SocketAddr::new(ip, port)).unwrap();
+    ccm.resolve_addr(id2, None, SocketAddr::new(ip, port))
+        .unwrap();
     assert_eq!(next_event(&ccm).event, E::AddrResolved);
     ccm.resolve_route(id2).unwrap();
     assert_eq!(next_event(&ccm).event, E::RouteResolved);
@@ -472,5 +501,8 @@ fn a_claimed_port_is_in_use_for_other_processes_and_freed_by_sigkill() {
     cm0.listen(l, SocketAddr::new(ip, port)).unwrap();
     assert_eq!(cm0.claimed().len(), 1);
     cm0.destroy_id(l);
-    assert!(cm0.claimed().is_empty(), "destroying the listener releases the claim");
+    assert!(
+        cm0.claimed().is_empty(),
+        "destroying the listener releases the claim"
+    );
 }

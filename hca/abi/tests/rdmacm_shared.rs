@@ -40,9 +40,16 @@ fn lib_dir() -> PathBuf {
             cmd.arg("--release");
         }
         let status = cmd.status().expect("run cargo build");
-        assert!(status.success(), "cargo build -p ibverbs-abi -p rdmacm-abi failed");
+        assert!(
+            status.success(),
+            "cargo build -p ibverbs-abi -p rdmacm-abi failed"
+        );
         for so in ["libibverbs.so.1", "librdmacm.so.1"] {
-            assert!(profile.join(so).exists(), "{so} not in {}", profile.display());
+            assert!(
+                profile.join(so).exists(),
+                "{so} not in {}",
+                profile.display()
+            );
         }
         profile
     })
@@ -127,9 +134,14 @@ fn run_at_once(pairs: &[Pair], (a, b): (&str, &str)) -> Vec<(Output, Output)> {
     let servers: Vec<Child> = pairs
         .iter()
         .map(|p| {
-            command(&format!("rxe0=udp:{a}"), 60, &tool(p.name).unwrap(), &strs(&p.server))
-                .spawn()
-                .expect("start server")
+            command(
+                &format!("rxe0=udp:{a}"),
+                60,
+                &tool(p.name).unwrap(),
+                &strs(&p.server),
+            )
+            .spawn()
+            .expect("start server")
         })
         .collect();
     let ports: Vec<u16> = pairs.iter().map(|p| p.port).collect();
@@ -137,9 +149,14 @@ fn run_at_once(pairs: &[Pair], (a, b): (&str, &str)) -> Vec<(Output, Output)> {
     let clients: Vec<Child> = pairs
         .iter()
         .map(|p| {
-            command(&format!("rxe1=udp:{b}"), 45, &tool(p.name).unwrap(), &strs(&p.client))
-                .spawn()
-                .expect("start client")
+            command(
+                &format!("rxe1=udp:{b}"),
+                45,
+                &tool(p.name).unwrap(),
+                &strs(&p.client),
+            )
+            .spawn()
+            .expect("start client")
         })
         .collect();
     let clients: Vec<Output> = clients
@@ -211,8 +228,16 @@ fn three_servers_on_one_shared_address_serve_three_clients_of_another_at_once() 
     }
     for (p, (s, c)) in pairs.iter().zip(&results) {
         let (st, ct) = (text(s), text(c));
-        assert!(s.status.success(), "{} server failed:\n{st}\nclient:\n{ct}", p.name);
-        assert!(c.status.success(), "{} client failed:\n{ct}\nserver:\n{st}", p.name);
+        assert!(
+            s.status.success(),
+            "{} server failed:\n{st}\nclient:\n{ct}",
+            p.name
+        );
+        assert!(
+            c.status.success(),
+            "{} client failed:\n{ct}\nserver:\n{st}",
+            p.name
+        );
     }
     let rping = text(&results[0].1);
     let pings = rping
@@ -236,19 +261,34 @@ fn a_claimed_port_is_in_use_and_a_killed_owner_leaves_rej_8() {
     let _serial = one_at_a_time();
     let (a, b) = ("127.0.0.65", "127.0.0.66");
     // Slot 0 of the address: a server on another port (its CM answers REQs nobody claims).
-    let keeper = command(&format!("rxe0=udp:{a}"), 60, &t, &["-s", "-a", a, "-p", "7967"])
-        .spawn()
-        .expect("start keeper");
+    let keeper = command(
+        &format!("rxe0=udp:{a}"),
+        60,
+        &t,
+        &["-s", "-a", a, "-p", "7967"],
+    )
+    .spawn()
+    .expect("start keeper");
     assert!(wait_claims(a, &[7967]), "{:?}", claims(a));
     // The owner of port 7966, the tool itself as our child (SIGKILL reaches it).
-    let mut owner = command(&format!("rxe0=udp:{a}"), 0, &t, &["-s", "-a", a, "-p", "7966"])
-        .spawn()
-        .expect("start owner");
+    let mut owner = command(
+        &format!("rxe0=udp:{a}"),
+        0,
+        &t,
+        &["-s", "-a", a, "-p", "7966"],
+    )
+    .spawn()
+    .expect("start owner");
     assert!(wait_claims(a, &[7966, 7967]), "{:?}", claims(a));
     // A second server on the claimed port: rdma_listen fails with EADDRINUSE.
-    let dup = command(&format!("rxe0=udp:{a}"), 20, &t, &["-s", "-a", a, "-p", "7966"])
-        .output()
-        .expect("run second server");
+    let dup = command(
+        &format!("rxe0=udp:{a}"),
+        20,
+        &t,
+        &["-s", "-a", a, "-p", "7966"],
+    )
+    .output()
+    .expect("run second server");
     let d = text(&dup);
     assert!(!dup.status.success(), "{d}");
     assert!(d.contains("Address already in use"), "{d}");
@@ -261,10 +301,19 @@ fn a_claimed_port_is_in_use_and_a_killed_owner_leaves_rej_8() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(claims(a), vec![7967], "the kernel freed the dead owner's claim");
-    let o = command(&format!("rxe1=udp:{b}"), 20, &t, &["-c", "-a", a, "-p", "7966", "-C", "1"])
-        .output()
-        .expect("run client");
+    assert_eq!(
+        claims(a),
+        vec![7967],
+        "the kernel freed the dead owner's claim"
+    );
+    let o = command(
+        &format!("rxe1=udp:{b}"),
+        20,
+        &t,
+        &["-c", "-a", a, "-p", "7966", "-C", "1"],
+    )
+    .output()
+    .expect("run client");
     // SAFETY: kill(2) on our own child (`timeout`, which passes SIGTERM on to rping).
     unsafe { libc::kill(keeper.id() as libc::pid_t, libc::SIGTERM) };
     let _ = keeper.wait_with_output();

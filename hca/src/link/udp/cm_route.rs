@@ -259,10 +259,7 @@ mod tests {
     fn routes_follow_the_cm_fields() {
         let sid = rcm::service_id(rcm::port_space::TCP, 7471);
         let (local_id, remote_id) = (0x0800_0001u32.to_be_bytes(), 0x1800_0003u32.to_be_bytes());
-        let req = datagram(
-            AttrId::Req,
-            &[(24, &local_id), (32, &sid.to_be_bytes())],
-        );
+        let req = datagram(AttrId::Req, &[(24, &local_id), (32, &sid.to_be_bytes())]);
         assert_eq!(route_of(&req), MadRoute::Service(sid));
         let sidr = datagram(
             AttrId::SidrReq,
@@ -337,10 +334,7 @@ mod tests {
         let base = service_name(local, sid);
         let held = crate::link::sys::hold_as_user(
             65534,
-            &[
-                (base.clone(), false),
-                (format!("{base}/slot2"), true),
-            ],
+            &[(base.clone(), false), (format!("{base}/slot2"), true)],
         )
         .expect("a child holds the names as uid 65534");
         assert_eq!(lookup_service(local, sid, 0), (Lookup::Unclaimed, 1));

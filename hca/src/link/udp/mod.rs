@@ -25,8 +25,8 @@ use crate::verbs::gid::{Gid, GidEntry, GidType};
 
 use crate::link::{FlushReport, Link, LinkError, RecvState};
 
-mod cmsg;
 pub mod cm_route;
+mod cmsg;
 pub mod share;
 pub mod socket;
 
