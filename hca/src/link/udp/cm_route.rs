@@ -4,7 +4,7 @@
 //! The kernel steers every datagram for QP 1 (the GSI, IBTA vol. 1 §13.5) to the first socket
 //! of the reuseport group (normally slot 0's process), because the BTH names no process. The
 //! process that receives one reads the CM header of the MAD (IBTA vol. 1 §12.6, the CM class
-//! 0x07) and forwards the datagram over the stray path ([`super::share::Forwarder`]) to the
+//! 0x07) and forwards the datagram over the stray path (`share::Forwarder`, [`super::share`]) to the
 //! process it belongs to:
 //!
 //! * **REQ and SIDR_REQ** name a Service ID (MAD bytes 32..40, tables 106 and 119). A process
@@ -16,21 +16,22 @@
 //!   ([`lookup_service`]): the exclusive name first (refused: nobody listens), then the slot
 //!   names in order; the kernel's `SO_PEERCRED` of the listener found (unix(7): the credentials
 //!   of its listen(2)) must be the looker's own user ID, so a claim of another user (a stranger)
-//!   is ignored and counted. A REQ nobody claims stays with the process that received it, whose
-//!   CM answers REJ reason 8 (invalid service ID) or SIDR_REP status 1, as before sharing.
+//!   is ignored and counted. A REQ nobody claims goes to slot 0 (which holds QP 1, normally the
+//!   process that received it), whose CM answers REJ reason 8 (invalid service ID) or a SIDR_REP
+//!   refusing it, as before sharing; with no CM in slot 0 nobody answers and the peer times out.
 //! * **Every other CM message** (MRA, REJ, REP, RTU, DREQ, DREP, LAP, APR: Remote Communication
 //!   ID, MAD bytes 28..32; SIDR_REP: Request ID, bytes 24..28) names the Communication ID our
 //!   side chose. IBTA vol. 1 §12.6.2 leaves that choice to the sender: a CM on a shared address
 //!   puts its slot in the top [`super::share::SLOT_BITS`] bits ([`comm_id_prefix`]) and draws
 //!   the other 27 from the operating system's random source, so the owner is arithmetic
 //!   ([`slot_of_comm_id`]). A Communication ID of 0 (a REJ of a REQ the peer never matched)
-//!   stays with the receiver.
-//! * **Anything else** (other classes, responses, malformed MADs) stays with the receiver, whose
-//!   GSI applies the MAD rules ([`crate::engine::gsi`]).
+//!   goes to slot 0.
+//! * **Anything else** (other classes, responses, malformed MADs) goes to slot 0, as before
+//!   sharing, whose GSI applies the MAD rules ([`crate::engine::gsi`]).
 //!
 //! A process that dies (SIGKILL included) loses its slot and its claims with its descriptors
 //! (the kernel frees abstract names): a later REQ for its service finds no claim and gets REJ
-//! reason 8 from the receiver; a later REP / DREQ / ... for one of its Communication IDs is
+//! reason 8 from slot 0's CM; a later REP / DREQ / ... for one of its Communication IDs is
 //! forwarded to a slot nobody holds and is dropped and counted (`LinkCounters::rx_strays`), or,
 //! when a new process took the slot, reaches a CM that does not know the ID (dropped and counted
 //! by the CM, or answered with REJ, as for any unknown ID).
@@ -79,7 +80,7 @@ pub enum MadRoute {
     Service(u64),
     /// A CM message naming our side's Communication ID (never 0): [`slot_of_comm_id`].
     CommId(u32),
-    /// Anything else: the process that received it.
+    /// Anything else: slot 0, which holds QP 1.
     Receiver,
 }
 
