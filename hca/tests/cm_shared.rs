@@ -241,6 +241,9 @@ fn connect_all(node: &Node, cm: &CmService, index: u8, server: IpAddr, ports: &[
     let mut established = 0;
     while established < ids.len() {
         let e = next_event(cm);
+        if e.event != E::Established {
+            eprintln!("client {index}: {e:?}\n{:?}", node.dev.stats());
+        }
         assert_eq!(e.event, E::Established, "{e:?}");
         let (qpn, k) = ids[&e.id];
         let wr = SendWr {
@@ -374,18 +377,21 @@ impl Helper {
         }
     }
 
-    /// Waits for the helper to exit and asserts success.
-    fn finish(mut self) {
+    /// Waits for the helper to exit: `Err` (with its exit status) unless it succeeded.
+    fn finish(mut self) -> Result<(), String> {
         let deadline = Instant::now() + 3 * WAIT;
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
-                assert!(st.success(), "helper `{}` failed: {st}", self.name);
-                return;
+                return if st.success() {
+                    Ok(())
+                } else {
+                    Err(format!("helper `{}` failed: {st}", self.name))
+                };
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                panic!("helper `{}` did not exit", self.name);
+                return Err(format!("helper `{}` did not exit", self.name));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -415,7 +421,7 @@ fn addresses() -> (u16, u16, Node, Node, CmService) {
 
 #[test]
 fn two_servers_and_two_clients_of_shared_addresses_connect_at_once() {
-    let (ps, pc, s0, c0, _cm) = addresses();
+    let (ps, pc, s0, c0, cm0) = addresses();
     let servers: Vec<Helper> = [7301u16, 7302]
         .iter()
         .map(|p| Helper::start(format!("server {ps} {pc} {p} 2")))
@@ -426,9 +432,20 @@ fn two_servers_and_two_clients_of_shared_addresses_connect_at_once() {
     let clients: Vec<Helper> = (0..2)
         .map(|i| Helper::start(format!("client {ps} {pc} {i} 7301 7302")))
         .collect();
-    for h in clients.into_iter().chain(servers) {
-        h.finish();
-    }
+    let failed: Vec<String> = clients
+        .into_iter()
+        .chain(servers)
+        .filter_map(|h| h.finish().err())
+        .collect();
+    // What the routing processes saw, for a failure's diagnosis.
+    assert!(
+        failed.is_empty(),
+        "{failed:?}\nservers' address, slot 0: {:?}\nits CM: {:?} {:?}\nclients' address, slot 0: {:?}",
+        s0.dev.stats(),
+        cm0.counters(),
+        cm0.with_cm(|c| c.cm().counters().clone()),
+        c0.dev.stats()
+    );
     // The REQs reached the servers through this process (slot 0 of 127.0.0.1), and the REPs and
     // DREPs the clients' (slot 0 of 127.0.0.2).
     let (rs, rc) = (

@@ -206,11 +206,26 @@ impl Inner {
     }
 
     /// Drops the claims of services the IB CM no longer listens on (the kernel frees the
-    /// names: a later REQ for them gets REJ reason 8).
+    /// names: a later REQ for them gets REJ reason 8), and claims those it listens on without a
+    /// claim (a listen made by a call other than [`CmService::listen`]; a refusal is counted in
+    /// [`ServiceCounters::claims_refused`], and REQs for that service keep going to whoever
+    /// claims it, or to slot 0).
     fn release_claims(&self, cm: &RdmaCm) {
-        if self.shared.is_some() {
-            let listening = cm.cm().listeners();
-            lock(&self.claims).retain(|c| listening.contains(&c.service_id()));
+        if self.shared.is_none() {
+            return;
+        }
+        let listening = cm.cm().listeners();
+        let missing: Vec<u64> = {
+            let mut claims = lock(&self.claims);
+            claims.retain(|c| listening.contains(&c.service_id()));
+            listening
+                .iter()
+                .filter(|s| !claims.iter().any(|c| c.service_id() == **s))
+                .copied()
+                .collect()
+        };
+        for sid in missing {
+            let _ = self.claim(&[sid]);
         }
     }
 
