@@ -27,7 +27,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_p2p::{HostMemory, Memory};
-use hca::cm::CmConfig;
+use hca::cm::{Cm, CmConfig, CmEventKind};
+use hca::link::udp::cm_route::{comm_id_prefix, ServiceClaim};
 use hca::open::{open, DeviceSpec, OpenOptions};
 use hca::rdma_cm::{CmService, RdmaCmError, RdmaCmEvent, RdmaCmEventType as E};
 use hca::verbs::api::Verbs;
@@ -274,6 +275,99 @@ fn connect_all(node: &Node, cm: &CmService, index: u8, server: IpAddr, ports: &[
     println!("OK");
 }
 
+/// An IB CM (`hca::cm::Cm`, no RDMA CM above it) on `node`'s QP 1, with the slot of its shared
+/// address in its Communication IDs, as `CmService` sets it up.
+fn raw_cm(node: &Node) -> (Cm, SocketAddr, usize) {
+    let (local, slot) = node.dev.gsi().unwrap().shared_address().unwrap();
+    let mut cm = Cm::new(config());
+    let (mask, value) = comm_id_prefix(slot);
+    cm.set_comm_id_prefix(mask, value);
+    (cm, local, slot)
+}
+
+/// One turn of `cm` on `node`'s QP 1: received MADs, due timers; its events, in order.
+fn raw_turn(
+    node: &Node,
+    cm: &mut Cm,
+    then: &mut dyn FnMut(&mut Cm, &mut hca::SoftHca, CmEventKind, u32),
+) {
+    node.dev.gsi().unwrap().with_gsi(&mut |now, h| {
+        while let Some(m) = h.poll_mad() {
+            cm.handle_mad(now, h, &m);
+        }
+        if cm.poll_timeout().is_some_and(|t| t <= now) {
+            cm.handle_timeout(now, h);
+        }
+        while let Some(e) = cm.poll_event() {
+            then(cm, h, e.kind, e.id);
+        }
+    });
+}
+
+/// Helper `sidr_server SID`: claims the service ID (hex) on the shared server address, as
+/// `CmService::listen` does, and answers every SIDR_REQ for it with UD QPN 0xabcd, Q_Key
+/// 0x11112222, until killed (at most `3 * WAIT`).
+fn sidr_serve(node: &Node, sid: u64) {
+    let (mut cm, local, slot) = raw_cm(node);
+    let claim = ServiceClaim::claim(local, slot, sid).unwrap();
+    cm.listen(sid).unwrap();
+    println!("READY");
+    let deadline = Instant::now() + 3 * WAIT;
+    while Instant::now() < deadline {
+        raw_turn(node, &mut cm, &mut |cm, h, kind, id| {
+            if let CmEventKind::SidrRequest { service_id, .. } = kind {
+                assert_eq!(service_id, sid);
+                cm.sidr_answer(h, id, Some((0xabcd, 0x1111_2222)), b"")
+                    .unwrap();
+                println!("ANSWERED");
+            }
+        });
+        claim.drain();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Helper `sidr_client SID served|unclaimed`: resolves the service ID (hex) on the server
+/// address from the shared client address (not slot 0) and checks the SIDR_REP: the server's
+/// QPN and Q_Key, or status 1 (unsupported) from slot 0's CM when nobody claims it.
+fn sidr_resolve(node: &Node, server: IpAddr, sid: u64, served: bool) {
+    let (mut cm, local, slot) = raw_cm(node);
+    assert_ne!(slot, 0, "the test process holds slot 0");
+    let mut req = None;
+    node.dev.gsi().unwrap().with_gsi(&mut |now, h| {
+        req = Some(
+            cm.sidr_resolve(now, h, local.ip(), server, sid, b"")
+                .unwrap(),
+        );
+    });
+    let req = req.unwrap();
+    assert_eq!(hca::link::udp::cm_route::slot_of_comm_id(req), slot);
+    let mut answer = None;
+    let deadline = Instant::now() + WAIT;
+    while answer.is_none() && Instant::now() < deadline {
+        raw_turn(node, &mut cm, &mut |_, _, kind, id| {
+            assert_eq!(id, req);
+            answer = Some(kind);
+        });
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    match answer {
+        Some(CmEventKind::SidrResolved {
+            status, qpn, qkey, ..
+        }) if served => {
+            assert_eq!(
+                (status, qpn, qkey),
+                (roce::cm::SidrStatus::Success, 0xabcd, 0x1111_2222)
+            );
+        }
+        Some(CmEventKind::SidrResolved { status, .. }) => {
+            assert_eq!(status, roce::cm::SidrStatus::Unsupported);
+        }
+        other => panic!("SIDR: {other:?}"),
+    }
+    println!("OK");
+}
+
 /// The entry of the helper processes: does nothing unless `CM_SHARED_ROLE` is set (the tests
 /// below set it when they re-execute this binary with `--exact helper_process`).
 /// `CM_SHARED_ROLE` is `server PS PC PORT COUNT`, `client PS PC INDEX PORT...` or `hold PS PC
@@ -321,6 +415,15 @@ fn helper_process() {
                     }
                 }
             }
+        }
+        "sidr_server" => {
+            let node = Node::open(servers, clients);
+            sidr_serve(&node, u64::from_str_radix(args[3], 16).unwrap());
+        }
+        "sidr_client" => {
+            let node = Node::open(clients, servers);
+            let sid = u64::from_str_radix(args[3], 16).unwrap();
+            sidr_resolve(&node, servers.ip(), sid, args[4] == "served");
         }
         other => panic!("unknown role {other}"),
     }
@@ -522,4 +625,29 @@ fn a_claimed_port_is_in_use_for_other_processes_and_freed_by_sigkill() {
         cm0.claimed().is_empty(),
         "destroying the listener releases the claim"
     );
+}
+
+/// SIDR (UD service resolution, IBTA vol. 1 §12.11) between processes of shared addresses: the
+/// SIDR_REQ is routed by its service ID to the claiming process, the SIDR_REP by its Request ID
+/// to the resolving process (slot 1 of the clients' address); a service nobody claims is
+/// answered by slot 0's CM with status 1 (unsupported).
+#[test]
+fn sidr_reaches_the_claiming_process_and_its_answer_the_resolver() {
+    let (ps, pc, s0, c0, _cm0) = addresses();
+    let sid = 0x0111_0000_0000_1d4c_u64; // RDMA_PS_UDP, port 7500
+    let server = Helper::start(format!("sidr_server {ps} {pc} {sid:x}"));
+    server.expect("READY", WAIT);
+    let served = Helper::start(format!("sidr_client {ps} {pc} {sid:x} served"));
+    let r = served.finish();
+    assert!(
+        r.is_ok(),
+        "{r:?}\n{:?}\n{:?}",
+        s0.dev.stats(),
+        c0.dev.stats()
+    );
+    server.expect("ANSWERED", WAIT);
+    let unclaimed = Helper::start(format!("sidr_client {ps} {pc} {:x} unclaimed", sid + 1));
+    unclaimed.finish().unwrap();
+    assert!(s0.link_counter("rx_mads_routed") >= 1);
+    assert!(c0.link_counter("rx_mads_routed") >= 2);
 }
