@@ -14,8 +14,10 @@
 //! each of the four connections and disconnects from the client side; a second listen on a
 //! claimed port from another process (`EADDRINUSE`, then free once the owner is gone); a listener
 //! killed with SIGKILL (a later connect gets REJECTED with reason 8, its claim is released, and
-//! the DREQ of a connection that was established to it is dropped and counted). Every wait is
-//! bounded by a timeout; no assertion is on a duration.
+//! the DREQ of a connection that was established to it is dropped and counted); SIDR between an
+//! IB CM claiming a service and one resolving it from slot 1 of the clients' address, and an
+//! unclaimed service answered by slot 0's CM. Every wait is bounded by a timeout; no assertion is
+//! on a duration.
 #![cfg(all(feature = "std", target_os = "linux"))]
 
 use std::collections::HashMap;
