@@ -653,3 +653,28 @@ fn sidr_reaches_the_claiming_process_and_its_answer_the_resolver() {
     assert!(s0.link_counter("rx_mads_routed") >= 1);
     assert!(c0.link_counter("rx_mads_routed") >= 2);
 }
+
+/// A REQ for a port nobody claims, on an address whose slot 0 runs no CM (a verbs-only
+/// process), is answered by the lowest slot that runs one (`cm_route::CmPresence`): REJECTED,
+/// status 8, not a timeout.
+#[test]
+fn an_unclaimed_port_is_rejected_by_a_cm_outside_slot_0() {
+    let (ps, pc) = (free_port("127.0.0.1"), free_port("127.0.0.2"));
+    let servers = SocketAddr::new("127.0.0.1".parse().unwrap(), ps);
+    let clients = SocketAddr::new("127.0.0.2".parse().unwrap(), pc);
+    let s0 = Node::open(servers, clients); // slot 0, no CM
+    let c0 = Node::open(clients, servers);
+    let holder = Helper::start(format!("hold {ps} {pc} 7304"));
+    holder.expect("READY", WAIT);
+    let ccm = CmService::start(c0.dev.clone(), config()).unwrap();
+    let id = ccm.create_id().unwrap();
+    ccm.resolve_addr(id, None, SocketAddr::new(servers.ip(), 7399))
+        .unwrap();
+    assert_eq!(next_event(&ccm).event, E::AddrResolved);
+    ccm.resolve_route(id).unwrap();
+    assert_eq!(next_event(&ccm).event, E::RouteResolved);
+    ccm.connect(id, c0.qp(), b"").unwrap();
+    let e = next_event(&ccm);
+    assert_eq!((e.event, e.status), (E::Rejected, 8), "{e:?}");
+    assert!(s0.link_counter("rx_mads_routed") >= 1);
+}

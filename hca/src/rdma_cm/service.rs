@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::{RdmaCm, RdmaCmError, RdmaCmEvent, RdmaId};
 use crate::cm::{CmConfig, MAX_EVENTS};
 use crate::engine::{Instant, SoftHca};
-use crate::link::udp::cm_route::{comm_id_prefix, ServiceClaim};
+use crate::link::udp::cm_route::{comm_id_prefix, CmPresence, ServiceClaim};
 use crate::link::{LinkError, Waker};
 use crate::verbs::api::{DeviceError, GsiPort, Verbs};
 
@@ -108,6 +108,9 @@ struct Inner {
     /// The services this process claims on a shared address, one per service ID the IB CM
     /// listens on (locked after `cm`).
     claims: Mutex<Vec<ServiceClaim>>,
+    /// This CM's notice on a shared address, so that REQs nobody claims reach a CM
+    /// ([`CmPresence`]); `None` on a device of its own, or if the name was taken.
+    presence: Option<CmPresence>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -234,7 +237,11 @@ impl Inner {
         if self.shared.is_none() {
             return;
         }
-        let n: usize = lock(&self.claims).iter().map(ServiceClaim::drain).sum();
+        let n = lock(&self.claims)
+            .iter()
+            .map(ServiceClaim::drain)
+            .sum::<usize>()
+            + self.presence.as_ref().map_or(0, CmPresence::drain);
         if n > 0 {
             lock(&self.counters).lookups_drained += n as u64;
         }
@@ -371,6 +378,8 @@ impl CmService {
             counters: Mutex::new(ServiceCounters::default()),
             shared,
             claims: Mutex::new(Vec::new()),
+            // Best effort: without it, REQs nobody claims still reach slot 0.
+            presence: shared.and_then(|(local, slot)| CmPresence::announce(local, slot).ok()),
         });
         static SERIAL: AtomicU64 = AtomicU64::new(0);
         let name = format!("rdma-cm#{}", SERIAL.fetch_add(1, Ordering::Relaxed));

@@ -16,9 +16,9 @@
 //!   ([`lookup_service`]): the exclusive name first (refused: nobody listens), then the slot
 //!   names in order; the kernel's `SO_PEERCRED` of the listener found (unix(7): the credentials
 //!   of its listen(2)) must be the looker's own user ID, so a claim of another user (a stranger)
-//!   is ignored and counted. A REQ nobody claims goes to slot 0 (which holds QP 1, normally the
-//!   process that received it), whose CM answers REJ reason 8 (invalid service ID) or a SIDR_REP
-//!   refusing it, as before sharing; with no CM in slot 0 nobody answers and the peer times out.
+//!   is ignored and counted. A REQ nobody claims goes to the lowest slot whose process runs a CM
+//!   ([`CmPresence`], found like a claim by [`lookup_cm`]; slot 0 when none does), whose CM
+//!   answers REJ reason 8 (invalid service ID) or a SIDR_REP refusing it, as before sharing.
 //! * **Every other CM message** (MRA, REJ, REP, RTU, DREQ, DREP, LAP, APR: Remote Communication
 //!   ID, MAD bytes 28..32; SIDR_REP: Request ID, bytes 24..28) names the Communication ID our
 //!   side chose. IBTA vol. 1 §12.6.2 leaves that choice to the sender: a CM on a shared address
@@ -31,7 +31,7 @@
 //!
 //! A process that dies (SIGKILL included) loses its slot and its claims with its descriptors
 //! (the kernel frees abstract names): a later REQ for its service finds no claim and gets REJ
-//! reason 8 from slot 0's CM; a later REP / DREQ / ... for one of its Communication IDs is
+//! reason 8 from another process's CM; a later REP / DREQ / ... for one of its Communication IDs is
 //! forwarded to a slot nobody holds and is dropped and counted (`LinkCounters::rx_strays`), or,
 //! when a new process took the slot, reaches a CM that does not know the ID (dropped and counted
 //! by the CM, or answered with REJ, as for any unknown ID).
@@ -191,9 +191,14 @@ pub enum Lookup {
 pub fn lookup_service(local: SocketAddr, service_id: u64, uid: u32) -> (Lookup, u64) {
     let base = service_name(local, service_id);
     match crate::link::sys::connect_abstract_unix(base.as_bytes()) {
-        Ok(_) => {}
-        Err(_) => return (Lookup::Unclaimed, 0),
+        Ok(_) => probe_slots(&base, uid),
+        Err(_) => (Lookup::Unclaimed, 0),
     }
+}
+
+/// The lowest `N` whose stream name `base/slot<N>` a listener of user `uid` holds, and how many
+/// listeners of other users were seen (and ignored).
+fn probe_slots(base: &str, uid: u32) -> (Lookup, u64) {
     let mut strangers = 0;
     let mut busy = false;
     for slot in 0..MAX_SLOTS {
@@ -214,6 +219,39 @@ pub fn lookup_service(local: SocketAddr, service_id: u64, uid: u32) -> (Lookup, 
         },
         strangers,
     )
+}
+
+/// A process's notice that it runs a CM on a shared address (the listening stream name
+/// `soft-hca/ADDR:PORT/cm/slot<N>`), so that REQs nobody claims reach a CM that answers them
+/// (REJ reason 8) even when the process in slot 0 runs none ([`lookup_cm`]). Held while this
+/// value lives, and by the kernel only as long as the process does.
+#[derive(Debug)]
+pub struct CmPresence {
+    listener: OwnedFd,
+}
+
+impl CmPresence {
+    /// Announces the CM of the process in `slot` of shared address `local`.
+    ///
+    /// # Errors
+    /// `AddrInUse` when the name is taken (by a process of another user squatting it);
+    /// other socket errors.
+    pub fn announce(local: SocketAddr, slot: usize) -> io::Result<CmPresence> {
+        let name = format!("soft-hca/{local}/cm/slot{slot}");
+        let listener = crate::link::sys::listen_abstract_unix(name.as_bytes(), CLAIM_BACKLOG)?;
+        Ok(CmPresence { listener })
+    }
+
+    /// Closes the connections lookups left (at most [`CLAIM_BACKLOG`]); how many.
+    pub fn drain(&self) -> usize {
+        crate::link::sys::accept_and_close(self.listener.as_fd(), CLAIM_BACKLOG as usize)
+    }
+}
+
+/// The lowest slot of shared address `local` whose process (of user `uid`) runs a CM
+/// ([`CmPresence`]), and how many presences of other users were seen (and ignored).
+pub fn lookup_cm(local: SocketAddr, uid: u32) -> (Lookup, u64) {
+    probe_slots(&format!("soft-hca/{local}/cm"), uid)
 }
 
 #[cfg(test)]

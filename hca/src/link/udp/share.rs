@@ -350,12 +350,14 @@ impl Forwarder {
     }
 
     /// The slot a datagram for QP 1 (UDP payload `payload`) belongs to, for a process in
-    /// `own` slot ([`super::cm_route`]): a REQ or SIDR_REQ's service claimer, the slot in the
-    /// Communication ID that names our side, or slot 0 (which holds QP 1 for anything else, and
-    /// answers REQs nobody claims). `None` when a claim exists whose owner cannot be verified
+    /// `own` slot ([`super::cm_route`]): a REQ or SIDR_REQ's service claimer (or, when nobody
+    /// claims it, the lowest slot that runs a CM, to answer it), the slot in the Communication ID
+    /// that names our side, or slot 0 (which holds QP 1) for anything else. `None` when a claim exists whose owner cannot be verified
     /// now (its listener's backlog is full): the caller drops and counts the MAD.
     pub(crate) fn gsi_owner(&mut self, own: usize, payload: &[u8]) -> Option<usize> {
-        use super::cm_route::{lookup_service, route_of, slot_of_comm_id, Lookup, MadRoute};
+        use super::cm_route::{
+            lookup_cm, lookup_service, route_of, slot_of_comm_id, Lookup, MadRoute,
+        };
         let owner = match route_of(payload) {
             MadRoute::Receiver => 0,
             MadRoute::CommId(id) => slot_of_comm_id(id),
@@ -364,8 +366,16 @@ impl Forwarder {
                 self.counts.claims_refused += strangers;
                 match found {
                     Lookup::Owner(slot) => slot,
-                    Lookup::Unclaimed => 0,
                     Lookup::Busy => return None,
+                    // The lowest slot that runs a CM answers: REJ reason 8.
+                    Lookup::Unclaimed => {
+                        let (cm, strangers) = lookup_cm(self.local, self.uid);
+                        self.counts.claims_refused += strangers;
+                        match cm {
+                            Lookup::Owner(slot) => slot,
+                            _ => 0,
+                        }
+                    }
                 }
             }
         };
