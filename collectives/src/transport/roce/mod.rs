@@ -466,11 +466,13 @@ impl Transport for RoceTransport {
                     ch: ch.clone(),
                     step: 0,
                     slot_held: false,
+                    last_desc: None,
                 }));
                 recv.push(Box::new(RoceRecv {
                     ch,
                     step: 0,
                     held: None,
+                    last_desc: None,
                     timeout: Duration::from_secs(60),
                 }));
             }
