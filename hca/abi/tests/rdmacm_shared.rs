@@ -8,9 +8,9 @@
 //! `@soft-hca/ADDR:4791/svc/<service id>`, appears in `/proc/net/unix`; after the run the test
 //! checks that every claim is gone (the kernel frees them with the process).
 //!
-//! Covered: `rping -V`, `ucmatose -c 2` and `ib_write_bw -R` servers on three ports of one
-//! address, their three clients on another, all at once; a second `rping -s` on a claimed port
-//! fails with `EADDRINUSE`; after its owner is killed with SIGKILL, a client of that port gets
+//! Covered: `rping -V`, `ucmatose -c 2`, `udaddy` (UD over SIDR) and `ib_write_bw -R` servers on
+//! four ports of one address, their four clients on another, all at once; a second `rping -s` on
+//! a claimed port fails with `EADDRINUSE`; after its owner is killed with SIGKILL, a client of that port gets
 //! `RDMA_CM_EVENT_REJECTED, error 8` from the process that still holds the address, and the
 //! claim is gone. A tool that is missing fails the test with the setup advice, unless
 //! `ROCE_SKIP_DEBIAN_TOOLS=1`. Every process runs under `timeout`.
@@ -86,8 +86,8 @@ fn command(device: &str, secs: u32, tool: &Path, args: &[&str]) -> Command {
     c
 }
 
-/// The RDMA_PS_TCP ports with a claim on `addr`:4791 (`/proc/net/unix`, abstract names
-/// `@soft-hca/ADDR:4791/svc/<16 hex digits>`; the service ID's low 16 bits are the port).
+/// The RDMA_PS_TCP and RDMA_PS_UDP ports with a claim on `addr`:4791 (`/proc/net/unix`, abstract
+/// names `@soft-hca/ADDR:4791/svc/<16 hex digits>`; the service ID's low 16 bits are the port).
 fn claims(addr: &str) -> Vec<u16> {
     let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
     let prefix = format!("@soft-hca/{addr}:4791/svc/");
@@ -97,7 +97,7 @@ fn claims(addr: &str) -> Vec<u16> {
         .filter_map(|p| p.strip_prefix(&prefix))
         .filter(|rest| !rest.contains('/'))
         .filter_map(|hex| u64::from_str_radix(hex, 16).ok())
-        .filter(|sid| sid >> 16 == 0x0106)
+        .filter(|sid| matches!(sid >> 16, 0x0106 | 0x0111))
         .map(|sid| sid as u16)
         .collect();
     ports.sort();
@@ -179,8 +179,11 @@ fn run_at_once(pairs: &[Pair], (a, b): (&str, &str)) -> Vec<(Output, Output)> {
 }
 
 #[test]
-fn three_servers_on_one_shared_address_serve_three_clients_of_another_at_once() {
-    if tool("rping").is_none() || tool("ucmatose").is_none() || tool("ib_write_bw").is_none() {
+fn four_servers_on_one_shared_address_serve_four_clients_of_another_at_once() {
+    if ["rping", "ucmatose", "ib_write_bw", "udaddy"]
+        .iter()
+        .any(|t| tool(t).is_none())
+    {
         return;
     }
     let _serial = one_at_a_time();
@@ -198,6 +201,13 @@ fn three_servers_on_one_shared_address_serve_three_clients_of_another_at_once() 
             port: 7964,
             server: v(&["-b", a, "-p", "7964", "-c", "2", "-C", "10"]),
             client: v(&["-s", a, "-p", "7964", "-c", "2", "-C", "10"]),
+        },
+        // UD over SIDR (RDMA_PS_UDP); udaddy's port is its fixed 7174 (its -p is the port space).
+        Pair {
+            name: "udaddy",
+            port: 7174,
+            server: v(&["-b", a, "-C", "10"]),
+            client: v(&["-s", a, "-C", "10"]),
         },
         Pair {
             name: "ib_write_bw",
@@ -250,6 +260,10 @@ fn three_servers_on_one_shared_address_serve_three_clients_of_another_at_once() 
         assert!(text(o).contains("data transfers complete"), "{}", text(o));
     }
     for o in [&results[2].0, &results[2].1] {
+        assert!(text(o).contains("data transfers complete"), "{}", text(o));
+        assert!(text(o).contains("return status 0"), "{}", text(o));
+    }
+    for o in [&results[3].0, &results[3].1] {
         assert!(text(o).contains("BW average[MB/sec]"), "{}", text(o));
     }
     assert_eq!(claims(a), Vec::<u16>::new(), "claims left behind");
