@@ -448,12 +448,12 @@ pub struct Cm {
     /// (remote address, remote Communication ID) -> local ID: duplicate REQ detection.
     by_remote: HashMap<(IpAddr, u32), CommId>,
     listeners: Vec<u64>,
-    /// The abstract names announcing each listener to the other processes of a shared address
-    /// ([`crate::link::udp::share::register_listener`]).
-    listener_names: HashMap<u64, crate::link::udp::share::ListenerNames>,
     events: VecDeque<CmEvent>,
     counters: CmCounters,
     next_tid: u64,
+    /// `(mask, value)` every Communication ID and SIDR Request ID this CM chooses satisfies
+    /// ([`Cm::set_comm_id_prefix`]).
+    comm_id_prefix: (u32, u32),
 }
 
 fn padded<const N: usize>(data: &[u8]) -> Result<[u8; N], CmError> {
@@ -463,20 +463,6 @@ fn padded<const N: usize>(data: &[u8]) -> Result<[u8; N], CmError> {
     let mut out = [0u8; N];
     out[..data.len()].copy_from_slice(data);
     Ok(out)
-}
-
-/// An OS-random Communication ID or SIDR Request ID. On a device shared by several processes
-/// (its engine fixes a QPN prefix, [`crate::link::udp::share`]) the top bits are the process's
-/// slot, so that the replies naming this ID reach this process: the kernel's steering program
-/// sends them to its socket, and slot 0 forwards those that land elsewhere
-/// ([`crate::link::udp::share::gsi_owner`]).
-fn random_id(hca: &SoftHca) -> u32 {
-    use crate::link::udp::share;
-    let r = OsRandom.next_u32();
-    match hca.config().qpn_prefix {
-        Some((_, value)) => share::comm_id_with_slot(r, (value >> share::RANDOM_QPN_BITS) as usize),
-        None => r,
-    }
 }
 
 /// The index of `ip`'s RoCEv2 GID on port 1 of `hca`.
@@ -510,7 +496,7 @@ impl Cm {
             conns: HashMap::new(),
             by_remote: HashMap::new(),
             listeners: Vec::new(),
-            listener_names: HashMap::new(),
+            comm_id_prefix: (0, 0),
             events: VecDeque::new(),
             counters: CmCounters::default(),
             next_tid: u64::from(OsRandom.next_u32()) << 32,
@@ -562,7 +548,7 @@ impl Cm {
             return Err(CmError::TooMany);
         }
         let id = (0..64)
-            .map(|_| random_id(hca))
+            .map(|_| self.random_id())
             // Distinct from the Communication IDs too: both name events (`Unreachable`).
             .find(|id| *id != 0 && !self.sidr_out.contains_key(id) && !self.conns.contains_key(id))
             .ok_or(CmError::TooMany)?;
@@ -636,12 +622,29 @@ impl Cm {
                 return Err(CmError::TooMany);
             }
             self.listeners.push(service_id);
-            self.listener_names.insert(
-                service_id,
-                crate::link::udp::share::register_listener(service_id),
-            );
         }
         Ok(())
+    }
+
+    /// The service IDs this CM accepts REQs and SIDR_REQs for ([`Cm::listen`]).
+    pub fn listeners(&self) -> &[u64] {
+        &self.listeners
+    }
+
+    /// Fixes the bits `mask` of every Communication ID and SIDR Request ID chosen from now on to
+    /// `value` (IBTA vol. 1 §12.6.2: the sender chooses its ID freely); the other bits stay
+    /// OS-random. A CM on a shared device address puts its process's slot there, so that the
+    /// peer's replies, which name these IDs, reach this process
+    /// ([`crate::link::udp::cm_route`]).
+    pub fn set_comm_id_prefix(&mut self, mask: u32, value: u32) {
+        self.comm_id_prefix = (mask, value & mask);
+    }
+
+    /// An OS-random 32-bit ID with the [`Cm::set_comm_id_prefix`] bits fixed (0 is possible:
+    /// callers skip it).
+    fn random_id(&self) -> u32 {
+        let (mask, value) = self.comm_id_prefix;
+        (OsRandom.next_u32() & !mask) | value
     }
 
     /// Sets the local ACK timeout (`ibv_qp_attr.timeout`, 4.096 us x 2^`timeout`, 5 bits) the
@@ -665,7 +668,6 @@ impl Cm {
     /// Stops accepting REQs for `service_id`.
     pub fn unlisten(&mut self, service_id: u64) {
         self.listeners.retain(|&s| s != service_id);
-        self.listener_names.remove(&service_id);
     }
 
     fn event(&mut self, id: CommId, kind: CmEventKind) {
@@ -678,9 +680,9 @@ impl Cm {
 
     /// A fresh random Communication ID; `None` only if 64 draws all hit taken IDs (a broken
     /// random source: at most `max_connections` of 2^32 are taken).
-    fn new_id(&self, hca: &SoftHca) -> Option<CommId> {
+    fn new_id(&self) -> Option<CommId> {
         (0..64)
-            .map(|_| random_id(hca))
+            .map(|_| self.random_id())
             .find(|id| *id != 0 && !self.conns.contains_key(id) && !self.sidr_out.contains_key(id))
     }
 
@@ -730,7 +732,7 @@ impl Cm {
                 hca.modify_qp(p.qpn, &a, m)?;
             }
         }
-        let id = self.new_id(hca).ok_or(CmError::TooMany)?;
+        let id = self.new_id().ok_or(CmError::TooMany)?;
         let local_psn = random_psn();
         let c = self.config.clone();
         let req = cm::Req {
@@ -1217,7 +1219,7 @@ impl Cm {
             self.send(hca, m.dst_ip, m.src_ip, &refuse(reason), tid);
             return;
         }
-        let Some(id) = self.new_id(hca) else {
+        let Some(id) = self.new_id() else {
             self.counters.refused_resources += 1;
             self.send(
                 hca,

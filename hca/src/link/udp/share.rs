@@ -52,18 +52,6 @@
 //! Correctness thus never depends on the kernel's index; a moved slot costs one extra local hop
 //! per datagram until the group is rebuilt (its processes reopen).
 //!
-//! # QP 1: the CM's MADs
-//! Every process of a shared address may run an RDMA CM (its QP 1 sends MADs from its own
-//! socket). A MAD arriving for QP 1 goes to slot 0 by the BPF program; [`gsi_owner`] then picks
-//! the process it is for, from the CM message (IBTA vol. 1 section 12.6): a reply (MRA, REJ,
-//! REP, RTU, DREQ, DREP, LAP, APR) names the receiver's Communication ID, whose top
-//! [`SLOT_BITS`] bits a shared device's CM sets to its slot ([`comm_id_with_slot`]); a REQ or
-//! SIDR_REQ names a service ID, looked up among the abstract names
-//! `soft-hca/<address>:<port>/listen/<service ID>/slot<N>` a listening process binds
-//! ([`register_listener`], [`listener_slot`]); a SIDR_REP names the requester's request ID. The
-//! MAD is then forwarded as any stray. Anything else (another class, a REQ nobody listens for)
-//! stays in slot 0, whose CM answers it.
-//!
 //! # Who may forward
 //! The slot socket has `SO_PASSCRED`: every datagram carries its sender's credentials, checked
 //! by the kernel, and one from a process of another user ID is discarded and counted
@@ -85,114 +73,6 @@ pub const GSI_QPN: u32 = 1;
 /// Longest wait for another process's join to finish.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Random bits left in a Communication ID drawn by a shared device's CM: `32 - SLOT_BITS`.
-pub const RANDOM_COMM_ID_BITS: u32 = 32 - SLOT_BITS;
-
-/// A Communication ID (IBTA vol. 1 section 12.6.2, 32 bits) for the CM of `slot`: the slot in the
-/// top [`SLOT_BITS`] bits, `random`'s low [`RANDOM_COMM_ID_BITS`] bits below.
-pub fn comm_id_with_slot(random: u32, slot: usize) -> u32 {
-    ((slot as u32) << RANDOM_COMM_ID_BITS) | (random & ((1 << RANDOM_COMM_ID_BITS) - 1))
-}
-
-/// The slot whose CM drew Communication ID `id` ([`comm_id_with_slot`]).
-pub fn slot_of_comm_id(id: u32) -> usize {
-    (id >> RANDOM_COMM_ID_BITS) as usize
-}
-
-/// The slot a datagram for QP 1 belongs to (see "QP 1" above): `payload` is the UDP payload (BTH,
-/// DETH, then the 256-byte MAD, IBTA vol. 1 sections 9.2, 9.3.2, 13.4); `listener` maps a
-/// service ID to the slot listening for it. Slot 0 for anything but a CM message naming
-/// another process.
-pub fn gsi_owner(payload: &[u8], listener: impl FnOnce(u64) -> Option<usize>) -> usize {
-    use roce::cm::AttrId;
-    // BTH (12 bytes) and DETH (8) precede the MAD; the CM's data follows the 24-byte MAD header.
-    const MAD: usize = 20;
-    const DATA: usize = MAD + roce::mad::HEADER_LEN;
-    let Some(data) = payload.get(DATA..DATA + 16) else {
-        return 0;
-    };
-    let mad = &payload[MAD..];
-    // MgmtClass at byte 1, AttributeID at 16..18 (IBTA vol. 1 section 13.4.2, table 145).
-    if mad[1] != u8::from(roce::mad::MgmtClass::CommMgmt) {
-        return 0;
-    }
-    let attr = AttrId::from(u16::from_be_bytes([mad[16], mad[17]]));
-    let word = |at: usize| u32::from_be_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]);
-    let slot = match attr {
-        // Local Communication ID / Request ID at 0, Service ID at 8 (tables 99 and 114).
-        AttrId::Req | AttrId::SidrReq => {
-            let mut sid = [0u8; 8];
-            sid.copy_from_slice(&data[8..16]);
-            listener(u64::from_be_bytes(sid)).unwrap_or(0)
-        }
-        // The Request ID the requester chose, at 0 (table 115).
-        AttrId::SidrRep => slot_of_comm_id(word(0)),
-        // Local Communication ID at 0, Remote (the receiver's) at 4.
-        AttrId::Mra
-        | AttrId::Rej
-        | AttrId::Rep
-        | AttrId::Rtu
-        | AttrId::Dreq
-        | AttrId::Drep
-        | AttrId::Lap
-        | AttrId::Apr => slot_of_comm_id(word(4)),
-        _ => 0,
-    };
-    if slot < MAX_SLOTS {
-        slot
-    } else {
-        0
-    }
-}
-
-/// The shared addresses this process holds a slot of: `(soft-hca/ADDR:PORT, slot)`.
-static CLAIMS: std::sync::Mutex<Vec<(String, usize)>> = std::sync::Mutex::new(Vec::new());
-
-fn claims() -> std::sync::MutexGuard<'static, Vec<(String, usize)>> {
-    CLAIMS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The slot of this process's shared device on `local`, if it holds one (the slot its CM puts in
-/// its Communication IDs).
-pub fn slot_of_address(local: SocketAddr) -> Option<usize> {
-    let base = format!("soft-hca/{local}");
-    claims().iter().find(|(b, _)| *b == base).map(|&(_, s)| s)
-}
-
-/// The abstract names a listener holds ([`register_listener`]); dropping it releases them.
-#[derive(Debug)]
-pub struct ListenerNames {
-    _names: Vec<OwnedFd>,
-}
-
-/// Announces that this process's CM listens for `service_id`: binds
-/// `soft-hca/ADDR:PORT/listen/<service ID>/slot<N>` for every shared address it holds slot `N`
-/// of, so that slot 0 there forwards REQs for that service here ([`gsi_owner`]). Names that
-/// cannot be bound (another process of the same slot number on another namespace's address) are
-/// skipped: their REQs stay in slot 0, which rejects them as for no listener.
-pub fn register_listener(service_id: u64) -> ListenerNames {
-    let names = claims()
-        .iter()
-        .filter_map(|(base, slot)| {
-            bind_abstract(&format!("{base}/listen/{service_id:016x}/slot{slot}")).ok()
-        })
-        .collect();
-    ListenerNames { _names: names }
-}
-
-/// The slot that listens for `service_id` on the shared address `local` ([`register_listener`]),
-/// found by connecting to each slot's name (at most [`MAX_SLOTS`] connect(2) calls, once per REQ).
-pub fn listener_slot(local: SocketAddr, service_id: u64) -> Option<usize> {
-    (0..MAX_SLOTS).find(|slot| {
-        crate::link::sys::connect_abstract_unix(
-            format!("soft-hca/{local}/listen/{service_id:016x}/slot{slot}").as_bytes(),
-        )
-        .is_ok()
-    })
-}
-
 /// The slot a destination QPN belongs to (QP 1 and QP 0: slot 0).
 pub fn slot_of_qpn(qpn: u32) -> usize {
     if qpn <= GSI_QPN {
@@ -213,7 +93,7 @@ pub fn qpn_prefix(slot: usize) -> (u32, u32) {
 /// the destination QPN is BTH bytes 5..8 (IBTA vol. 1 section 9.2: opcode, flags, P_Key,
 /// reserved, DestQP), so it loads the big-endian word at offset 4, keeps 24 bits and returns
 /// `qpn >> RANDOM_QPN_BITS`. For QP 1 it reads the MAD after BTH and DETH (offset 20) as
-/// [`gsi_owner`] does, without the listener lookup: a CM reply (attribute 0x0011..=0x001A but
+/// [`super::cm_route::route_of`] does, without the service lookup: a CM reply (attribute 0x0011..=0x001A but
 /// SIDR_REQ) goes to the slot in the receiver's Communication ID (data word 1; SIDR_REP: word 0,
 /// the requester's Request ID), so it reaches its process even when slot 0's process has just
 /// exited without forwarding it; anything else to QP 1 returns 0 (slot 0 forwards a REQ to its
@@ -260,7 +140,7 @@ pub fn steering_program() -> [libc::sock_filter; 18] {
         op(ld_w, 0, 0, 44), // 12: Request ID
         op(libc::BPF_JMP | libc::BPF_JA, 0, 0, 1), // 13: -> 15
         op(ld_w, 0, 0, 48), // 14: receiver's Comm ID
-        op(rsh, 0, 0, RANDOM_COMM_ID_BITS), // 15
+        op(rsh, 0, 0, super::cm_route::COMM_ID_RANDOM_BITS), // 15
         op(ret_a, 0, 0, 0), // 16
         op(libc::BPF_RET | libc::BPF_K, 0, 0, 0), // 17
     ]
@@ -293,8 +173,6 @@ const SLOT_TAG: u64 = u64::MAX;
 #[derive(Debug)]
 pub struct SlotClaim {
     slot: usize,
-    /// `soft-hca/ADDR:PORT`, listed in [`CLAIMS`] while this claim lives.
-    base: String,
     _name: OwnedFd,
     /// epoll(7) over the slot socket (readable) and the forwarding sockets with strays queued
     /// (writable): what a link's wait watches beside its UDP socket.
@@ -321,7 +199,7 @@ impl SlotClaim {
 
     /// The slot socket with `SO_PASSCRED` (so that each datagram carries its sender's
     /// credentials, unix(7)) and its epoll set.
-    fn new(base: &str, slot: usize, name: OwnedFd) -> io::Result<SlotClaim> {
+    fn new(slot: usize, name: OwnedFd) -> io::Result<SlotClaim> {
         crate::link::sys::set_int(name.as_fd(), libc::SOL_SOCKET, libc::SO_PASSCRED, 1)?;
         let events = crate::link::sys::epoll_new()?;
         crate::link::sys::epoll_ctl(
@@ -331,25 +209,11 @@ impl SlotClaim {
             libc::EPOLLIN as u32,
             SLOT_TAG,
         )?;
-        claims().push((base.to_string(), slot));
         Ok(SlotClaim {
             slot,
-            base: base.to_string(),
             _name: name,
             events,
         })
-    }
-}
-
-impl Drop for SlotClaim {
-    fn drop(&mut self) {
-        let mut c = claims();
-        if let Some(i) = c
-            .iter()
-            .position(|(b, s)| *b == self.base && *s == self.slot)
-        {
-            c.swap_remove(i);
-        }
     }
 }
 
@@ -446,6 +310,11 @@ pub(crate) struct StrayCounts {
     pub held: u64,
     /// Datagrams received on the slot socket from a process of another user: discarded.
     pub refused: u64,
+    /// CM MADs for QP 1 whose owner is another process of the address
+    /// ([`super::cm_route`]): forwarded to it like strays (and counted there too).
+    pub mads_routed: u64,
+    /// Service claims of another user's processes seen (and ignored) while routing a REQ.
+    pub claims_refused: u64,
 }
 
 /// The forwarding channel to one owner slot.
@@ -477,6 +346,8 @@ struct Peer {
 pub(crate) struct Forwarder {
     /// The abstract names of the slots, `soft-hca/ADDR:PORT/slotN`.
     names: Vec<Vec<u8>>,
+    /// The shared address and port (for [`super::cm_route::lookup_service`]).
+    local: SocketAddr,
     peers: Vec<Peer>,
     held_bytes: usize,
     uid: u32,
@@ -492,6 +363,7 @@ impl Forwarder {
             names: (0..MAX_SLOTS)
                 .map(|s| format!("soft-hca/{local}/slot{s}").into_bytes())
                 .collect(),
+            local,
             peers: (0..MAX_SLOTS).map(|_| Peer::default()).collect(),
             held_bytes: 0,
             uid: crate::link::sys::effective_uid(),
@@ -500,6 +372,42 @@ impl Forwarder {
             lens: [0; FORWARD_BATCH],
             count: 0,
         }
+    }
+
+    /// The slot a datagram for QP 1 (UDP payload `payload`) belongs to, for a process in
+    /// `own` slot ([`super::cm_route`]): a REQ or SIDR_REQ's service claimer (or, when nobody
+    /// claims it, the lowest slot that runs a CM, to answer it), the slot in the Communication ID
+    /// that names our side, or slot 0 (which holds QP 1) for anything else. `None` when a claim exists whose owner cannot be verified
+    /// now (its listener's backlog is full): the caller drops and counts the MAD.
+    pub(crate) fn gsi_owner(&mut self, own: usize, payload: &[u8]) -> Option<usize> {
+        use super::cm_route::{
+            lookup_cm, lookup_service, route_of, slot_of_comm_id, Lookup, MadRoute,
+        };
+        let owner = match route_of(payload) {
+            MadRoute::Receiver => 0,
+            MadRoute::CommId(id) => slot_of_comm_id(id),
+            MadRoute::Service(sid) => {
+                let (found, strangers) = lookup_service(self.local, sid, self.uid);
+                self.counts.claims_refused += strangers;
+                match found {
+                    Lookup::Owner(slot) => slot,
+                    Lookup::Busy => return None,
+                    // The lowest slot that runs a CM answers: REJ reason 8.
+                    Lookup::Unclaimed => {
+                        let (cm, strangers) = lookup_cm(self.local, self.uid);
+                        self.counts.claims_refused += strangers;
+                        match cm {
+                            Lookup::Owner(slot) => slot,
+                            _ => 0,
+                        }
+                    }
+                }
+            }
+        };
+        if owner != own {
+            self.counts.mads_routed += 1;
+        }
+        Some(owner)
     }
 
     /// The counts since the last call, reset.
@@ -709,7 +617,7 @@ pub(crate) fn claim_and_bind<T>(
     for slot in 0..MAX_SLOTS {
         match bind_abstract(&format!("{base}/slot{slot}")) {
             Ok(name) => {
-                let claim = SlotClaim::new(&base, slot, name)?;
+                let claim = SlotClaim::new(slot, name)?;
                 let bound = bind(slot)?;
                 return Ok((claim, bound));
             }
@@ -740,80 +648,6 @@ mod tests {
         }
         assert_eq!(slot_of_qpn(GSI_QPN), 0);
         assert_eq!(slot_of_qpn(0), 0);
-    }
-
-    #[test]
-    fn comm_ids_carry_the_slot() {
-        for slot in 0..MAX_SLOTS {
-            for r in [0u32, 1, 0x07ff_ffff, u32::MAX, 0x9e37_79b9] {
-                let id = comm_id_with_slot(r, slot);
-                assert_eq!(slot_of_comm_id(id), slot);
-                assert_eq!(id & ((1 << RANDOM_COMM_ID_BITS) - 1), r & 0x07ff_ffff);
-            }
-        }
-    }
-
-    /// A UD SEND to QP 1: 20 bytes of BTH + DETH (zeros: not read), then `mad`.
-    fn to_qp1(mad: &[u8]) -> Vec<u8> {
-        let mut p = vec![0u8; 20];
-        p.extend_from_slice(mad);
-        p.extend_from_slice(&[0; 4]); // ICRC
-        p
-    }
-
-    #[test]
-    fn qp1_mads_go_to_the_slot_they_name() {
-        use roce::cm::{Dreq, Message, Rtu, SidrRep, SidrStatus, DREQ_PRIVATE_DATA_LEN};
-        let mut mad = [0u8; roce::mad::MAD_LEN];
-        // A DREQ to Communication ID of slot 7, built by the roce crate.
-        let dreq = Message::Dreq(Dreq {
-            local_comm_id: 0x1234_5678,
-            remote_comm_id: comm_id_with_slot(0x0abc_def0, 7),
-            remote_qpn: 0x40_0001,
-            private_data: [0; DREQ_PRIVATE_DATA_LEN],
-        });
-        dreq.emit_mad(1, &mut mad).unwrap();
-        assert_eq!(gsi_owner(&to_qp1(&mad), |_| panic!("no lookup")), 7);
-        let rtu = Message::Rtu(Rtu {
-            local_comm_id: 1,
-            remote_comm_id: comm_id_with_slot(5, 31),
-            private_data: [0; roce::cm::RTU_PRIVATE_DATA_LEN],
-        });
-        rtu.emit_mad(2, &mut mad).unwrap();
-        assert_eq!(gsi_owner(&to_qp1(&mad), |_| None), 31);
-        // A SIDR_REP names the requester's Request ID at offset 0.
-        let sidr_rep = Message::SidrRep(SidrRep {
-            request_id: comm_id_with_slot(9, 3),
-            status: SidrStatus::Success,
-            info_len: 0,
-            qpn: 0x1000,
-            service_id: 0x0106_0000_0000_1234,
-            qkey: 0,
-            info: [0; roce::cm::SIDR_REP_INFO_LEN],
-            private_data: [0; roce::cm::SIDR_REP_PRIVATE_DATA_LEN],
-        });
-        sidr_rep.emit_mad(3, &mut mad).unwrap();
-        assert_eq!(gsi_owner(&to_qp1(&mad), |_| None), 3);
-        // A REQ (hand-built: class 7, attribute 0x0010, Service ID at data offset 8) goes to the
-        // listener's slot, or to slot 0 when nobody listens.
-        let mut req = [0u8; roce::mad::MAD_LEN];
-        req[..4].copy_from_slice(&[1, 0x07, 2, 3]);
-        req[16..18].copy_from_slice(&0x0010u16.to_be_bytes());
-        req[24 + 8..24 + 16].copy_from_slice(&0x0000_0000_0106_4d2bu64.to_be_bytes());
-        let mut asked = None;
-        let owner = gsi_owner(&to_qp1(&req), |sid| {
-            asked = Some(sid);
-            Some(12)
-        });
-        assert_eq!((owner, asked), (12, Some(0x0106_4d2b)));
-        assert_eq!(gsi_owner(&to_qp1(&req), |_| None), 0);
-        // Another class (a PerfMgt Get), a truncated MAD, a slot out of range: slot 0.
-        let mut perf = req;
-        perf[1] = 0x04;
-        assert_eq!(gsi_owner(&to_qp1(&perf), |_| Some(5)), 0);
-        assert_eq!(gsi_owner(&to_qp1(&req)[..40], |_| Some(5)), 0);
-        assert_eq!(gsi_owner(&req[..10], |_| Some(5)), 0);
-        assert_eq!(gsi_owner(&to_qp1(&req), |_| Some(MAX_SLOTS)), 0);
     }
 
     /// A reuseport group of `n` sockets on 127.0.0.1 (a free port) with the program attached.
@@ -878,26 +712,26 @@ mod tests {
             m[16..18].copy_from_slice(&attr.to_be_bytes());
             m[24..28].copy_from_slice(&w0.to_be_bytes());
             m[28..32].copy_from_slice(&w1.to_be_bytes());
-            let mut p = to_qp1(&m);
+            let mut p = vec![0u8; 20];
+            p.extend_from_slice(&m);
+            p.extend_from_slice(&[0; 4]);
             p[..12].copy_from_slice(&bth(GSI_QPN));
             p
+        };
+        let with_slot = |low: u32, slot: usize| {
+            let (mask, value) = super::super::cm_route::comm_id_prefix(slot);
+            (low & !mask) | value
         };
         let mut mads = Vec::new();
         for slot in 0..n {
             for attr in [0x0011u16, 0x0012, 0x0013, 0x0014, 0x0015, 0x0016] {
-                mads.push((mad(7, attr, 0x55, comm_id_with_slot(0x1234, slot)), slot));
+                mads.push((mad(7, attr, 0x55, with_slot(0x1234, slot)), slot));
             }
-            mads.push((mad(7, 0x0018, comm_id_with_slot(7, slot), 0), slot));
+            mads.push((mad(7, 0x0018, with_slot(7, slot), 0), slot));
         }
-        mads.push((
-            mad(7, 0x0010, comm_id_with_slot(1, 3), comm_id_with_slot(1, 3)),
-            0,
-        ));
-        mads.push((
-            mad(7, 0x0017, comm_id_with_slot(1, 3), comm_id_with_slot(1, 3)),
-            0,
-        ));
-        mads.push((mad(4, 0x0013, 0, comm_id_with_slot(1, 3)), 0));
+        mads.push((mad(7, 0x0010, with_slot(1, 3), with_slot(1, 3)), 0));
+        mads.push((mad(7, 0x0017, with_slot(1, 3), with_slot(1, 3)), 0));
+        mads.push((mad(4, 0x0013, 0, with_slot(1, 3)), 0));
         for (i, (p, slot)) in mads.iter_mut().enumerate() {
             p.push(i as u8);
             tx.send_to(p, to).unwrap();
