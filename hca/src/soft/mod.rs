@@ -715,7 +715,12 @@ impl<L: SoftLink> SoftDevice<L> {
     /// many. With [`Progress::Caller`] it runs one progress round (receive, timers, send) when
     /// the CQ has no completion ready (completions already there are returned at once: a
     /// request/response loop then answers without an extra system call). With
-    /// [`Progress::Thread`] it only takes the engine lock for the copy.
+    /// [`Progress::Thread`] it only takes the engine lock for the copy. With
+    /// [`Progress::Hybrid`] an empty CQ runs a round if no other thread is in one, and a poll
+    /// that still finds it empty yields the CPU (sched_yield(2)), as `rdma-perf`'s polling loop
+    /// does: with busy-polling programs (perftest) on both ends of a link and fewer CPUs than
+    /// runnable threads, a poller would otherwise keep the CPU its peer waits for until the
+    /// scheduler's slice ends, milliseconds per round trip.
     ///
     /// # Errors
     /// [`DeviceError::Verbs`] as [`SoftHca::poll_cq`].
@@ -731,9 +736,23 @@ impl<L: SoftLink> SoftDevice<L> {
             }
             Progress::Hybrid => {
                 let ready = self.poll_ready(cq, out)?;
-                if ready > 0 || !s.hybrid_round() {
+                if ready > 0 {
                     return Ok(ready);
                 }
+                let n = if s.hybrid_round() {
+                    self.poll_ready(cq, out)?
+                } else {
+                    0
+                };
+                if n == 0 {
+                    // Still empty: hand the CPU to whoever waits for it (sched_yield(2) returns
+                    // at once when nobody does). What this poller waits for is another
+                    // thread's work: the peer process's, when both busy-poll on one CPU (it
+                    // would otherwise wait a whole scheduler slice, milliseconds, for its turn:
+                    // one round trip per slice), or the thread holding `io`.
+                    std::thread::yield_now();
+                }
+                return Ok(n);
             }
             Progress::Thread => {}
         }

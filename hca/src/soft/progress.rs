@@ -488,10 +488,12 @@ impl<L: SoftLink> Shared<L> {
             }
             self.sleeping.store(true, Ordering::SeqCst);
             // Hybrid: callers began to poll (and may hold ACKs) since the round: watch them
-            // from the blind sleep instead of the socket (Dekker pair with `hybrid_round`).
+            // from the blind sleep instead of the socket (Dekker pair with `hybrid_round`);
+            // unless the socket refused a send: then wait for room (an overdue hold would
+            // otherwise make the thread spin on the full socket).
             if self.pending.swap(false, Ordering::SeqCst)
                 || self.stop.load(Ordering::SeqCst)
-                || self.callers_poll()
+                || (self.callers_poll() && !outcome.blocked)
             {
                 self.sleeping.store(false, Ordering::SeqCst);
                 continue;
