@@ -197,6 +197,16 @@ pub const CALLER_WINDOW: Duration = Duration::from_millis(1);
 /// while a program busy-polls, against one wake per received message without the hold.
 pub const ACK_HOLD: Duration = Duration::from_micros(250);
 
+/// [`Progress::Hybrid`]: consecutive polls of an empty CQ (each with its progress round, about a
+/// microsecond or two) after which [`SoftDevice::poll_cq`] yields the CPU once (sched_yield(2)):
+/// 8, longer than a loopback round trip's wait in polls, short against a scheduler slice.
+pub const YIELD_AFTER_EMPTY_POLLS: u32 = 1;
+
+std::thread_local! {
+    /// This thread's polls of an empty CQ in a row ([`YIELD_AFTER_EMPTY_POLLS`]).
+    static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
 /// What the device's progress engine has done (the engine's and the link's own counters are
 /// [`SoftDevice::counters`] and [`SoftDevice::link_counters`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -716,9 +726,9 @@ impl<L: SoftLink> SoftDevice<L> {
     /// the CQ has no completion ready (completions already there are returned at once: a
     /// request/response loop then answers without an extra system call). With
     /// [`Progress::Thread`] it only takes the engine lock for the copy. With
-    /// [`Progress::Hybrid`] an empty CQ runs a round if no other thread is in one, and a poll
-    /// that still finds it empty yields the CPU (sched_yield(2)), as `rdma-perf`'s polling loop
-    /// does: with busy-polling programs (perftest) on both ends of a link and fewer CPUs than
+    /// [`Progress::Hybrid`] an empty CQ runs a round if no other thread is in one, and every
+    /// [`YIELD_AFTER_EMPTY_POLLS`]-th empty poll in a row yields the CPU (sched_yield(2)), as
+    /// `rdma-perf`'s polling loop does at each: with busy-polling programs (perftest) on both ends of a link and fewer CPUs than
     /// runnable threads, a poller would otherwise keep the CPU its peer waits for until the
     /// scheduler's slice ends, milliseconds per round trip.
     ///
@@ -744,14 +754,23 @@ impl<L: SoftLink> SoftDevice<L> {
                 } else {
                     0
                 };
-                if n == 0 {
-                    // Still empty: hand the CPU to whoever waits for it (sched_yield(2) returns
-                    // at once when nobody does). What this poller waits for is another
-                    // thread's work: the peer process's, when both busy-poll on one CPU (it
-                    // would otherwise wait a whole scheduler slice, milliseconds, for its turn:
-                    // one round trip per slice), or the thread holding `io`.
-                    std::thread::yield_now();
-                }
+                // Still empty after YIELD_AFTER_EMPTY_POLLS polls in a row: hand the CPU to
+                // whoever waits for it (sched_yield(2) returns at once when nobody does). What
+                // this poller waits for is another thread's work: the peer process's, when both
+                // busy-poll on one CPU (it would otherwise wait a whole scheduler slice,
+                // milliseconds, for its turn: one round trip per slice), or the thread holding
+                // `io`. Not at every empty poll: a round trip that is under way completes within
+                // a few polls, and a yield per poll costs it microseconds.
+                EMPTY_POLLS.with(|c| {
+                    if n > 0 {
+                        c.set(0);
+                    } else if c.get() + 1 >= YIELD_AFTER_EMPTY_POLLS {
+                        c.set(0);
+                        std::thread::yield_now();
+                    } else {
+                        c.set(c.get() + 1);
+                    }
+                });
                 return Ok(n);
             }
             Progress::Thread => {}

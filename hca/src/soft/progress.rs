@@ -188,7 +188,9 @@ impl<L: SoftLink> Shared<L> {
                 e.handle_timeout(now);
                 fired = true;
             }
-            out.deferred = defer && out.received > 0;
+            // Hold only what answers a request (ACKs, READ responses); a round that received
+            // a requester's ACKs builds the requests they unblocked at once.
+            out.deferred = defer && out.received > 0 && e.has_queued_responses();
             if !out.blocked && !out.deferred {
                 let (built, full) = io.link.build(&mut e, now);
                 out.built = built;
@@ -302,6 +304,13 @@ impl<L: SoftLink> Shared<L> {
             return;
         }
         self.after_foreign_round(&outcome);
+        if self.progress == super::Progress::Hybrid && outcome.built > 0 && self.callers_poll() {
+            // A busy-polling program just sent a request and will poll for its answer: let the
+            // peer (a busy poller sharing this CPU, or the thread it waits for) run now rather
+            // than after this thread's next polls (sched_yield(2) returns at once when nobody
+            // waits for the CPU), as `rdma-perf`'s loop does after each post.
+            std::thread::yield_now();
+        }
     }
 
     /// [`super::Progress::Hybrid`]: a round on the thread of a caller that found its CQ empty,
