@@ -197,14 +197,20 @@ pub const CALLER_WINDOW: Duration = Duration::from_millis(1);
 /// while a program busy-polls, against one wake per received message without the hold.
 pub const ACK_HOLD: Duration = Duration::from_micros(250);
 
-/// [`Progress::Hybrid`]: consecutive polls of an empty CQ (each with its progress round, about a
-/// microsecond or two) after which [`SoftDevice::poll_cq`] yields the CPU once (sched_yield(2)):
-/// 8, longer than a loopback round trip's wait in polls, short against a scheduler slice.
-pub const YIELD_AFTER_EMPTY_POLLS: u32 = 1;
+/// [`Progress::Hybrid`]: how long a thread's polls of an empty CQ (whose rounds receive nothing)
+/// go on before [`SoftDevice::poll_cq`] yields the CPU (sched_yield(2)), and then again after
+/// each such interval. 200 us: far above a loopback round trip (about 10 us), so a program
+/// whose peer runs on another CPU never yields, and far below a scheduler slice (3 ms and more),
+/// which is what a busy poller sharing a CPU with the peer it waits for would otherwise cost
+/// per round trip. (A yield at every empty poll, as `rdma-perf` does, made Debian's
+/// `ib_write_bw` pairs of `hca/abi/tests/shared_perftest.rs` fail with `IBV_WC_RETRY_EXC_ERR`
+/// at load 20-26 in 4 runs of 5; not explained.)
+pub const YIELD_AFTER: Duration = Duration::from_micros(200);
 
 std::thread_local! {
-    /// This thread's polls of an empty CQ in a row ([`YIELD_AFTER_EMPTY_POLLS`]).
-    static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// When this thread's run of empty polls began ([`YIELD_AFTER`]; nanoseconds of the
+    /// device clock of the CQ it polls, 0: none).
+    static EMPTY_SINCE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// What the device's progress engine has done (the engine's and the link's own counters are
@@ -726,9 +732,9 @@ impl<L: SoftLink> SoftDevice<L> {
     /// the CQ has no completion ready (completions already there are returned at once: a
     /// request/response loop then answers without an extra system call). With
     /// [`Progress::Thread`] it only takes the engine lock for the copy. With
-    /// [`Progress::Hybrid`] an empty CQ runs a round if no other thread is in one, and every
-    /// [`YIELD_AFTER_EMPTY_POLLS`]-th empty poll in a row yields the CPU (sched_yield(2)), as
-    /// `rdma-perf`'s polling loop does at each: with busy-polling programs (perftest) on both ends of a link and fewer CPUs than
+    /// [`Progress::Hybrid`] an empty CQ runs a round if no other thread is in one, and polls
+    /// that find it empty for [`YIELD_AFTER`] yield the CPU (sched_yield(2)), as `rdma-perf`'s
+    /// polling loop does at each: with busy-polling programs (perftest) on both ends of a link and fewer CPUs than
     /// runnable threads, a poller would otherwise keep the CPU its peer waits for until the
     /// scheduler's slice ends, milliseconds per round trip.
     ///
@@ -747,28 +753,34 @@ impl<L: SoftLink> SoftDevice<L> {
             Progress::Hybrid => {
                 let ready = self.poll_ready(cq, out)?;
                 if ready > 0 {
+                    EMPTY_SINCE.with(|c| c.set(0));
                     return Ok(ready);
                 }
-                let n = if s.hybrid_round() {
+                let round = s.hybrid_round();
+                let n = if round.is_some() {
                     self.poll_ready(cq, out)?
                 } else {
                     0
                 };
-                // Still empty after YIELD_AFTER_EMPTY_POLLS polls in a row: hand the CPU to
+                // A round that received datagrams (more may wait: strays to forward in shared
+                // mode, a burst of ACKs) is followed by another at once, not by a yield: a
+                // socket read less often overflows.
+                let idle = round.is_none_or(|o| o.received == 0);
+                // Still empty, nothing arrived, and so for YIELD_AFTER already: hand the CPU to
                 // whoever waits for it (sched_yield(2) returns at once when nobody does). What
                 // this poller waits for is another thread's work: the peer process's, when both
                 // busy-poll on one CPU (it would otherwise wait a whole scheduler slice,
                 // milliseconds, for its turn: one round trip per slice), or the thread holding
-                // `io`. Not at every empty poll: a round trip that is under way completes within
-                // a few polls, and a yield per poll costs it microseconds.
-                EMPTY_POLLS.with(|c| {
-                    if n > 0 {
+                // `io`.
+                let now = s.now().as_nanos();
+                EMPTY_SINCE.with(|c| {
+                    if n > 0 || !idle {
                         c.set(0);
-                    } else if c.get() + 1 >= YIELD_AFTER_EMPTY_POLLS {
-                        c.set(0);
+                    } else if c.get() == 0 {
+                        c.set(now);
+                    } else if now - c.get() >= YIELD_AFTER.as_nanos() as u64 {
+                        c.set(now);
                         std::thread::yield_now();
-                    } else {
-                        c.set(c.get() + 1);
                     }
                 });
                 return Ok(n);

@@ -304,20 +304,13 @@ impl<L: SoftLink> Shared<L> {
             return;
         }
         self.after_foreign_round(&outcome);
-        if self.progress == super::Progress::Hybrid && outcome.built > 0 && self.callers_poll() {
-            // A busy-polling program just sent a request and will poll for its answer: let the
-            // peer (a busy poller sharing this CPU, or the thread it waits for) run now rather
-            // than after this thread's next polls (sched_yield(2) returns at once when nobody
-            // waits for the CPU), as `rdma-perf`'s loop does after each post.
-            std::thread::yield_now();
-        }
     }
 
     /// [`super::Progress::Hybrid`]: a round on the thread of a caller that found its CQ empty,
     /// if no other thread is in one (`try_lock`: a busy poller never waits for the progress
     /// thread). Opens (extends) the caller window, during which the thread stays off the
-    /// socket. Whether a round ran.
-    pub(crate) fn hybrid_round(&self) -> bool {
+    /// socket. What the round did (`None`: another thread was in one).
+    pub(crate) fn hybrid_round(&self) -> Option<RoundOutcome> {
         let Ok(mut io) = self.io.try_lock() else {
             let since = self.caller_busy_since.load(Ordering::Relaxed);
             if since == 0 {
@@ -325,7 +318,7 @@ impl<L: SoftLink> Shared<L> {
                     .store(self.now().as_nanos().max(1), Ordering::Relaxed);
             }
             lock(&self.counters).caller_io_busy += 1;
-            return false;
+            return None;
         };
         let now = self.now();
         let last = self
@@ -376,7 +369,7 @@ impl<L: SoftLink> Shared<L> {
         if outcome.blocked {
             self.request_round();
         }
-        true
+        Some(outcome)
     }
 
     /// [`super::Progress::Hybrid`]: closes the caller window and wakes the thread if it sleeps
