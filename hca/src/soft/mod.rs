@@ -205,7 +205,7 @@ pub const ACK_HOLD: Duration = Duration::from_micros(250);
 /// per round trip. (A yield at every empty poll, as `rdma-perf` does, made Debian's
 /// `ib_write_bw` pairs of `hca/abi/tests/shared_perftest.rs` fail with `IBV_WC_RETRY_EXC_ERR`
 /// at load 20-26 in 4 runs of 5; not explained.)
-pub const YIELD_AFTER: Duration = Duration::from_micros(200);
+pub const YIELD_AFTER: Duration = Duration::from_micros(30);
 
 std::thread_local! {
     /// When this thread's run of empty polls began ([`YIELD_AFTER`]; nanoseconds of the
