@@ -199,12 +199,15 @@ pub const ACK_HOLD: Duration = Duration::from_micros(250);
 
 /// [`Progress::Hybrid`]: how long a thread's polls of an empty CQ (whose rounds receive nothing)
 /// go on before [`SoftDevice::poll_cq`] yields the CPU (sched_yield(2)), and then again after
-/// each such interval. 200 us: far above a loopback round trip (about 10 us), so a program
-/// whose peer runs on another CPU never yields, and far below a scheduler slice (3 ms and more),
+/// each such interval. 30 us: above a loopback round trip (about 10 us), so a program whose
+/// peer runs on another CPU seldom yields, and far below a scheduler slice (3 ms and more),
 /// which is what a busy poller sharing a CPU with the peer it waits for would otherwise cost
-/// per round trip. (A yield at every empty poll, as `rdma-perf` does, made Debian's
-/// `ib_write_bw` pairs of `hca/abi/tests/shared_perftest.rs` fail with `IBV_WC_RETRY_EXC_ERR`
-/// at load 20-26 in 4 runs of 5; not explained.)
+/// per round trip (with the yield: about 2 x 30 us). A yield at every empty poll and after
+/// each post, as `rdma-perf` does, made Debian's `ib_write_bw` pairs of
+/// `hca/abi/tests/shared_perftest.rs` fail with `IBV_WC_RETRY_EXC_ERR` at load 16-26 (the post
+/// yield 2 runs of 2, the poll yield 4 of 5; 200 us and 30 us: 4 runs of 4 passed); likely
+/// the strays of that test (a killed process reorders the reuseport group), which a process
+/// forwards only while it runs rounds.
 pub const YIELD_AFTER: Duration = Duration::from_micros(30);
 
 std::thread_local! {
