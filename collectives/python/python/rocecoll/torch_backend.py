@@ -4,9 +4,18 @@ Importing this module registers the backend (``Backend.register_backend("rocecol
 devices=["cpu"])``), after which ``dist.init_process_group("rocecoll")`` works under torchrun.
 The process group is a Python ``ProcessGroup`` (as in PyTorch's ``test_c10d_pypg.py``) over one
 :class:`rocecoll.Comm` made from the store PyTorch hands the backend: no port of ours is opened.
-Every operation returns at once with an async ``Work``; operations run in issue order on the
-communicator's progress thread, and one completion thread per group runs what must follow an
-operation (copies out of staging buffers) and completes its ``Work`` and its future.
+An ``async_op=True`` operation returns at once with its ``Work``; operations run in issue order
+on the communicator's progress thread, and one completion thread per group runs what must follow
+an operation (copies out of staging buffers) and completes its ``Work`` and its future. A
+blocking call (``async_op=False``: ``torch.distributed`` waits for the ``Work`` at once) of a
+collective when nothing is in flight runs on the calling thread instead, with the GIL released
+(``AsyncCommunicator::run_or_submit``), and returns a ``Work`` that has already ended: no thread
+hand-off. How a blocking call is told apart: ``opts.asyncOp`` where torch sets it (2.7: broadcast,
+all_gather_into_tensor, reduce_scatter_tensor, barrier ...), else the ``async_op`` argument of the
+``torch.distributed`` function that called the process group (its frame); a caller that is
+neither (a comm hook, FSDP, a direct ``ProcessGroup`` call) is treated as asynchronous.
+Point-to-point operations always go to the progress thread (two ranks' blocking sends to each
+other must not both block their callers).
 
 Implemented (what DDP and FSDP2 use on CPU): ``broadcast``, ``allreduce`` (and coalesced),
 ``reduce``, ``allgather``, ``all_gather_into_tensor`` (``_allgather_base``, and coalesced),
@@ -27,6 +36,7 @@ operation goes on; ``abort()`` ends it and every pending one.
 import datetime
 import os
 import queue
+import sys
 import threading
 
 import torch
@@ -67,11 +77,23 @@ class _Completer:
 
     def __init__(self, name):
         self._q = queue.SimpleQueue()
+        # Items handed in and items finished: each counter is written by one side only (the
+        # issuing side under ``_lock``, the completion thread alone), so their difference is
+        # what is still outstanding.
+        self._lock = threading.Lock()
+        self._put = 0
+        self._finished = 0
         self._t = threading.Thread(target=self._run, name=name, daemon=True)
         self._t.start()
 
+    def idle(self):
+        """Whether every item handed in has been completed (nothing would be overtaken)."""
+        return self._put == self._finished
+
     def put(self, natives, post, done):
-        self._q.put((natives, post, done))
+        with self._lock:
+            self._put += 1
+            self._q.put((natives, post, done))
 
     def _run(self):
         while True:
@@ -87,6 +109,8 @@ class _Completer:
                 done(None)
             except BaseException as e:  # handed to the waiter, never lost
                 done(e)
+            finally:
+                self._finished += 1
 
     def close(self):
         self._q.put(None)
@@ -165,6 +189,70 @@ class _Work(dist._Work):
         return self._result
 
 
+class _EndedWork(dist._Work):
+    """The ``Work`` of an operation that ended before its issuing call returned (a blocking call
+    run on the calling thread): ``wait`` returns or raises at once; the future is made only when
+    asked for."""
+
+    def __init__(self, result, error):
+        super().__init__()
+        self._result = result
+        self._error = error
+        self._future = None
+
+    def wait(self, timeout=None):
+        """Returns True, or raises the operation's :class:`CollectiveError` (it has ended)."""
+        _seconds(timeout)  # the same argument checks as a pending Work's
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self):
+        if self._future is None:
+            self._future = torch.futures.Future()
+            if self._error is None:
+                self._future.set_result(self._result)
+            else:
+                self._future.set_exception(self._error)
+        return self._future
+
+    def result(self):
+        self.wait()
+        return self._result
+
+
+_C10D = dist.distributed_c10d.__name__
+
+
+def _blocking(opts, depth=2):
+    """Whether the ``torch.distributed`` call behind a process group op waits for its ``Work`` at
+    once (``async_op=False``): ``opts.asyncOp`` where torch sets it (``BroadcastOptions``,
+    ``ReduceScatterOptions``, ... in 2.7), else the ``async_op`` argument of the
+    ``torch.distributed.distributed_c10d`` function ``depth`` frames up (the op's caller:
+    ``all_reduce`` and ``barrier`` pass no ``asyncOp`` in 2.7). Anything else (a comm hook, FSDP,
+    a direct ``ProcessGroup`` call, a torch that changed) counts as asynchronous: the safe side,
+    as an asynchronous op must return before its peers join."""
+    a = getattr(opts, "asyncOp", None) if opts is not None else None
+    if a is not None:
+        return not a
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return False
+    if f.f_globals.get("__name__") != _C10D:
+        return False
+    return f.f_locals.get("async_op", True) is False
+
+
 # Gloo's ring all-reduce (gloo/allreduce.cc, ring(), as torch 2.7's ProcessGroupGloo runs it for
 # dense CPU tensors: gloo::allreduce with the default options): the buffer of B bytes is cut into
 # S = roundUp(max(ceil(B / 1 MiB), 2n), n) segments (kMaxSegmentSize in gloo/allreduce.h) of
@@ -211,7 +299,7 @@ def _sum_order():
     return order
 
 
-def _gloo_order_allreduce(native, t, size):
+def _gloo_order_allreduce(native, t, size, inline=False):
     """Issues a sum all-reduce of CPU tensor ``t`` (contiguous) that adds in Gloo's order: an
     all-gather of every rank's values (size times the bytes of a ring all-reduce's traffic),
     then :func:`gloo_order_sum` into ``t`` after it ends. Returns (native work, keep, post)."""
@@ -222,7 +310,7 @@ def _gloo_order_allreduce(native, t, size):
     def post():
         gloo_order_sum(gathered, t.detach().view(-1))
 
-    return native.all_gather(s, r, dt, None), (t, gathered, s, r), post
+    return native.all_gather(s, r, dt, None, inline), (t, gathered, s, r), post
 
 
 def _local_ip():
@@ -265,7 +353,20 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
     def group_name(self):
         return getattr(self, "_group_name", "")
 
-    def _issue(self, op, natives, result, keep=(), post=None):
+    def _issue(self, op, natives, result, keep=(), post=None, inline=False):
+        """The ``Work`` of ``natives`` (native operations issued in this order), then ``post``;
+        ``keep`` stays referenced until they end. ``inline`` (a blocking call whose natives were
+        issued inline): when they have all ended and the completion thread has nothing older
+        to complete, they are completed here, without a thread hand-off."""
+        if inline and self._done.idle() and all(n.is_completed() for n in natives):
+            try:
+                for n in natives:
+                    n.wait()
+                if post is not None:
+                    post()
+            except Exception as e:  # CollectiveError, or a failed copy: raised by wait()
+                return _EndedWork(result, e)
+            return _EndedWork(result, None)
         w = _Work(result, op, self.rank(), self.size())
 
         def after():
@@ -285,32 +386,39 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         t = self._one(tensors, "allreduce")
         op = _redop(opts, "allreduce") if opts is not None else "sum"
+        inl = _blocking(opts)
         if op == "sum" and self._gloo_order and t.dtype in _GLOO_ORDER_DTYPES and t.numel():
             as_bytes(t)  # the same checks (CPU, contiguous) as the native path
-            native, keep, post = _gloo_order_allreduce(self._c, t, self.size())
-            return self._issue("allreduce", [native], tensors, keep, post)
+            native, keep, post = _gloo_order_allreduce(self._c, t, self.size(), inl)
+            return self._issue("allreduce", [native], tensors, keep, post, inl)
         b, dt = as_bytes(t)
-        return self._issue("allreduce", [self._c.all_reduce(b, dt, op, None)], tensors, (t, b))
+        return self._issue("allreduce", [self._c.all_reduce(b, dt, op, None, inl)], tensors,
+                           (t, b), None, inl)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = _redop(opts, "allreduce_coalesced") if opts is not None else "sum"
+        inl = _blocking(opts)
         natives, keep = [], []
         for t in tensors:
             b, dt = as_bytes(t)
-            natives.append(self._c.all_reduce(b, dt, op, None))
+            natives.append(self._c.all_reduce(b, dt, op, None, inl))
             keep.append((t, b))
-        return self._issue("allreduce_coalesced", natives, tensors, keep)
+        return self._issue("allreduce_coalesced", natives, tensors, keep, None, inl)
 
     def broadcast(self, tensors, opts):
         t = self._one(tensors, "broadcast")
         b, dt = as_bytes(t)
-        return self._issue("broadcast", [self._c.broadcast(b, dt, opts.rootRank, None)], tensors, (t, b))
+        inl = _blocking(opts)
+        return self._issue("broadcast", [self._c.broadcast(b, dt, opts.rootRank, None, inl)],
+                           tensors, (t, b), None, inl)
 
     def reduce(self, tensors, opts):
         t = self._one(tensors, "reduce")
         b, dt = as_bytes(t)
         op = _redop(opts, "reduce")
-        return self._issue("reduce", [self._c.reduce(b, dt, opts.rootRank, op, None)], tensors, (t, b))
+        inl = _blocking(opts)
+        return self._issue("reduce", [self._c.reduce(b, dt, opts.rootRank, op, None, inl)],
+                           tensors, (t, b), None, inl)
 
     def allgather(self, output_lists, inputs, opts=None):
         t = self._one(inputs, "allgather")
@@ -326,9 +434,11 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
             for i, o in enumerate(outs):
                 o.copy_(flat[i * n:(i + 1) * n].view_as(o))
 
-        return self._issue("allgather", [self._c.all_gather(s, r, dt, None)], output_lists, (t, flat, s, r), post)
+        inl = _blocking(opts)
+        return self._issue("allgather", [self._c.all_gather(s, r, dt, None, inl)], output_lists,
+                           (t, flat, s, r), post, inl)
 
-    def _gather_into(self, output, input):
+    def _gather_into(self, output, input, inline=False):
         """Issues output = all ranks' input; in place when the input is this rank's block of
         the output (FSDP2's layout), from a copy when it overlaps the output otherwise."""
         nbytes = input.numel() * input.element_size()
@@ -336,24 +446,26 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
         if output.is_contiguous() and input.is_contiguous() and i0 == o0 + self.rank() * nbytes \
                 and output.numel() == input.numel() * self.size():
             r, dt = as_bytes(output)
-            return self._c.all_gather_in_place(r, dt, None), (input, output, r)
+            return self._c.all_gather_in_place(r, dt, None, inline), (input, output, r)
         if i0 < o0 + output.numel() * output.element_size() and o0 < i0 + nbytes:
             input = input.clone()
         s, dt = as_bytes(input, writable=False)
         r, _ = as_bytes(output)
-        return self._c.all_gather(s, r, dt, None), (input, output, s, r)
+        return self._c.all_gather(s, r, dt, None, inline), (input, output, s, r)
 
     def _allgather_base(self, output, input, opts=None):
-        native, keep = self._gather_into(output, input)
-        return self._issue("all_gather_into_tensor", [native], [output], keep)
+        inl = _blocking(opts)
+        native, keep = self._gather_into(output, input, inl)
+        return self._issue("all_gather_into_tensor", [native], [output], keep, None, inl)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        inl = _blocking(opts)
         natives, keep = [], []
         for o, i in zip(outputs, inputs):
-            native, k = self._gather_into(o, i)
+            native, k = self._gather_into(o, i, inl)
             natives.append(native)
             keep.append(k)
-        return self._issue("allgather_into_tensor_coalesced", natives, outputs, keep)
+        return self._issue("allgather_into_tensor_coalesced", natives, outputs, keep, None, inl)
 
     def reduce_scatter(self, outputs, input_lists, opts):
         out = self._one(outputs, "reduce_scatter")
@@ -364,23 +476,29 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
         op = _redop(opts, "reduce_scatter")
         s, dt = as_bytes(flat, writable=False)
         r, _ = as_bytes(out)
-        return self._issue("reduce_scatter", [self._c.reduce_scatter(s, r, dt, op, None)], outputs, (flat, out, s, r))
+        inl = _blocking(opts)
+        return self._issue("reduce_scatter", [self._c.reduce_scatter(s, r, dt, op, None, inl)],
+                           outputs, (flat, out, s, r), None, inl)
 
     def _reduce_scatter_base(self, output, input, opts):
         op = _redop(opts, "reduce_scatter_tensor")
         s, dt = as_bytes(input, writable=False)
         r, _ = as_bytes(output)
-        return self._issue("reduce_scatter_tensor", [self._c.reduce_scatter(s, r, dt, op, None)], [output], (input, output, s, r))
+        inl = _blocking(opts)
+        return self._issue("reduce_scatter_tensor",
+                           [self._c.reduce_scatter(s, r, dt, op, None, inl)], [output],
+                           (input, output, s, r), None, inl)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):
         op = _redop(opts, "reduce_scatter_tensor_coalesced")
+        inl = _blocking(opts)
         natives, keep = [], []
         for o, i in zip(outputs, inputs):
             s, dt = as_bytes(i, writable=False)
             r, _ = as_bytes(o)
-            natives.append(self._c.reduce_scatter(s, r, dt, op, None))
+            natives.append(self._c.reduce_scatter(s, r, dt, op, None, inl))
             keep.append((i, o, s, r))
-        return self._issue("reduce_scatter_tensor_coalesced", natives, outputs, keep)
+        return self._issue("reduce_scatter_tensor_coalesced", natives, outputs, keep, None, inl)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         n = self.size()
@@ -391,10 +509,13 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
             raise ValueError(f"alltoall_base: {input.numel()} elements is not {n} equal blocks")
         s, dt = as_bytes(input, writable=False)
         r, _ = as_bytes(output)
-        return self._issue("alltoall_base", [self._c.all_to_all(s, r, dt, None)], [output], (input, output, s, r))
+        inl = _blocking(opts)
+        return self._issue("alltoall_base", [self._c.all_to_all(s, r, dt, None, inl)], [output],
+                           (input, output, s, r), None, inl)
 
     def barrier(self, opts=None):
-        return self._issue("barrier", [self._c.barrier(None)], [])
+        inl = _blocking(opts)
+        return self._issue("barrier", [self._c.barrier(None, inl)], [], (), None, inl)
 
     def send(self, tensors, dst, tag=0):
         t = self._one(tensors, "send")
