@@ -5,8 +5,9 @@ devices=["cpu"])``), after which ``dist.init_process_group("rocecoll")`` works u
 The process group is a Python ``ProcessGroup`` (as in PyTorch's ``test_c10d_pypg.py``) over one
 :class:`rocecoll.Comm` made from the store PyTorch hands the backend: no port of ours is opened.
 An ``async_op=True`` operation returns at once with its ``Work``; operations run in issue order
-on the communicator's progress thread, and one completion thread per group runs what must follow
-an operation (copies out of staging buffers) and completes its ``Work`` and its future. A
+on the communicator's progress thread. ``Work.wait`` waits for them on the calling thread (GIL
+released) and runs what must follow (copies out of staging buffers) there; only a future
+(``Work.get_future``, as DDP's reducer asks for) is completed by the group's completion thread. A
 blocking call (``async_op=False``: ``torch.distributed`` waits for the ``Work`` at once) of a
 collective when nothing is in flight runs on the calling thread instead, with the GIL released
 (``AsyncCommunicator::run_or_submit``), and returns a ``Work`` that has already ended: no thread
@@ -38,11 +39,12 @@ import os
 import queue
 import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
 
-from . import CollectiveError, Comm, as_bytes
+from . import CollectiveError, Comm, _arg
 from ._native import Communicator as _Native
 
 NAME = "rocecoll"
@@ -72,8 +74,10 @@ def _unsupported(opname):
 
 
 class _Completer:
-    """One thread that waits for native operations in issue order, runs what follows each (a
-    copy out of a staging buffer) and completes its Work / future."""
+    """One thread that runs, in the order handed in, what completes an operation's future
+    (waiting for its native operations, then what follows them: a copy out of a staging
+    buffer). Used only for futures (``Work.get_future``, the DDP hook): ``Work.wait`` finishes
+    its operation on the waiting thread."""
 
     def __init__(self, name):
         self._q = queue.SimpleQueue()
@@ -87,28 +91,24 @@ class _Completer:
         self._t.start()
 
     def idle(self):
-        """Whether every item handed in has been completed (nothing would be overtaken)."""
+        """Whether every item handed in has been run (nothing would be overtaken)."""
         return self._put == self._finished
 
-    def put(self, natives, post, done):
+    def put(self, fn):
+        """Runs ``fn()`` on the completion thread after the items handed in before it."""
         with self._lock:
             self._put += 1
-            self._q.put((natives, post, done))
+            self._q.put(fn)
 
     def _run(self):
         while True:
-            item = self._q.get()
-            if item is None:
+            fn = self._q.get()
+            if fn is None:
                 return
-            natives, post, done = item
             try:
-                for n in natives:
-                    n.wait()
-                if post is not None:
-                    post()
-                done(None)
-            except BaseException as e:  # handed to the waiter, never lost
-                done(e)
+                fn()
+            except BaseException:  # noqa: S110  (fn hands its own errors to its future)
+                pass
             finally:
                 self._finished += 1
 
@@ -135,53 +135,114 @@ def _seconds(timeout):
 
 
 class _Work(dist._Work):
-    """An async ``torch.distributed`` Work: ``wait`` raises the operation's error."""
+    """An async ``torch.distributed`` Work over native operations: ``wait`` waits for them on
+    the calling thread (GIL released) and runs what follows them (``post``); ``get_future``
+    hands that to the group's completion thread instead, which completes the future."""
 
-    def __init__(self, result, op, rank, size):
+    def __init__(self, completer, natives, post, keep, result, op, rank, size):
         super().__init__()
-        self._event = threading.Event()
-        self._error = None
+        self._lock = threading.Lock()
+        self._completer = completer
+        self._natives = natives
+        self._post = post
+        self._keep = keep
         self._result = result
         self._op = op
         self._rank = rank
         self._size = size
-        self._future = torch.futures.Future()
+        self._ended = False
+        self._error = None
+        self._future = None
+        self._future_set = False
 
-    def _done(self, error):
-        self._error = error
-        if error is None:
+    def _finish(self, deadline):
+        """With ``_lock`` held: waits for the natives (until ``deadline``, a monotonic time,
+        or without limit when None), runs ``post``; True when the operation has ended."""
+        if self._ended:
+            return True
+        try:
+            for n in self._natives:
+                left = None if deadline is None else max(deadline - time.monotonic(), 1e-6)
+                if not n.wait(left):
+                    return False
+            if self._post is not None:
+                self._post()
+            self._error = None
+        except Exception as e:  # CollectiveError, or a failed copy: handed to the waiters
+            self._error = e
+        self._ended = True
+        self._natives = self._post = self._keep = None
+        return True
+
+    def _settle_future(self):
+        """Completes the future once (outside ``_lock``: its callbacks may wait on this Work)."""
+        with self._lock:
+            if self._future is None or not self._ended or self._future_set:
+                return
+            self._future_set = True
+        if self._error is None:
             self._future.set_result(self._result)
         else:
-            self._future.set_exception(error)
-        self._event.set()
+            self._future.set_exception(self._error)
+
+    def _complete_async(self):
+        with self._lock:
+            self._finish(None)
+        self._settle_future()
+
+    def _timed_out(self, secs):
+        err = WorkTimeout(
+            f"rank {self._rank}: {self._op} on ranks 0..{self._size - 1} of the rocecoll "
+            f"process group did not end within Work.wait(timeout={secs:g} s); it goes on "
+            "(wait again, or abort() the group)"
+        )
+        err.rank, err.peer, err.op, err.timeout = self._rank, None, self._op, secs
+        return err
 
     def wait(self, timeout=None):
         """Waits for the operation; at most ``timeout`` (a ``timedelta`` or seconds; None or
         ``timedelta(0)``: no limit), then raises :class:`WorkTimeout` naming the op and the
         ranks. Raises the operation's :class:`CollectiveError` if it failed."""
         secs = _seconds(timeout)
-        if not self._event.wait(secs):
-            err = WorkTimeout(
-                f"rank {self._rank}: {self._op} on ranks 0..{self._size - 1} of the rocecoll "
-                f"process group did not end within Work.wait(timeout={secs:g} s); it goes on "
-                "(wait again, or abort() the group)"
-            )
-            err.rank, err.peer, err.op, err.timeout = self._rank, None, self._op, secs
-            raise err
+        deadline = None if secs is None else time.monotonic() + secs
+        if not self._lock.acquire(timeout=-1 if secs is None else secs):
+            raise self._timed_out(secs)
+        try:
+            ended = self._finish(deadline)
+        finally:
+            self._lock.release()
+        if not ended:
+            raise self._timed_out(secs)
+        self._settle_future()
         if self._error is not None:
             raise self._error
         return True
 
     def is_completed(self):
-        return self._event.is_set()
+        if not self._ended and self._lock.acquire(blocking=False):
+            try:
+                if all(n.is_completed() for n in self._natives):
+                    self._finish(None)
+            finally:
+                self._lock.release()
+            self._settle_future()
+        return self._ended
 
     def is_success(self):
-        return self._event.is_set() and self._error is None
+        return self.is_completed() and self._error is None
 
     def exception(self):
         return self._error
 
     def get_future(self):
+        with self._lock:
+            made = self._future is None
+            if made:
+                self._future = torch.futures.Future()
+            ended = self._ended
+        if made and not ended:
+            self._completer.put(self._complete_async)
+        self._settle_future()
         return self._future
 
     def result(self):
@@ -304,8 +365,8 @@ def _gloo_order_allreduce(native, t, size, inline=False):
     all-gather of every rank's values (size times the bytes of a ring all-reduce's traffic),
     then :func:`gloo_order_sum` into ``t`` after it ends. Returns (native work, keep, post)."""
     gathered = torch.empty((size, t.numel()), dtype=t.dtype)
-    s, dt = as_bytes(t, writable=False)
-    r, _ = as_bytes(gathered)
+    s, dt = _arg(t, writable=False)
+    r, _ = _arg(gathered)
 
     def post():
         gloo_order_sum(gathered, t.detach().view(-1))
@@ -367,16 +428,7 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
             except Exception as e:  # CollectiveError, or a failed copy: raised by wait()
                 return _EndedWork(result, e)
             return _EndedWork(result, None)
-        w = _Work(result, op, self.rank(), self.size())
-
-        def after():
-            if post is not None:
-                post()
-            del keep_alive[:]
-
-        keep_alive = [keep]
-        self._done.put(natives, after, w._done)
-        return w
+        return _Work(self._done, natives, post, keep, result, op, self.rank(), self.size())
 
     def _one(self, tensors, opname):
         if len(tensors) != 1:
@@ -388,10 +440,10 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
         op = _redop(opts, "allreduce") if opts is not None else "sum"
         inl = _blocking(opts)
         if op == "sum" and self._gloo_order and t.dtype in _GLOO_ORDER_DTYPES and t.numel():
-            as_bytes(t)  # the same checks (CPU, contiguous) as the native path
+            _arg(t)  # the same checks (CPU, contiguous) as the native path
             native, keep, post = _gloo_order_allreduce(self._c, t, self.size(), inl)
             return self._issue("allreduce", [native], tensors, keep, post, inl)
-        b, dt = as_bytes(t)
+        b, dt = _arg(t)
         return self._issue("allreduce", [self._c.all_reduce(b, dt, op, None, inl)], tensors,
                            (t, b), None, inl)
 
@@ -400,21 +452,21 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
         inl = _blocking(opts)
         natives, keep = [], []
         for t in tensors:
-            b, dt = as_bytes(t)
+            b, dt = _arg(t)
             natives.append(self._c.all_reduce(b, dt, op, None, inl))
             keep.append((t, b))
         return self._issue("allreduce_coalesced", natives, tensors, keep, None, inl)
 
     def broadcast(self, tensors, opts):
         t = self._one(tensors, "broadcast")
-        b, dt = as_bytes(t)
+        b, dt = _arg(t)
         inl = _blocking(opts)
         return self._issue("broadcast", [self._c.broadcast(b, dt, opts.rootRank, None, inl)],
                            tensors, (t, b), None, inl)
 
     def reduce(self, tensors, opts):
         t = self._one(tensors, "reduce")
-        b, dt = as_bytes(t)
+        b, dt = _arg(t)
         op = _redop(opts, "reduce")
         inl = _blocking(opts)
         return self._issue("reduce", [self._c.reduce(b, dt, opts.rootRank, op, None, inl)],
@@ -426,8 +478,8 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
         if len(outs) != self.size() or any(o.numel() != t.numel() for o in outs):
             raise ValueError("allgather: one output tensor per rank, each as large as the input")
         flat = torch.empty(self.size() * t.numel(), dtype=t.dtype)
-        s, dt = as_bytes(t.contiguous(), writable=False)
-        r, _ = as_bytes(flat)
+        s, dt = _arg(t.contiguous(), writable=False)
+        r, _ = _arg(flat)
         n = t.numel()
 
         def post():
@@ -445,12 +497,12 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
         o0, i0 = output.data_ptr(), input.data_ptr()
         if output.is_contiguous() and input.is_contiguous() and i0 == o0 + self.rank() * nbytes \
                 and output.numel() == input.numel() * self.size():
-            r, dt = as_bytes(output)
+            r, dt = _arg(output)
             return self._c.all_gather_in_place(r, dt, None, inline), (input, output, r)
         if i0 < o0 + output.numel() * output.element_size() and o0 < i0 + nbytes:
             input = input.clone()
-        s, dt = as_bytes(input, writable=False)
-        r, _ = as_bytes(output)
+        s, dt = _arg(input, writable=False)
+        r, _ = _arg(output)
         return self._c.all_gather(s, r, dt, None, inline), (input, output, s, r)
 
     def _allgather_base(self, output, input, opts=None):
@@ -474,16 +526,16 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
             raise ValueError("reduce_scatter: one input tensor per rank")
         flat = torch.cat([i.reshape(-1) for i in ins])
         op = _redop(opts, "reduce_scatter")
-        s, dt = as_bytes(flat, writable=False)
-        r, _ = as_bytes(out)
+        s, dt = _arg(flat, writable=False)
+        r, _ = _arg(out)
         inl = _blocking(opts)
         return self._issue("reduce_scatter", [self._c.reduce_scatter(s, r, dt, op, None, inl)],
                            outputs, (flat, out, s, r), None, inl)
 
     def _reduce_scatter_base(self, output, input, opts):
         op = _redop(opts, "reduce_scatter_tensor")
-        s, dt = as_bytes(input, writable=False)
-        r, _ = as_bytes(output)
+        s, dt = _arg(input, writable=False)
+        r, _ = _arg(output)
         inl = _blocking(opts)
         return self._issue("reduce_scatter_tensor",
                            [self._c.reduce_scatter(s, r, dt, op, None, inl)], [output],
@@ -494,8 +546,8 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
         inl = _blocking(opts)
         natives, keep = [], []
         for o, i in zip(outputs, inputs):
-            s, dt = as_bytes(i, writable=False)
-            r, _ = as_bytes(o)
+            s, dt = _arg(i, writable=False)
+            r, _ = _arg(o)
             natives.append(self._c.reduce_scatter(s, r, dt, op, None, inl))
             keep.append((i, o, s, r))
         return self._issue("reduce_scatter_tensor_coalesced", natives, outputs, keep, None, inl)
@@ -507,8 +559,8 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
                 raise NotImplementedError("rocecoll backend: alltoall_base with uneven splits is not implemented")
         if input.numel() % n:
             raise ValueError(f"alltoall_base: {input.numel()} elements is not {n} equal blocks")
-        s, dt = as_bytes(input, writable=False)
-        r, _ = as_bytes(output)
+        s, dt = _arg(input, writable=False)
+        r, _ = _arg(output)
         inl = _blocking(opts)
         return self._issue("alltoall_base", [self._c.all_to_all(s, r, dt, None, inl)], [output],
                            (input, output, s, r), None, inl)
@@ -521,14 +573,14 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
         t = self._one(tensors, "send")
         if tag != 0:
             raise NotImplementedError("rocecoll backend: send with a tag other than 0 is not implemented")
-        b, dt = as_bytes(t, writable=False)
+        b, dt = _arg(t, writable=False)
         return self._issue("send", [self._c.send(b, dt, dst, None)], tensors, (t, b))
 
     def recv(self, tensors, src, tag=0):
         t = self._one(tensors, "recv")
         if tag != 0:
             raise NotImplementedError("rocecoll backend: recv with a tag other than 0 is not implemented")
-        b, dt = as_bytes(t)
+        b, dt = _arg(t)
         return self._issue("recv", [self._c.recv(b, dt, src, None)], tensors, (t, b))
 
     gather = _unsupported("gather")
@@ -574,17 +626,22 @@ def allreduce_hook(comm: Comm, bucket):
         native, k, post = _gloo_order_allreduce(comm._c, t, comm.size)
         keep = [k]
     else:
-        b, dt = as_bytes(t)
+        b, dt = _arg(t)
         native = comm._c.all_reduce(b, dt, "sum", None)
         keep = [t, b]
     fut = torch.futures.Future()
 
-    def done(err):
+    def complete():
+        try:
+            native.wait()
+            if post is not None:
+                post()
+        except Exception as e:  # handed to the future, never lost
+            keep.clear()
+            fut.set_exception(e)
+            return
         keep.clear()
-        if err is None:
-            fut.set_result(t)
-        else:
-            fut.set_exception(err)
+        fut.set_result(t)
 
-    _hook_completer.put([native], post, done)
+    _hook_completer.put(complete)
     return fut
