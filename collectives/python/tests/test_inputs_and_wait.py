@@ -100,8 +100,12 @@ def test_fake_cuda_torch_tensor_is_a_clear_error():
     class FakeCudaTensor:
         __module__ = "torch"
         device = Device()
+        is_cpu = False
     with pytest.raises(rocecoll.CollectiveError, match="buffer on cuda:0"):
         rocecoll.as_bytes(FakeCudaTensor())
+    # The operations' own argument path (a CPU tensor goes to Rust as itself) refuses it too.
+    with pytest.raises(rocecoll.CollectiveError, match="buffer on cuda:0"):
+        rocecoll._arg(FakeCudaTensor())
 
 
 def dlpack_all_reduce(rank, size):
