@@ -419,6 +419,40 @@ fn open_devices() -> &'static Mutex<HashMap<usize, Weak<Shared>>> {
     OPEN.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// Registers [`flush_at_exit`] with atexit(3), once per process (a child of fork(2) inherits
+/// the registration).
+fn register_exit_flush() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: atexit(3) with a function of this library that takes no arguments; glibc's
+        // atexit registers it for this library's DSO, so dlclose(3) runs it too, before the code
+        // goes away.
+        if unsafe { libc::atexit(flush_at_exit) } != 0 {
+            eprintln!("libibverbs (software HCA): atexit failed: held ACKs may be lost at exit");
+        }
+    });
+}
+
+/// At exit(3): every device this process opened sends the ACKs (and READ responses) its
+/// polling rounds held for a reply (`Verbs::flush_held`, `hca::soft::ACK_HOLD`): a program
+/// may exit right after its last completion without destroying its QPs, and the peer would
+/// otherwise retransmit until `IBV_WC_RETRY_EXC_ERR`. `try_lock`: a thread that exits while
+/// it holds the device map (inside `ibv_open_device`) skips the flush instead of deadlocking.
+extern "C" fn flush_at_exit() {
+    let Ok(open_now) = open_devices().try_lock() else {
+        return;
+    };
+    let live: Vec<Arc<Shared>> = open_now
+        .values()
+        .filter_map(Weak::upgrade)
+        .filter(|s| s.pid == std::process::id())
+        .collect();
+    drop(open_now);
+    for s in &live {
+        s.verbs.flush_held();
+    }
+}
+
 /// A context: `struct verbs_context` (ending with the `struct ibv_context` handed out) first.
 #[repr(C)]
 struct AbiContext {
@@ -696,8 +730,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
                 &OpenOptions {
                     udp_share: Some(crate::config::share()),
                     // A busy-polling program drives the engine from ibv_poll_cq, as the Rust
-                    // latency tools do; the thread serves programs that never poll or block.
-                    progress: hca::soft::Progress::Hybrid,
+                    // latency tools do; the thread serves programs that never poll or block
+                    // (SOFT_HCA_PROGRESS chooses another mode).
+                    progress: crate::config::progress(),
                     ..OpenOptions::default()
                 },
             ) {
@@ -722,6 +757,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
                 eprintln!("libibverbs (software HCA): {}: {e}", dev.config.name);
             }
             open_now.insert(index, Arc::downgrade(&shared));
+            register_exit_flush();
             shared
         }
     };
