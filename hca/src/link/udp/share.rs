@@ -62,12 +62,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-/// Bits of the QPN that name the owning process's slot.
-pub const SLOT_BITS: u32 = 5;
-/// Processes that can share one device address and port: `2^SLOT_BITS`.
-pub const MAX_SLOTS: usize = 1 << SLOT_BITS;
-/// Random bits left in a QPN drawn by a shared device: `24 - SLOT_BITS`.
-pub const RANDOM_QPN_BITS: u32 = 24 - SLOT_BITS;
+pub use super::slots::{MAX_SLOTS, RANDOM_QPN_BITS, SLOT_BITS};
 /// The GSI's QPN (IBTA vol. 1 section 3.9.5.1): steered to slot 0.
 pub const GSI_QPN: u32 = 1;
 /// Longest wait for another process's join to finish.
