@@ -18,7 +18,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::{lib_dir, text};
+use common::text;
+
+/// The two tests run one at a time: the second one's `cargo build -p ibverbs-abi -p rdmacm-abi`
+/// may relink `libibverbs.so.1` (its features differ from `cargo test --workspace`'s), and a
+/// Python started meanwhile finds no file there and loads rdma-core's library instead (then
+/// "Failed to get devices list": no kernel device).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The suite's files that apply (the rest need mlx5, EFA or CUDA).
 const FILES: &[&str] = &[
@@ -52,6 +58,8 @@ fn pyverbs_suite_passes_or_skips() {
         }
         panic!("python3-pyverbs is not installed: run `bash tests/setup.sh` as root");
     }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let libs = both_libraries();
     let root = std::env::temp_dir().join(format!("abi-pyverbs-{}", std::process::id()));
     let dir = unpack(suite, &root);
     let o = Command::new("timeout")
@@ -61,7 +69,7 @@ fn pyverbs_suite_passes_or_skips() {
         .args(["--dev", "rxe0", "--gid", "0", "-v"])
         .args(FILES)
         .current_dir(&dir)
-        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("LD_LIBRARY_PATH", &libs)
         .env("ROCE_DEVICES", "rxe0=udp:127.0.0.61")
         .output()
         .expect("run python3");
@@ -175,6 +183,7 @@ fn pyverbs_rdmacm_with_the_sysfs_view() {
         );
         return;
     }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let libs = both_libraries();
     let root = std::env::temp_dir().join(format!("abi-pyverbs-cm-{}", std::process::id()));
     let dir = unpack(suite, &root);
