@@ -392,6 +392,28 @@ printf '%s\n' "${CELLS[@]}" | grep -q '^[^|]*:ipv6ll:' && want6=1
 printf '%s\n' "${CELLS[@]}" | grep -q '^[^|]*:mtu4096:' && want4k=1
 printf '%s\n' "${CELLS[@]}" | grep -q '^[^|]*:mtu1024:' && want1k=1
 rg_pcap_checks "$PCAP" "$want6" "$want4k" "$want1k"
+# RDMA CM cells: tshark must dissect the CM exchange on QP1 as InfiniBand CM (class 0x07): REQ, REP, RTU,
+# DREQ and DREP, over each IP version the selected rdma-cm cells use (malformed frames: the row above).
+cm_counts() {  # IPFILTER: "REQ REP RTU DREQ DREP" counts
+    local a n out=""
+    for a in 0x0010 0x0013 0x0014 0x0015 0x0016; do
+        n="$(timeout 120 tshark -n --disable-protocol rpcordma -r "$PCAP" \
+            -Y "$1 && infiniband.mad.mgmtclass == 0x07 && infiniband.mad.attributeid == $a" 2>/dev/null | wc -l)"
+        out+="$n "
+    done
+    echo "${out% }"
+}
+for v in ipv4 ipv6ll; do
+    cells_any "^[^|]*:rdma-cm:$v:(drop-in:)?ours-(client|server)\|" || continue
+    f=ip; [ "$v" = ipv4 ] || f=ipv6
+    read -r q p t d r <<<"$(cm_counts "$f")"
+    why="REQ $q, REP $p, RTU $t, DREQ $d, DREP $r (tshark: InfiniBand CM over $f)"
+    if [ "$q" -gt 0 ] && [ "$p" -gt 0 ] && [ "$t" -gt 0 ] && [ "$d" -gt 0 ] && [ "$r" -gt 0 ]; then
+        rg_row "pcap: CM exchange over $v" PASS "$why"
+    else
+        rg_row "pcap: CM exchange over $v" FAIL "$why"
+    fi
+done
 rg_phase_end "pcap check" >>"$TIMES"
 
 # ---------------------------------------------------------------- the grid (README "Conformance")

@@ -5,7 +5,8 @@ use std::net::IpAddr;
 use hca::open::DeviceSpec;
 
 /// The environment variable that names the devices: `NAME=SPEC` items separated by commas or
-/// white space, `SPEC` as [`hca::open`] parses it (`udp:127.0.0.2`). Example:
+/// white space, `SPEC` as [`hca::open`] parses it (`udp:127.0.0.2`; a link-local IPv6 address
+/// with or without its zone, `udp:fe80::1%eth0`, RFC 4007 section 11). Example:
 /// `ROCE_DEVICES="rxe0=udp:127.0.0.1 rxe1=udp:192.168.1.5"`.
 pub const ROCE_DEVICES: &str = "ROCE_DEVICES";
 
