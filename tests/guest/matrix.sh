@@ -236,13 +236,17 @@ UNREACH_SECS=150
 CELLS+=("rping:rdma-cm:ipv4:unreachable:ours-absent|client|sh /job/cmcell.sh expect UNREACHABLE rping -c -a $HOST_IP -p @PORT@ -C 1 -V -v|sh $RG_HERE/cmcell.sh no-roce-socket @PORT@|$UNREACH_SECS")
 CELLS+=("rxe0-removed:unreachable|server|sh /job/cmcell.sh rxe-del @PORT@|true")
 CELLS+=("rping:rdma-cm:ipv4:unreachable:ours-client|server|sh /job/cmcell.sh no-rdma-device @PORT@|sh $RG_HERE/cmcell.sh expect UNREACHABLE $(dropin_of ipv4) rping -c -a $GUEST_IP -p @PORT@ -C 1 -V -v|$UNREACH_SECS")
+# The same with our CM's timer set short (ROCE_CM_RESPONSE_TIMEOUT 16: 268 ms, ROCE_CM_MAX_RETRIES 3: four
+# REQs, about 1.1 s), the one dead-peer cell tests/ci.sh runs.
+CELLS+=("rping:rdma-cm:ipv4:unreachable-fast:ours-client|server|sh /job/cmcell.sh no-rdma-device @PORT@|sh $RG_HERE/cmcell.sh expect UNREACHABLE env ROCE_CM_RESPONSE_TIMEOUT=16 ROCE_CM_MAX_RETRIES=3 $(dropin_of ipv4) rping -c -a $GUEST_IP -p @PORT@ -C 1 -V -v")
 
 # The run without --cells (tests/ci.sh) takes a representative part of the drop-in cells, both roles each:
 # every kind of verbs tool (RC and UD pingpong, WRITE, READ, atomics), both MTUs and both GID kinds, and
-# rping (IPv4, IPv6 link-local) and ucmatose (IPv6 link-local), about 40 s with the guest's pace. The rest
-# (the other drop-in cells, the two unreachable cells of about 70 and 100 s, perftest -R over the drop-in
-# libraries, which races: see above) runs with --all, or selected with --cells.
-CI_DROPIN='^(ibv_rc_pingpong:mtu(1024|4096):ipv4|ibv_ud_pingpong:mtu1024:ipv6ll|ib_write_bw:mtu4096:ipv4|ib_read_bw:mtu1024:ipv6ll|ib_atomic_bw:mtu1024:ipv4|rping:rdma-cm:ipv(4|6ll)|ucmatose:rdma-cm:ipv6ll):drop-in:'
+# rping (IPv4, IPv6 link-local) and ucmatose (IPv6 link-local), and our rping against the guest without rxe0
+# with our CM's timer set short (unreachable-fast), about 45 s with the guest's pace. The rest (the other
+# drop-in cells, the two unreachable cells at the CMs' default timers, about 70 and 100 s, perftest -R over
+# the drop-in libraries, which races: see above) runs with --all, or selected with --cells.
+CI_DROPIN='^((ibv_rc_pingpong:mtu(1024|4096):ipv4|ibv_ud_pingpong:mtu1024:ipv6ll|ib_write_bw:mtu4096:ipv4|ib_read_bw:mtu1024:ipv6ll|ib_atomic_bw:mtu1024:ipv4|rping:rdma-cm:ipv(4|6ll)|ucmatose:rdma-cm:ipv6ll):drop-in:|rxe0-removed:unreachable$|rping:rdma-cm:ipv4:unreachable-fast:)'
 BY_HAND=':drop-in:|:unreachable'
 # perftest -R over the drop-in libraries races against the TCG guest (perftest's own race, see above): only
 # with --cells.
