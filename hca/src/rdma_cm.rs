@@ -509,7 +509,10 @@ impl RdmaCm {
     fn listener_for(&self, dst: SocketAddr) -> Option<RdmaId> {
         let listening = || self.ids.iter().filter(|(_, s)| s.listening);
         listening()
-            .find(|(_, s)| s.local.is_some_and(|l| l.ip() == dst.ip() && l.port() == dst.port()))
+            .find(|(_, s)| {
+                s.local
+                    .is_some_and(|l| l.ip() == dst.ip() && l.port() == dst.port())
+            })
             .or_else(|| {
                 listening().find(|(_, s)| {
                     s.local.is_some_and(|l| {
