@@ -30,7 +30,10 @@
 //!   gets the REP again). [`Cm::accept`] moves the QP RESET -> INIT -> RTR -> RTS (as Linux
 //!   `cma_accept` and librdmacm's `rdma_accept` do, so the consumer may send at once) and sends a REP,
 //!   resent on the REQ's `local_cm_response_timeout` at most the REQ's `max_cm_retries` times
-//!   (the timers the peer states, IBTA §12.7.27); an RTU completes it
+//!   (the timers the peer states, IBTA §12.7.27); the passive QP takes the REQ's local ACK
+//!   timeout, retry count and RNR retry count, the active QP the REP's RNR retry count
+//!   (`cm_init_qp_rts_attr`), and the parameters travel to the peer's events from its view
+//!   ([`ConnParam`]); an RTU completes it
 //!   ([`CmEventKind::Established`]); when the retries are spent the QP goes to ERR, a REJ
 //!   `Timeout` is sent and [`CmEventKind::ConnectError`] reported. [`Cm::reject`] sends REJ
 //!   `ConsumerDefined` with private data.
@@ -74,8 +77,9 @@ pub const MAX_LISTENERS: usize = 256;
 /// Most undelivered events; more are counted in [`CmCounters::events_lost`].
 pub const MAX_EVENTS: usize = 4096;
 
-/// The local ACK timeout (4.096 us x 2^17, about 0.54 s a try; with `retry_cnt` 7 about 4.3 s
-/// before `IBV_WC_RETRY_EXC_ERR`) of the RC QPs the CM moves to RTS, and the one its REQ states:
+/// The default local ACK timeout ([`CmConfig::local_ack_timeout`]: 4.096 us x 2^17, about
+/// 0.54 s a try; with `retry_cnt` 7 about 4.3 s before `IBV_WC_RETRY_EXC_ERR`) that the REQ
+/// states and the active side's QP uses (the passive side's takes the REQ's):
 /// Linux's over RoCE, `packet_life_time + 1` (`cm_init_av_by_path` in `drivers/infiniband/core/
 /// cm.c`) with `CMA_IBOE_PACKET_LIFETIME` 16 (`cma.c`). The verbs default of 14 (67 ms, 0.5 s
 /// in all) made a pair of busy-polling perftest processes on a loaded 2-core machine give up
@@ -85,6 +89,52 @@ pub const ACK_TIMEOUT: u8 = 17;
 /// The duration of a CM timeout code (IBTA vol. 1 §12.7.27: 4.096 µs · 2^code, code 0..=31).
 pub fn timeout_of(code: u8) -> Duration {
     Duration::from_nanos(4096u64 << u32::from(code.min(31)))
+}
+
+/// The connection parameters a REQ or REP carries (IBTA vol. 1 §12.7, tables 106 and 109), as
+/// Linux `cma.c` reports them in `struct rdma_conn_param` (`cma_set_req_event_data`,
+/// `cma_set_rep_event_data`), seen from the local side: the peer's initiator depth is how many
+/// RDMA READs / atomics this side must serve (`responder_resources`) and the peer's responder
+/// resources how many this side may issue (`initiator_depth`), the swap Linux `cm.c`
+/// (`cm_format_req_event`, `cm_format_rep_event`) makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ConnParam {
+    /// RDMA READs / atomics the peer may have outstanding at this side (0..=255).
+    pub responder_resources: u8,
+    /// RDMA READs / atomics this side may have outstanding at the peer (0..=255).
+    pub initiator_depth: u8,
+    /// The peer's end-to-end flow control bit.
+    pub flow_control: bool,
+    /// The REQ's retry count (3 bits; 0 in a REP, which has none).
+    pub retry_count: u8,
+    /// The RNR retry count (3 bits; 7 = retry forever, IBTA §9.7.5.2.8).
+    pub rnr_retry_count: u8,
+    /// Whether the peer's QP uses an SRQ.
+    pub srq: bool,
+    /// The peer's QPN (24 bits).
+    pub qp_num: u32,
+}
+
+/// The ACK timeout of a connection's QP from the peer's CA ACK delay and the path's packet
+/// life time (Linux `cm.c` `cm_ack_timeout`: packet life time + 1, raised by one when the ACK
+/// delay is about as large, or the ACK delay + 1 when that is larger; at most 31).
+pub fn cm_ack_timeout(ca_ack_delay: u8, packet_life_time: u8) -> u8 {
+    let plt = i32::from(packet_life_time);
+    let delay = i32::from(ca_ack_delay);
+    let mut t = plt + 1;
+    if t >= delay {
+        t += i32::from(delay >= t - 1);
+    } else {
+        t = delay + i32::from(t >= delay - 1);
+    }
+    t.min(31) as u8
+}
+
+/// The local ACK timeout of the passive side's QP from a REQ's primary local ACK timeout (Linux
+/// `cm.c`: `cm_format_paths_from_req` takes the packet life time as that timeout less one,
+/// `cm_init_av_by_path` adds one back: so the REQ's value, at least 1).
+pub fn passive_ack_timeout(req_local_ack_timeout: u8) -> u8 {
+    req_local_ack_timeout.clamp(1, 31)
 }
 
 /// CM tunables; `Default` gives Linux `cma.c`'s values (`CMA_CM_RESPONSE_TIMEOUT` 20,
@@ -102,6 +152,9 @@ pub struct CmConfig {
     pub max_per_remote: usize,
     /// How long a closed connection's Communication ID stays in timewait.
     pub timewait: Duration,
+    /// The local ACK timeout code (5 bits) this CM's REQs state in their primary path and its
+    /// active side's QPs use ([`ACK_TIMEOUT`] by default; the passive side takes the REQ's).
+    pub local_ack_timeout: u8,
 }
 
 impl Default for CmConfig {
@@ -112,6 +165,7 @@ impl Default for CmConfig {
             max_connections: 1024,
             max_per_remote: 64,
             timewait: timeout_of(20),
+            local_ack_timeout: ACK_TIMEOUT,
         }
     }
 }
@@ -156,11 +210,18 @@ pub enum CmEventKind {
         remote_qpn: u32,
         /// The REQ's private data (92 bytes).
         private_data: Vec<u8>,
+        /// The REQ's connection parameters, from this side's view.
+        param: ConnParam,
+        /// The REQ's path MTU.
+        path_mtu: PathMtu,
     },
     /// `RDMA_CM_EVENT_ESTABLISHED`: the QP is in RTS.
     Established {
         /// The REP's (active side) or RTU's (passive side) private data.
         private_data: Vec<u8>,
+        /// Active side: the REP's connection parameters, from this side's view; passive side
+        /// (RTU): `None` (`cma.c` reports none).
+        param: Option<ConnParam>,
     },
     /// `RDMA_CM_EVENT_REJECTED`: the peer sent a REJ; the QP is in ERR.
     Rejected {
@@ -262,8 +323,20 @@ pub struct ConnectParams<'a> {
     pub path_mtu: PathMtu,
     /// Remote access the QP grants.
     pub access: AccessFlags,
-    /// RDMA READ / atomic depth, both directions (`responder_resources` / `initiator_depth`).
-    pub rd_atomic: u8,
+    /// RDMA READs / atomics the peer may have outstanding here (REQ responder resources; the
+    /// QP's `max_dest_rd_atomic`).
+    pub responder_resources: u8,
+    /// RDMA READs / atomics this QP may have outstanding (REQ initiator depth; the QP's
+    /// `max_rd_atomic`, at most the REP's responder resources).
+    pub initiator_depth: u8,
+    /// The QP's `retry_cnt` (3 bits), sent in the REQ for the peer's QP.
+    pub retry_count: u8,
+    /// The RNR retry count the REQ asks of the peer's QP (3 bits; 7 = forever).
+    pub rnr_retry_count: u8,
+    /// The REQ's end-to-end flow control bit (`rdma_conn_param.flow_control`).
+    pub flow_control: bool,
+    /// The REQ's SRQ bit: the local QP uses an SRQ.
+    pub srq: bool,
     /// REQ private data (at most 92 bytes).
     pub private_data: &'a [u8],
 }
@@ -275,8 +348,18 @@ pub struct AcceptParams<'a> {
     pub qpn: u32,
     /// Remote access the QP grants.
     pub access: AccessFlags,
-    /// RDMA READ / atomic depth, both directions.
-    pub rd_atomic: u8,
+    /// RDMA READs / atomics the requester may have outstanding here (REP responder
+    /// resources; the QP's `max_dest_rd_atomic`).
+    pub responder_resources: u8,
+    /// RDMA READs / atomics this QP may have outstanding (REP initiator depth; the QP's
+    /// `max_rd_atomic`, at most the REQ's responder resources).
+    pub initiator_depth: u8,
+    /// The RNR retry count the REP asks of the requester's QP (3 bits; 7 = forever).
+    pub rnr_retry_count: u8,
+    /// The REP's end-to-end flow control bit.
+    pub flow_control: bool,
+    /// The REP's SRQ bit: the local QP uses an SRQ.
+    pub srq: bool,
     /// REP private data (at most 196 bytes).
     pub private_data: &'a [u8],
 }
@@ -307,7 +390,17 @@ struct Conn {
     remote_psn: u32,
     path_mtu: PathMtu,
     access: AccessFlags,
-    rd_atomic: u8,
+    /// The QP's `max_dest_rd_atomic` / `max_rd_atomic`.
+    responder_resources: u8,
+    initiator_depth: u8,
+    /// Active: what the REQ offered / asked; passive: the REQ's values (as Linux `cm.c` keeps
+    /// them for `cm_init_qp_rts_attr`).
+    retry_count: u8,
+    rnr_retry_count: u8,
+    /// Passive: the REQ's responder resources (bounds this side's initiator depth).
+    peer_responder_resources: u8,
+    /// The QP's local ACK timeout code.
+    ack_timeout: u8,
     /// The message resent on timeout, and its TID.
     last: Option<(Message, u64)>,
     /// Resend timeout and retries left for `last`.
@@ -449,7 +542,8 @@ impl Cm {
         }
         let id = (0..64)
             .map(|_| OsRandom.next_u32())
-            .find(|id| *id != 0 && !self.sidr_out.contains_key(id))
+            // Distinct from the Communication IDs too: both name events (`Unreachable`).
+            .find(|id| *id != 0 && !self.sidr_out.contains_key(id) && !self.conns.contains_key(id))
             .ok_or(CmError::TooMany)?;
         let msg = Message::SidrReq(cm::SidrReq {
             request_id: id,
@@ -505,6 +599,12 @@ impl Cm {
         Ok(())
     }
 
+    /// Forgets a [`CmEventKind::SidrRequest`] without answering it (its sender's retries end in
+    /// `Unreachable`); nothing for an unknown `id`.
+    pub fn sidr_forget(&mut self, id: u32) {
+        self.sidr_in.remove(&id);
+    }
+
     /// Accepts REQs for `service_id` (e.g. [`roce::cm::service_id`] of a port space and port).
     ///
     /// # Errors
@@ -537,7 +637,7 @@ impl Cm {
     fn new_id(&self) -> Option<CommId> {
         (0..64)
             .map(|_| OsRandom.next_u32())
-            .find(|id| *id != 0 && !self.conns.contains_key(id))
+            .find(|id| *id != 0 && !self.conns.contains_key(id) && !self.sidr_out.contains_key(id))
     }
 
     fn tid(&mut self) -> u64 {
@@ -595,29 +695,29 @@ impl Cm {
             local_ca_guid: 0,
             local_qkey: 0,
             local_qpn: p.qpn,
-            responder_resources: p.rd_atomic,
+            responder_resources: p.responder_resources,
             local_eecn: 0,
-            initiator_depth: p.rd_atomic,
+            initiator_depth: p.initiator_depth,
             remote_eecn: 0,
             remote_cm_response_timeout: c.response_timeout,
             transport_type: TransportType::Rc,
-            end_to_end_flow_control: false,
+            end_to_end_flow_control: p.flow_control,
             starting_psn: local_psn,
             local_cm_response_timeout: c.response_timeout,
-            retry_count: 7,
+            retry_count: p.retry_count.min(7),
             pkey: mad::DEFAULT_PKEY,
             path_mtu_code: p.path_mtu.code(),
             rdc_exists: false,
-            rnr_retry_count: 7,
+            rnr_retry_count: p.rnr_retry_count.min(7),
             max_cm_retries: c.max_cm_retries,
-            srq: false,
+            srq: p.srq,
             extended_transport_type: 0,
             primary_path: cm::Path {
                 local_gid: Gid::from(p.local_ip),
                 remote_gid: Gid::from(p.remote_ip),
                 hop_limit: 64,
                 subnet_local: true,
-                local_ack_timeout: ACK_TIMEOUT,
+                local_ack_timeout: c.local_ack_timeout.min(31),
                 ..cm::Path::default()
             },
             alternate_path: cm::Path::default(),
@@ -641,7 +741,12 @@ impl Cm {
                 remote_psn: 0,
                 path_mtu: p.path_mtu,
                 access: p.access,
-                rd_atomic: p.rd_atomic,
+                responder_resources: p.responder_resources,
+                initiator_depth: p.initiator_depth,
+                retry_count: p.retry_count.min(7),
+                rnr_retry_count: 7,
+                peer_responder_resources: 0,
+                ack_timeout: c.local_ack_timeout.min(31),
                 last: Some((msg, tid)),
                 resend_after,
                 retries_left: c.max_cm_retries,
@@ -690,11 +795,15 @@ impl Cm {
             // other way round).
             remote_psn: local_psn,
             local_psn: c.remote_psn,
-            max_dest_rd_atomic: p.rd_atomic,
-            max_rd_atomic: p.rd_atomic,
-            timeout: ACK_TIMEOUT,
+            max_dest_rd_atomic: p.responder_resources,
+            max_rd_atomic: p.initiator_depth.min(c.peer_responder_resources),
+            // The REQ's timers and retry counts (Linux cm.c cm_init_qp_rts_attr).
+            timeout: c.ack_timeout,
+            retry_cnt: c.retry_count,
+            rnr_retry: c.rnr_retry_count,
             ..ConnectAttr::default()
         };
+        let initiator_depth = attr.max_rd_atomic;
         let mut result = Ok(());
         // RTS before the REP, as Linux `cma_accept` and librdmacm's `rdma_accept` do: the passive
         // side may post sends as soon as accept returns (the RTU only confirms).
@@ -718,13 +827,13 @@ impl Cm {
             local_qpn: p.qpn,
             local_eecn: 0,
             starting_psn: local_psn,
-            responder_resources: p.rd_atomic,
-            initiator_depth: p.rd_atomic,
+            responder_resources: p.responder_resources,
+            initiator_depth,
             target_ack_delay: 0,
             failover_accepted: 1,
-            end_to_end_flow_control: false,
-            rnr_retry_count: 7,
-            srq: false,
+            end_to_end_flow_control: p.flow_control,
+            rnr_retry_count: p.rnr_retry_count.min(7),
+            srq: p.srq,
             local_ca_guid: 0,
             private_data,
         };
@@ -735,7 +844,8 @@ impl Cm {
             conn.qpn = p.qpn;
             conn.local_psn = local_psn;
             conn.access = p.access;
-            conn.rd_atomic = p.rd_atomic;
+            conn.responder_resources = p.responder_resources;
+            conn.initiator_depth = initiator_depth;
             conn.last = Some((msg, c.tid));
             conn.resend_after = c.peer_timeout;
             conn.retries_left = c.peer_retries;
@@ -1074,7 +1184,12 @@ impl Cm {
             return;
         };
         let peer_timeout = timeout_of(req.local_cm_response_timeout);
-        let mtu = req.path_mtu().unwrap_or(PathMtu::Mtu1024);
+        // The REQ's path MTU, at most the port's (a QP's path MTU cannot exceed it).
+        let port_mtu = hca
+            .context()
+            .query_port(1)
+            .map_or(PathMtu::Mtu1024, |p| p.active_mtu);
+        let mtu = req.path_mtu().unwrap_or(PathMtu::Mtu1024).min(port_mtu);
         self.conns.insert(
             id,
             Conn {
@@ -1088,7 +1203,12 @@ impl Cm {
                 remote_psn: req.starting_psn,
                 path_mtu: mtu,
                 access: AccessFlags::empty(),
-                rd_atomic: req.initiator_depth,
+                responder_resources: req.initiator_depth,
+                initiator_depth: req.responder_resources,
+                retry_count: req.retry_count,
+                rnr_retry_count: req.rnr_retry_count,
+                peer_responder_resources: req.responder_resources,
+                ack_timeout: passive_ack_timeout(req.primary_path.local_ack_timeout),
                 last: None,
                 resend_after: peer_timeout,
                 retries_left: 0,
@@ -1107,6 +1227,16 @@ impl Cm {
                 local_ip: m.dst_ip,
                 remote_qpn: req.local_qpn,
                 private_data: req.private_data.to_vec(),
+                param: ConnParam {
+                    responder_resources: req.initiator_depth,
+                    initiator_depth: req.responder_resources,
+                    flow_control: req.end_to_end_flow_control,
+                    retry_count: req.retry_count,
+                    rnr_retry_count: req.rnr_retry_count,
+                    srq: req.srq,
+                    qp_num: req.local_qpn,
+                },
+                path_mtu: mtu,
             },
         );
     }
@@ -1158,9 +1288,13 @@ impl Cm {
             // `ib_send_cm_req`: rq_psn = REQ's; `cm_rep_handler`: sq_psn = REP's).
             remote_psn: c.local_psn,
             local_psn: rep.starting_psn,
-            max_dest_rd_atomic: c.rd_atomic,
-            max_rd_atomic: c.rd_atomic.min(rep.responder_resources),
-            timeout: ACK_TIMEOUT,
+            max_dest_rd_atomic: c.responder_resources,
+            max_rd_atomic: c.initiator_depth.min(rep.responder_resources),
+            // Linux cm.c cm_rep_handler: the path's ACK timeout with the peer's ACK delay; the
+            // REP's RNR retry count.
+            timeout: cm_ack_timeout(rep.target_ack_delay, c.ack_timeout.saturating_sub(1)),
+            retry_cnt: c.retry_count,
+            rnr_retry: rep.rnr_retry_count,
             ..ConnectAttr::default()
         };
         let mut ok = true;
@@ -1194,6 +1328,15 @@ impl Cm {
             id,
             CmEventKind::Established {
                 private_data: rep.private_data.to_vec(),
+                param: Some(ConnParam {
+                    responder_resources: rep.initiator_depth,
+                    initiator_depth: rep.responder_resources,
+                    flow_control: rep.end_to_end_flow_control,
+                    retry_count: 0,
+                    rnr_retry_count: rep.rnr_retry_count,
+                    srq: rep.srq,
+                    qp_num: rep.local_qpn,
+                }),
             },
         );
     }
@@ -1211,8 +1354,10 @@ impl Cm {
             qp_type: QpType::Rc,
             // Send from the REQ's Starting PSN (Linux cm.c `cm_req_handler`: sq_psn = REQ's).
             local_psn: c.remote_psn,
-            max_rd_atomic: c.rd_atomic,
-            timeout: ACK_TIMEOUT,
+            max_rd_atomic: c.initiator_depth,
+            timeout: c.ack_timeout,
+            retry_cnt: c.retry_count,
+            rnr_retry: c.rnr_retry_count,
             ..ConnectAttr::default()
         };
         // Accept moved it to RTS already; a QP the consumer left in RTR is moved now.
@@ -1236,6 +1381,7 @@ impl Cm {
             id,
             CmEventKind::Established {
                 private_data: rtu.private_data.to_vec(),
+                param: None,
             },
         );
     }

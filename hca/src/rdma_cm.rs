@@ -3,8 +3,16 @@
 //! `rdma_connect`, `rdma_accept`, `rdma_reject`, `rdma_disconnect`, and the `rdma_cm_event`s).
 //!
 //! * **Service IDs**: a port of port space `RDMA_PS_TCP` (0x0106) is the IB service ID
-//!   `0x0000_0000_0106_pppp` ([`roce::cm::service_id`]); only RC over `RDMA_PS_TCP` is built (no
-//!   UD / `RDMA_PS_UDP`, which needs SIDR).
+//!   `0x0000_0000_0106_pppp` ([`roce::cm::service_id`]), of `RDMA_PS_UDP` (0x0111)
+//!   `0x0000_0000_0111_pppp`. TCP IDs connect RC QPs with REQ / REP / RTU.
+//! * **UD** (`RDMA_PS_UDP`, [`RdmaCm::create_id_ps`]): as Linux `cma.c` (`cma_resolve_ib_udp`,
+//!   `cma_sidr_rep_handler`), [`RdmaCm::connect`] sends a SIDR_REQ (IBTA §12.11) whose private
+//!   data starts with the [`CmaHdr`] (180 bytes left for the consumer); the listener sees
+//!   `CONNECT_REQUEST` with [`UdParam`] (QPN and Q_Key 0), [`RdmaCm::accept`] answers a SIDR_REP
+//!   with the serving QPN and Q_Key [`RDMA_UDP_QKEY`], [`RdmaCm::reject`] a SIDR_REP with status
+//!   `Reject` (2). The active side sees `ESTABLISHED` with the peer's QPN and Q_Key, or
+//!   `UNREACHABLE` with the SIDR_REP's status, or -ETIMEDOUT when the SIDR_REQ's retries are
+//!   spent; a Q_Key other than [`RDMA_UDP_QKEY`] is `ADDR_ERROR` -EINVAL (`cma_set_qkey`).
 //! * **Private data**: the REQ's private data starts with the 36-byte [`CmaHdr`] (source port,
 //!   source and destination IP), so at most 56 bytes are the consumer's (`rdma_connect`'s
 //!   limit); a listener bound to a specific address takes only REQs whose header names it, a
@@ -31,12 +39,13 @@ pub use service::{CmService, ServiceCounters, ServiceError, CALLER_POLL, MAD_BAT
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 
-use roce::cm::{port_space, service_id, CmaHdr};
+use roce::cm::{port_space, service_id, CmaHdr, SidrStatus};
+
+pub use crate::cm::ConnParam;
 
 use crate::cm::{AcceptParams, Cm, CmConfig, CmError, CmEventKind, CommId, ConnectParams};
 use crate::engine::gsi::ReceivedMad;
 use crate::engine::{Instant, SoftHca};
-use crate::verbs::device::PathMtu;
 use crate::verbs::gid::{Gid, GidType};
 use crate::verbs::mr::AccessFlags;
 use crate::verbs::random::{OsRandom, RandomSource};
@@ -48,8 +57,43 @@ pub const MAX_IDS: usize = 4096;
 pub const ETIMEDOUT: i32 = -110;
 /// `-EADDRNOTAVAIL`: no local GID for the destination's family / scope.
 pub const EADDRNOTAVAIL: i32 = -99;
-/// `-EINVAL`: a link-local destination without a scope id.
+/// `-EINVAL`: a link-local destination without a scope id; a SIDR_REP with a foreign Q_Key.
 pub const EINVAL: i32 = -22;
+
+/// The Q_Key of `RDMA_PS_UDP` IDs (Linux `include/rdma/rdma_cm.h` `RDMA_UDP_QKEY`): the UD QP
+/// of either side uses it, and the SIDR_REP of an accept carries it.
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
+/// `RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH` (librdmacm `rdma_cma.h`): as many RDMA READs /
+/// atomics as the device allows (for an accept: at most what the request asked).
+pub const RDMA_MAX_RD_ATOMIC: u8 = 0xFF;
+
+/// The parameters [`RdmaCm::connect`] and [`RdmaCm::accept`] use: 4 RDMA READs / atomics each
+/// way, retry and RNR retry counts 7.
+pub const DEFAULT_CONN_PARAM: ConnParam = ConnParam {
+    responder_resources: 4,
+    initiator_depth: 4,
+    flow_control: false,
+    retry_count: 7,
+    rnr_retry_count: 7,
+    srq: false,
+    qp_num: 0,
+};
+
+/// Consumer private data of a SIDR_REQ: 216 bytes less the [`CmaHdr`] (Linux
+/// `rdma_connect`'s limit for UD).
+pub const SIDR_REQ_USER_DATA_LEN: usize = roce::cm::SIDR_REQ_PRIVATE_DATA_LEN - CmaHdr::LEN;
+
+/// The UD fields of `struct rdma_ud_param` (librdmacm `rdma_cma.h`) besides the private data:
+/// for `ESTABLISHED` of a UD ID the peer's serving QPN and Q_Key (its address handle is the
+/// route to [`RdmaCm::remote_gid`]); for a UD `CONNECT_REQUEST` both 0, as `cma.c` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UdParam {
+    /// The peer's UD QPN (24 bits).
+    pub qp_num: u32,
+    /// The peer's Q_Key.
+    pub qkey: u32,
+}
 
 /// `enum rdma_cm_event_type` (librdmacm `rdma_cma.h`), with its values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -95,8 +139,14 @@ pub struct RdmaCmEvent {
     pub event: RdmaCmEventType,
     /// 0, the REJ reason (`REJECTED`), or a negative errno.
     pub status: i32,
-    /// The consumer's private data (after the [`CmaHdr`] in a REQ).
+    /// The consumer's private data (after the [`CmaHdr`] in a REQ or SIDR_REQ).
     pub private_data: Vec<u8>,
+    /// For events of a UD ID (`RDMA_PS_UDP`): `struct rdma_ud_param`'s QPN and Q_Key.
+    pub ud: Option<UdParam>,
+    /// `struct rdma_conn_param` as `cma.c` fills it: the REQ's (`CONNECT_REQUEST`) or the
+    /// REP's (the active side's `ESTABLISHED`) parameters from this side's view; `None` for the
+    /// other events (all zero in librdmacm's struct).
+    pub conn: Option<ConnParam>,
 }
 
 /// Why a call was refused.
@@ -104,8 +154,13 @@ pub struct RdmaCmEvent {
 pub enum RdmaCmError {
     /// No such ID, or not in a state that allows the call (e.g. connect before route resolution).
     BadState,
-    /// Private data too long (56 bytes for `connect`).
+    /// Private data too long (56 bytes for `connect`, 180 for a UD `connect`).
     PrivateDataTooLong,
+    /// A port space other than `RDMA_PS_TCP` / `RDMA_PS_UDP`.
+    Unsupported,
+    /// Responder resources or initiator depth above the device's limit (librdmacm
+    /// `ucma_valid_param`: `EINVAL`).
+    BadParam,
     /// Port already listened on for this address, or [`MAX_IDS`] reached.
     InUse,
     /// The IB CM refused.
@@ -126,6 +181,8 @@ impl core::fmt::Display for RdmaCmError {
         match self {
             RdmaCmError::BadState => f.write_str("no such RDMA CM ID in a state that allows this"),
             RdmaCmError::PrivateDataTooLong => f.write_str("private data too long"),
+            RdmaCmError::Unsupported => f.write_str("port space not supported"),
+            RdmaCmError::BadParam => f.write_str("RDMA READ / atomic depth above the device's"),
             RdmaCmError::InUse => f.write_str("address in use or too many IDs"),
             RdmaCmError::Cm(e) => write!(f, "{e}"),
         }
@@ -134,13 +191,38 @@ impl core::fmt::Display for RdmaCmError {
 
 impl std::error::Error for RdmaCmError {}
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct IdState {
+    /// `RDMA_PS_TCP` or `RDMA_PS_UDP` ([`roce::cm::port_space`]).
+    ps: u16,
     local: Option<SocketAddr>,
     remote: Option<SocketAddr>,
     route_resolved: bool,
     listening: bool,
     comm: Option<CommId>,
+    /// UD: the outstanding SIDR_REQ of ours (active) or the reported one (passive).
+    sidr: Option<u32>,
+    /// Passive: the REQ's parameters (an accept's [`RDMA_MAX_RD_ATOMIC`] takes them).
+    req_param: Option<ConnParam>,
+}
+
+impl IdState {
+    fn new(ps: u16) -> IdState {
+        IdState {
+            ps,
+            local: None,
+            remote: None,
+            route_resolved: false,
+            listening: false,
+            comm: None,
+            sidr: None,
+            req_param: None,
+        }
+    }
+
+    fn is_ud(&self) -> bool {
+        self.ps == port_space::UDP
+    }
 }
 
 /// The RDMA CM of one device; see the [module docs](self).
@@ -149,6 +231,10 @@ pub struct RdmaCm {
     cm: Cm,
     ids: HashMap<RdmaId, IdState>,
     by_comm: HashMap<CommId, RdmaId>,
+    /// Our outstanding SIDR_REQs (the IB CM's request IDs) and the IDs that sent them.
+    by_sidr_out: HashMap<u32, RdmaId>,
+    /// SIDR_REQs reported as `CONNECT_REQUEST`, waiting for accept / reject.
+    by_sidr_in: HashMap<u32, RdmaId>,
     events: VecDeque<RdmaCmEvent>,
     /// REQs dropped for a bad [`CmaHdr`] or no matching listener address.
     refused: u64,
@@ -177,6 +263,8 @@ impl RdmaCm {
             cm: Cm::new(config),
             ids: HashMap::new(),
             by_comm: HashMap::new(),
+            by_sidr_out: HashMap::new(),
+            by_sidr_in: HashMap::new(),
             events: VecDeque::new(),
             refused: 0,
         }
@@ -198,6 +286,19 @@ impl RdmaCm {
     /// # Errors
     /// [`RdmaCmError::InUse`] beyond [`MAX_IDS`].
     pub fn create_id(&mut self) -> Result<RdmaId, RdmaCmError> {
+        self.create_id_ps(port_space::TCP)
+    }
+
+    /// `rdma_create_id` with port space `ps`: [`port_space::TCP`] (RC, REQ / REP / RTU) or
+    /// [`port_space::UDP`] (UD, SIDR; see the [module docs](self)).
+    ///
+    /// # Errors
+    /// [`RdmaCmError::InUse`] beyond [`MAX_IDS`]; [`RdmaCmError::Unsupported`] for another port
+    /// space (`RDMA_PS_IB`, `RDMA_PS_IPOIB`).
+    pub fn create_id_ps(&mut self, ps: u16) -> Result<RdmaId, RdmaCmError> {
+        if ps != port_space::TCP && ps != port_space::UDP {
+            return Err(RdmaCmError::Unsupported);
+        }
         if self.ids.len() >= MAX_IDS {
             return Err(RdmaCmError::InUse);
         }
@@ -205,8 +306,14 @@ impl RdmaCm {
             .map(|_| OsRandom.next_u32())
             .find(|id| *id != 0 && !self.ids.contains_key(id))
             .ok_or(RdmaCmError::InUse)?;
-        self.ids.insert(id, IdState::default());
+        self.ids.insert(id, IdState::new(ps));
         Ok(id)
+    }
+
+    /// The port space of `id` ([`port_space::TCP`] or [`port_space::UDP`]); `None` for an
+    /// unknown ID.
+    pub fn port_space(&self, id: RdmaId) -> Option<u16> {
+        self.ids.get(&id).map(|s| s.ps)
     }
 
     /// `rdma_destroy_id`: forgets the ID (a connection should be disconnected first; later events
@@ -217,13 +324,20 @@ impl RdmaCm {
             if let Some(c) = s.comm {
                 self.by_comm.remove(&c);
             }
+            if let Some(r) = s.sidr {
+                self.by_sidr_out.remove(&r);
+                // An unanswered SIDR_REQ is forgotten (its sender's retries end in UNREACHABLE);
+                // CmService::destroy_id rejects it first, as cm.c's cm_destroy_id does.
+                if self.by_sidr_in.remove(&r).is_some() {
+                    self.cm.sidr_forget(r);
+                }
+            }
             if let Some(port) = s.local.filter(|_| s.listening).map(|l| l.port()) {
-                let others = self
-                    .ids
-                    .values()
-                    .any(|o| o.listening && o.local.is_some_and(|l| l.port() == port));
+                let others = self.ids.values().any(|o| {
+                    o.listening && o.ps == s.ps && o.local.is_some_and(|l| l.port() == port)
+                });
                 if !others {
-                    self.cm.unlisten(service_id(port_space::TCP, port));
+                    self.cm.unlisten(service_id(s.ps, port));
                 }
             }
         }
@@ -248,6 +362,29 @@ impl RdmaCm {
     }
 
     fn push(&mut self, id: RdmaId, event: RdmaCmEventType, status: i32, private_data: Vec<u8>) {
+        self.push_ud(id, event, status, private_data, None);
+    }
+
+    fn push_ud(
+        &mut self,
+        id: RdmaId,
+        event: RdmaCmEventType,
+        status: i32,
+        private_data: Vec<u8>,
+        ud: Option<UdParam>,
+    ) {
+        self.push_full(id, event, status, private_data, ud, None);
+    }
+
+    fn push_full(
+        &mut self,
+        id: RdmaId,
+        event: RdmaCmEventType,
+        status: i32,
+        private_data: Vec<u8>,
+        ud: Option<UdParam>,
+        conn: Option<ConnParam>,
+    ) {
         if self.events.len() < crate::cm::MAX_EVENTS {
             self.events.push_back(RdmaCmEvent {
                 id,
@@ -255,6 +392,55 @@ impl RdmaCm {
                 event,
                 status,
                 private_data,
+                ud,
+                conn,
+            });
+        }
+    }
+
+    /// A SIDR_REQ for a listened-on `RDMA_PS_UDP` service: a new UD ID and `CONNECT_REQUEST`
+    /// (`cma_ib_req_handler` with `IB_CM_SIDR_REQ_RECEIVED`), or a SIDR_REP `Reject` when the
+    /// [`CmaHdr`] is bad or names no listened-on address.
+    fn on_sidr_request(&mut self, hca: &mut SoftHca, r: u32, sid: u64, private_data: &[u8]) {
+        let port = (sid & 0xffff) as u16;
+        let hdr = CmaHdr::parse(private_data).ok();
+        let listener = hdr.and_then(|h| {
+            (sid >> 16 == u64::from(port_space::UDP))
+                .then(|| self.listener_for(port_space::UDP, SocketAddr::new(h.dst_addr, port)))
+                .flatten()
+        });
+        let new_id = (self.ids.len() < MAX_IDS)
+            .then(|| {
+                (0..64)
+                    .map(|_| OsRandom.next_u32())
+                    .find(|id| *id != 0 && !self.ids.contains_key(id))
+            })
+            .flatten();
+        let (Some(h), Some(listen_id), Some(new_id)) = (hdr, listener, new_id) else {
+            self.refused += 1;
+            let _ = self.cm.sidr_answer(hca, r, None, &[]);
+            return;
+        };
+        self.ids.insert(
+            new_id,
+            IdState {
+                local: Some(SocketAddr::new(h.dst_addr, port)),
+                remote: Some(SocketAddr::new(h.src_addr, h.src_port)),
+                route_resolved: true,
+                sidr: Some(r),
+                ..IdState::new(port_space::UDP)
+            },
+        );
+        self.by_sidr_in.insert(r, new_id);
+        if self.events.len() < crate::cm::MAX_EVENTS {
+            self.events.push_back(RdmaCmEvent {
+                id: new_id,
+                listen_id: Some(listen_id),
+                event: RdmaCmEventType::ConnectRequest,
+                status: 0,
+                private_data: private_data[CmaHdr::LEN..].to_vec(),
+                ud: Some(UdParam::default()),
+                conn: None,
             });
         }
     }
@@ -330,8 +516,8 @@ impl RdmaCm {
         Ok(())
     }
 
-    /// `rdma_bind_addr` + `rdma_listen`: takes REQs for `addr`'s port (`RDMA_PS_TCP`), from any
-    /// local address when `addr`'s IP is unspecified (wildcard).
+    /// `rdma_bind_addr` + `rdma_listen`: takes REQs (SIDR_REQs for a UD ID) for `addr`'s port in
+    /// the ID's port space, from any local address when `addr`'s IP is unspecified (wildcard).
     ///
     /// # Errors
     /// [`RdmaCmError::BadState`] for an unknown ID; [`RdmaCmError::InUse`] when another ID listens
@@ -340,14 +526,15 @@ impl RdmaCm {
         if !self.ids.contains_key(&id) {
             return Err(RdmaCmError::BadState);
         }
+        let ps = self.ids[&id].ps;
         let taken = self
             .ids
             .values()
-            .any(|s| s.listening && s.local == Some(addr));
+            .any(|s| s.listening && s.ps == ps && s.local == Some(addr));
         if taken {
             return Err(RdmaCmError::InUse);
         }
-        self.cm.listen(service_id(port_space::TCP, addr.port()))?;
+        self.cm.listen(service_id(ps, addr.port()))?;
         if let Some(s) = self.ids.get_mut(&id) {
             s.local = Some(addr);
             s.listening = true;
@@ -356,7 +543,8 @@ impl RdmaCm {
     }
 
     /// `rdma_connect`: sends a REQ with the [`CmaHdr`] and `private_data` (at most 56 bytes) from
-    /// RC QP `qpn`.
+    /// RC QP `qpn`; for a UD ID a SIDR_REQ with the [`CmaHdr`] and `private_data` (at most
+    /// [`SIDR_REQ_USER_DATA_LEN`] = 180 bytes; `qpn` is not sent, as in `cma_resolve_ib_udp`).
     ///
     /// # Errors
     /// [`RdmaCmError::BadState`] unless the route is resolved; [`RdmaCmError::PrivateDataTooLong`];
@@ -369,15 +557,42 @@ impl RdmaCm {
         qpn: u32,
         private_data: &[u8],
     ) -> Result<(), RdmaCmError> {
-        if private_data.len() > CmaHdr::REQ_USER_DATA_LEN {
-            return Err(RdmaCmError::PrivateDataTooLong);
-        }
+        self.connect_with(now, hca, id, qpn, private_data, &DEFAULT_CONN_PARAM)
+    }
+
+    /// [`RdmaCm::connect`] with `rdma_conn_param`'s `responder_resources` and `initiator_depth`
+    /// (each at most the device's `max_qp_rd_atom` / `max_qp_init_rd_atom`, or
+    /// [`RDMA_MAX_RD_ATOMIC`] for that limit), `retry_count` and `rnr_retry_count` (at most 7)
+    /// in the REQ and on the QP, `flow_control` and `srq` in the REQ (Linux `cma_connect_ib`);
+    /// the path MTU is the port's active MTU (as `cma.c` derives it from the netdev MTU on RoCE).
+    /// `qp_num` is ignored (`qpn` is the QP).
+    ///
+    /// # Errors
+    /// As [`RdmaCm::connect`]; [`RdmaCmError::BadParam`] above the device's limits.
+    pub fn connect_with(
+        &mut self,
+        now: Instant,
+        hca: &mut SoftHca,
+        id: RdmaId,
+        qpn: u32,
+        private_data: &[u8],
+        param: &ConnParam,
+    ) -> Result<(), RdmaCmError> {
+        let (responder_resources, initiator_depth) = rd_atomic_limits(hca, param, None)?;
         let s = self
             .ids
             .get(&id)
-            .filter(|s| s.route_resolved && s.comm.is_none())
+            .filter(|s| s.route_resolved && s.comm.is_none() && s.sidr.is_none())
             .cloned()
             .ok_or(RdmaCmError::BadState)?;
+        let max = if s.is_ud() {
+            SIDR_REQ_USER_DATA_LEN
+        } else {
+            CmaHdr::REQ_USER_DATA_LEN
+        };
+        if private_data.len() > max {
+            return Err(RdmaCmError::PrivateDataTooLong);
+        }
         let (Some(local), Some(remote)) = (s.local, s.remote) else {
             return Err(RdmaCmError::BadState);
         };
@@ -386,7 +601,7 @@ impl RdmaCm {
             0 => 0x8000 | (OsRandom.next_u32() as u16 & 0x7fff),
             p => p,
         };
-        let mut data = [0u8; roce::cm::REQ_PRIVATE_DATA_LEN];
+        let mut data = [0u8; roce::cm::SIDR_REQ_PRIVATE_DATA_LEN];
         CmaHdr {
             src_port,
             src_addr: local.ip(),
@@ -395,18 +610,41 @@ impl RdmaCm {
         .emit(&mut data)
         .map_err(|_| RdmaCmError::BadState)?;
         data[CmaHdr::LEN..CmaHdr::LEN + private_data.len()].copy_from_slice(private_data);
+        if s.is_ud() {
+            let sid = service_id(port_space::UDP, remote.port());
+            let r = self
+                .cm
+                .sidr_resolve(now, hca, local.ip(), remote.ip(), sid, &data)?;
+            if let Some(st) = self.ids.get_mut(&id) {
+                st.sidr = Some(r);
+                st.local = Some(SocketAddr::new(local.ip(), src_port));
+            }
+            self.by_sidr_out.insert(r, id);
+            self.drain(hca);
+            return Ok(());
+        }
+        let data = &data[..roce::cm::REQ_PRIVATE_DATA_LEN];
         let params = ConnectParams {
             qpn,
             local_ip: local.ip(),
             remote_ip: remote.ip(),
             service_id: service_id(port_space::TCP, remote.port()),
-            path_mtu: PathMtu::Mtu1024,
+            path_mtu: hca
+                .context()
+                .query_port(1)
+                .map_err(|e| RdmaCmError::Cm(CmError::Verbs(e)))?
+                .active_mtu,
             access: AccessFlags::LOCAL_WRITE
                 | AccessFlags::REMOTE_WRITE
                 | AccessFlags::REMOTE_READ
                 | AccessFlags::REMOTE_ATOMIC,
-            rd_atomic: 4,
-            private_data: &data,
+            responder_resources,
+            initiator_depth,
+            retry_count: param.retry_count.min(7),
+            rnr_retry_count: param.rnr_retry_count.min(7),
+            flow_control: param.flow_control,
+            srq: param.srq,
+            private_data: data,
         };
         let comm = self.cm.connect(now, hca, &params)?;
         if let Some(st) = self.ids.get_mut(&id) {
@@ -418,6 +656,22 @@ impl RdmaCm {
         Ok(())
     }
 
+    /// The reported, unanswered SIDR_REQ of a UD `CONNECT_REQUEST`'s ID.
+    fn sidr_in_of(&self, id: RdmaId) -> Option<u32> {
+        self.ids
+            .get(&id)
+            .filter(|s| s.is_ud())
+            .and_then(|s| s.sidr)
+            .filter(|r| self.by_sidr_in.contains_key(r))
+    }
+
+    fn forget_sidr_in(&mut self, id: RdmaId, r: u32) {
+        self.by_sidr_in.remove(&r);
+        if let Some(s) = self.ids.get_mut(&id) {
+            s.sidr = None;
+        }
+    }
+
     fn comm_of(&self, id: RdmaId) -> Result<CommId, RdmaCmError> {
         self.ids
             .get(&id)
@@ -426,10 +680,12 @@ impl RdmaCm {
     }
 
     /// `rdma_accept` of a `CONNECT_REQUEST`'s ID with RC QP `qpn` and REP `private_data` (at
-    /// most 196 bytes).
+    /// most 196 bytes); for a UD ID, answers the SIDR_REQ with UD QP `qpn`, Q_Key
+    /// [`RDMA_UDP_QKEY`] and at most 136 bytes of SIDR_REP `private_data` (`cma_send_sidr_rep`
+    /// with `IB_SIDR_SUCCESS`; no event follows on this side).
     ///
     /// # Errors
-    /// As [`Cm::accept`].
+    /// As [`Cm::accept`] / [`Cm::sidr_answer`].
     pub fn accept(
         &mut self,
         now: Instant,
@@ -438,14 +694,48 @@ impl RdmaCm {
         qpn: u32,
         private_data: &[u8],
     ) -> Result<(), RdmaCmError> {
+        self.accept_with(now, hca, id, qpn, private_data, &DEFAULT_CONN_PARAM)
+    }
+
+    /// [`RdmaCm::accept`] with `rdma_conn_param`'s `responder_resources` and `initiator_depth`
+    /// in the REP and on the QP (each at most the device's limit; [`RDMA_MAX_RD_ATOMIC`] takes
+    /// the request's value within that limit, as librdmacm's `rdma_accept`; the QP's initiator
+    /// depth is also at most the REQ's responder resources), `rnr_retry_count`, `flow_control`
+    /// and `srq` in the REP.
+    /// The QP's ACK timeout, retry and RNR retry counts are the REQ's (Linux `cm.c`
+    /// `cm_req_handler`, `cm_init_qp_rts_attr`). For a UD ID the parameters are not used.
+    ///
+    /// # Errors
+    /// As [`RdmaCm::accept`]; [`RdmaCmError::BadParam`] above the device's limits.
+    pub fn accept_with(
+        &mut self,
+        now: Instant,
+        hca: &mut SoftHca,
+        id: RdmaId,
+        qpn: u32,
+        private_data: &[u8],
+        param: &ConnParam,
+    ) -> Result<(), RdmaCmError> {
+        if let Some(r) = self.sidr_in_of(id) {
+            self.cm
+                .sidr_answer(hca, r, Some((qpn, RDMA_UDP_QKEY)), private_data)?;
+            self.forget_sidr_in(id, r);
+            return Ok(());
+        }
         let comm = self.comm_of(id)?;
+        let asked = self.ids.get(&id).and_then(|s| s.req_param);
+        let (responder_resources, initiator_depth) = rd_atomic_limits(hca, param, asked)?;
         let p = AcceptParams {
             qpn,
             access: AccessFlags::LOCAL_WRITE
                 | AccessFlags::REMOTE_WRITE
                 | AccessFlags::REMOTE_READ
                 | AccessFlags::REMOTE_ATOMIC,
-            rd_atomic: 4,
+            responder_resources,
+            initiator_depth,
+            rnr_retry_count: param.rnr_retry_count.min(7),
+            flow_control: param.flow_control,
+            srq: param.srq,
             private_data,
         };
         let r = self.cm.accept(now, hca, comm, &p);
@@ -454,16 +744,23 @@ impl RdmaCm {
     }
 
     /// `rdma_reject` of a `CONNECT_REQUEST`'s ID with `private_data` (at most 148 bytes); the
-    /// peer sees `REJECTED` with status 28 (consumer reject).
+    /// peer sees `REJECTED` with status 28 (consumer reject). For a UD ID a SIDR_REP with status
+    /// `Reject` and at most 136 bytes (the peer sees `UNREACHABLE` with status 2, as
+    /// `cma_sidr_rep_handler` reports it).
     ///
     /// # Errors
-    /// As [`Cm::reject`].
+    /// As [`Cm::reject`] / [`Cm::sidr_answer`].
     pub fn reject(
         &mut self,
         hca: &mut SoftHca,
         id: RdmaId,
         private_data: &[u8],
     ) -> Result<(), RdmaCmError> {
+        if let Some(r) = self.sidr_in_of(id) {
+            self.cm.sidr_answer(hca, r, None, private_data)?;
+            self.forget_sidr_in(id, r);
+            return Ok(());
+        }
         let comm = self.comm_of(id)?;
         self.cm.reject(hca, comm, private_data)?;
         self.by_comm.remove(&comm);
@@ -502,12 +799,16 @@ impl RdmaCm {
     }
 
     /// The listener for a REQ to `dst` (port and address): a specific address first, then a
-    /// wildcard. Addresses compare by IP and port only: the `cma_hdr` carries no IPv6 scope id
-    /// or flow label, while a listener on a link-local address is bound with its scope
-    /// (`rping -s -a fe80::1%eth0`); the REQ came in on this device, so on that link (as Linux
-    /// `cma.c` `cma_match_net_dev` matches the receiving device, not a scope).
-    fn listener_for(&self, dst: SocketAddr) -> Option<RdmaId> {
-        let listening = || self.ids.iter().filter(|(_, s)| s.listening);
+    /// wildcard, of port space `ps`. Addresses compare by IP and port only: the `cma_hdr`
+    /// carries no IPv6 scope id or flow label, while a listener on a link-local address is bound
+    /// with its scope (`rping -s -a fe80::1%eth0`); the REQ came in on this device, so on that
+    /// link (as Linux `cma.c` `cma_match_net_dev` matches the receiving device, not a scope).
+    fn listener_for(&self, ps: u16, dst: SocketAddr) -> Option<RdmaId> {
+        let listening = || {
+            self.ids
+                .iter()
+                .filter(move |(_, s)| s.listening && s.ps == ps)
+        };
         listening()
             .find(|(_, s)| {
                 s.local
@@ -532,11 +833,15 @@ impl RdmaCm {
                 CmEventKind::ConnectRequest {
                     service_id: sid,
                     private_data,
+                    param,
                     ..
                 } => {
                     let hdr = CmaHdr::parse(&private_data).ok();
                     let listener = hdr.and_then(|h| {
-                        self.listener_for(SocketAddr::new(h.dst_addr, (sid & 0xffff) as u16))
+                        self.listener_for(
+                            port_space::TCP,
+                            SocketAddr::new(h.dst_addr, (sid & 0xffff) as u16),
+                        )
                     });
                     let new_id = (self.ids.len() < MAX_IDS)
                         .then(|| {
@@ -556,8 +861,9 @@ impl RdmaCm {
                             local: Some(SocketAddr::new(h.dst_addr, (sid & 0xffff) as u16)),
                             remote: Some(SocketAddr::new(h.src_addr, h.src_port)),
                             route_resolved: true,
-                            listening: false,
                             comm: Some(e.id),
+                            req_param: Some(param),
+                            ..IdState::new(port_space::TCP)
                         },
                     );
                     self.by_comm.insert(e.id, new_id);
@@ -568,22 +874,74 @@ impl RdmaCm {
                             event: RdmaCmEventType::ConnectRequest,
                             status: 0,
                             private_data: private_data[CmaHdr::LEN..].to_vec(),
+                            ud: None,
+                            conn: Some(param),
                         });
                     }
                 }
-                // UD (RDMA_PS_UDP, SIDR) is not offered at this layer: refuse, do not leave it
-                // pending.
-                CmEventKind::SidrRequest { .. } => {
-                    self.refused += 1;
-                    let _ = self.cm.sidr_answer(hca, e.id, None, &[]);
+                CmEventKind::SidrRequest {
+                    service_id: sid,
+                    private_data,
+                    ..
+                } => self.on_sidr_request(hca, e.id, sid, &private_data),
+                CmEventKind::SidrResolved {
+                    status,
+                    qpn,
+                    qkey,
+                    private_data,
+                } => {
+                    let Some(id) = self.by_sidr_out.remove(&e.id) else {
+                        continue;
+                    };
+                    if let Some(s) = self.ids.get_mut(&id) {
+                        s.sidr = None;
+                    }
+                    // cma_sidr_rep_handler: a status other than Success is UNREACHABLE with
+                    // that status; a Q_Key other than the ID's is ADDR_ERROR -EINVAL
+                    // (cma_set_qkey).
+                    let (event, status, ud) = if status != SidrStatus::Success {
+                        (
+                            RdmaCmEventType::Unreachable,
+                            i32::from(u8::from(status)),
+                            None,
+                        )
+                    } else if qkey != RDMA_UDP_QKEY {
+                        (RdmaCmEventType::AddrError, EINVAL, None)
+                    } else {
+                        let ud = UdParam {
+                            qp_num: qpn & 0x00ff_ffff,
+                            qkey,
+                        };
+                        (RdmaCmEventType::Established, 0, Some(ud))
+                    };
+                    self.push_ud(id, event, status, private_data, ud);
                 }
-                CmEventKind::SidrResolved { .. } => {}
+                CmEventKind::Unreachable if self.by_sidr_out.contains_key(&e.id) => {
+                    let Some(id) = self.by_sidr_out.remove(&e.id) else {
+                        continue;
+                    };
+                    if let Some(s) = self.ids.get_mut(&id) {
+                        s.sidr = None;
+                    }
+                    self.push_ud(
+                        id,
+                        RdmaCmEventType::Unreachable,
+                        ETIMEDOUT,
+                        Vec::new(),
+                        None,
+                    );
+                }
                 kind => {
                     let Some(&id) = self.by_comm.get(&e.id) else {
                         continue;
                     };
+                    let mut conn = None;
                     let (event, status, data) = match kind {
-                        CmEventKind::Established { private_data } => {
+                        CmEventKind::Established {
+                            private_data,
+                            param,
+                        } => {
+                            conn = param;
                             (RdmaCmEventType::Established, 0, private_data)
                         }
                         CmEventKind::Rejected {
@@ -619,9 +977,39 @@ impl RdmaCm {
                             s.comm = None;
                         }
                     }
-                    self.push(id, event, status, data);
+                    self.push_full(id, event, status, data, None, conn);
                 }
             }
         }
     }
+}
+
+/// `(responder_resources, initiator_depth)` of `param` within the device's `max_qp_rd_atom` /
+/// `max_qp_init_rd_atom`: [`RDMA_MAX_RD_ATOMIC`] is the limit, or `asked` (a request's
+/// parameters, for an accept) within it (librdmacm `rdma_connect` / `rdma_accept`).
+fn rd_atomic_limits(
+    hca: &SoftHca,
+    param: &ConnParam,
+    asked: Option<ConnParam>,
+) -> Result<(u8, u8), RdmaCmError> {
+    let d = hca.context().query_device();
+    let max_resp = d.max_qp_rd_atom.min(254) as u8;
+    let max_init = d.max_qp_init_rd_atom.min(254) as u8;
+    let pick = |v: u8, max: u8, asked: Option<u8>| match v {
+        RDMA_MAX_RD_ATOMIC => Ok(asked.map_or(max, |a| a.min(max))),
+        v if v <= max => Ok(v),
+        _ => Err(RdmaCmError::BadParam),
+    };
+    Ok((
+        pick(
+            param.responder_resources,
+            max_resp,
+            asked.map(|a| a.responder_resources),
+        )?,
+        pick(
+            param.initiator_depth,
+            max_init,
+            asked.map(|a| a.initiator_depth),
+        )?,
+    ))
 }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use hca::cm::{AcceptParams, Cm, CmConfig, CmEvent, CmEventKind, CommId, ConnectParams};
+use hca::cm::{AcceptParams, Cm, CmConfig, CmEvent, CmEventKind, CommId, ConnParam, ConnectParams};
 use hca::fabric::{Fabric, Tap, WirePacket};
 use hca::{AccessFlags, Instant, QpState, WcStatus};
 use roce::cm::{port_space, service_id, AttrId, RejReason};
@@ -27,6 +27,7 @@ fn config() -> CmConfig {
         max_connections: 64,
         max_per_remote: 8,
         timewait: Duration::from_millis(100),
+        local_ack_timeout: hca::cm::ACK_TIMEOUT,
     }
 }
 
@@ -118,7 +119,12 @@ impl World {
             service_id: sid(),
             path_mtu: hca::PathMtu::Mtu1024,
             access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
-            rd_atomic: 4,
+            responder_resources: 3,
+            initiator_depth: 5,
+            retry_count: 6,
+            rnr_retry_count: 5,
+            flow_control: true,
+            srq: false,
             private_data,
         };
         let node = self.a.node;
@@ -137,7 +143,11 @@ impl World {
         let p = AcceptParams {
             qpn: self.b.qpn,
             access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
-            rd_atomic: 4,
+            responder_resources: 6,
+            initiator_depth: 8,
+            rnr_retry_count: 4,
+            flow_control: false,
+            srq: true,
             private_data: b"welcome",
         };
         self.cms[1]
@@ -226,7 +236,7 @@ fn connect_and_check(w: &mut World) -> (CommId, CommId) {
     let rep_data = w.events[0]
         .iter()
         .find_map(|e| match &e.kind {
-            CmEventKind::Established { private_data } => Some(private_data.clone()),
+            CmEventKind::Established { private_data, .. } => Some(private_data.clone()),
             _ => None,
         })
         .unwrap();
@@ -571,4 +581,110 @@ fn sidr_for_an_unknown_service_and_a_dead_peer() {
     assert!(w.run_until(Duration::from_secs(2), gone));
     assert_eq!(w.cms[0].counters().retransmits, 3);
     assert_eq!(w.cms[0].poll_timeout(), None);
+}
+
+/// The caller's RDMA READ / atomic depths, retry and RNR retry counts travel in the REQ / REP,
+/// reach the peer's event from its own view (Linux `cm.c` `cm_format_req_event` /
+/// `cm_format_rep_event` swap responder resources and initiator depth) and the QPs; the passive
+/// side's ACK timeout is the REQ's local ACK timeout (`cm_format_paths_from_req` +
+/// `cm_init_av_by_path`), the active side's `cm_ack_timeout` of it and the REP's ACK delay.
+#[test]
+fn conn_params_and_the_reqs_ack_timeout_reach_events_and_qps() {
+    let mut w = World::new();
+    // A states local ACK timeout 12 (16.8 ms) in its REQ.
+    w.cms[0] = Cm::new(CmConfig {
+        local_ack_timeout: 12,
+        ..config()
+    });
+    w.cms[1].listen(sid()).unwrap();
+    // A: responder resources 3, initiator depth 5, retry 6, RNR retry 5 (World::connect).
+    w.connect(b"params");
+    assert!(w.run_until(Duration::from_secs(2), |w| w.has(1, is_req)));
+    let req = w.events[1].iter().find(|e| is_req(e)).unwrap().clone();
+    let CmEventKind::ConnectRequest { param, .. } = req.kind else {
+        unreachable!()
+    };
+    assert_eq!(
+        param,
+        ConnParam {
+            responder_resources: 5,
+            initiator_depth: 3,
+            flow_control: true,
+            retry_count: 6,
+            rnr_retry_count: 5,
+            srq: false,
+            qp_num: w.a.qpn,
+        }
+    );
+    // B: responder resources 6, initiator depth 8 (held to A's 3), RNR retry 4.
+    w.accept_first();
+    assert!(w.run_until(Duration::from_secs(2), |w| w.established(0)
+        && w.established(1)));
+    let rep = w.events[0]
+        .iter()
+        .find_map(|e| match &e.kind {
+            CmEventKind::Established { param, .. } => Some(*param),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(
+        rep,
+        Some(ConnParam {
+            responder_resources: 3,
+            initiator_depth: 6,
+            flow_control: false,
+            retry_count: 0,
+            rnr_retry_count: 4,
+            srq: true,
+            qp_num: w.b.qpn,
+        })
+    );
+    let passive = w.events[1]
+        .iter()
+        .find_map(|e| match &e.kind {
+            CmEventKind::Established { param, .. } => Some(*param),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(passive, None, "an RTU carries no parameters");
+    let attr = |p: &Peer| *w.f.node(p.node).context().qp(p.qpn).unwrap().attr();
+    let (a, b) = (attr(&w.a), attr(&w.b));
+    assert_eq!(
+        (
+            a.max_dest_rd_atomic,
+            a.max_rd_atomic,
+            a.retry_cnt,
+            a.rnr_retry,
+            a.timeout
+        ),
+        (3, 5, 6, 4, 12)
+    );
+    assert_eq!(
+        (
+            b.max_dest_rd_atomic,
+            b.max_rd_atomic,
+            b.retry_cnt,
+            b.rnr_retry,
+            b.timeout
+        ),
+        (6, 3, 6, 5, 12)
+    );
+}
+
+/// Linux `cm.c`'s `cm_ack_timeout` and the passive side's timeout from a REQ, by value.
+#[test]
+fn ack_timeout_arithmetic_as_linux() {
+    use hca::cm::{cm_ack_timeout, passive_ack_timeout};
+    // RoCE: packet life time 16, our REP's ACK delay 0 -> 17; rxe's ACK delay 15 -> 17.
+    assert_eq!(cm_ack_timeout(0, 16), 17);
+    assert_eq!(cm_ack_timeout(15, 16), 17);
+    // An ACK delay about as large as the life time adds one; a larger one wins.
+    assert_eq!(cm_ack_timeout(16, 15), 17);
+    assert_eq!(cm_ack_timeout(17, 16), 18);
+    assert_eq!(cm_ack_timeout(20, 10), 20);
+    assert_eq!(cm_ack_timeout(20, 18), 21);
+    assert_eq!(cm_ack_timeout(31, 31), 31);
+    assert_eq!(passive_ack_timeout(17), 17);
+    assert_eq!(passive_ack_timeout(0), 1);
+    assert_eq!(passive_ack_timeout(40), 31);
 }

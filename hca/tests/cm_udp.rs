@@ -8,7 +8,8 @@
 //! the CM connected, DISCONNECTED and TIMEWAIT_EXIT on both sides; a connect to a port nobody
 //! listens on (REJECTED, reason 8); a consumer reject with private data (REJECTED, 28); a connect
 //! to a dead peer (UNREACHABLE after exactly `max_cm_retries` resends); an idle service that does
-//! not wake up; devices without a progress thread. Every wait is bounded by a timeout or a count; no
+//! not wake up; devices without a progress thread; UD over SIDR (`RDMA_PS_UDP`: accept with QPN
+//! and Q_Key, reject, closed port). Every wait is bounded by a timeout or a count; no
 //! assertion is on a duration.
 #![cfg(all(feature = "std", target_os = "linux"))]
 
@@ -347,4 +348,56 @@ fn devices_without_a_progress_thread_connect_too() {
     a.cm.disconnect(id).unwrap();
     assert_eq!(a.expect(E::Disconnected).id, id);
     assert_eq!(b.expect(E::Disconnected).id, req.id);
+}
+
+/// UD over SIDR through `CmService` (`RDMA_PS_UDP`): a SIDR_REQ accepted (the active side's
+/// `ESTABLISHED` carries the QPN and Q_Key the accept named), one rejected (`UNREACHABLE`, SIDR
+/// status 2, with the reject's private data) and one to a UDP port nobody listens on
+/// (`UNREACHABLE`, status 1) between two devices on loopback.
+#[test]
+fn ud_sidr_accept_reject_and_a_closed_port() {
+    use hca::rdma_cm::{UdParam, RDMA_UDP_QKEY};
+    use roce::cm::port_space;
+    let (a, b) = pair("udp:127.0.0.1", "udp:127.0.0.2", config());
+    let l = b.cm.create_id_ps(port_space::UDP).unwrap();
+    let listen = SocketAddr::new(b.ip(), 7175);
+    b.cm.listen(l, listen).unwrap();
+    let resolve = |port: u16| {
+        let id = a.cm.create_id_ps(port_space::UDP).unwrap();
+        a.cm.resolve_addr(id, None, SocketAddr::new(b.ip(), port))
+            .unwrap();
+        a.expect(E::AddrResolved);
+        a.cm.resolve_route(id).unwrap();
+        a.expect(E::RouteResolved);
+        id
+    };
+    let id = resolve(7175);
+    a.cm.connect(id, 0, b"ud?").unwrap();
+    let req = b.expect(E::ConnectRequest);
+    assert_eq!((req.listen_id, req.ud), (Some(l), Some(UdParam::default())));
+    assert_eq!(&req.private_data[..3], b"ud?");
+    b.cm.accept(req.id, b.qpn, b"ud!").unwrap();
+    let est = a.expect(E::Established);
+    assert_eq!(est.id, id);
+    assert_eq!(
+        est.ud,
+        Some(UdParam {
+            qp_num: b.qpn,
+            qkey: RDMA_UDP_QKEY
+        })
+    );
+    assert_eq!(&est.private_data[..3], b"ud!");
+
+    let id = resolve(7175);
+    a.cm.connect(id, 0, b"").unwrap();
+    let req = b.expect(E::ConnectRequest);
+    b.cm.reject(req.id, b"no").unwrap();
+    let u = a.expect(E::Unreachable);
+    assert_eq!((u.id, u.status, &u.private_data[..2]), (id, 2, &b"no"[..]));
+
+    let id = resolve(7176);
+    a.cm.connect(id, 0, b"").unwrap();
+    let u = a.expect(E::Unreachable);
+    assert_eq!((u.id, u.status), (id, 1));
+    assert!(b.cm.get_event(Duration::ZERO).is_none());
 }

@@ -490,6 +490,39 @@ fn rnr_retry_7_never_gives_up() {
     assert_eq!(wcs[0].status, WcStatus::Success);
 }
 
+/// Issue 19's "RNR retry 7 client still got status 12 after RNR NAKs": several SENDs in flight,
+/// an RNR timer (code 18: 3.84 ms) longer than the local ACK timeout (code 8: 1 ms) and
+/// `retry_cnt` 1: the RNR NAKs and the sequence NAKs for the SENDs behind the NAKed one must not
+/// count as transport retries (IBTA vol. 1 §9.7.5.2.8), nor may the ACK timer run during an
+/// RNR wait; 300 ms later the receives come and every SEND completes.
+#[test]
+fn rnr_naks_of_pipelined_sends_do_not_spend_retry_cnt() {
+    let o = Opts {
+        min_rnr_timer: 18,
+        rnr_retry: 7,
+        retry_cnt: 1,
+        timeout: 8,
+        ..Opts::default()
+    };
+    let (mut f, a, b) = pair(&o);
+    for i in 0..4 {
+        post_send(&mut f, &a, &send_wr(i, &[a.sge(0, 8)], SendOp::Send));
+    }
+    f.run_for(Duration::from_millis(300));
+    assert!(poll(&mut f, &a).is_empty(), "no completion, no error");
+    let c = f.node(a.node).counters();
+    assert!(c.rcvd_rnr_err > 50, "{}", c.rcvd_rnr_err);
+    assert_eq!(c.retry_exceeded_err, 0);
+    for i in 0..4 {
+        post_recv(&mut f, &b, 10 + i, &[b.sge(64 * i, 64)]);
+    }
+    let wcs = run_for_completions(&mut f, &a, 4, Duration::from_millis(50));
+    assert_eq!(
+        statuses(&wcs),
+        (0..4).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+}
+
 #[test]
 fn finite_rnr_retry_ends_in_rnr_retry_exc_err() {
     let o = Opts {

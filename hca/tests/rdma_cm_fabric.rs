@@ -3,6 +3,9 @@
 //! `cma_hdr` in the REQ's private data, accept with data flowing, reject with private data, a
 //! closed port (REJECTED, reason 8), a dead peer (UNREACHABLE, -ETIMEDOUT), disconnect from either
 //! side (DISCONNECTED, TIMEWAIT_EXIT), and link-local destinations without a scope id.
+//! UD over SIDR (`RDMA_PS_UDP`, Linux `cma.c` `cma_resolve_ib_udp` / `cma_sidr_rep_handler`):
+//! resolve + accept + a UD SEND with the QPN and Q_Key `ESTABLISHED` carried, reject (status 2),
+//! a closed port (status 1), a dead peer (-ETIMEDOUT), private-data limits.
 
 mod common;
 
@@ -13,9 +16,12 @@ use common::*;
 use hca::cm::CmConfig;
 use hca::fabric::Fabric;
 use hca::rdma_cm::{
-    RdmaCm, RdmaCmEvent, RdmaCmEventType as E, RdmaId, EADDRNOTAVAIL, EINVAL, ETIMEDOUT,
+    RdmaCm, RdmaCmError, RdmaCmEvent, RdmaCmEventType as E, RdmaId, UdParam, EADDRNOTAVAIL, EINVAL,
+    ETIMEDOUT, RDMA_UDP_QKEY, SIDR_REQ_USER_DATA_LEN,
 };
-use hca::{QpState, WcStatus};
+use hca::verbs::connect::{self, ConnectAttr};
+use hca::{QpState, QpType, WcStatus};
+use roce::cm::port_space;
 
 const PORT: u16 = 7471;
 
@@ -39,10 +45,14 @@ fn config() -> CmConfig {
 
 impl World {
     fn new(ipv6: bool) -> World {
-        let o = Opts {
+        World::with_opts(&Opts {
             ipv6,
             ..Opts::default()
-        };
+        })
+    }
+
+    fn with_opts(o: &Opts) -> World {
+        let o = o.clone();
         let mut f = Fabric::new(o.seed, o.faults);
         let a = side(&mut f, 1, A_IOVA, &o);
         let b = side(&mut f, 2, B_IOVA, &o);
@@ -96,11 +106,16 @@ impl World {
 
     /// B listens on `listen`; A resolves B's address and route and connects with `data`.
     fn start(&mut self, listen: Option<SocketAddr>, data: &[u8]) -> RdmaId {
+        self.start_ps(port_space::TCP, listen, data)
+    }
+
+    /// As [`World::start`] with IDs of port space `ps`.
+    fn start_ps(&mut self, ps: u16, listen: Option<SocketAddr>, data: &[u8]) -> RdmaId {
         if let Some(addr) = listen {
-            let l = self.cms[1].create_id().unwrap();
+            let l = self.cms[1].create_id_ps(ps).unwrap();
             self.cms[1].listen(l, addr).unwrap();
         }
-        let id = self.cms[0].create_id().unwrap();
+        let id = self.cms[0].create_id_ps(ps).unwrap();
         let node = self.a.node;
         self.cms[0]
             .resolve_addr(
@@ -338,5 +353,342 @@ fn address_errors() {
             .connect(now, w.f.node_mut(node), id, qpn, &[0; 57])
             .is_err(),
         "57 > 56 bytes"
+    );
+}
+
+/// Both UD QPs to RTS with Q_Key `RDMA_UDP_QKEY`, as librdmacm's `ucma_init_ud_qp` does.
+fn ud_world(ipv6: bool) -> World {
+    let mut w = World::with_opts(&Opts {
+        qp_type: QpType::Ud,
+        ipv6,
+        ..Opts::default()
+    });
+    for p in [(w.a.node, w.a.qpn), (w.b.node, w.b.qpn)] {
+        let a = ConnectAttr {
+            qp_type: QpType::Ud,
+            qkey: RDMA_UDP_QKEY,
+            local_psn: 0,
+            ..ConnectAttr::default()
+        };
+        let h = w.f.node_mut(p.0);
+        connect::bring_up(&a, QpState::Reset, QpState::Rts, |qp, mask| {
+            h.modify_qp(p.1, qp, mask).map(|_| ())
+        })
+        .unwrap();
+    }
+    w
+}
+
+fn ud_resolve_accept_send(ipv6: bool) {
+    let mut w = ud_world(ipv6);
+    let a_id = w.start_ps(port_space::UDP, Some(wildcard(ipv6)), b"udp?");
+    assert!(w.run_until(1000, |w| w.find(1, E::ConnectRequest).is_some()));
+    let req = w.find(1, E::ConnectRequest).unwrap().clone();
+    assert_eq!(&req.private_data[..4], b"udp?");
+    assert_eq!(
+        req.private_data.len(),
+        SIDR_REQ_USER_DATA_LEN,
+        "216 bytes minus the 36-byte cma_hdr"
+    );
+    assert_eq!(
+        req.ud,
+        Some(UdParam::default()),
+        "cma.c reports no QPN / Q_Key"
+    );
+    assert_eq!(w.cms[1].port_space(req.id), Some(port_space::UDP));
+    let (_, remote) = w.cms[1].addresses(req.id).unwrap();
+    assert_eq!(remote.map(|r| r.ip()), Some(w.a.ip));
+    let now = w.f.now();
+    let (node, qpn) = (w.b.node, w.b.qpn);
+    w.cms[1]
+        .accept(now, w.f.node_mut(node), req.id, qpn, b"udp!")
+        .unwrap();
+    assert!(w.run_until(1000, |w| w.find(0, E::Established).is_some()));
+    let est = w.find(0, E::Established).unwrap().clone();
+    assert_eq!(est.id, a_id);
+    assert_eq!(
+        est.ud,
+        Some(UdParam {
+            qp_num: w.b.qpn,
+            qkey: RDMA_UDP_QKEY
+        })
+    );
+    assert_eq!(&est.private_data[..4], b"udp!");
+    assert!(
+        w.find(1, E::Established).is_none(),
+        "UD: no event on the passive side"
+    );
+    // A answers to what ESTABLISHED said: one UD SEND lands in B's receive (after the GRH).
+    w.b.write(4096, &[0; 64]);
+    post_recv(&mut w.f, &w.b, 9, &[w.b.sge(4096, 64 + 40)]);
+    w.a.write(0, b"datagram");
+    let ah =
+        w.f.node_mut(w.a.node)
+            .create_ah(
+                w.a.pd,
+                &hca::AhAttr {
+                    dgid: w.cms[0].remote_gid(a_id).unwrap(),
+                    sgid_index: 2,
+                    hop_limit: 64,
+                    ..hca::AhAttr::default()
+                },
+            )
+            .unwrap();
+    let op = hca::SendOp::UdSend {
+        dest: hca::UdDest {
+            ah,
+            remote_qpn: est.ud.unwrap().qp_num,
+            remote_qkey: est.ud.unwrap().qkey,
+        },
+        imm_data: None,
+    };
+    let sg = [w.a.sge(0, 8)];
+    post_send(&mut w.f, &w.a, &send_wr(1, &sg, op));
+    let wcs = run_for_completions(&mut w.f, &w.b, 1, Duration::from_secs(1));
+    assert_eq!(statuses(&wcs), vec![(9, WcStatus::Success)]);
+    assert_eq!(w.b.read(4096 + 40, 8), b"datagram");
+    assert_eq!(
+        w.cms[0].cm().connection_count() + w.cms[1].cm().connection_count(),
+        0
+    );
+}
+
+#[test]
+fn ud_ipv4_resolve_accept_send() {
+    ud_resolve_accept_send(false);
+}
+
+#[test]
+fn ud_ipv6_resolve_accept_send() {
+    ud_resolve_accept_send(true);
+}
+
+#[test]
+fn ud_reject_closed_port_and_a_tcp_listener() {
+    let mut w = ud_world(false);
+    w.start_ps(port_space::UDP, Some(wildcard(false)), b"");
+    assert!(w.run_until(1000, |w| w.find(1, E::ConnectRequest).is_some()));
+    let id = w.find(1, E::ConnectRequest).unwrap().id;
+    let node = w.b.node;
+    w.cms[1].reject(w.f.node_mut(node), id, b"full").unwrap();
+    assert!(
+        w.cms[1].reject(w.f.node_mut(node), id, b"").is_err(),
+        "answered once"
+    );
+    assert!(w.run_until(1000, |w| w.find(0, E::Unreachable).is_some()));
+    let u = w.find(0, E::Unreachable).unwrap();
+    assert_eq!(u.status, 2, "IB_SIDR_REJECT");
+    assert_eq!(&u.private_data[..4], b"full");
+    assert!(w.find(0, E::Established).is_none());
+
+    // Nobody listens on the UDP port (a TCP listener on the same number does not count).
+    let mut w = ud_world(false);
+    let l = w.cms[1].create_id().unwrap();
+    w.cms[1].listen(l, wildcard(false)).unwrap();
+    w.start_ps(port_space::UDP, None, b"");
+    assert!(w.run_until(1000, |w| w.find(0, E::Unreachable).is_some()));
+    assert_eq!(
+        w.find(0, E::Unreachable).unwrap().status,
+        1,
+        "IB_SIDR_UNSUPPORTED"
+    );
+    assert!(w.find(1, E::ConnectRequest).is_none());
+
+    // A UDP listener on another address: the SIDR_REQ is rejected at the RDMA CM layer.
+    let mut w = ud_world(false);
+    w.start_ps(
+        port_space::UDP,
+        Some(SocketAddr::new("10.9.9.9".parse().unwrap(), PORT)),
+        b"",
+    );
+    assert!(w.run_until(1000, |w| w.find(0, E::Unreachable).is_some()));
+    assert_eq!(w.find(0, E::Unreachable).unwrap().status, 2);
+    assert_eq!(w.cms[1].refused(), 1);
+}
+
+#[test]
+fn ud_dead_peer_is_unreachable() {
+    let mut w = ud_world(true);
+    w.b_alive = false;
+    w.start_ps(port_space::UDP, Some(wildcard(true)), b"");
+    // 1 + 2 tries of 67 ms virtual time.
+    assert!(w.run_until(1000, |w| w.find(0, E::Unreachable).is_some()));
+    assert_eq!(w.find(0, E::Unreachable).unwrap().status, ETIMEDOUT);
+    assert_eq!(w.cms[0].cm().counters().retransmits, 2);
+}
+
+#[test]
+fn ud_limits() {
+    let mut w = ud_world(false);
+    assert_eq!(
+        w.cms[0].create_id_ps(port_space::IB),
+        Err(RdmaCmError::Unsupported)
+    );
+    let id = w.cms[0].create_id_ps(port_space::UDP).unwrap();
+    let node = w.a.node;
+    w.cms[0]
+        .resolve_addr(w.f.node(node), id, None, SocketAddr::new(w.b.ip, PORT))
+        .unwrap();
+    w.cms[0].resolve_route(id).unwrap();
+    let (now, qpn) = (w.f.now(), w.a.qpn);
+    assert_eq!(
+        w.cms[0].connect(
+            now,
+            w.f.node_mut(node),
+            id,
+            qpn,
+            &[0; SIDR_REQ_USER_DATA_LEN + 1]
+        ),
+        Err(RdmaCmError::PrivateDataTooLong)
+    );
+    w.cms[0]
+        .connect(
+            now,
+            w.f.node_mut(node),
+            id,
+            qpn,
+            &[1; SIDR_REQ_USER_DATA_LEN],
+        )
+        .unwrap();
+    assert_eq!(
+        w.cms[0].connect(now, w.f.node_mut(node), id, qpn, b""),
+        Err(RdmaCmError::BadState),
+        "one SIDR_REQ at a time"
+    );
+    assert!(
+        w.cms[0].disconnect(now, w.f.node_mut(node), id).is_err(),
+        "UD IDs have no connection"
+    );
+}
+
+/// `rdma_conn_param` through the RDMA CM: the caller's depths and counts reach the peer's
+/// `CONNECT_REQUEST` and the active side's `ESTABLISHED` (as `cma.c` fills them), the accept's
+/// `RDMA_MAX_RD_ATOMIC` takes the request's depths, the path MTU is the port's active MTU (not a
+/// fixed 1024), and depths above the device's limit are refused.
+#[test]
+fn conn_param_in_events_and_on_the_qps() {
+    use hca::rdma_cm::{ConnParam, RDMA_MAX_RD_ATOMIC};
+    let mut w = World::new(false);
+    let l = w.cms[1].create_id().unwrap();
+    w.cms[1].listen(l, wildcard(false)).unwrap();
+    let id = w.cms[0].create_id().unwrap();
+    let node = w.a.node;
+    w.cms[0]
+        .resolve_addr(w.f.node(node), id, None, SocketAddr::new(w.b.ip, PORT))
+        .unwrap();
+    w.cms[0].resolve_route(id).unwrap();
+    let (now, qpn) = (w.f.now(), w.a.qpn);
+    let max = w.f.node(node).context().query_device().max_qp_rd_atom;
+    let too_deep = ConnParam {
+        responder_resources: (max + 1) as u8,
+        ..ConnParam::default()
+    };
+    assert_eq!(
+        w.cms[0].connect_with(now, w.f.node_mut(node), id, qpn, b"", &too_deep),
+        Err(RdmaCmError::BadParam)
+    );
+    let asked = ConnParam {
+        responder_resources: 2,
+        initiator_depth: 7,
+        retry_count: 5,
+        rnr_retry_count: 3,
+        ..ConnParam::default()
+    };
+    w.cms[0]
+        .connect_with(now, w.f.node_mut(node), id, qpn, b"cp", &asked)
+        .unwrap();
+    assert!(w.run_until(1000, |w| w.find(1, E::ConnectRequest).is_some()));
+    let req = w.find(1, E::ConnectRequest).unwrap().clone();
+    let got = req.conn.unwrap();
+    assert_eq!(
+        (
+            got.responder_resources,
+            got.initiator_depth,
+            got.retry_count,
+            got.rnr_retry_count,
+            got.qp_num
+        ),
+        (7, 2, 5, 3, w.a.qpn),
+        "the REQ seen from B: A's initiator depth is what B serves"
+    );
+    let (bnode, bqpn) = (w.b.node, w.b.qpn);
+    let all = ConnParam {
+        responder_resources: RDMA_MAX_RD_ATOMIC,
+        initiator_depth: RDMA_MAX_RD_ATOMIC,
+        rnr_retry_count: 6,
+        ..ConnParam::default()
+    };
+    let now = w.f.now();
+    w.cms[1]
+        .accept_with(now, w.f.node_mut(bnode), req.id, bqpn, b"", &all)
+        .unwrap();
+    assert!(w.run_until(1000, |w| w.find(0, E::Established).is_some()
+        && w.find(1, E::Established).is_some()));
+    let est = w.find(0, E::Established).unwrap().conn.unwrap();
+    assert_eq!(
+        (
+            est.responder_resources,
+            est.initiator_depth,
+            est.rnr_retry_count,
+            est.qp_num
+        ),
+        (2, 7, 6, w.b.qpn)
+    );
+    assert_eq!(w.find(1, E::Established).unwrap().conn, None);
+    let attr = |n, q| *w.f.node(n).context().qp(q).unwrap().attr();
+    let (a, b) = (attr(node, qpn), attr(bnode, bqpn));
+    assert_eq!(
+        (
+            a.max_dest_rd_atomic,
+            a.max_rd_atomic,
+            a.retry_cnt,
+            a.rnr_retry
+        ),
+        (2, 7, 5, 6)
+    );
+    assert_eq!(
+        (
+            b.max_dest_rd_atomic,
+            b.max_rd_atomic,
+            b.retry_cnt,
+            b.rnr_retry
+        ),
+        (7, 2, 5, 3)
+    );
+    let port_mtu = w.f.node(node).context().query_port(1).unwrap().active_mtu;
+    assert_ne!(
+        port_mtu,
+        hca::PathMtu::Mtu1024,
+        "the fabric's 9000-byte links"
+    );
+    assert_eq!((a.path_mtu, b.path_mtu), (port_mtu, port_mtu));
+}
+
+/// A SIDR_REQ for a listened-on UDP port whose private data is no `cma_hdr` (sent by a bare IB
+/// CM, not the RDMA CM) is refused at the RDMA CM layer (SIDR_REP `Reject`, counted), never
+/// reported.
+#[test]
+fn ud_sidr_req_without_a_cma_hdr_is_refused() {
+    let mut w = ud_world(false);
+    let l = w.cms[1].create_id_ps(port_space::UDP).unwrap();
+    w.cms[1].listen(l, wildcard(false)).unwrap();
+    let mut raw = hca::cm::Cm::new(config());
+    let (node, a_ip, b_ip) = (w.a.node, w.a.ip, w.b.ip);
+    let now = w.f.now();
+    raw.sidr_resolve(
+        now,
+        w.f.node_mut(node),
+        a_ip,
+        b_ip,
+        roce::cm::service_id(port_space::UDP, PORT),
+        &[0xee; 40],
+    )
+    .unwrap();
+    assert!(w.run_until(1000, |w| w.cms[1].refused() == 1));
+    w.run_until(50, |_| false);
+    assert!(w.find(1, E::ConnectRequest).is_none());
+    assert!(
+        w.cms[0].cm().counters().unmatched >= 1,
+        "the SIDR_REP went to A's RDMA CM, which sent no SIDR_REQ"
     );
 }

@@ -537,6 +537,77 @@ fn pingpong_rc_uc_ud_with_data_check() {
     }
 }
 
+/// `rdma-pingpong -R`: the RC QPs connected by RDMA CM (REQ / REP / RTU on QP1) instead of the
+/// TCP exchange, 200 checked exchanges of 10000 bytes, each side printing the other's QPN and
+/// PSN as the QPs got them from the CM; `-R` with `--ud` is refused.
+#[test]
+fn pingpong_rdma_cm_rc_with_data_check() {
+    // As `pair`, but the client names the server's device address (its CM's).
+    let (a, b) = addresses();
+    let port = free_port().to_string();
+    let (link_a, link_b) = (format!("udp:{a}"), format!("udp:{b}"));
+    let args = [
+        "-R",
+        "-p",
+        &port,
+        "--timeout",
+        "20",
+        "-n",
+        "200",
+        "-s",
+        "10000",
+        "-c",
+    ];
+    let mut sargs = vec!["--link", &link_a];
+    sargs.extend_from_slice(&args);
+    let server = spawn(PINGPONG, &sargs);
+    let mut cargs = vec!["--link", &link_b];
+    cargs.extend_from_slice(&args);
+    cargs.push(&a);
+    let client = spawn(PINGPONG, &cargs);
+    let cl = finish(client, "client");
+    let sv = finish(server, "server");
+    let (s, c) = (text(&sv.stdout), text(&cl.stdout));
+    assert!(
+        sv.status.success() && cl.status.success(),
+        "server:\n{s}\n{}\nclient:\n{c}\n{}",
+        text(&sv.stderr),
+        text(&cl.stderr)
+    );
+    for out in [&s, &c] {
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[0].starts_with("  local address:  LID 0x0000, QPN 0x"),
+            "{out}"
+        );
+        assert!(
+            lines[1].starts_with("  remote address: LID 0x0000, QPN 0x")
+                && lines[1].contains(", GID ::ffff:127."),
+            "{out}"
+        );
+        assert!(lines[2].starts_with("4000000 bytes in "), "{out}");
+        assert!(lines[3].starts_with("200 iters in "), "{out}");
+        assert!(!out.contains("invalid data"), "{out}");
+    }
+    let field = |out: &str, line: usize| {
+        let l = out.lines().nth(line).unwrap();
+        l[l.find("QPN").unwrap()..l.find(", GID").unwrap()].to_string()
+    };
+    // The client's QPN / send PSN are the server's remote QPN / receive PSN, and back.
+    assert_eq!(field(&s, 0), field(&c, 1));
+    assert_eq!(field(&c, 0), field(&s, 1));
+    let o = Command::new(PINGPONG)
+        .args(["-R", "--ud", "--link", "udp:127.0.0.1", "--timeout", "1"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("-R connects RC QPs only"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
 #[test]
 fn pingpong_with_a_progress_thread() {
     let (_, c) = pair(

@@ -423,7 +423,12 @@ fn tshark_dissects_a_cm_exchange_between_two_engines() {
                 service_id: sid,
                 path_mtu: roce::PathMtu::Mtu1024,
                 access,
-                rd_atomic: 1,
+                responder_resources: 1,
+                initiator_depth: 1,
+                retry_count: 7,
+                rnr_retry_count: 7,
+                flow_control: false,
+                srq: false,
                 private_data: b"captured",
             },
         )
@@ -445,7 +450,11 @@ fn tshark_dissects_a_cm_exchange_between_two_engines() {
                     let p = AcceptParams {
                         qpn: nodes[1].1,
                         access,
-                        rd_atomic: 1,
+                        responder_resources: 1,
+                        initiator_depth: 1,
+                        rnr_retry_count: 7,
+                        flow_control: false,
+                        srq: false,
                         private_data: b"ok",
                     };
                     cm.accept(now, f.node_mut(node), e.id, &p).unwrap();

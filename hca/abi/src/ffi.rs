@@ -16,7 +16,7 @@
 
 use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use core::mem::{offset_of, size_of};
+use core::mem::{offset_of, size_of, zeroed};
 use core::ptr::{self, null_mut};
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
@@ -2264,16 +2264,131 @@ pub extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid:
 }
 symver!(ibv_detach_mcast, "IBVERBS_1.1");
 
-/// ibv_create_ah_from_wc(3): not in phase 1 (null, `EOPNOTSUPP`).
+/// The index of the RoCEv2 GID `gid` in port 1's GID table of `context`'s device.
+///
+/// # Safety
+/// `context` is open.
+pub(crate) unsafe fn roce_v2_gid_index(context: *mut ibv_context, gid: &[u8; 16]) -> Option<u8> {
+    // SAFETY: the caller's context.
+    let i = unsafe { inner(context) };
+    let len = i.verbs.query_port().gid_tbl_len.min(256);
+    (0..len)
+        .find(|&n| {
+            i.verbs.query_gid(n).is_ok_and(|e| {
+                e.gid_type == hca::verbs::gid::GidType::RoceV2 && e.gid.as_bytes() == gid
+            })
+        })
+        .map(|n| n as u8)
+}
+
+/// The source and destination GIDs of the 40-byte GRH area a UD receive starts with: on
+/// RoCEv2 either an IPv6 header, or 20 unused bytes and an IPv4 header (rdma-core `verbs.c`
+/// `get_grh_header_version`: version 4, IHL 5, a valid header checksum), whose addresses are
+/// IPv4-mapped (IBTA Annex A17.4.1). `None` for neither.
+pub(crate) fn grh_gids(grh: &[u8; 40]) -> Option<([u8; 16], [u8; 16])> {
+    let v4 = &grh[20..];
+    let sum = v4
+        .chunks(2)
+        .fold(0u32, |a, c| a + u32::from(u16::from_be_bytes([c[0], c[1]])));
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let mapped = |b: &[u8]| {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(b);
+        g
+    };
+    if v4[0] == 0x45 && sum == 0xffff {
+        return Some((mapped(&v4[12..16]), mapped(&v4[16..20])));
+    }
+    if grh[0] >> 4 == 6 {
+        let mut s = [0u8; 16];
+        let mut d = [0u8; 16];
+        s.copy_from_slice(&grh[8..24]);
+        d.copy_from_slice(&grh[24..40]);
+        return Some((s, d));
+    }
+    None
+}
+
+/// ibv_init_ah_from_wc(3): the address handle attributes that answer the sender of a UD
+/// receive: `dgid` the packet's source GID, `sgid_index` the local GID it was sent to, hop
+/// limit 0xFF, the traffic class and flow label of an IPv6 header (rdma-core `verbs.c`
+/// `ibv_init_ah_from_wc` for RoCE, where every receive carries the GRH area). 0, or -1 with
+/// errno `EINVAL` (port other than 1, a GRH area that is neither IPv4 nor IPv6, a destination
+/// that is not a local RoCEv2 GID).
+///
+/// # Safety
+/// `context` is open; `wc` readable; `grh` 40 readable bytes; `ah_attr` writable.
 #[no_mangle]
-pub extern "C" fn ibv_create_ah_from_wc(
-    _pd: *mut ibv_pd,
-    _wc: *mut ibv_wc,
-    _grh: *mut c_void,
-    _port_num: u8,
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    context: *mut ibv_context,
+    port_num: u8,
+    wc: *mut ibv_wc,
+    grh: *mut c_void,
+    ah_attr: *mut ibv_ah_attr,
+) -> c_int {
+    if context.is_null() || wc.is_null() || grh.is_null() || ah_attr.is_null() || port_num != 1 {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: the caller's 40 bytes.
+    let area = unsafe { &*grh.cast::<[u8; 40]>() };
+    let Some((src, dst)) = grh_gids(area) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    // SAFETY: the caller's context.
+    let Some(sgid_index) = (unsafe { roce_v2_gid_index(context, &dst) }) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    // SAFETY: the caller's structures; all-zero is a valid ibv_ah_attr.
+    unsafe {
+        let a = &mut *ah_attr;
+        *a = zeroed();
+        a.dlid = (*wc).slid;
+        a.sl = (*wc).sl;
+        a.src_path_bits = (*wc).dlid_path_bits;
+        a.port_num = port_num;
+        a.is_global = 1;
+        a.grh.dgid.raw = src;
+        a.grh.sgid_index = sgid_index;
+        a.grh.hop_limit = 0xff;
+        if area[0] >> 4 == 6 {
+            let w = u32::from_be_bytes([area[0], area[1], area[2], area[3]]);
+            a.grh.traffic_class = (w >> 20) as u8;
+            a.grh.flow_label = w & 0xf_ffff;
+        }
+    }
+    0
+}
+symver!(ibv_init_ah_from_wc, "IBVERBS_1.1");
+
+/// ibv_create_ah_from_wc(3): [`ibv_init_ah_from_wc`] then [`ibv_create_ah`]; null with errno.
+///
+/// # Safety
+/// `pd` is a live PD; as [`ibv_init_ah_from_wc`] for the rest.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut c_void,
+    port_num: u8,
 ) -> *mut ibv_ah {
-    set_errno(libc::EOPNOTSUPP);
-    null_mut()
+    if pd.is_null() {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    // SAFETY: all-zero is a valid ibv_ah_attr.
+    let mut attr: ibv_ah_attr = unsafe { zeroed() };
+    // SAFETY: the caller's promise.
+    if unsafe { ibv_init_ah_from_wc((*pd).context, port_num, wc, grh, &mut attr) } != 0 {
+        return null_mut();
+    }
+    // SAFETY: a live PD and the attributes just made.
+    unsafe { ibv_create_ah(pd, &mut attr) }
 }
 symver!(ibv_create_ah_from_wc, "IBVERBS_1.1");
 
@@ -2402,3 +2517,42 @@ pub extern "C" fn ibv_event_type_str(event: c_int) -> *const c_char {
     table_str(T, event, c"unknown")
 }
 symver!(ibv_event_type_str, "IBVERBS_1.1");
+
+#[cfg(test)]
+mod grh_test {
+    use super::grh_gids;
+
+    #[test]
+    fn ipv4_header_in_the_last_20_bytes() {
+        let mut g = [0u8; 40];
+        let h = &mut g[20..];
+        h[0] = 0x45;
+        h[2..4].copy_from_slice(&60u16.to_be_bytes());
+        h[8] = 64;
+        h[9] = 17;
+        h[12..16].copy_from_slice(&[10, 0, 0, 1]);
+        h[16..20].copy_from_slice(&[10, 0, 0, 2]);
+        let sum = h
+            .chunks(2)
+            .fold(0u32, |a, c| a + u32::from(u16::from_be_bytes([c[0], c[1]])));
+        let sum = (sum & 0xffff) + (sum >> 16);
+        h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        let (s, d) = grh_gids(&g).unwrap();
+        assert_eq!(s[10..], [0xff, 0xff, 10, 0, 0, 1]);
+        assert_eq!(d[10..], [0xff, 0xff, 10, 0, 0, 2]);
+        assert_eq!(s[..10], [0; 10]);
+        // A wrong checksum is not an IPv4 header (nor, with version 0, an IPv6 one).
+        g[30] ^= 1;
+        assert_eq!(grh_gids(&g), None);
+    }
+
+    #[test]
+    fn ipv6_header() {
+        let mut g = [0u8; 40];
+        g[0] = 0x60;
+        g[8..24].copy_from_slice(&[0xfd; 16]);
+        g[24..40].copy_from_slice(&[0xfe; 16]);
+        assert_eq!(grh_gids(&g), Some(([0xfd; 16], [0xfe; 16])));
+        assert_eq!(grh_gids(&[0; 40]), None);
+    }
+}

@@ -43,7 +43,7 @@
 //! verbs reached through `struct verbs_context` (ibv_create_qp_ex, ibv_create_cq_ex,
 //! ibv_query_device_ex falls back to ibv_query_device) find a null entry and fail with
 //! `EOPNOTSUPP`; exported verbs it lacks (memory windows, XRC, multicast, dma-buf MRs, ECE,
-//! ibv_create_ah_from_wc, resizing a CQ, rereg_mr, importing objects) return `EOPNOTSUPP` (or
+//! resizing a CQ, rereg_mr, importing objects) return `EOPNOTSUPP` (or
 //! null with `errno` set to it).
 #![deny(missing_docs)]
 #![deny(unsafe_code)]

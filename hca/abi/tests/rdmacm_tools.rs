@@ -1,7 +1,8 @@
 //! Debian's own, unmodified RDMA CM programs (rdma-core's `rdmacm-utils`, perftest's `-R`) over
 //! the drop-in `librdmacm.so.1` and `libibverbs.so.1` (`LD_LIBRARY_PATH`): `rping` with its data
-//! verified, `ucmatose` with several connections, `ib_write_bw -R`, `ib_send_lat -R`, a REJ for
-//! a port nobody listens on, and the library's exported symbol versions against rdma-core's.
+//! verified, `ucmatose` with several connections, `udaddy` (UD over SIDR), `ib_write_bw -R`,
+//! `ib_send_lat -R`, a REJ for a port nobody listens on, and the library's exported symbol
+//! versions against rdma-core's.
 //! Server and client are separate processes, each on its own loopback address through
 //! `ROCE_DEVICES`.
 //!
@@ -107,7 +108,11 @@ fn pair(
             .output()
             .expect("run client");
         let out = text(&client);
-        let rejected = out.contains("RDMA_CM_EVENT_REJECTED") || out.contains("Connection refused");
+        // A SIDR_REQ for a port nobody listens on is answered SIDR_REP status 1 (Unsupported),
+        // which udaddy prints as UNREACHABLE with that status.
+        let rejected = out.contains("RDMA_CM_EVENT_REJECTED")
+            || out.contains("Connection refused")
+            || out.contains("RDMA_CM_EVENT_UNREACHABLE, error: 1");
         if rejected {
             // SIGTERM to `timeout`, which passes it on to the tool (SIGKILL would leave the
             // tool running, bound to the address the next server needs).
@@ -176,6 +181,31 @@ fn ucmatose_four_connections() {
         assert!(out.contains("data transfers complete"), "{side}:\n{out}");
         assert!(out.contains("return status 0"), "{side}:\n{out}");
     }
+}
+
+/// `udaddy` (`RDMA_PS_UDP`): the client's SIDR_REQ, the server's SIDR_REP with its UD QPN and
+/// Q_Key; 10 datagrams of 100 bytes each way (the client's QPN in the immediate data, the
+/// server's replies through `ibv_create_ah_from_wc` from the GRH area of what it received);
+/// both end with status 0 after their transfers.
+#[test]
+fn udaddy_ud_over_sidr() {
+    let (a, b) = ("127.0.0.55", "127.0.0.56");
+    let Some((s, c)) = pair(
+        "udaddy",
+        (a, b),
+        // udaddy's port is its fixed 7174 (its -p is the port space).
+        &["-b", a, "-C", "10"],
+        &["-s", a, "-C", "10"],
+    ) else {
+        return;
+    };
+    assert_ok("udaddy", &s, &c);
+    for (side, o) in [("server", &s), ("client", &c)] {
+        let out = text(o);
+        assert!(out.contains("data transfers complete"), "{side}:\n{out}");
+        assert!(out.contains("return status 0"), "{side}:\n{out}");
+    }
+    assert!(text(&s).contains("sending replies"), "{}", text(&s));
 }
 
 /// `rdma_server` / `rdma_client` (synchronous IDs: `rdma_create_ep`, `rdma_get_request`; the
@@ -313,6 +343,46 @@ fn connect_to_a_closed_port_is_rejected() {
         "{out}"
     );
     assert!(out.contains("RDMA_CM_EVENT_REJECTED, error 8"), "{out}");
+}
+
+/// tests/c/conn_param.c, compiled against rdma-core's `<rdma/rdma_cma.h>` and linked against
+/// both drop-in libraries: `rdma_conn_param` as a C program sees it (the peer's depths and
+/// retry counts in `CONNECT_REQUEST` from its own view, the REP's in the active `ESTABLISHED`,
+/// none in the passive one; the QPs' `max_dest_rd_atomic` / `max_rd_atomic` / `retry_cnt` /
+/// `rnr_retry` / `timeout` by ibv_query_qp(3); a depth above the device's `EINVAL`;
+/// `RDMA_MAX_RESP_RES` taking the request's), and a UD ID's rdma_init_qp_attr(3).
+#[test]
+fn conn_param_from_c() {
+    if !Path::new("/usr/include/rdma/rdma_cma.h").exists() {
+        panic!("<rdma/rdma_cma.h> is missing: run `bash tests/setup.sh` as root (librdmacm-dev)");
+    }
+    let _serial = one_at_a_time();
+    let dir = std::env::temp_dir().join(format!("rdmacm-conn-param-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/conn_param.c");
+    let exe = dir.join("conn_param");
+    let cc = Command::new("cc")
+        .args(["-Wall", "-Werror", "-O1"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("-L{}", lib_dir().display()))
+        .args(["-l:librdmacm.so.1", "-l:libibverbs.so.1"])
+        .output()
+        .expect("cc is installed");
+    assert!(cc.status.success(), "{}", text(&cc));
+    let o = Command::new("timeout")
+        .args(["30"])
+        .arg(&exe)
+        .args(["127.0.0.61", "127.0.0.62"])
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("ROCE_DEVICES", "rxe0=udp:127.0.0.61,rxe1=udp:127.0.0.62")
+        .output()
+        .expect("run timeout");
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("all checks passed"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `(version, name)` of every function `lib` defines (`want_defined`) or imports, from

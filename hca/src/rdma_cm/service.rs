@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{RdmaCm, RdmaCmError, RdmaCmEvent, RdmaId};
+use super::{ConnParam, RdmaCm, RdmaCmError, RdmaCmEvent, RdmaId};
 use crate::cm::{CmConfig, MAX_EVENTS};
 use crate::engine::{Instant, SoftHca};
 use crate::link::{LinkError, Waker};
@@ -325,6 +325,15 @@ impl CmService {
         lock(&self.inner.cm).create_id()
     }
 
+    /// `rdma_create_id(3)` with port space `ps` (`RDMA_PS_TCP` for RC, `RDMA_PS_UDP` for UD over
+    /// SIDR; [`roce::cm::port_space`]).
+    ///
+    /// # Errors
+    /// As [`RdmaCm::create_id_ps`].
+    pub fn create_id_ps(&self, ps: u16) -> Result<RdmaId, RdmaCmError> {
+        lock(&self.inner.cm).create_id_ps(ps)
+    }
+
     /// `rdma_destroy_id(3)`: an established connection is disconnected first (DREQ, as the
     /// kernel's `cma.c` does when a connected ID is destroyed), a connection request not yet
     /// answered is rejected; events of the ID still queued stay queued.
@@ -372,7 +381,9 @@ impl CmService {
 
     /// `rdma_connect(3)` with the caller's RC QP `qpn` (in RESET; the CM moves it to INIT now and
     /// to RTR / RTS when the REP arrives) and at most 56 bytes of `private_data`; `ESTABLISHED`,
-    /// `REJECTED` or `UNREACHABLE` follows.
+    /// `REJECTED` or `UNREACHABLE` follows. For a UD ID a SIDR_REQ (at most 180 bytes of
+    /// `private_data`; the caller's UD QP is its own to bring up): `ESTABLISHED` with the peer's
+    /// QPN and Q_Key, or `UNREACHABLE`.
     ///
     /// # Errors
     /// As [`RdmaCm::connect`].
@@ -380,14 +391,44 @@ impl CmService {
         self.call(|cm, now, h| cm.connect(now, h, id, qpn, private_data))
     }
 
+    /// [`CmService::connect`] with `rdma_conn_param`'s depths and retry counts
+    /// ([`RdmaCm::connect_with`]).
+    ///
+    /// # Errors
+    /// As [`RdmaCm::connect_with`].
+    pub fn connect_with(
+        &self,
+        id: RdmaId,
+        qpn: u32,
+        private_data: &[u8],
+        param: &ConnParam,
+    ) -> Result<(), RdmaCmError> {
+        self.call(|cm, now, h| cm.connect_with(now, h, id, qpn, private_data, param))
+    }
+
     /// `rdma_accept(3)` of a `CONNECT_REQUEST`'s ID with the caller's RC QP `qpn` (in RESET; the
     /// CM moves it to RTR now and to RTS when the RTU arrives: `ESTABLISHED`) and at most 196
-    /// bytes of REP `private_data`.
+    /// bytes of REP `private_data`; of a UD ID, a SIDR_REP naming UD QP `qpn` (at most 136 bytes).
     ///
     /// # Errors
     /// As [`RdmaCm::accept`].
     pub fn accept(&self, id: RdmaId, qpn: u32, private_data: &[u8]) -> Result<(), RdmaCmError> {
         self.call(|cm, now, h| cm.accept(now, h, id, qpn, private_data))
+    }
+
+    /// [`CmService::accept`] with `rdma_conn_param`'s depths and RNR retry count
+    /// ([`RdmaCm::accept_with`]).
+    ///
+    /// # Errors
+    /// As [`RdmaCm::accept_with`].
+    pub fn accept_with(
+        &self,
+        id: RdmaId,
+        qpn: u32,
+        private_data: &[u8],
+        param: &ConnParam,
+    ) -> Result<(), RdmaCmError> {
+        self.call(|cm, now, h| cm.accept_with(now, h, id, qpn, private_data, param))
     }
 
     /// `rdma_reject(3)` of a `CONNECT_REQUEST`'s ID with at most 148 bytes of `private_data`

@@ -22,8 +22,12 @@
 //!   INIT (RC) or RTS (UD), as rdma-core does; the IB CM moves a connection's QP to RTR / RTS
 //!   itself (REP / RTU), so `rdma_connect` and `rdma_accept` report `ESTABLISHED` without the
 //!   program calling `rdma_establish` (which returns 0).
-//! * **Refused**, with rdma-core's `-1` and errno: UD over RDMA CM (`RDMA_PS_UDP`, SIDR) and
-//!   `RDMA_PS_IB` (`EOPNOTSUPP`), multicast and ECE (`EOPNOTSUPP`), `rdma_create_srq_ex`
+//! * **UD** (`RDMA_PS_UDP`): `rdma_connect` sends a SIDR_REQ, `rdma_accept` / `rdma_reject`
+//!   answer it with a SIDR_REP; `ESTABLISHED` carries `param.ud` (the peer's QPN, Q_Key
+//!   `RDMA_UDP_QKEY` and an `ah_attr` to it), as Linux `cma.c` and librdmacm report it; UD QPs
+//!   from `rdma_create_qp` go to RTS with that Q_Key (librdmacm `ucma_init_ud_qp`).
+//! * **Refused**, with rdma-core's `-1` and errno: `RDMA_PS_IB` and `RDMA_PS_IPOIB`
+//!   (`EOPNOTSUPP`), multicast and ECE (`EOPNOTSUPP`), `rdma_create_srq_ex`
 //!   (`EOPNOTSUPP`), `rdma_init_qp_attr` for RTR / RTS of a QP the CM has not connected
 //!   (`EINVAL`); rsockets (`rsocket`, `rsend`, ...) fail with `ENOSYS`, except `rpoll` /
 //!   `rselect` which, as every descriptor is a plain one, are poll(2) / select(2).
@@ -50,7 +54,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use hca::ibverbs::ffi::*;
-use hca::rdma_cm::{CmService, RdmaCmEvent, RdmaCmEventType, RdmaId};
+use hca::rdma_cm::{
+    CmService, ConnParam, RdmaCmEvent, RdmaCmEventType, RdmaId, RDMA_MAX_RD_ATOMIC, RDMA_UDP_QKEY,
+};
 use hca::verbs::gid::GidType;
 use hca::verbs::Verbs;
 
@@ -67,6 +73,8 @@ const OPTION_ID_KNOWN: [c_int; 4] = [0, 1, 2, 3];
 
 /// `IBV_QPT_RC` (verbs.h).
 const QPT_RC: u32 = 2;
+/// `IBV_QPT_UD` (verbs.h).
+const QPT_UD: u32 = 4;
 
 /// One device: its context (opened by this library), default PD and CM.
 struct Dev {
@@ -352,7 +360,10 @@ fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
         event,
         status,
         private_data,
+        ud,
+        conn,
     } = e;
+    let conn_param = conn;
     let (id, listen) = match listen_id {
         Some(l) => {
             let Some(&lid) = g.by_rid.get(&(d, l)) else {
@@ -404,6 +415,43 @@ fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
     ev.ev.listen_id = listen as *mut rdma_cm_id;
     ev.ev.event = event_type(event);
     ev.ev.status = status;
+    if let Some(ud) = ud {
+        // The route's GIDs are in the ID (set_route): the AH of ESTABLISHED goes to the peer's.
+        // SAFETY: a live ID of this library.
+        let (sgid, dgid) = unsafe {
+            let ib = (*idp).route.addr.addr.ibaddr.as_ref();
+            (ib.sgid.raw, ib.dgid.raw)
+        };
+        let ctx = g.devs[d].ctx;
+        // SAFETY: the ud member of the param union, plain data; an open context.
+        unsafe {
+            let p = ev.ev.param.ud.as_mut();
+            p.private_data = if ev.data.is_empty() {
+                ptr::null()
+            } else {
+                ev.data.as_ptr().cast()
+            };
+            p.private_data_len = ev.data.len().min(255) as u8;
+            p.qp_num = ud.qp_num;
+            p.qkey = ud.qkey;
+            if event == RdmaCmEventType::Established {
+                let a = &mut p.ah_attr;
+                a.is_global = 1;
+                a.port_num = 1;
+                a.grh.dgid.raw = dgid;
+                a.grh.sgid_index = crate::ffi::roce_v2_gid_index(ctx, &sgid).unwrap_or(0);
+                a.grh.hop_limit = 64;
+            }
+        }
+        // SAFETY: a live ID of this library; its channel is live while it is.
+        unsafe {
+            let ch = (*idp).channel;
+            if !ch.is_null() {
+                post(ch, ev);
+            }
+        }
+        return;
+    }
     // SAFETY: the conn member of the param union, plain data.
     unsafe {
         let conn = ev.ev.param.conn.as_mut();
@@ -413,10 +461,19 @@ fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
             ev.data.as_ptr().cast()
         };
         conn.private_data_len = ev.data.len().min(255) as u8;
-        conn.responder_resources = 4;
-        conn.initiator_depth = 4;
-        conn.retry_count = 7;
-        conn.rnr_retry_count = 7;
+    }
+    // cma.c fills the parameters in CONNECT_REQUEST and the active side's ESTABLISHED; the
+    // other events leave them zero.
+    if let Some(p) = conn_param {
+        // SAFETY: as above.
+        let c = unsafe { ev.ev.param.conn.as_mut() };
+        c.responder_resources = p.responder_resources;
+        c.initiator_depth = p.initiator_depth;
+        c.flow_control = u8::from(p.flow_control);
+        c.retry_count = p.retry_count;
+        c.rnr_retry_count = p.rnr_retry_count;
+        c.srq = u8::from(p.srq);
+        c.qp_num = p.qp_num;
     }
     // SAFETY: a live ID of this library; its channel is live while it is.
     unsafe {
@@ -453,6 +510,8 @@ fn errno_of_cm(e: &hca::rdma_cm::RdmaCmError) -> c_int {
         E::BadState => libc::EINVAL,
         E::PrivateDataTooLong => libc::EINVAL,
         E::InUse => libc::EADDRINUSE,
+        E::Unsupported => libc::EOPNOTSUPP,
+        E::BadParam => libc::EINVAL,
         E::Cm(hca::cm::CmError::TooMany) => libc::ENOMEM,
         E::Cm(hca::cm::CmError::NoSuchAddress) => libc::EADDRNOTAVAIL,
         E::Cm(_) => libc::EINVAL,
@@ -617,8 +676,8 @@ fn is_sync(id: *mut rdma_cm_id) -> bool {
 // ---------------------------------------------------------------------------------------------
 // IDs and addresses.
 
-/// rdma_create_id(3): `RDMA_PS_TCP` (RC) IDs; `RDMA_PS_UDP` and `RDMA_PS_IB` fail with
-/// `EOPNOTSUPP` (no UD over RDMA CM here). A null `channel` makes a synchronous ID.
+/// rdma_create_id(3): `RDMA_PS_TCP` (RC) and `RDMA_PS_UDP` (UD, SIDR) IDs; `RDMA_PS_IB` and
+/// `RDMA_PS_IPOIB` fail with `EOPNOTSUPP`. A null `channel` makes a synchronous ID.
 ///
 /// # Safety
 /// `channel` is null or a live channel; `id` is writable.
@@ -632,7 +691,7 @@ pub unsafe extern "C" fn softrdmacm_create_id(
     if id.is_null() {
         return fail(libc::EINVAL, -1);
     }
-    if ps != rdma_port_space_RDMA_PS_TCP {
+    if ps != rdma_port_space_RDMA_PS_TCP && ps != rdma_port_space_RDMA_PS_UDP {
         return fail(libc::EOPNOTSUPP, -1);
     }
     let mut g = lock(global());
@@ -649,7 +708,11 @@ pub unsafe extern "C" fn softrdmacm_create_id(
     new.channel = channel;
     new.context = context;
     new.ps = ps;
-    new.qp_type = QPT_RC;
+    new.qp_type = if ps == rdma_port_space_RDMA_PS_UDP {
+        QPT_UD
+    } else {
+        QPT_RC
+    };
     let p = Box::into_raw(new);
     g.ids.insert(
         p as usize,
@@ -770,7 +833,12 @@ fn rid_on(g: &mut Global, id: usize, d: usize) -> Result<RdmaId, c_int> {
     {
         return Ok(r);
     }
-    let r = g.devs[d].svc.create_id().map_err(|e| errno_of_cm(&e))?;
+    // SAFETY: a live ID of this library.
+    let ps = unsafe { (*(id as *const rdma_cm_id)).ps } as u16;
+    let r = g.devs[d]
+        .svc
+        .create_id_ps(ps)
+        .map_err(|e| errno_of_cm(&e))?;
     g.by_rid.insert((d, r), id);
     if let Some(rec) = g.ids.get_mut(&id) {
         rec.rids.push((d, r));
@@ -847,6 +915,10 @@ fn resolve_addr(
     Ok(())
 }
 
+/// `CmService::connect_with` or `CmService::accept_with`.
+type EstablishStep =
+    fn(&CmService, RdmaId, u32, &[u8], &ConnParam) -> Result<(), hca::rdma_cm::RdmaCmError>;
+
 /// rdma_connect(3) and rdma_accept(3): `step` (`CmService::connect` or `accept`) with the ID's QP
 /// and `conn_param`'s private data; a synchronous ID then waits for `ESTABLISHED`. `EINVAL` without
 /// a QP or a resolved ID.
@@ -856,20 +928,35 @@ fn resolve_addr(
 unsafe fn establish(
     id: *mut rdma_cm_id,
     conn_param: *mut rdma_conn_param,
-    step: fn(&CmService, RdmaId, u32, &[u8]) -> Result<(), hca::rdma_cm::RdmaCmError>,
+    step: EstablishStep,
+    is_connect: bool,
 ) -> c_int {
     // SAFETY: the caller's promise.
     let (qpn, data) = unsafe { (qpn_of(id, conn_param), private_of(conn_param)) };
-    let Some(qpn) = qpn else {
+    // SAFETY: as above.
+    let mut param = unsafe { conn_param_of(conn_param) };
+    // librdmacm: the SRQ bit is the QP's when the ID has one (`rdma_connect` / `rdma_accept`).
+    // SAFETY: a live ID; its QP is one of this library's.
+    if let Some(qp) = unsafe { (*id).qp.as_ref() } {
+        param.srq = !qp.srq.is_null();
+    }
+    // A UD rdma_connect (SIDR_REQ) names no QP (cma_resolve_ib_udp).
+    // SAFETY: a live ID.
+    let ud_connect = is_connect && unsafe { (*id).ps } == rdma_port_space_RDMA_PS_UDP;
+    let Some(qpn) = qpn.or(ud_connect.then_some(0)) else {
         return fail(libc::EINVAL, -1);
     };
     let r = {
         let mut g = lock(global());
         only_rid(&g, id).and_then(|(d, rid)| {
-            on_dev(&mut g, d, |svc| step(svc, rid, qpn, data)).map_err(|e| errno_of_cm(&e))
+            on_dev(&mut g, d, |svc| step(svc, rid, qpn, data, &param)).map_err(|e| errno_of_cm(&e))
         })
     };
-    if r.is_ok() && is_sync(id) {
+    // A UD accept (SIDR_REP) is complete when sent: no event follows on this side.
+    if r.is_ok()
+        && is_sync(id)
+        && (is_connect || unsafe { (*id).ps } != rdma_port_space_RDMA_PS_UDP)
+    {
         // SAFETY: a live synchronous ID.
         return unsafe { complete(id, rdma_cm_event_type_RDMA_CM_EVENT_ESTABLISHED) };
     }
@@ -977,6 +1064,34 @@ unsafe fn qpn_of(id: *mut rdma_cm_id, param: *const rdma_conn_param) -> Option<u
     }
 }
 
+/// The CM parameters of `param` (`responder_resources`, `initiator_depth`, `retry_count`,
+/// `rnr_retry_count`); a null `param` asks for the device's depths (an accept: the request's,
+/// within them) and 7 retries, as librdmacm's defaults.
+///
+/// # Safety
+/// `param` is null or readable.
+unsafe fn conn_param_of(param: *const rdma_conn_param) -> ConnParam {
+    // SAFETY: the caller's promise.
+    match unsafe { param.as_ref() } {
+        None => ConnParam {
+            responder_resources: RDMA_MAX_RD_ATOMIC,
+            initiator_depth: RDMA_MAX_RD_ATOMIC,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..ConnParam::default()
+        },
+        Some(p) => ConnParam {
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            flow_control: p.flow_control != 0,
+            retry_count: p.retry_count,
+            rnr_retry_count: p.rnr_retry_count,
+            srq: p.srq != 0,
+            qp_num: p.qp_num,
+        },
+    }
+}
+
 /// The private data of `param` (at most 255 bytes, as its `uint8_t` length allows).
 ///
 /// # Safety
@@ -1007,7 +1122,7 @@ pub unsafe extern "C" fn softrdmacm_connect(
     conn_param: *mut rdma_conn_param,
 ) -> c_int {
     // SAFETY: the caller's promise.
-    unsafe { establish(id, conn_param, CmService::connect) }
+    unsafe { establish(id, conn_param, CmService::connect_with, true) }
 }
 symver!(softrdmacm_connect, "IBVERBS_PRIVATE_RDMACM");
 
@@ -1022,7 +1137,7 @@ pub unsafe extern "C" fn softrdmacm_accept(
     conn_param: *mut rdma_conn_param,
 ) -> c_int {
     // SAFETY: the caller's promise.
-    unsafe { establish(id, conn_param, CmService::accept) }
+    unsafe { establish(id, conn_param, CmService::accept_with, false) }
 }
 symver!(softrdmacm_accept, "IBVERBS_PRIVATE_RDMACM");
 
@@ -1276,12 +1391,53 @@ unsafe fn create_cqs(id: *mut rdma_cm_id, send: u32, recv: u32) -> Result<(), c_
     Ok(())
 }
 
+/// Moves a new UD QP to RTS with Q_Key [`RDMA_UDP_QKEY`] (P_Key index 0, port 1, SQ PSN 0), as
+/// rdma-core's `ucma_init_ud_qp` does with the kernel's `rdma_init_qp_attr` for a UD ID.
+///
+/// # Safety
+/// `qp` is a live QP of this library.
+unsafe fn init_ud_qp(qp: *mut ibv_qp) -> c_int {
+    // SAFETY: all-zero is a valid ibv_qp_attr.
+    let mut attr: ibv_qp_attr = unsafe { zeroed() };
+    attr.qp_state = ibv_qp_state_IBV_QPS_INIT;
+    attr.port_num = 1;
+    attr.qkey = RDMA_UDP_QKEY;
+    let steps = [
+        (
+            ibv_qp_state_IBV_QPS_INIT,
+            ibv_qp_attr_mask_IBV_QP_STATE
+                | ibv_qp_attr_mask_IBV_QP_PKEY_INDEX
+                | ibv_qp_attr_mask_IBV_QP_PORT
+                | ibv_qp_attr_mask_IBV_QP_QKEY,
+        ),
+        (ibv_qp_state_IBV_QPS_RTR, ibv_qp_attr_mask_IBV_QP_STATE),
+        (
+            ibv_qp_state_IBV_QPS_RTS,
+            ibv_qp_attr_mask_IBV_QP_STATE | ibv_qp_attr_mask_IBV_QP_SQ_PSN,
+        ),
+    ];
+    for (state, mask) in steps {
+        attr.qp_state = state;
+        // SAFETY: the caller's QP.
+        let r = unsafe { crate::ffi::ibv_modify_qp(qp, &mut attr, mask as c_int) };
+        if r != 0 {
+            return r;
+        }
+    }
+    0
+}
+
 /// Moves a new QP to INIT for a connection (the CM takes it on), as rdma-core's
-/// `ucma_init_conn_qp`.
+/// `ucma_init_conn_qp`; a UD QP to RTS ([`init_ud_qp`]).
 ///
 /// # Safety
 /// `qp` is a live QP of this library.
 unsafe fn init_qp(qp: *mut ibv_qp) -> c_int {
+    // SAFETY: the caller's QP.
+    if unsafe { (*qp).qp_type } == QPT_UD {
+        // SAFETY: as above.
+        return unsafe { init_ud_qp(qp) };
+    }
     // SAFETY: all-zero is a valid ibv_qp_attr.
     let mut attr: ibv_qp_attr = unsafe { zeroed() };
     attr.qp_state = ibv_qp_state_IBV_QPS_INIT;
@@ -1299,8 +1455,10 @@ unsafe fn init_qp(qp: *mut ibv_qp) -> c_int {
     unsafe { crate::ffi::ibv_modify_qp(qp, &mut attr, mask as c_int) }
 }
 
-/// rdma_create_qp(3): an RC QP of this library on the ID's device, in INIT; a null `pd` takes
-/// the device's default PD, null CQs get CQs of their own (`id->send_cq` / `id->recv_cq`).
+/// rdma_create_qp(3): an RC QP of this library on the ID's device, in INIT (a UD QP of a
+/// `RDMA_PS_UDP` ID: in RTS, Q_Key `RDMA_UDP_QKEY`); a QP type other than the ID's fails with
+/// `EOPNOTSUPP`; a null `pd` takes the device's default PD, null CQs get CQs of their own
+/// (`id->send_cq` / `id->recv_cq`).
 ///
 /// # Safety
 /// `id` is a live ID with a device; `pd` null or of its context; `qp_init_attr` readable.
@@ -1334,11 +1492,14 @@ unsafe fn create_qp(
     if unsafe { (*id).verbs }.is_null() {
         return Err(libc::EINVAL);
     }
-    // rdma_create_ep's callers may leave the type zero: the ID's (RC for RDMA_PS_TCP).
+    // rdma_create_ep's callers may leave the type zero: the ID's (RC for RDMA_PS_TCP, UD for
+    // RDMA_PS_UDP).
+    // SAFETY: a live ID.
+    let id_type = unsafe { (*id).qp_type };
     if attr.qp_type == 0 {
-        attr.qp_type = QPT_RC;
+        attr.qp_type = id_type;
     }
-    if attr.qp_type != QPT_RC {
+    if attr.qp_type != id_type {
         return Err(libc::EOPNOTSUPP);
     }
     let pd = if pd.is_null() { default_pd(id)? } else { pd };
@@ -1389,7 +1550,7 @@ pub unsafe extern "C" fn softrdmacm_create_qp_ex(
         if attr.is_null() || (*id).verbs.is_null() {
             return fail(libc::EINVAL, -1);
         }
-        if (*attr).qp_type != QPT_RC {
+        if (*attr).qp_type != (*id).qp_type {
             return fail(libc::EOPNOTSUPP, -1);
         }
         if (*attr).comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD == 0
@@ -1467,7 +1628,9 @@ symver!(softrdmacm_destroy_qp, "IBVERBS_PRIVATE_RDMACM");
 
 /// rdma_init_qp_attr(3): for INIT, the attributes rdma_create_qp uses (port 1, P_Key index 0,
 /// remote read / write / atomic access); for RTR / RTS, the attributes the IB CM gave the ID's
-/// QP (ibv_query_qp(3)); `EINVAL` for another state or an ID without a QP there.
+/// QP (ibv_query_qp(3)); `EINVAL` for another state or an ID without a QP there. For a UD ID
+/// (`RDMA_PS_UDP`): INIT with P_Key index 0, port 1 and Q_Key `RDMA_UDP_QKEY`, RTR with the
+/// state alone, RTS with SQ PSN 0 (the steps of librdmacm's `ucma_init_ud_qp`).
 ///
 /// # Safety
 /// `id` is a live ID; `qp_attr` and `qp_attr_mask` writable.
@@ -1483,6 +1646,29 @@ pub unsafe extern "C" fn softrdmacm_init_qp_attr(
     // SAFETY: the caller's promise.
     unsafe {
         let want = (*qp_attr).qp_state;
+        if (*id).qp_type == QPT_UD {
+            // cma.c cma_ib_init_qp_attr for UD: P_Key index, port and the ID's Q_Key; librdmacm
+            // then moves the QP to RTR with the state alone and to RTS with SQ PSN 0.
+            *qp_attr = zeroed();
+            (*qp_attr).qp_state = want;
+            let mask = match want {
+                ibv_qp_state_IBV_QPS_INIT => {
+                    (*qp_attr).port_num = 1;
+                    (*qp_attr).qkey = RDMA_UDP_QKEY;
+                    ibv_qp_attr_mask_IBV_QP_STATE
+                        | ibv_qp_attr_mask_IBV_QP_PKEY_INDEX
+                        | ibv_qp_attr_mask_IBV_QP_PORT
+                        | ibv_qp_attr_mask_IBV_QP_QKEY
+                }
+                ibv_qp_state_IBV_QPS_RTR => ibv_qp_attr_mask_IBV_QP_STATE,
+                ibv_qp_state_IBV_QPS_RTS => {
+                    ibv_qp_attr_mask_IBV_QP_STATE | ibv_qp_attr_mask_IBV_QP_SQ_PSN
+                }
+                _ => return fail(libc::EINVAL, -1),
+            };
+            *qp_attr_mask = mask as c_int;
+            return 0;
+        }
         if want == ibv_qp_state_IBV_QPS_INIT {
             *qp_attr = zeroed();
             (*qp_attr).qp_state = want;
@@ -1604,8 +1790,8 @@ struct AddrInfoBox {
 
 /// rdma_getaddrinfo(3): resolves `node` / `service` with getaddrinfo(3) (numeric or by name)
 /// into one `struct rdma_addrinfo`: the source address for `RAI_PASSIVE`, else the
-/// destination; RC over `RDMA_PS_TCP` (hints asking for another QP type or port space fail
-/// with `EOPNOTSUPP`). Errors are getaddrinfo's return values, as rdma-core's.
+/// destination; RC over `RDMA_PS_TCP`, or UD over `RDMA_PS_UDP` when the hints ask for either
+/// (hints asking for another QP type or port space fail with `EOPNOTSUPP`). Errors are getaddrinfo's return values, as rdma-core's.
 ///
 /// # Safety
 /// `node` / `service` null or C strings; `hints` null or readable; `res` writable.
@@ -1632,9 +1818,15 @@ pub unsafe extern "C" fn softrdmacm_getaddrinfo(
             )
         }
     };
-    if (qp_type != 0 && qp_type != QPT_RC as c_int)
-        || (ps != 0 && ps != rdma_port_space_RDMA_PS_TCP as c_int)
-    {
+    // RC over RDMA_PS_TCP, or UD over RDMA_PS_UDP (either hint names both, as in rdma-core's
+    // ucma_set_ai_ps / ucma_set_ai_qp_type).
+    let ud = qp_type == QPT_UD as c_int || ps == rdma_port_space_RDMA_PS_UDP as c_int;
+    let (want_type, want_ps) = if ud {
+        (QPT_UD as c_int, rdma_port_space_RDMA_PS_UDP as c_int)
+    } else {
+        (QPT_RC as c_int, rdma_port_space_RDMA_PS_TCP as c_int)
+    };
+    if (qp_type != 0 && qp_type != want_type) || (ps != 0 && ps != want_ps) {
         return fail(libc::EOPNOTSUPP, -1);
     }
     let passive = flags & RAI_PASSIVE as c_int != 0;
@@ -1669,8 +1861,8 @@ pub unsafe extern "C" fn softrdmacm_getaddrinfo(
     } else {
         libc::AF_INET6
     };
-    b.ai.ai_qp_type = QPT_RC as c_int;
-    b.ai.ai_port_space = rdma_port_space_RDMA_PS_TCP as c_int;
+    b.ai.ai_qp_type = want_type;
+    b.ai.ai_port_space = want_ps;
     if passive {
         b.ai.ai_src_len = to_sockaddr(addr, &mut b.src);
         b.ai.ai_src_addr = ptr::from_mut(&mut b.src).cast();
@@ -1717,13 +1909,12 @@ pub unsafe extern "C" fn softrdmacm_create_ep(
     let mut new: *mut rdma_cm_id = null_mut();
     // SAFETY: the caller's promise.
     unsafe {
-        if softrdmacm_create_id(
-            null_mut(),
-            &mut new,
-            null_mut(),
-            rdma_port_space_RDMA_PS_TCP,
-        ) != 0
-        {
+        let ps = if (*res).ai_port_space == rdma_port_space_RDMA_PS_UDP as c_int {
+            rdma_port_space_RDMA_PS_UDP
+        } else {
+            rdma_port_space_RDMA_PS_TCP
+        };
+        if softrdmacm_create_id(null_mut(), &mut new, null_mut(), ps) != 0 {
             return -1;
         }
         let r = if (*res).ai_flags & RAI_PASSIVE as c_int != 0 {

@@ -18,6 +18,11 @@
 //! * `-c` / `--chk` (the C tools' buffer check, byte 0 of every page is 0 at the server) also
 //!   fills the rest of each page with a pattern and checks every byte on both sides; a peer's
 //!   plain 0x7b filler is accepted as well. A failed check exits with status 1.
+//! * `-R` / `--rdma_cm` (RC only; perftest's option, the examples have none): the QPs are
+//!   connected by RDMA CM ([`hca::rdma_cm::CmService`]: REQ / REP / RTU to the server's address
+//!   and port `-p`) instead of the TCP exchange; the path MTU is the CM's (the port's), and at the
+//!   end both sides disconnect (DREQ / DREP). A client rejected because its server does not
+//!   listen yet tries again until `--timeout`.
 
 use hca::tool_fail as fail;
 use hca::tools::cli as common;
@@ -133,6 +138,10 @@ struct Cli {
     /// Print the device's engine, link and progress counters to stderr at the end.
     #[arg(long)]
     stats: bool,
+    /// Connect the QPs with RDMA CM (RC; the server needs --link / -d): REQ / REP / RTU to the
+    /// server's address and port -p instead of the TCP exchange, as perftest's -R.
+    #[arg(short = 'R', long = "rdma_cm")]
+    rdma_cm: bool,
 }
 
 fn main() -> ExitCode {
@@ -190,6 +199,12 @@ fn run(cli: &Cli) -> Result<(), Fail> {
     let timeouts = common::oob_timeouts(cli.timeout);
     let timeout = Duration::from_secs(cli.timeout.max(1));
     let my_psn = common::random_psn();
+    if cli.rdma_cm {
+        if qp_type != QpType::Rc {
+            return fail!("-R connects RC QPs only (no --uc / --ud)");
+        }
+        return run_rdma_cm(cli, spec, size, timeout);
+    }
 
     let (mut ctx, remote) = match &cli.server {
         Some(host) => {
@@ -258,13 +273,121 @@ fn run(cli: &Cli) -> Result<(), Fail> {
             (ctx, remote)
         }
     };
-    pingpong(cli, &mut ctx, qp_type, size, &remote, timeout)
+    pingpong(cli, &mut ctx, qp_type, size, &remote, timeout)?;
+    ctx.dev.close();
+    Ok(())
+}
+
+/// `run` with `-R`: the device (a progress thread drives it while the CM waits), its
+/// [`CmService`](hca::rdma_cm::CmService), the RC QP connected by RDMA CM
+/// ([`hca::tools::cm::connect_qps`] / [`hca::tools::cm::accept_qps`]), the ping-pong, then
+/// DREQ / DREP on both sides ([`hca::tools::cm::disconnect_qps`]).
+fn run_rdma_cm(
+    cli: &Cli,
+    spec: Option<DeviceSpec>,
+    size: usize,
+    timeout: Duration,
+) -> Result<(), Fail> {
+    use hca::rdma_cm::CmService;
+    use hca::tools::cm as tcm;
+    let spec = match (spec, &cli.server) {
+        (Some(s), _) => s,
+        (None, Some(host)) => DeviceSpec::udp(common::route_source(host, cli.port)?),
+        (None, None) => return fail!("-R needs the server's device: give --link udp:ADDRESS"),
+    };
+    let progress = hca::soft::Progress::Thread;
+    // A client posts its receives once connected: a REJ (its server not listening yet) moves
+    // the QP to ERR, which would flush them.
+    let is_client = cli.server.is_some();
+    let mut ctx = setup_with(cli, spec, QpType::Rc, size, progress, !is_client)?;
+    let cm = CmService::start(ctx.dev.verbs(), hca::cm::CmConfig::default())
+        .map_err(|e| Fail(format!("Unable to start RDMA CM: {e}")))?;
+    let local = common::check_gid_index(&ctx.dev, ctx.gid_idx)?;
+    let ids = match &cli.server {
+        Some(host) => {
+            let dst = server_addr(host, cli.port)?;
+            let start = Instant::now();
+            loop {
+                match tcm::connect_qps(&*ctx.dev, &cm, dst, &[ctx.qpn], timeout) {
+                    Ok(ids) => break ids,
+                    // connect_qps tried 10 times 100 ms apart; the server may start later.
+                    Err(e) if e.contains("Rejected") && start.elapsed() < timeout => {
+                        eprintln!("{}: nothing listens on {dst} yet", env!("CARGO_BIN_NAME"));
+                    }
+                    Err(e) => return fail!("Couldn't connect to {dst} with RDMA CM: {e}"),
+                }
+            }
+        }
+        None => {
+            let addr = std::net::SocketAddr::new(local.to_ip(), cli.port);
+            tcm::accept_qps(&cm, addr, &[ctx.qpn], timeout, timeout)
+                .map_err(|e| Fail(format!("Couldn't accept an RDMA CM connection: {e}")))?
+        }
+    };
+    if is_client {
+        post_recvs(&ctx, QpType::Rc, size, cli.rx_depth as usize)?;
+    }
+    let (attr, _) = ctx
+        .dev
+        .query_qp(ctx.qpn)
+        .map_err(|e| Fail(format!("Couldn't query the QP: {e}")))?;
+    let (_, remote_ip) = cm.addresses(ids[0]).unwrap_or((None, None));
+    let lid = ctx.dev.query_port().lid;
+    let me = PingpongDest {
+        lid,
+        qpn: ctx.qpn,
+        psn: attr.sq_psn,
+        gid: local,
+    };
+    let remote = PingpongDest {
+        lid,
+        qpn: attr.dest_qp_num,
+        psn: attr.rq_psn,
+        gid: remote_ip.map_or(attr.ah_attr.dgid, |r| hca::Gid::from(r.ip())),
+    };
+    print_dest("local address: ", &me);
+    print_dest("remote address:", &remote);
+    pingpong(cli, &mut ctx, QpType::Rc, size, &remote, timeout)?;
+    tcm::disconnect_qps(&cm, &ids, timeout)
+        .map_err(|e| Fail(format!("Couldn't disconnect the RDMA CM connection: {e}")))?;
+    drop(cm);
+    ctx.dev.close();
+    Ok(())
+}
+
+/// The server's address for `-R`: `host` (an address or a name) and `port`, an IPv4-mapped
+/// address as IPv4.
+fn server_addr(host: &str, port: u16) -> Result<std::net::SocketAddr, Fail> {
+    use std::net::ToSocketAddrs;
+    let a = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| Fail(format!("cannot resolve {host}: {e}")))?
+        .next()
+        .ok_or_else(|| Fail(format!("cannot resolve {host}")))?;
+    Ok(match a.ip() {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map_or(a, |v4| std::net::SocketAddr::new(IpAddr::V4(v4), port)),
+        _ => a,
+    })
 }
 
 /// `pp_init_ctx` and the initial receives: buffer (filled with 0x7b), PD, MR, CQ of rx_depth + 1,
 /// QP (1 send WR, rx_depth receive WRs) in INIT, rx_depth receives posted.
 fn setup(cli: &Cli, spec: DeviceSpec, qp_type: QpType, size: usize) -> Result<Ctx, Fail> {
-    let dev = common::open_device(spec, cli.progress.into(), None, &cli.vfio)?;
+    setup_with(cli, spec, qp_type, size, cli.progress.into(), true)
+}
+
+/// [`setup`] with the device's `progress`, posting the receives only with `recvs`.
+fn setup_with(
+    cli: &Cli,
+    spec: DeviceSpec,
+    qp_type: QpType,
+    size: usize,
+    progress: hca::soft::Progress,
+    recvs: bool,
+) -> Result<Ctx, Fail> {
+    let dev = common::open_device(spec, progress, None, &cli.vfio)?;
     let gid_idx = cli.gid_idx.unwrap_or(i64::from(dev.gid_index()));
     common::check_gid_index(&dev, gid_idx)?;
     let max_msg = dev.query_port().max_msg_sz;
@@ -335,7 +458,9 @@ fn setup(cli: &Cli, spec: DeviceSpec, qp_type: QpType, size: usize) -> Result<Ct
         mr,
         ah: None,
     };
-    post_recvs(&ctx, qp_type, size, cli.rx_depth as usize)?;
+    if recvs {
+        post_recvs(&ctx, qp_type, size, cli.rx_depth as usize)?;
+    }
     Ok(ctx)
 }
 
@@ -612,7 +737,6 @@ fn pingpong(
     if cli.stats {
         common::print_stats(&ctx.dev);
     }
-    ctx.dev.close();
     Ok(())
 }
 
