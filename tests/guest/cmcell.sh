@@ -7,6 +7,8 @@
 #                                        UNREACHABLE: its REQ went unanswered through every CM retry): prints
 #                                        the tool's output and how long it took; exits 0 only if the tool
 #                                        exited non-zero and printed that event.
+#   cmcell.sh as-is PORT TOOL ARGS...    runs TOOL as given (one whose port is fixed, udaddy's 7174); PORT:
+#                                        the cell's, unused.
 #   cmcell.sh no-roce-socket PORT        no UDP socket of this network namespace holds port 4791 (so nothing
 #                                        answers RoCEv2 here); PORT: the cell's port, only printed.
 #   cmcell.sh rxe-del PORT               removes rxe0 (`rdma link del rxe0`) and checks that no RDMA device
@@ -37,6 +39,9 @@ case "${1:-}" in
         esac
         echo "cmcell: no RDMA_CM_EVENT_$event after $secs s (rc=$rc)"
         exit 1 ;;
+    as-is)
+        shift 2
+        exec "$@" ;;
     no-roce-socket)
         # /proc/net/udp{,6}: "sl local_address:PORT ..." with the port in hex (4791 = 0x12B7).
         if awk 'NR > 1 && $2 ~ /:12B7$/ {found = 1} END {exit !found}' /proc/net/udp /proc/net/udp6; then
@@ -53,6 +58,6 @@ case "${1:-}" in
         no_device || exit 1
         echo "cmcell: no RDMA device: nothing here answers RoCEv2 (cell port $2)" ;;
     *)
-        echo "usage: cmcell.sh expect EVENT TOOL... | no-roce-socket PORT | rxe-del PORT | no-rdma-device PORT" >&2
+        echo "usage: cmcell.sh expect EVENT TOOL... | as-is PORT TOOL... | no-roce-socket PORT | rxe-del PORT | no-rdma-device PORT" >&2
         exit 2 ;;
 esac

@@ -213,6 +213,19 @@ dropin_cm_cells() {  # GIDKIND
 }
 dropin_cm_cells ipv4
 dropin_cm_cells ipv6ll
+# UD over SIDR (RDMA_PS_UDP): udaddy's SIDR_REQ / SIDR_REP against rxe's kernel CM, then UD SENDs to the
+# resolved QPN / Q_Key. udaddy's port is fixed (7174): cmcell.sh as-is runs it with the cell's port unused.
+dropin_udaddy_cells() {  # GIDKIND
+    local g="$1" d ga gh ha hg
+    d="$(dropin_of "$g")"
+    if [ "$g" = ipv4 ]; then ga="$GUEST_IP" gh="$GUEST_IP" ha="$HOST_IP" hg="$HOST_IP"
+    else ga="$GUEST_LL%eth0" gh="$GUEST_LL%br0" ha="$HOST_LL%br0" hg="$HOST_LL%eth0"; fi
+    cm_both "udaddy:rdma-cm:$g:drop-in" \
+        "sh /job/cmcell.sh as-is @PORT@ udaddy -b $ga -C 10" "sh /job/cmcell.sh as-is @PORT@ udaddy -s $hg -C 10" \
+        "sh $RG_HERE/cmcell.sh as-is @PORT@ $d udaddy -b $ha -C 10" "sh $RG_HERE/cmcell.sh as-is @PORT@ $d udaddy -s $gh -C 10"
+}
+dropin_udaddy_cells ipv4
+dropin_udaddy_cells ipv6ll
 # perftest 4.5's -R is IPv4 only (its client resolves the server with AF_INET: "Address family for
 # hostname not supported"), on rxe as on ours: no IPv6 cell. It races, whoever runs it: -R connects twice,
 # the exchange connection and then, after a hand-shake over it, the test's own; the server listens again
@@ -242,11 +255,11 @@ CELLS+=("rping:rdma-cm:ipv4:unreachable-fast:ours-client|server|sh /job/cmcell.s
 
 # The run without --cells (tests/ci.sh) takes a representative part of the drop-in cells, both roles each:
 # every kind of verbs tool (RC and UD pingpong, WRITE, READ, atomics), both MTUs and both GID kinds, and
-# rping (IPv4, IPv6 link-local) and ucmatose (IPv6 link-local), and our rping against the guest without rxe0
+# rping (IPv4, IPv6 link-local), ucmatose (IPv6 link-local), udaddy (IPv4), and our rping against the guest without rxe0
 # with our CM's timer set short (unreachable-fast), about 45 s with the guest's pace. The rest (the other
 # drop-in cells, the two unreachable cells at the CMs' default timers, about 70 and 100 s, perftest -R over
 # the drop-in libraries, which races: see above) runs with --all, or selected with --cells.
-CI_DROPIN='^((ibv_rc_pingpong:mtu(1024|4096):ipv4|ibv_ud_pingpong:mtu1024:ipv6ll|ib_write_bw:mtu4096:ipv4|ib_read_bw:mtu1024:ipv6ll|ib_atomic_bw:mtu1024:ipv4|rping:rdma-cm:ipv(4|6ll)|ucmatose:rdma-cm:ipv6ll):drop-in:|rxe0-removed:unreachable$|rping:rdma-cm:ipv4:unreachable-fast:)'
+CI_DROPIN='^((ibv_rc_pingpong:mtu(1024|4096):ipv4|ibv_ud_pingpong:mtu1024:ipv6ll|ib_write_bw:mtu4096:ipv4|ib_read_bw:mtu1024:ipv6ll|ib_atomic_bw:mtu1024:ipv4|rping:rdma-cm:ipv(4|6ll)|ucmatose:rdma-cm:ipv6ll|udaddy:rdma-cm:ipv4):drop-in:|rxe0-removed:unreachable$|rping:rdma-cm:ipv4:unreachable-fast:)'
 BY_HAND=':drop-in:|:unreachable'
 # perftest -R over the drop-in libraries races against the TCG guest (perftest's own race, see above): only
 # with --cells.
@@ -398,19 +411,27 @@ printf '%s\n' "${CELLS[@]}" | grep -q '^[^|]*:mtu1024:' && want1k=1
 rg_pcap_checks "$PCAP" "$want6" "$want4k" "$want1k"
 # RDMA CM cells: tshark must dissect the CM exchange on QP1 as InfiniBand CM (class 0x07): REQ, REP, RTU,
 # DREQ and DREP, over each IP version the selected rdma-cm cells use (malformed frames: the row above).
-cm_counts() {  # IPFILTER: "REQ REP RTU DREQ DREP" counts
-    local a n out=""
-    for a in 0x0010 0x0013 0x0014 0x0015 0x0016; do
+cm_counts() {  # IPFILTER ATTRIBUTE-ID...: a count per CM attribute (REQ 0x10, REP 0x13, RTU 0x14, DREQ 0x15,
+    # DREP 0x16, SIDR_REQ 0x17, SIDR_REP 0x18)
+    local f="$1" a n out=""
+    shift
+    for a in "$@"; do
         n="$(timeout 120 tshark -n --disable-protocol rpcordma -r "$PCAP" \
-            -Y "$1 && infiniband.mad.mgmtclass == 0x07 && infiniband.mad.attributeid == $a" 2>/dev/null | wc -l)"
+            -Y "$f && infiniband.mad.mgmtclass == 0x07 && infiniband.mad.attributeid == $a" 2>/dev/null | wc -l)"
         out+="$n "
     done
     echo "${out% }"
 }
 for v in ipv4 ipv6ll; do
-    cells_any "^[^|]*:rdma-cm:$v:(drop-in:)?ours-(client|server)\|" || continue
     f=ip; [ "$v" = ipv4 ] || f=ipv6
-    read -r q p t d r <<<"$(cm_counts "$f")"
+    if cells_any "^udaddy:rdma-cm:$v:"; then  # UD: SIDR_REQ / SIDR_REP
+        read -r q p <<<"$(cm_counts "$f" 0x0017 0x0018)"
+        why="SIDR_REQ $q, SIDR_REP $p (tshark: InfiniBand CM over $f)"
+        if [ "$q" -gt 0 ] && [ "$p" -gt 0 ]; then rg_row "pcap: SIDR exchange over $v" PASS "$why"
+        else rg_row "pcap: SIDR exchange over $v" FAIL "$why"; fi
+    fi
+    cells_any "^(rping|ucmatose|ib_[a-z_]+):rdma-cm:$v:(drop-in:)?ours-(client|server)\|" || continue
+    read -r q p t d r <<<"$(cm_counts "$f" 0x0010 0x0013 0x0014 0x0015 0x0016)"
     why="REQ $q, REP $p, RTU $t, DREQ $d, DREP $r (tshark: InfiniBand CM over $f)"
     if [ "$q" -gt 0 ] && [ "$p" -gt 0 ] && [ "$t" -gt 0 ] && [ "$d" -gt 0 ] && [ "$r" -gt 0 ]; then
         rg_row "pcap: CM exchange over $v" PASS "$why"
