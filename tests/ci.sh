@@ -48,7 +48,10 @@ step "the hca fuzz crate builds" cargo check --manifest-path hca/fuzz/Cargo.toml
 # a REJ for a closed port, symbol versions against Debian's librdmacm (about 10 s).
 # Includes the shared-device checks (many processes on one address and port 4791): hca/tests/shared_device.rs
 # (8 rdma-pingpong --chk pairs on one address; a write-bw pair SIGKILLed mid-transfer) and
-# udp_device.rs shared_devices_forward_strays_after_the_group_reorders, about 30 s in all.
+# udp_device.rs shared_devices_forward_strays_after_the_group_reorders, about 30 s in all; and RDMA CM among the
+# processes of one shared address (hca/tests/cm_shared.rs: helper processes, servers on two ports, clients of
+# another address at once, EADDRINUSE, SIGKILL, SIDR; hca/abi/tests/rdmacm_shared.rs: Debian rping / ucmatose /
+# udaddy / ib_write_bw -R servers as separate processes on one address; about 2 + 10 s).
 step "cargo test --workspace" cargo test --workspace
 # The Python package is a workspace of its own (a cdylib without libpython): its own fmt and clippy.
 step "Python package: fmt and clippy" bash -c 'cargo fmt --manifest-path collectives/python/Cargo.toml \

@@ -448,6 +448,9 @@ pub struct Cm {
     events: VecDeque<CmEvent>,
     counters: CmCounters,
     next_tid: u64,
+    /// `(mask, value)` every Communication ID and SIDR Request ID this CM chooses satisfies
+    /// ([`Cm::set_comm_id_prefix`]).
+    comm_id_prefix: (u32, u32),
 }
 
 fn padded<const N: usize>(data: &[u8]) -> Result<[u8; N], CmError> {
@@ -490,6 +493,7 @@ impl Cm {
             conns: HashMap::new(),
             by_remote: HashMap::new(),
             listeners: Vec::new(),
+            comm_id_prefix: (0, 0),
             events: VecDeque::new(),
             counters: CmCounters::default(),
             next_tid: u64::from(OsRandom.next_u32()) << 32,
@@ -541,7 +545,7 @@ impl Cm {
             return Err(CmError::TooMany);
         }
         let id = (0..64)
-            .map(|_| OsRandom.next_u32())
+            .map(|_| self.random_id())
             // Distinct from the Communication IDs too: both name events (`Unreachable`).
             .find(|id| *id != 0 && !self.sidr_out.contains_key(id) && !self.conns.contains_key(id))
             .ok_or(CmError::TooMany)?;
@@ -619,6 +623,27 @@ impl Cm {
         Ok(())
     }
 
+    /// The service IDs this CM accepts REQs and SIDR_REQs for ([`Cm::listen`]).
+    pub fn listeners(&self) -> &[u64] {
+        &self.listeners
+    }
+
+    /// Fixes the bits `mask` of every Communication ID and SIDR Request ID chosen from now on to
+    /// `value` (IBTA vol. 1 §12.6.2: the sender chooses its ID freely); the other bits stay
+    /// OS-random. A CM on a shared device address puts its process's slot there, so that the
+    /// peer's replies, which name these IDs, reach this process
+    /// ([`crate::link::udp::cm_route`]).
+    pub fn set_comm_id_prefix(&mut self, mask: u32, value: u32) {
+        self.comm_id_prefix = (mask, value & mask);
+    }
+
+    /// An OS-random 32-bit ID with the [`Cm::set_comm_id_prefix`] bits fixed (0 is possible:
+    /// callers skip it).
+    fn random_id(&self) -> u32 {
+        let (mask, value) = self.comm_id_prefix;
+        (OsRandom.next_u32() & !mask) | value
+    }
+
     /// Stops accepting REQs for `service_id`.
     pub fn unlisten(&mut self, service_id: u64) {
         self.listeners.retain(|&s| s != service_id);
@@ -636,7 +661,7 @@ impl Cm {
     /// random source: at most `max_connections` of 2^32 are taken).
     fn new_id(&self) -> Option<CommId> {
         (0..64)
-            .map(|_| OsRandom.next_u32())
+            .map(|_| self.random_id())
             .find(|id| *id != 0 && !self.conns.contains_key(id) && !self.sidr_out.contains_key(id))
     }
 

@@ -275,6 +275,26 @@ impl RdmaCm {
         &self.cm
     }
 
+    /// [`Cm::set_comm_id_prefix`] of the IB CM underneath (a shared device address: the
+    /// process's slot in every Communication ID).
+    pub fn set_comm_id_prefix(&mut self, mask: u32, value: u32) {
+        self.cm.set_comm_id_prefix(mask, value);
+    }
+
+    /// Undoes a [`RdmaCm::listen`] of `id` that the caller could not complete (a service it
+    /// added could not be claimed on a shared device): `id` stops listening, its address is
+    /// forgotten, and the IB CM stops accepting `added`, the service IDs that listen added to
+    /// [`Cm::listeners`].
+    pub fn cancel_listen(&mut self, id: RdmaId, added: &[u64]) {
+        if let Some(s) = self.ids.get_mut(&id).filter(|s| s.listening) {
+            s.listening = false;
+            s.local = None;
+        }
+        for &sid in added {
+            self.cm.unlisten(sid);
+        }
+    }
+
     /// Connection requests refused at this layer (bad addressing header, no listener for the
     /// destination address).
     pub fn refused(&self) -> u64 {

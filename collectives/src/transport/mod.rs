@@ -250,7 +250,8 @@ impl Imm {
 }
 
 /// The 64-byte header at the start of every slot (device-visible on the RoCE path: it is written
-/// by the peer's RDMA WRITE together with the payload that follows it).
+/// by the peer's RDMA WRITE together with the payload that follows it, on the first step of each
+/// operation on a channel only; the other steps write the payload alone).
 ///
 /// Layout (little-endian on the wire of RoCE; native in shared memory, which never leaves the
 /// host): `len: u32 @0`, `imm: u32 @4`, `seq: u64 @8`, `count: u64 @16`, `root: u32 @24`,

@@ -334,7 +334,10 @@ fn connect_to_a_closed_port_is_rejected() {
     )
     .output()
     .expect("run client");
-    let _ = server.kill();
+    // SIGTERM to `timeout`, which passes it on to rping (SIGKILL would kill `timeout` only and
+    // leave `rping -s` running for good, as it did before).
+    // SAFETY: kill(2) on our own child's pid, not yet reaped.
+    unsafe { libc::kill(server.id() as libc::pid_t, libc::SIGTERM) };
     let _ = server.wait();
     let out = text(&o);
     assert_eq!(

@@ -633,13 +633,13 @@ fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)
     Ok((addr, len as libc::socklen_t))
 }
 
-/// A fresh non-blocking, close-on-exec `SOCK_DGRAM` Unix socket.
-fn unix_dgram_socket() -> io::Result<OwnedFd> {
+/// A fresh non-blocking, close-on-exec Unix socket of `kind` (`SOCK_DGRAM`, `SOCK_STREAM`).
+fn unix_socket(kind: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2).
     let raw = unsafe {
         libc::socket(
             libc::AF_UNIX,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            kind | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
             0,
         )
     };
@@ -650,14 +650,15 @@ fn unix_dgram_socket() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
-/// A non-blocking `SOCK_DGRAM` Unix socket on which `op` (bind(2) or connect(2)) took the
+/// A non-blocking Unix socket of `kind` on which `op` (bind(2) or connect(2)) took the
 /// abstract name `name`; `op`'s error.
 fn abstract_unix(
     name: &[u8],
+    kind: libc::c_int,
     op: unsafe extern "C" fn(libc::c_int, *const libc::sockaddr, libc::socklen_t) -> libc::c_int,
 ) -> io::Result<OwnedFd> {
     let (addr, len) = abstract_addr(name)?;
-    let fd = unix_dgram_socket()?;
+    let fd = unix_socket(kind)?;
     // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
     let rc = unsafe {
         op(
@@ -677,7 +678,7 @@ fn abstract_unix(
 /// then `name`; released by the kernel when the socket closes). `AddrInUse` when another socket
 /// holds it; `InvalidInput` when `name` is longer than 107 bytes.
 pub(crate) fn bind_abstract_unix(name: &[u8]) -> io::Result<OwnedFd> {
-    abstract_unix(name, libc::bind)
+    abstract_unix(name, libc::SOCK_DGRAM, libc::bind)
 }
 
 /// A non-blocking `SOCK_DGRAM` Unix socket connected to the abstract name `name` (connect(2),
@@ -685,7 +686,69 @@ pub(crate) fn bind_abstract_unix(name: &[u8]) -> io::Result<OwnedFd> {
 /// (`net.unix.max_dgram_qlen`) sends fail with `WouldBlock` and poll(2) / epoll(7) report the
 /// socket writable again once it has room (the kernel's `unix_dgram_peer_wake_me`).
 pub(crate) fn connect_abstract_unix(name: &[u8]) -> io::Result<OwnedFd> {
-    abstract_unix(name, libc::connect)
+    abstract_unix(name, libc::SOCK_DGRAM, libc::connect)
+}
+
+/// A non-blocking `SOCK_STREAM` Unix socket bound to the abstract name `name` and listening
+/// with `backlog` (listen(2), unix(7)): the kernel records the caller's credentials, which a
+/// process that connects reads with [`peer_uid`]. `AddrInUse` when another socket holds it.
+pub(crate) fn listen_abstract_unix(name: &[u8], backlog: libc::c_int) -> io::Result<OwnedFd> {
+    let fd = abstract_unix(name, libc::SOCK_STREAM, libc::bind)?;
+    listen(std::os::fd::AsFd::as_fd(&fd), backlog)?;
+    Ok(fd)
+}
+
+/// A non-blocking `SOCK_STREAM` Unix socket connected to the listener holding the abstract name
+/// `name`: `ConnectionRefused` when nobody holds it, `WouldBlock` when its backlog is full
+/// (unix(7), connect(2)).
+pub(crate) fn connect_abstract_stream(name: &[u8]) -> io::Result<OwnedFd> {
+    abstract_unix(name, libc::SOCK_STREAM, libc::connect)
+}
+
+/// The user ID of the process that made the listener a connected Unix stream socket `fd` reached
+/// (`SO_PEERCRED`, unix(7): the credentials in effect at its listen(2), supplied by the kernel).
+pub(crate) fn peer_uid(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    // SAFETY: ucred is plain data; all zeroes is a valid value.
+    let mut cred: libc::ucred = unsafe { mem::zeroed() };
+    let mut len = mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is writable for `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+/// Accepts (accept4(2), non-blocking) and closes at most `max` pending connections of listener
+/// `fd`; how many.
+pub(crate) fn accept_and_close(fd: BorrowedFd<'_>, max: usize) -> usize {
+    let mut n = 0;
+    while n < max {
+        // SAFETY: accept4 with null address pointers.
+        let raw = unsafe {
+            libc::accept4(
+                fd.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            )
+        };
+        if raw < 0 {
+            break;
+        }
+        // SAFETY: `raw` is a fresh descriptor nobody else owns; dropping closes it.
+        drop(unsafe { OwnedFd::from_raw_fd(raw) });
+        n += 1;
+    }
+    n
 }
 
 /// sendmsg(2) of one datagram made of `parts` (at most 4) on the connected Unix datagram socket
@@ -833,6 +896,75 @@ pub(crate) fn send_as_user(uid: u32, name: &[u8], datagram: &[u8]) -> bool {
         libc::waitpid(child, &mut status, 0) == child
             && libc::WIFEXITED(status)
             && libc::WEXITSTATUS(status) == 0
+    }
+}
+
+/// Test helper: a child process (fork(2)) that took user ID `uid` (setuid(2), needs root) and
+/// holds the abstract Unix names `names` (`true`: a listening stream socket, `false`: a bound
+/// datagram socket) until the returned value is dropped (SIGKILL, then reaped); `None` if the
+/// child could not take them.
+#[cfg(test)]
+pub(crate) fn hold_as_user(uid: u32, names: &[(String, bool)]) -> Option<HeldByUser> {
+    let names: Vec<(Vec<u8>, bool)> = names
+        .iter()
+        .map(|(n, s)| (n.as_bytes().to_vec(), *s))
+        .collect();
+    let mut pipe = [0 as libc::c_int; 2];
+    // SAFETY: `pipe` has room for two descriptors. The child only makes system calls (setuid,
+    // socket, bind, listen, write, pause) on memory prepared before fork(2), then waits to be
+    // killed; the parent reaps it.
+    unsafe {
+        if libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return None;
+        }
+        let child = libc::fork();
+        if child < 0 {
+            return None;
+        }
+        if child == 0 {
+            let mut ok = libc::setuid(uid) == 0;
+            let mut held = Vec::new();
+            for (n, stream) in &names {
+                let r = if *stream {
+                    listen_abstract_unix(n, 8)
+                } else {
+                    bind_abstract_unix(n)
+                };
+                match r {
+                    Ok(fd) => held.push(fd),
+                    Err(_) => ok = false,
+                }
+            }
+            let b = [u8::from(ok)];
+            libc::write(pipe[1], b.as_ptr().cast(), 1);
+            loop {
+                libc::pause();
+            }
+        }
+        libc::close(pipe[1]);
+        let mut b = [0u8; 1];
+        let n = libc::read(pipe[0], b.as_mut_ptr().cast(), 1);
+        libc::close(pipe[0]);
+        let held = HeldByUser { child };
+        (n == 1 && b[0] == 1).then_some(held)
+    }
+}
+
+/// The child of [`hold_as_user`]: killed and reaped on drop.
+#[cfg(test)]
+pub(crate) struct HeldByUser {
+    child: libc::pid_t,
+}
+
+#[cfg(test)]
+impl Drop for HeldByUser {
+    fn drop(&mut self) {
+        // SAFETY: our own child; waitpid reaps it.
+        unsafe {
+            libc::kill(self.child, libc::SIGKILL);
+            let mut status = 0;
+            libc::waitpid(self.child, &mut status, 0);
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::{ConnParam, RdmaCm, RdmaCmError, RdmaCmEvent, RdmaId};
 use crate::cm::{CmConfig, MAX_EVENTS};
 use crate::engine::{Instant, SoftHca};
+use crate::link::udp::cm_route::{comm_id_prefix, CmPresence, ServiceClaim};
 use crate::link::{LinkError, Waker};
 use crate::verbs::api::{DeviceError, GsiPort, Verbs};
 
@@ -77,6 +78,13 @@ pub struct ServiceCounters {
     pub events_lost: u64,
     /// Errors of the thread's eventfd (it keeps running).
     pub wait_errors: u64,
+    /// Service IDs claimed on a shared device address (cumulative; see
+    /// [`crate::link::udp::cm_route`]).
+    pub claims: u64,
+    /// Listens refused because another process of the address claims the service.
+    pub claims_refused: u64,
+    /// Connections that other processes' lookups left on this process's claims, closed.
+    pub lookups_drained: u64,
 }
 
 struct Queue {
@@ -95,6 +103,14 @@ struct Inner {
     stop: AtomicBool,
     turns: AtomicU64,
     counters: Mutex<ServiceCounters>,
+    /// The shared address and this process's slot ([`GsiPort::shared_address`]).
+    shared: Option<(SocketAddr, usize)>,
+    /// The services this process claims on a shared address, one per service ID the IB CM
+    /// listens on (locked after `cm`).
+    claims: Mutex<Vec<ServiceClaim>>,
+    /// This CM's notice on a shared address, so that REQs nobody claims reach a CM
+    /// ([`CmPresence`]); `None` on a device of its own, or if the name was taken.
+    presence: Option<CmPresence>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -158,8 +174,77 @@ impl Inner {
                 out = Some(f(&mut cm, now, h));
             }
         });
+        self.release_claims(&cm);
         self.move_events(&mut cm);
         out
+    }
+
+    /// Claims, on a shared address, each of `service_ids` not claimed yet; on the first failure
+    /// releases the ones it claimed and returns the error (`AddrInUse`: another process claims
+    /// it). Nothing to do on a device of its own.
+    fn claim(&self, service_ids: &[u64]) -> io::Result<()> {
+        let Some((local, slot)) = self.shared else {
+            return Ok(());
+        };
+        let mut claims = lock(&self.claims);
+        let before = claims.len();
+        for &sid in service_ids {
+            if claims.iter().any(|c| c.service_id() == sid) {
+                continue;
+            }
+            match ServiceClaim::claim(local, slot, sid) {
+                Ok(c) => claims.push(c),
+                Err(e) => {
+                    claims.truncate(before);
+                    drop(claims);
+                    lock(&self.counters).claims_refused += 1;
+                    return Err(e);
+                }
+            }
+        }
+        let added = (claims.len() - before) as u64;
+        drop(claims);
+        lock(&self.counters).claims += added;
+        Ok(())
+    }
+
+    /// Drops the claims of services the IB CM no longer listens on (the kernel frees the
+    /// names: a later REQ for them gets REJ reason 8), and claims those it listens on without a
+    /// claim (a listen made by a call other than [`CmService::listen`]; a refusal is counted in
+    /// [`ServiceCounters::claims_refused`], and REQs for that service keep going to whoever
+    /// claims it, or to slot 0).
+    fn release_claims(&self, cm: &RdmaCm) {
+        if self.shared.is_none() {
+            return;
+        }
+        let listening = cm.cm().listeners();
+        let missing: Vec<u64> = {
+            let mut claims = lock(&self.claims);
+            claims.retain(|c| listening.contains(&c.service_id()));
+            listening
+                .iter()
+                .filter(|s| !claims.iter().any(|c| c.service_id() == **s))
+                .copied()
+                .collect()
+        };
+        for sid in missing {
+            let _ = self.claim(&[sid]);
+        }
+    }
+
+    /// Closes the connections other processes' lookups left on this process's claims.
+    fn drain_claims(&self) {
+        if self.shared.is_none() {
+            return;
+        }
+        let n = lock(&self.claims)
+            .iter()
+            .map(ServiceClaim::drain)
+            .sum::<usize>()
+            + self.presence.as_ref().map_or(0, CmPresence::drain);
+        if n > 0 {
+            lock(&self.counters).lookups_drained += n as u64;
+        }
     }
 
     /// Moves the CM's events to the queue (CM lock held: events stay in order).
@@ -217,6 +302,7 @@ impl Inner {
             });
             self.move_events(&mut cm);
         }
+        self.drain_claims();
         if mads > 0 || fired {
             let mut c = lock(&self.counters);
             c.mads += mads;
@@ -272,9 +358,15 @@ impl CmService {
             let _ = hook_wake.wake();
         })))
         .map_err(ServiceError::Device)?;
+        let shared = gsi.shared_address();
+        let mut cm = RdmaCm::new(config);
+        if let Some((_, slot)) = shared {
+            let (mask, value) = comm_id_prefix(slot);
+            cm.set_comm_id_prefix(mask, value);
+        }
         let inner = Arc::new(Inner {
             dev: dev.clone(),
-            cm: Mutex::new(RdmaCm::new(config)),
+            cm: Mutex::new(cm),
             wake,
             queue: Mutex::new(Queue {
                 events: VecDeque::new(),
@@ -284,6 +376,10 @@ impl CmService {
             stop: AtomicBool::new(false),
             turns: AtomicU64::new(0),
             counters: Mutex::new(ServiceCounters::default()),
+            shared,
+            claims: Mutex::new(Vec::new()),
+            // Best effort: without it, REQs nobody claims still reach slot 0.
+            presence: shared.and_then(|(local, slot)| CmPresence::announce(local, slot).ok()),
         });
         static SERIAL: AtomicU64 = AtomicU64::new(0);
         let name = format!("rdma-cm#{}", SERIAL.fetch_add(1, Ordering::Relaxed));
@@ -371,12 +467,43 @@ impl CmService {
     }
 
     /// `rdma_bind_addr(3)` + `rdma_listen(3)` on `addr` (a wildcard IP listens on every local
-    /// address).
+    /// address). On a shared device address ([`GsiPort::shared_address`]) the service IDs the
+    /// listen adds are claimed for this process, so that the REQs for them reach it
+    /// ([`crate::link::udp::cm_route`]); the claims end when no ID listens on them any more
+    /// (destroy) or the process dies.
     ///
     /// # Errors
-    /// As [`RdmaCm::listen`].
+    /// As [`RdmaCm::listen`]; [`RdmaCmError::InUse`] (`EADDRINUSE`, as Linux's `rdma_listen`
+    /// for a port in use) when another process of the shared address (or, denying it, of
+    /// another user) claims the service, and then `id` does not listen.
     pub fn listen(&self, id: RdmaId, addr: SocketAddr) -> Result<(), RdmaCmError> {
-        self.call(|cm, _, _| cm.listen(id, addr))
+        let mut cm = lock(&self.inner.cm);
+        let before = cm.cm().listeners().to_vec();
+        cm.listen(id, addr)?;
+        let added: Vec<u64> = cm
+            .cm()
+            .listeners()
+            .iter()
+            .filter(|s| !before.contains(s))
+            .copied()
+            .collect();
+        if let Err(e) = self.inner.claim(&added) {
+            cm.cancel_listen(id, &added);
+            return Err(match e.kind() {
+                io::ErrorKind::AddrInUse => RdmaCmError::InUse,
+                _ => RdmaCmError::Cm(crate::cm::CmError::TooMany),
+            });
+        }
+        Ok(())
+    }
+
+    /// The service IDs this process claims on its shared device address (empty on a device of
+    /// its own).
+    pub fn claimed(&self) -> Vec<u64> {
+        lock(&self.inner.claims)
+            .iter()
+            .map(ServiceClaim::service_id)
+            .collect()
     }
 
     /// `rdma_connect(3)` with the caller's RC QP `qpn` (in RESET; the CM moves it to INIT now and

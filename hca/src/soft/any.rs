@@ -40,6 +40,13 @@ impl SoftLink for AnyLink {
         }
     }
 
+    fn shared_slot(&self) -> Option<(std::net::SocketAddr, usize)> {
+        match self {
+            AnyLink::Udp(l) => SoftLink::shared_slot(l),
+            _ => None,
+        }
+    }
+
     fn alloc_memory(
         &self,
         len: usize,

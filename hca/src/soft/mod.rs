@@ -139,6 +139,12 @@ pub trait SoftLink: Link<Error: Into<DeviceError>> {
         None
     }
 
+    /// The shared address and this process's slot on it when the link is a shared kernel
+    /// socket ([`crate::link::udp::share`]; the default: `None`).
+    fn shared_slot(&self) -> Option<(std::net::SocketAddr, usize)> {
+        None
+    }
+
     /// Memory the link sends from without a copy ([`crate::verbs::Verbs::alloc_memory`]);
     /// `None` (the default) for a link without any.
     fn alloc_memory(&self, len: usize) -> Option<Result<Arc<dyn Memory>, DeviceError>> {
@@ -1160,5 +1166,9 @@ impl<L: SoftLink> GsiPort for SoftDevice<L> {
 
     fn caller_progress(&self) -> bool {
         self.shared.progress == Progress::Caller
+    }
+
+    fn shared_address(&self) -> Option<(std::net::SocketAddr, usize)> {
+        lock(&self.shared.io).link.shared_slot()
     }
 }

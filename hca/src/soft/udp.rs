@@ -24,6 +24,11 @@ impl SoftLink for UdpLink {
     fn udp_port(&self) -> Option<u16> {
         Some(self.link().local_addr().port())
     }
+
+    fn shared_slot(&self) -> Option<(std::net::SocketAddr, usize)> {
+        let l = self.link();
+        l.share_slot().map(|slot| (l.local_addr(), slot))
+    }
 }
 
 /// How to open a [`UdpDevice`].

@@ -402,6 +402,14 @@ pub trait GsiPort: Send + Sync {
     /// ([`crate::soft::Progress::Caller`]): a CM must then run progress rounds itself
     /// ([`Verbs::progress`]) to receive MADs.
     fn caller_progress(&self) -> bool;
+
+    /// The shared address and port (UDP 4791 shared by several processes,
+    /// [`crate::link::udp::share`]) and this process's slot on it, or `None` (the default) when
+    /// the device is not shared: a CM then claims the services it listens on and puts the slot
+    /// in its Communication IDs ([`crate::link::udp::cm_route`]).
+    fn shared_address(&self) -> Option<(std::net::SocketAddr, usize)> {
+        None
+    }
 }
 
 /// A failed device operation. `Display` gives one line naming the device (its bound address).

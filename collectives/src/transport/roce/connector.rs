@@ -1,5 +1,19 @@
 //! The send and receive connectors of one channel ([`RoceSend`], [`RoceRecv`]): the slot
 //! protocol's steps as WRITE_WITH_IMMs, credits as SEND_WITH_IMMs.
+//!
+//! # The header only when the operation changes
+//! A step's [`SlotHeader`] is 64 bytes in front of the payload; with it a full slot of 128 KiB
+//! is 131 136 bytes on the wire, 33 packets at a 4096-byte PMTU where the payload needs 32. The
+//! header carries the payload length (the receive completion's byte count says it too), the
+//! immediate (the completion carries it) and the operation's [`OpDesc`], which is the same for
+//! every step of one operation. So a sender writes the header only on the first step after the
+//! descriptor changed (the first step of each operation on the channel); the other steps write
+//! the payload alone, into the slot's payload area, and set [`IMM_HEADER`] clear in the
+//! immediate. The receiver keeps the last descriptor it read on the channel: RC delivers a QP's
+//! writes in order, so it is the sender's. A step is then exactly `ceil(len / PMTU)` packets.
+//!
+//! The immediate on this path (RoCE only; [`Imm`] is the transport-neutral view):
+//! `step mod 2^15 << 17 | header << 16 | chunk`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -15,12 +29,27 @@ use crate::transport::{
     TransportError, WaitFor,
 };
 
+/// Bit of the wire immediate that says the write starts with a [`SlotHeader`] (see the
+/// [module docs](self#the-header-only-when-the-operation-changes)).
+pub(super) const IMM_HEADER: u32 = 1 << 16;
+
+/// Bits of the channel step the wire immediate carries (15: the other bit is [`IMM_HEADER`]).
+const IMM_STEP_MASK: u32 = 0x7fff;
+
+/// The wire immediate of step `step`, chunk `chunk`, with or without a header.
+pub(super) fn wire_imm(step: u32, chunk: u16, header: bool) -> u32 {
+    (step & IMM_STEP_MASK) << 17 | if header { IMM_HEADER } else { 0 } | u32::from(chunk)
+}
+
 /// Sending end of one channel.
 pub(super) struct RoceSend {
     pub(super) ch: Arc<Channel>,
     /// Next step to post.
     pub(super) step: u32,
     pub(super) slot_held: bool,
+    /// The descriptor of the last header written on this channel: steps of the same operation
+    /// go without one.
+    pub(super) last_desc: Option<OpDesc>,
 }
 
 impl RoceSend {
@@ -71,8 +100,9 @@ impl RoceSend {
         })
     }
 
-    /// Posts step `self.step` as one WRITE_WITH_IMM of the header (and payload) at `header_sge`
-    /// followed by `payload`.
+    /// Posts step `self.step` as one WRITE_WITH_IMM of `len` bytes of payload: staged in the
+    /// staging slot (`payload` `None`) or at `payload`, preceded by the slot header when the
+    /// descriptor differs from the last one sent on this channel.
     pub(super) fn post_write(
         &mut self,
         len: usize,
@@ -84,37 +114,49 @@ impl RoceSend {
             step: self.step as u16,
             chunk,
         };
-        let header = SlotHeader {
-            len: len as u32,
-            imm,
-            desc: *desc,
-        };
+        let with_header = self.last_desc != Some(*desc);
         let off = self.slot_offset(self.step);
-        let b = header.encode();
-        // SAFETY: the staging slot of `step` is ours (its previous WR completed: `wait_free`);
-        // the header is 64 bytes at its start, inside the send region.
-        unsafe { core::ptr::copy_nonoverlapping(b.as_ptr(), self.ch.send.ptr(off), b.len()) };
-        let staged = if payload.is_some() { 0 } else { len };
-        let mut sges = [
-            Sge {
-                addr: self.ch.send.iova(off),
-                length: (SlotHeader::LEN + staged) as u32,
-                lkey: self.ch.send.mr.lkey(),
-            },
-            payload.unwrap_or(Sge {
-                addr: 0,
-                length: 0,
-                lkey: 0,
-            }),
-        ];
-        let nsge = if payload.is_some() { 2 } else { 1 };
-        if let Some(p) = payload {
-            sges[1] = p;
+        if with_header {
+            let b = SlotHeader {
+                len: len as u32,
+                imm,
+                desc: *desc,
+            }
+            .encode();
+            // SAFETY: the staging slot of `step` is ours (its previous WR completed:
+            // `wait_free`); the header is 64 bytes at its start, inside the send region.
+            unsafe { core::ptr::copy_nonoverlapping(b.as_ptr(), self.ch.send.ptr(off), b.len()) };
         }
+        // The header, if any, and the staged payload are one SGE from the staging slot.
+        let (head_off, head_len) = match (with_header, payload.is_some()) {
+            (true, true) => (off, SlotHeader::LEN),
+            (true, false) => (off, SlotHeader::LEN + len),
+            (false, true) => (off, 0),
+            (false, false) => (off + SlotHeader::LEN, len),
+        };
+        let head = Sge {
+            addr: self.ch.send.iova(head_off),
+            length: head_len as u32,
+            lkey: self.ch.send.mr.lkey(),
+        };
+        let mut sges = [head, head];
+        // No SGE of length 0 (some HCAs read one as 2 GiB): an empty step has no SGE.
+        let nsge = match payload {
+            Some(p) if head_len == 0 => {
+                sges[0] = p;
+                1
+            }
+            Some(p) => {
+                sges[1] = p;
+                2
+            }
+            None => usize::from(head_len > 0),
+        };
+        let skip = if with_header { 0 } else { SlotHeader::LEN };
         let op = SendOp::RdmaWriteWithImm {
-            remote_addr: self.remote_slot(self.step),
+            remote_addr: self.remote_slot(self.step) + skip as u64,
             rkey: self.ch.rkey,
-            imm_data: imm.to_raw(),
+            imm_data: wire_imm(self.step, chunk, with_header),
         };
         let kind = if payload.is_some() {
             WR_DATA_USER
@@ -128,6 +170,7 @@ impl RoceSend {
             st.user_wrs += 1;
             self.ch.hca.user_wrs.fetch_add(1, Ordering::AcqRel);
         }
+        self.last_desc = Some(*desc);
         self.step = self.step.wrapping_add(1);
         st.posted = self.step;
         self.ch.hca.stats.post(
@@ -253,6 +296,9 @@ pub(super) struct RoceRecv {
     /// Next step to receive.
     pub(super) step: u32,
     pub(super) held: Option<SlotHeader>,
+    /// The descriptor of the last header read on this channel, which the steps without a
+    /// header belong to.
+    pub(super) last_desc: Option<OpDesc>,
     /// The timeout of the last wait, for the send-queue wait of a credit.
     pub(super) timeout: Duration,
 }
@@ -288,41 +334,67 @@ impl RecvConnector for RoceRecv {
                 let (raw, byte_len) = self
                     .ch
                     .wait(timeout, WaitFor::Data, |st| st.arrivals.pop_front())?;
-                let imm = Imm::from_raw(raw);
-                if imm.step != self.step as u16 {
-                    return Err(self.protocol(format!(
-                        "immediate carries step {} where step {} was expected",
-                        imm.step, self.step as u16
-                    )));
-                }
-                let mut b = [0u8; SlotHeader::LEN];
-                // SAFETY: the slot lies inside the receive region; its write completed before the
-                // CQE we polled (under the engine lock its write was made under), and the
-                // credit protocol keeps the peer from writing it again before our release. A
-                // peer that breaks the protocol can only change byte values, valid for `u8`.
-                unsafe {
-                    core::ptr::copy_nonoverlapping(
-                        self.ch.recv.ptr(self.slot_offset()),
-                        b.as_mut_ptr(),
-                        b.len(),
-                    )
+                let step = raw >> 17;
+                let imm = Imm {
+                    step: self.step as u16,
+                    chunk: raw as u16,
                 };
-                let h = SlotHeader::decode(&b);
-                if h.imm != imm {
+                if step != self.step & IMM_STEP_MASK {
                     return Err(self.protocol(format!(
-                        "slot header says {:?}, the immediate {imm:?}",
-                        h.imm
+                        "immediate carries step {step} where step {} was expected (mod 2^15)",
+                        self.step & IMM_STEP_MASK
                     )));
                 }
-                if h.len as usize > self.ch.layout.slot_bytes
-                    || byte_len as usize != SlotHeader::LEN + h.len as usize
-                {
-                    return Err(self.protocol(format!(
-                        "write of {byte_len} bytes with a header of {} payload bytes in a slot \
-                         of {}",
-                        h.len, self.ch.layout.slot_bytes
-                    )));
-                }
+                let slot_bytes = self.ch.layout.slot_bytes;
+                let h = if raw & IMM_HEADER == 0 {
+                    let Some(desc) = self.last_desc else {
+                        return Err(self.protocol(
+                            "a write without a slot header before any header on the channel".into(),
+                        ));
+                    };
+                    if byte_len as usize > slot_bytes {
+                        return Err(self.protocol(format!(
+                            "write of {byte_len} bytes in a slot of {slot_bytes}"
+                        )));
+                    }
+                    SlotHeader {
+                        len: byte_len,
+                        imm,
+                        desc,
+                    }
+                } else {
+                    let mut b = [0u8; SlotHeader::LEN];
+                    // SAFETY: the slot lies inside the receive region; its write completed
+                    // before the CQE we polled (under the engine lock its write was made under),
+                    // and the credit protocol keeps the peer from writing it again before our
+                    // release. A peer that breaks the protocol can only change byte values,
+                    // valid for `u8`.
+                    unsafe {
+                        core::ptr::copy_nonoverlapping(
+                            self.ch.recv.ptr(self.slot_offset()),
+                            b.as_mut_ptr(),
+                            b.len(),
+                        )
+                    };
+                    let h = SlotHeader::decode(&b);
+                    if h.imm != imm {
+                        return Err(self.protocol(format!(
+                            "slot header says {:?}, the immediate {imm:?}",
+                            h.imm
+                        )));
+                    }
+                    if h.len as usize > slot_bytes
+                        || byte_len as usize != SlotHeader::LEN + h.len as usize
+                    {
+                        return Err(self.protocol(format!(
+                            "write of {byte_len} bytes with a header of {} payload bytes in a \
+                             slot of {slot_bytes}",
+                            h.len
+                        )));
+                    }
+                    self.last_desc = Some(h.desc);
+                    h
+                };
                 self.held = Some(h);
                 h
             }

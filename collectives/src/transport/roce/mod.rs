@@ -31,11 +31,15 @@
 //!   abort word <------------------------------------------  abort(): SEND of the 4-byte word
 //! ```
 //!
-//! * **Data.** One RDMA WRITE_WITH_IMM per step writes the 64-byte [`SlotHeader`](crate::transport::SlotHeader) and the
-//!   payload into the receiver's slot `step % nslots`; the receive completion replaces the tail
-//!   counter of shared memory. RC delivers the messages of one QP in order, so completions arrive
-//!   in step order; the receiver checks the immediate's step, that the header repeats the
-//!   immediate, and that the completion's byte count is the header's length plus 64.
+//! * **Data.** One RDMA WRITE_WITH_IMM per step writes the payload into the receiver's slot
+//!   `step % nslots`, preceded by the 64-byte [`SlotHeader`](crate::transport::SlotHeader) on the
+//!   first step of each operation on the channel only (a full 128 KiB step is then 32 packets at
+//!   a 4096-byte PMTU, not 33; the immediate says whether a header came: `connector`'s docs); the
+//!   receive completion replaces the tail counter of shared memory. RC delivers the messages of
+//!   one QP in order, so completions arrive in step order; the receiver checks the immediate's
+//!   step, that a header repeats the immediate and that the completion's byte count is the
+//!   header's length plus 64, or for a step without a header that it fits the slot; such a step
+//!   belongs to the operation of the last header.
 //! * **Credits.** The receiver returns a slot with a zero-byte SEND_WITH_IMM whose immediate is
 //!   its new `head` (steps consumed, modulo 2^32). A SEND rather than an RDMA WRITE of `head`
 //!   into the sender's memory: the sender then learns of credits from its CQ, so a sender out of
@@ -466,11 +470,13 @@ impl Transport for RoceTransport {
                     ch: ch.clone(),
                     step: 0,
                     slot_held: false,
+                    last_desc: None,
                 }));
                 recv.push(Box::new(RoceRecv {
                     ch,
                     step: 0,
                     held: None,
+                    last_desc: None,
                     timeout: Duration::from_secs(60),
                 }));
             }

@@ -8,6 +8,7 @@ use hca::soft::Progress;
 use hca::{PathMtu, SendOp, Sge};
 
 use super::channel::{WR_CREDIT, WR_DATA};
+use super::connector::wire_imm;
 use super::device::lock;
 use super::env::choose_address;
 use super::*;
@@ -323,12 +324,12 @@ fn forged_writes_and_credits_are_protocol_errors() {
         imm: Imm { step, chunk: 0 },
         desc: desc(),
     };
-    let cases: [(u32, SlotHeader, u32, &str); 4] = [
+    let cases: [(u32, SlotHeader, u32, &str); 5] = [
         // Step 5 where step 0 is expected.
-        (Imm { step: 5, chunk: 0 }.to_raw(), header(5, 0), 64, "step"),
+        (wire_imm(5, 0, true), header(5, 0), 64, "step"),
         // The header disagrees with the immediate.
         (
-            Imm { step: 0, chunk: 0 }.to_raw(),
+            wire_imm(0, 0, true),
             SlotHeader {
                 imm: Imm { step: 0, chunk: 9 },
                 ..header(0, 0)
@@ -337,19 +338,11 @@ fn forged_writes_and_credits_are_protocol_errors() {
             "immediate",
         ),
         // A payload length beyond the slot.
-        (
-            Imm { step: 0, chunk: 0 }.to_raw(),
-            header(0, 65),
-            64,
-            "slot",
-        ),
+        (wire_imm(0, 0, true), header(0, 65), 64, "slot"),
         // A byte count that is not header + payload.
-        (
-            Imm { step: 0, chunk: 0 }.to_raw(),
-            header(0, 10),
-            64,
-            "bytes",
-        ),
+        (wire_imm(0, 0, true), header(0, 10), 64, "bytes"),
+        // A write without a header before any header on the channel (no descriptor known).
+        (wire_imm(0, 0, false), header(0, 0), 8, "no header"),
     ];
     for (imm, h, len, what) in cases {
         let (a, mut b) = pair(2, env(14, 7));
@@ -379,6 +372,66 @@ fn forged_writes_and_credits_are_protocol_errors() {
         matches!(e, Err(TransportError::Protocol { peer: 1, .. })),
         "{e:?}"
     );
+}
+
+/// The slot header goes only with the first step of each operation on a channel (see
+/// `connector`'s module docs): steps of alternating descriptors, staged and from user memory,
+/// each arrive with their own descriptor and bytes; a header-less step leaves the header area
+/// of its slot as the last header write left it; a header-less write longer than a slot is a
+/// protocol error.
+#[test]
+fn the_header_goes_only_when_the_descriptor_changes() {
+    let (mut a, mut b) = pair(2, env(14, 7));
+    let other = OpDesc::new(1, CollKind::AllReduce, DataType::F32, None, None, 16);
+    let user: Vec<u8> = (0..64u8).collect();
+    // (descriptor, sent from user memory, header expected)
+    let plan = [
+        (desc(), false, true),
+        (desc(), true, false),
+        (desc(), false, false),
+        (other, true, true),
+        (other, false, false),
+        (desc(), false, true),
+    ];
+    for (k, &(d, from_user, header)) in plan.iter().enumerate() {
+        let len = 8 + k;
+        if from_user {
+            // SAFETY: `user` outlives the drain below and is not written.
+            unsafe { a.c.send[0].post_from(&user[k..k + len], &user, k as u16, &d, T) }.unwrap();
+        } else {
+            let slot = a.c.send[0].wait_slot(T).unwrap();
+            slot[..len].copy_from_slice(&user[k..k + len]);
+            a.c.send[0].post(len, k as u16, &d).unwrap();
+        }
+        let bch = b.ch();
+        let c = b.c.recv[0].wait(T).unwrap();
+        assert_eq!(
+            (c.desc, c.imm.chunk, c.data),
+            (d, k as u16, &user[k..k + len])
+        );
+        // The header area of the slot: this step's header, or an older step's.
+        let mut raw = [0u8; SlotHeader::LEN];
+        let at = bch.recv_off + (k % 2) * bch.layout.stride();
+        // SAFETY: the receive slot of a step we hold, inside the receive region.
+        unsafe { core::ptr::copy_nonoverlapping(bch.recv.ptr(at), raw.as_mut_ptr(), raw.len()) };
+        let h = SlotHeader::decode(&raw);
+        assert_eq!(h.imm.step == k as u16, header, "step {k}: {h:?}");
+        b.c.recv[0].release().unwrap();
+    }
+    a.c.send[0].drain(T).unwrap();
+    // A header-less write of more than a slot (64 bytes) after a valid header.
+    let (a, mut b) = pair(2, env(14, 7));
+    let h = SlotHeader {
+        len: 0,
+        imm: Imm { step: 0, chunk: 0 },
+        desc: desc(),
+    };
+    forge(&a.ch(), 0, wire_imm(0, 0, true), &h, 64);
+    b.c.recv[0].wait(T).unwrap();
+    b.c.recv[0].release().unwrap();
+    forge(&a.ch(), 1, wire_imm(1, 0, false), &h, 65);
+    let e = b.c.recv[0].wait(T).unwrap_err();
+    assert!(matches!(e, TransportError::Protocol { peer: 0, .. }), "{e}");
 }
 
 #[test]

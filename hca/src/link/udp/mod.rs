@@ -25,6 +25,7 @@ use crate::verbs::gid::{Gid, GidEntry, GidType};
 
 use crate::link::{FlushReport, Link, LinkError, RecvState};
 
+pub mod cm_route;
 mod cmsg;
 pub mod share;
 pub mod socket;
@@ -331,7 +332,17 @@ impl Link for UdpLink {
         for d in batch.iter() {
             n += 1;
             if let (Some(claim), Some(q)) = (claim, d.payload.get(5..8)) {
-                let owner = share::slot_of_qpn(u32::from_be_bytes([0, q[0], q[1], q[2]]));
+                let qpn = u32::from_be_bytes([0, q[0], q[1], q[2]]);
+                // QP 1 belongs to slot 0, but its CM MADs are routed by their contents
+                // (`cm_route`).
+                let owner = match self.forward.as_mut() {
+                    Some(fwd) if qpn == share::GSI_QPN => fwd.gsi_owner(claim.slot(), d.payload),
+                    _ => Some(share::slot_of_qpn(qpn)),
+                };
+                let Some(owner) = owner else {
+                    unforwarded += 1;
+                    continue;
+                };
                 if owner != claim.slot() {
                     let stray = share::Forwarded {
                         src: d.src,

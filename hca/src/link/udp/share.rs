@@ -285,6 +285,11 @@ pub(crate) struct StrayCounts {
     pub held: u64,
     /// Datagrams received on the slot socket from a process of another user: discarded.
     pub refused: u64,
+    /// CM MADs for QP 1 whose owner is another process of the address
+    /// ([`super::cm_route`]): forwarded to it like strays (and counted there too).
+    pub mads_routed: u64,
+    /// Service claims of another user's processes seen (and ignored) while routing a REQ.
+    pub claims_refused: u64,
 }
 
 /// The forwarding channel to one owner slot.
@@ -316,6 +321,8 @@ struct Peer {
 pub(crate) struct Forwarder {
     /// The abstract names of the slots, `soft-hca/ADDR:PORT/slotN`.
     names: Vec<Vec<u8>>,
+    /// The shared address and port (for [`super::cm_route::lookup_service`]).
+    local: SocketAddr,
     peers: Vec<Peer>,
     held_bytes: usize,
     uid: u32,
@@ -331,6 +338,7 @@ impl Forwarder {
             names: (0..MAX_SLOTS)
                 .map(|s| format!("soft-hca/{local}/slot{s}").into_bytes())
                 .collect(),
+            local,
             peers: (0..MAX_SLOTS).map(|_| Peer::default()).collect(),
             held_bytes: 0,
             uid: crate::link::sys::effective_uid(),
@@ -339,6 +347,42 @@ impl Forwarder {
             lens: [0; FORWARD_BATCH],
             count: 0,
         }
+    }
+
+    /// The slot a datagram for QP 1 (UDP payload `payload`) belongs to, for a process in
+    /// `own` slot ([`super::cm_route`]): a REQ or SIDR_REQ's service claimer (or, when nobody
+    /// claims it, the lowest slot that runs a CM, to answer it), the slot in the Communication ID
+    /// that names our side, or slot 0 (which holds QP 1) for anything else. `None` when a claim exists whose owner cannot be verified
+    /// now (its listener's backlog is full): the caller drops and counts the MAD.
+    pub(crate) fn gsi_owner(&mut self, own: usize, payload: &[u8]) -> Option<usize> {
+        use super::cm_route::{
+            lookup_cm, lookup_service, route_of, slot_of_comm_id, Lookup, MadRoute,
+        };
+        let owner = match route_of(payload) {
+            MadRoute::Receiver => 0,
+            MadRoute::CommId(id) => slot_of_comm_id(id),
+            MadRoute::Service(sid) => {
+                let (found, strangers) = lookup_service(self.local, sid, self.uid);
+                self.counts.claims_refused += strangers;
+                match found {
+                    Lookup::Owner(slot) => slot,
+                    Lookup::Busy => return None,
+                    // The lowest slot that runs a CM answers: REJ reason 8.
+                    Lookup::Unclaimed => {
+                        let (cm, strangers) = lookup_cm(self.local, self.uid);
+                        self.counts.claims_refused += strangers;
+                        match cm {
+                            Lookup::Owner(slot) => slot,
+                            _ => 0,
+                        }
+                    }
+                }
+            }
+        };
+        if owner != own {
+            self.counts.mads_routed += 1;
+        }
+        Some(owner)
     }
 
     /// The counts since the last call, reset.

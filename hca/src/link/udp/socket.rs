@@ -343,6 +343,13 @@ pub struct LinkCounters {
     /// Datagrams that reached this process's slot socket from a process of another user:
     /// discarded ([`super::share`]).
     pub rx_forward_refused: u64,
+    /// CM MADs for QP 1 that a shared socket received and that belong to another process of
+    /// the address (a REQ for a service it claims, a reply naming its Communication ID,
+    /// [`super::cm_route`]): forwarded like strays (also in `rx_forwarded` / `rx_strays`).
+    pub rx_mads_routed: u64,
+    /// Service claims of another user's processes that routing a REQ found and ignored
+    /// ([`super::cm_route::lookup_service`]).
+    pub rx_claims_refused: u64,
     /// Datagrams the kernel accepted for sending.
     pub tx_datagrams: u64,
     /// UDP payload bytes accepted for sending.
@@ -698,12 +705,15 @@ impl RoceSocket {
 
     /// Adds what stray forwarding did to [`LinkCounters::rx_strays`],
     /// [`LinkCounters::rx_forwarded`], [`LinkCounters::rx_strays_held`] and
-    /// [`LinkCounters::rx_forward_refused`].
+    /// [`LinkCounters::rx_forward_refused`] (and the CM routing's [`LinkCounters::rx_mads_routed`],
+    /// [`LinkCounters::rx_claims_refused`]).
     pub(crate) fn count_strays(&mut self, c: &super::share::StrayCounts) {
         self.counters.rx_strays += c.dropped;
         self.counters.rx_forwarded += c.forwarded;
         self.counters.rx_strays_held += c.held;
         self.counters.rx_forward_refused += c.refused;
+        self.counters.rx_mads_routed += c.mads_routed;
+        self.counters.rx_claims_refused += c.claims_refused;
     }
 
     /// The slot claim of a shared socket.
