@@ -46,6 +46,9 @@ step "the hca fuzz crate builds" cargo check --manifest-path hca/fuzz/Cargo.toml
 # librdmacm.so.1 (hca/abi/tests/rdmacm_tools.rs builds it with `cargo build -p ibverbs-abi -p rdmacm-abi`):
 # rping -C 100 -V, ucmatose -c 4, rdma_server/client, rdma_xserver/xclient, ib_write_bw -R, ib_send_lat -R,
 # a REJ for a closed port, symbol versions against Debian's librdmacm (about 10 s).
+# Also UCX 1.13 and Open MPI over the drop-in library (hca/abi/tests/ucx.rs, root: ucx_info -d, ucx_perftest
+# over rc_verbs, an MPI_Allreduce on 4 ranks with --mca pml ucx; about 80 s at load 10) and pyverbs' test_rdmacm
+# (pyverbs.rs, about 20 s), both under tests/sysfs-ib.sh (the kernel's sysfs view in a private mount namespace).
 # Includes the shared-device checks (many processes on one address and port 4791): hca/tests/shared_device.rs
 # (8 rdma-pingpong --chk pairs on one address; a write-bw pair SIGKILLed mid-transfer) and
 # udp_device.rs shared_devices_forward_strays_after_the_group_reorders, about 30 s in all; and RDMA CM among the

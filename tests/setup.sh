@@ -25,6 +25,10 @@ command -v rping >/dev/null 2>&1 || need+=(rdmacm-utils)
 [ -f /usr/include/rdma/rdma_cma.h ] || need+=(librdmacm-dev)
 # hca/abi/tests/pyverbs.rs runs rdma-core's pyverbs test suite (shipped in python3-pyverbs) on it.
 /usr/bin/python3 -c 'import pyverbs' >/dev/null 2>&1 || need+=(python3-pyverbs)
+# hca/abi/tests/ucx.rs runs UCX's ucx_info / ucx_perftest (rc_verbs) and an Open MPI all-reduce with
+# --mca pml ucx (mpicc from libopenmpi-dev) on it.
+command -v ucx_perftest >/dev/null 2>&1 || need+=(ucx-utils)
+command -v mpicc >/dev/null 2>&1 || need+=(libopenmpi-dev)
 
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then

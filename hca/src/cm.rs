@@ -401,6 +401,9 @@ struct Conn {
     peer_responder_resources: u8,
     /// The QP's local ACK timeout code.
     ack_timeout: u8,
+    /// The consumer's ACK timeout for the QP at RTS, over what the CM computes
+    /// ([`Cm::set_ack_timeout`]).
+    ack_timeout_set: Option<u8>,
     /// The message resent on timeout, and its TID.
     last: Option<(Message, u64)>,
     /// Resend timeout and retries left for `last`.
@@ -644,6 +647,24 @@ impl Cm {
         (OsRandom.next_u32() & !mask) | value
     }
 
+    /// Sets the local ACK timeout (`ibv_qp_attr.timeout`, 4.096 us x 2^`timeout`, 5 bits) the
+    /// CM gives connection `id`'s QP when it moves it to RTS, over the one it computes: what
+    /// `rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)` asks (Linux `cma.c` `rdma_set_ack_timeout`,
+    /// applied in `cma_modify_qp_rts`). Call it after [`Cm::connect`] (before the REP) or before
+    /// [`Cm::accept`].
+    ///
+    /// # Errors
+    /// [`CmError::BadState`] for an unknown connection or a `timeout` over 31.
+    pub fn set_ack_timeout(&mut self, id: CommId, timeout: u8) -> Result<(), CmError> {
+        match self.conns.get_mut(&id) {
+            Some(c) if timeout <= 31 => {
+                c.ack_timeout_set = Some(timeout);
+                Ok(())
+            }
+            _ => Err(CmError::BadState),
+        }
+    }
+
     /// Stops accepting REQs for `service_id`.
     pub fn unlisten(&mut self, service_id: u64) {
         self.listeners.retain(|&s| s != service_id);
@@ -772,6 +793,7 @@ impl Cm {
                 rnr_retry_count: 7,
                 peer_responder_resources: 0,
                 ack_timeout: c.local_ack_timeout.min(31),
+                ack_timeout_set: None,
                 last: Some((msg, tid)),
                 resend_after,
                 retries_left: c.max_cm_retries,
@@ -823,7 +845,7 @@ impl Cm {
             max_dest_rd_atomic: p.responder_resources,
             max_rd_atomic: p.initiator_depth.min(c.peer_responder_resources),
             // The REQ's timers and retry counts (Linux cm.c cm_init_qp_rts_attr).
-            timeout: c.ack_timeout,
+            timeout: c.ack_timeout_set.unwrap_or(c.ack_timeout),
             retry_cnt: c.retry_count,
             rnr_retry: c.rnr_retry_count,
             ..ConnectAttr::default()
@@ -1234,6 +1256,7 @@ impl Cm {
                 rnr_retry_count: req.rnr_retry_count,
                 peer_responder_resources: req.responder_resources,
                 ack_timeout: passive_ack_timeout(req.primary_path.local_ack_timeout),
+                ack_timeout_set: None,
                 last: None,
                 resend_after: peer_timeout,
                 retries_left: 0,
@@ -1317,7 +1340,10 @@ impl Cm {
             max_rd_atomic: c.initiator_depth.min(rep.responder_resources),
             // Linux cm.c cm_rep_handler: the path's ACK timeout with the peer's ACK delay; the
             // REP's RNR retry count.
-            timeout: cm_ack_timeout(rep.target_ack_delay, c.ack_timeout.saturating_sub(1)),
+            timeout: c.ack_timeout_set.unwrap_or(cm_ack_timeout(
+                rep.target_ack_delay,
+                c.ack_timeout.saturating_sub(1),
+            )),
             retry_cnt: c.retry_count,
             rnr_retry: rep.rnr_retry_count,
             ..ConnectAttr::default()
@@ -1380,7 +1406,7 @@ impl Cm {
             // Send from the REQ's Starting PSN (Linux cm.c `cm_req_handler`: sq_psn = REQ's).
             local_psn: c.remote_psn,
             max_rd_atomic: c.initiator_depth,
-            timeout: c.ack_timeout,
+            timeout: c.ack_timeout_set.unwrap_or(c.ack_timeout),
             retry_cnt: c.retry_count,
             rnr_retry: c.rnr_retry_count,
             ..ConnectAttr::default()

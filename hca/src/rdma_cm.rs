@@ -204,6 +204,8 @@ struct IdState {
     sidr: Option<u32>,
     /// Passive: the REQ's parameters (an accept's [`RDMA_MAX_RD_ATOMIC`] takes them).
     req_param: Option<ConnParam>,
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`, if set ([`RdmaCm::set_ack_timeout`]).
+    ack_timeout: Option<u8>,
 }
 
 impl IdState {
@@ -217,6 +219,7 @@ impl IdState {
             comm: None,
             sidr: None,
             req_param: None,
+            ack_timeout: None,
         }
     }
 
@@ -667,6 +670,9 @@ impl RdmaCm {
             private_data: data,
         };
         let comm = self.cm.connect(now, hca, &params)?;
+        if let Some(t) = s.ack_timeout {
+            self.cm.set_ack_timeout(comm, t)?;
+        }
         if let Some(st) = self.ids.get_mut(&id) {
             st.comm = Some(comm);
             st.local = Some(SocketAddr::new(local.ip(), src_port));
@@ -689,6 +695,23 @@ impl RdmaCm {
         self.by_sidr_in.remove(&r);
         if let Some(s) = self.ids.get_mut(&id) {
             s.sidr = None;
+        }
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT)`: the local ACK timeout
+    /// (`ibv_qp_attr.timeout`, 4.096 us x 2^`timeout`) the CM gives `id`'s QP at RTS when it
+    /// connects or accepts, over the one it computes (Linux `cma.c` `rdma_set_ack_timeout`;
+    /// rdma_set_option(3)).
+    ///
+    /// # Errors
+    /// [`RdmaCmError::BadState`] for an unknown ID or a `timeout` over 31.
+    pub fn set_ack_timeout(&mut self, id: RdmaId, timeout: u8) -> Result<(), RdmaCmError> {
+        match self.ids.get_mut(&id) {
+            Some(s) if timeout <= 31 => {
+                s.ack_timeout = Some(timeout);
+                Ok(())
+            }
+            _ => Err(RdmaCmError::BadState),
         }
     }
 
@@ -743,6 +766,9 @@ impl RdmaCm {
             return Ok(());
         }
         let comm = self.comm_of(id)?;
+        if let Some(t) = self.ids.get(&id).and_then(|s| s.ack_timeout) {
+            self.cm.set_ack_timeout(comm, t)?;
+        }
         let asked = self.ids.get(&id).and_then(|s| s.req_param);
         let (responder_resources, initiator_depth) = rd_atomic_limits(hca, param, asked)?;
         let p = AcceptParams {

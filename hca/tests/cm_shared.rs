@@ -551,16 +551,16 @@ fn two_servers_and_two_clients_of_shared_addresses_connect_at_once() {
         cm0.with_cm(|c| c.cm().counters().clone()),
         c0.dev.stats()
     );
-    // The REQs reached the servers through this process (slot 0 of 127.0.0.1), and the REPs and
-    // DREPs the clients' (slot 0 of 127.0.0.2).
+    // The REQs reached the servers through this process (slot 0 of 127.0.0.1). The REPs and
+    // DREPs to the clients are steered by the kernel straight to the slot their Communication ID
+    // names (`share::steering_program`), so slot 0 of 127.0.0.2 routes them only if the reuseport
+    // group has been reordered: its count is printed, not required.
     let (rs, rc) = (
         s0.link_counter("rx_mads_routed"),
         c0.link_counter("rx_mads_routed"),
     );
-    assert!(
-        rs >= 4 && rc >= 4,
-        "routed: servers' address {rs}, clients' {rc}"
-    );
+    eprintln!("routed: servers' address {rs}, clients' {rc}");
+    assert!(rs >= 4, "routed: servers' address {rs}, clients' {rc}");
 }
 
 #[test]
@@ -650,8 +650,9 @@ fn sidr_reaches_the_claiming_process_and_its_answer_the_resolver() {
     server.expect("ANSWERED", WAIT);
     let unclaimed = Helper::start(format!("sidr_client {ps} {pc} {:x} unclaimed", sid + 1));
     unclaimed.finish().unwrap();
+    // The SIDR_REQ went through slot 0 of the servers' address; the SIDR_REPs reach the resolvers
+    // steered by the kernel by their Request ID (`share::steering_program`), not through slot 0.
     assert!(s0.link_counter("rx_mads_routed") >= 1);
-    assert!(c0.link_counter("rx_mads_routed") >= 2);
 }
 
 /// A REQ for a port nobody claims, on an address whose slot 0 runs no CM (a verbs-only

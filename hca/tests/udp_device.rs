@@ -1176,9 +1176,27 @@ fn through_full_sending_sockets(close_while_full: bool) {
                 wait_thread_gone(&name);
                 drop(pairs);
                 drop(da);
-                // The sending sockets are closed: their ports can be bound again.
+                // The sending sockets are closed: their ports can be bound again. Not always at
+                // once: another test of this binary that spawns a process (tc, ip) at the moment
+                // of the close leaves the socket open in its child between fork and exec(2)
+                // (a copy of the descriptor table; SOCK_CLOEXEC closes it only at the exec), so
+                // the port frees when that child execs. A socket the device leaked stays bound
+                // and fails the wait.
                 for port in ports {
-                    std::net::UdpSocket::bind((ip(a_addr), port)).unwrap();
+                    let deadline = std::time::Instant::now() + WAIT;
+                    loop {
+                        match std::net::UdpSocket::bind((ip(a_addr), port)) {
+                            Ok(_) => break,
+                            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                                assert!(
+                                    std::time::Instant::now() < deadline,
+                                    "{a_addr} port {port} still bound {WAIT:?} after close"
+                                );
+                                std::thread::sleep(Duration::from_millis(1));
+                            }
+                            Err(e) => panic!("{a_addr} port {port}: {e}"),
+                        }
+                    }
                 }
                 return;
             }

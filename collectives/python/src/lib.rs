@@ -8,7 +8,9 @@
 //!   (`collectives::AsyncCommunicator`).
 //! * Buffers: any object exporting a C-contiguous buffer (PEP 3118: `bytearray`, `memoryview`,
 //!   numpy arrays), given as bytes (`memoryview.cast("B")`) with the element type named apart
-//!   (`"float32"`, `"bfloat16"`, ...); outputs must be writable. The Python layer
+//!   (`"float32"`, `"bfloat16"`, ...); outputs must be writable. Or a contiguous CPU
+//!   `torch.Tensor` itself (its `data_ptr()`, `numel() * element_size()` bytes), which spares
+//!   the Python side a numpy view per operation. The Python layer
 //!   (`rocecoll/__init__.py`) turns numpy arrays and torch tensors into such views. The buffers
 //!   are held (a `Py_buffer` each) until the operation's `Work` is waited for or dropped.
 //! * The GIL is released while an operation runs and while `Work.wait` blocks.
@@ -36,7 +38,8 @@ use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::sync::GILOnceCell;
+use pyo3::types::{PyBytes, PyList, PyType};
 
 create_exception!(
     _native,
@@ -56,14 +59,54 @@ fn coll_err(rank: usize, e: &dyn std::fmt::Display, peer: Option<usize>) -> PyEr
     })
 }
 
-/// One buffer of an operation: a `Py_buffer` of a C-contiguous byte view, held until the
-/// operation ends.
+/// Where a [`Buf`]'s bytes are.
+enum Mem {
+    /// A `Py_buffer`, held until the operation ends.
+    View(PyBuffer<u8>),
+    /// A CPU `torch.Tensor`'s memory (`data_ptr()`, `numel() * element_size()` bytes),
+    /// reached without the buffer protocol (a tensor exports none: the Python side would need
+    /// `t.detach().reshape(-1).view(torch.uint8).numpy()`, several microseconds per operation).
+    /// The tensor is referenced until the operation ends; as in `torch.distributed`, resizing
+    /// it or replacing its storage (`resize_`, `set_`) while an operation uses it is the
+    /// caller's error.
+    Tensor {
+        _tensor: Py<PyAny>,
+        ptr: usize,
+        len: usize,
+    },
+}
+
+/// One buffer of an operation, held until the operation ends.
 struct Buf {
-    view: PyBuffer<u8>,
+    mem: Mem,
+}
+
+/// `torch.Tensor`, once `torch` has been imported (looked up in `sys.modules`: this module
+/// never imports torch itself).
+static TORCH_TENSOR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
+
+fn torch_tensor_type(py: Python<'_>) -> Option<&Bound<'_, PyType>> {
+    if let Some(t) = TORCH_TENSOR.get(py) {
+        return Some(t.bind(py));
+    }
+    let modules = py.import_bound("sys").ok()?.getattr("modules").ok()?;
+    let torch = modules.get_item("torch").ok()?;
+    let tensor = torch
+        .getattr("Tensor")
+        .ok()?
+        .downcast_into::<PyType>()
+        .ok()?;
+    let _ = TORCH_TENSOR.set(py, tensor.unbind());
+    TORCH_TENSOR.get(py).map(|t| t.bind(py))
 }
 
 impl Buf {
     fn get(obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> PyResult<Buf> {
+        if let Some(tensor) = torch_tensor_type(obj.py()) {
+            if obj.is_instance(tensor)? {
+                return Buf::tensor(obj, what);
+            }
+        }
         let view = PyBuffer::<u8>::get_bound(obj).map_err(|e| {
             PyValueError::new_err(format!(
                 "{what}: a C-contiguous byte buffer is needed (memoryview(x).cast('B')): {e}"
@@ -75,15 +118,61 @@ impl Buf {
         if writable && view.readonly() {
             return Err(PyValueError::new_err(format!("{what}: read-only buffer")));
         }
-        Ok(Buf { view })
+        Ok(Buf {
+            mem: Mem::View(view),
+        })
+    }
+
+    /// A contiguous CPU tensor's memory; anything else is a `ValueError` (the Python layer
+    /// names GPU memory apart, as a `CollectiveError`).
+    fn tensor(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Buf> {
+        if !obj.getattr("is_cpu")?.is_truthy()? {
+            return Err(PyValueError::new_err(format!(
+                "{what}: a tensor on {}: CPU tensors only",
+                obj.getattr("device")?
+            )));
+        }
+        if !obj.call_method0("is_contiguous")?.is_truthy()? {
+            return Err(PyValueError::new_err(format!(
+                "{what}: tensor is not contiguous"
+            )));
+        }
+        let numel: usize = obj.call_method0("numel")?.extract()?;
+        let size: usize = obj.call_method0("element_size")?.extract()?;
+        let ptr: usize = obj.call_method0("data_ptr")?.extract()?;
+        let len = numel.checked_mul(size).ok_or_else(|| {
+            PyValueError::new_err(format!("{what}: {numel} elements of {size} bytes overflow"))
+        })?;
+        if len > 0 && ptr == 0 {
+            return Err(PyValueError::new_err(format!(
+                "{what}: tensor without memory"
+            )));
+        }
+        Ok(Buf {
+            mem: Mem::Tensor {
+                _tensor: obj.clone().unbind(),
+                ptr,
+                len,
+            },
+        })
+    }
+
+    fn ptr(&self) -> usize {
+        match &self.mem {
+            Mem::View(v) => v.buf_ptr() as usize,
+            Mem::Tensor { ptr, .. } => *ptr,
+        }
     }
 
     fn len(&self) -> usize {
-        self.view.len_bytes()
+        match &self.mem {
+            Mem::View(v) => v.len_bytes(),
+            Mem::Tensor { len, .. } => *len,
+        }
     }
 
     fn range(&self) -> (usize, usize) {
-        let start = self.view.buf_ptr() as usize;
+        let start = self.ptr();
         (start, start + self.len())
     }
 }
@@ -94,10 +183,11 @@ impl AsRef<[u8]> for Buf {
             return &[];
         }
         // SAFETY: the Py_buffer stays acquired (the exporter keeps the memory alive and in
-        // place) while `self` lives; it is C-contiguous and `len_bytes` long (checked in `get`).
+        // place), or the tensor referenced, while `self` lives; the memory is C-contiguous and
+        // `len` bytes long (checked in `get` / `tensor`).
         #[allow(unsafe_code)]
         unsafe {
-            std::slice::from_raw_parts(self.view.buf_ptr() as *const u8, self.len())
+            std::slice::from_raw_parts(self.ptr() as *const u8, self.len())
         }
     }
 }
@@ -108,11 +198,11 @@ impl AsMut<[u8]> for Buf {
             return &mut [];
         }
         // SAFETY: as `as_ref`, and the buffer is writable (checked in `get` for every buffer
-        // used as an output); no other Rust reference to it exists (inputs overlapping outputs
-        // are refused by `disjoint`).
+        // used as an output; a CPU tensor's memory is); no other Rust reference to it exists
+        // (inputs overlapping outputs are refused by `disjoint`).
         #[allow(unsafe_code)]
         unsafe {
-            std::slice::from_raw_parts_mut(self.view.buf_ptr() as *mut u8, self.len())
+            std::slice::from_raw_parts_mut(self.ptr() as *mut u8, self.len())
         }
     }
 }

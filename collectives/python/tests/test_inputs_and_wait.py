@@ -100,8 +100,12 @@ def test_fake_cuda_torch_tensor_is_a_clear_error():
     class FakeCudaTensor:
         __module__ = "torch"
         device = Device()
+        is_cpu = False
     with pytest.raises(rocecoll.CollectiveError, match="buffer on cuda:0"):
         rocecoll.as_bytes(FakeCudaTensor())
+    # The operations' own argument path (a CPU tensor goes to Rust as itself) refuses it too.
+    with pytest.raises(rocecoll.CollectiveError, match="buffer on cuda:0"):
+        rocecoll._arg(FakeCudaTensor())
 
 
 def dlpack_all_reduce(rank, size):
@@ -165,6 +169,93 @@ def test_torch_work_wait_honours_its_timeout():
     assert r0["second"] is True
     assert r0["sum"] == r1["sum"] == [3.0] * 8
     assert r0["after"] == r1["after"] == [1.0] * 3
+
+
+def torch_inline(rank, size):
+    import torch
+    import torch.distributed as dist
+
+    import rocecoll.torch_backend  # noqa: F401  (registers the backend)
+
+    dist.init_process_group("rocecoll", timeout=datetime.timedelta(seconds=60))
+    c = dist.distributed_c10d._get_default_group()._c
+    got = {}
+
+    def counted(name, fn):
+        before = c.inline_ops
+        out = fn()
+        got[name] = (c.inline_ops - before, out)
+
+    t = torch.full((256,), float(rank + 1))
+    counted("all_reduce", lambda: (dist.all_reduce(t), t[0].item())[1])
+
+    def async_all_reduce():
+        u = torch.full((64,), float(rank))
+        w = dist.all_reduce(u, async_op=True)
+        return w.wait(), u[0].item(), w.is_completed()
+
+    counted("all_reduce async", async_all_reduce)
+    b = torch.full((5,), float(rank))
+    counted("broadcast", lambda: (dist.broadcast(b, src=size - 1), b.tolist())[1])
+    g = torch.empty(3 * size, dtype=torch.int64)
+    counted("all_gather_into_tensor", lambda: (
+        dist.all_gather_into_tensor(g, torch.full((3,), rank, dtype=torch.int64)), g.tolist())[1])
+    outs = [torch.zeros(2) for _ in range(size)]
+    counted("all_gather", lambda: (  # the copy out of the staging buffer runs on this thread
+        dist.all_gather(outs, torch.full((2,), float(rank))), [o.tolist() for o in outs])[1])
+    rs = torch.empty(2)
+    counted("reduce_scatter_tensor", lambda: (
+        dist.reduce_scatter_tensor(rs, torch.arange(2.0 * size)), rs.tolist())[1])
+    counted("barrier", lambda: dist.barrier())
+    p = torch.full((4,), float(rank))
+
+    def ping():  # point-to-point never runs on the caller's thread
+        if rank == 0:
+            dist.send(p, 1)
+        elif rank == 1:
+            dist.recv(p, 0)
+        return p.tolist()
+
+    counted("send/recv", ping)
+    dist.destroy_process_group()
+    return got
+
+
+def test_torch_blocking_calls_run_on_the_callers_thread():
+    """Blocking ``torch.distributed`` collectives (``async_op=False``) with nothing in flight run
+    inline (``inline_ops`` counts them) and give the same results; async ones and
+    point-to-point go to the progress thread."""
+    pytest.importorskip("torch")
+    for rank, got in enumerate(ranks.values(ranks.run(torch_inline, 2, timeout=180, env={
+            "ROCECOLL_TRANSPORT": "shm"}))):
+        assert got["all_reduce"] == (1, 3.0), got
+        assert got["all_reduce async"] == (0, (True, 1.0, True)), got
+        assert got["broadcast"] == (1, [1.0] * 5), got
+        assert got["all_gather_into_tensor"] == (1, [0, 0, 0, 1, 1, 1]), got
+        assert got["all_gather"] == (1, [[0.0, 0.0], [1.0, 1.0]]), got
+        assert got["reduce_scatter_tensor"] == (1, [4.0 * rank, 4.0 * rank + 2]), got
+        assert got["barrier"] == (1, None), got
+        assert got["send/recv"] == (0, [0.0] * 4), got
+
+
+def test_ended_work_future_and_error():
+    """The ``Work`` of an operation that ended on the calling thread: its future is made on
+    demand, and its error is raised by ``wait`` and set on the future."""
+    torch = pytest.importorskip("torch")
+    import rocecoll
+    import rocecoll.torch_backend as rtb
+
+    t = [torch.ones(2)]
+    w = rtb._EndedWork(t, None)
+    assert w.is_completed() and w.is_success() and w.wait() is True and w.exception() is None
+    assert w.get_future().wait() is t and w.get_future() is w.get_future()
+    err = rocecoll.CollectiveError("rank 0: all-reduce failed")
+    w = rtb._EndedWork(t, err)
+    assert w.is_completed() and not w.is_success() and w.exception() is err
+    with pytest.raises(rocecoll.CollectiveError, match="all-reduce failed"):
+        w.wait()
+    with pytest.raises(rocecoll.CollectiveError, match="all-reduce failed"):
+        w.get_future().wait()
 
 
 def gloo_order(rank, size, sizes):

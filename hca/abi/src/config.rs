@@ -74,6 +74,40 @@ pub fn cm_config() -> hca::cm::CmConfig {
     )
 }
 
+/// The environment variable that chooses who drives the library's software HCAs
+/// (`hca::soft::Progress`): `hybrid` (the default: a progress thread, and an `ibv_poll_cq` that
+/// finds its CQ empty runs a round on the caller's thread, holding a received message's ACK for
+/// the reply at most about 2 x `hca::soft::ACK_HOLD`), `thread` (the thread alone: every
+/// datagram wakes it; a received message's ACK leaves at once in a sendmmsg(2) of its own) or
+/// `caller` (no thread, as `rdma-perf`'s latency tests: nothing moves unless the program calls
+/// `ibv_poll_cq`, so only for programs that busy-poll until they close their device; a passive
+/// RDMA WRITE target or a program blocked in `ibv_get_cq_event` stalls).
+pub const SOFT_HCA_PROGRESS: &str = "SOFT_HCA_PROGRESS";
+
+/// [`SOFT_HCA_PROGRESS`] from the variable's value (`None`: unset): `caller`, `hybrid` or
+/// `thread` (case-insensitive, blanks trimmed); unset, empty or anything else is `hybrid`, with
+/// a message on stderr for anything else (a library cannot refuse to open over a typo).
+pub fn progress_from(value: Option<&str>) -> hca::soft::Progress {
+    use hca::soft::Progress;
+    match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+        None | Some("" | "hybrid") => Progress::Hybrid,
+        Some("thread") => Progress::Thread,
+        Some("caller") => Progress::Caller,
+        Some(other) => {
+            eprintln!(
+                "libibverbs (software HCA): {SOFT_HCA_PROGRESS}={other:?} is not caller, hybrid \
+                 or thread: using hybrid"
+            );
+            Progress::Hybrid
+        }
+    }
+}
+
+/// [`progress_from`] of this process's environment.
+pub fn progress() -> hca::soft::Progress {
+    progress_from(std::env::var(SOFT_HCA_PROGRESS).ok().as_deref())
+}
+
 /// The environment variable that makes the library print the device's counters (engine:
 /// rxe's `hw_counters` names, retransmissions, drops by reason; link; progress) on stderr when
 /// the process's last context on it closes (`ibv_close_device`): set to any value. For
@@ -192,6 +226,17 @@ mod tests {
             (c.response_timeout, c.max_cm_retries),
             (d.response_timeout, d.max_cm_retries)
         );
+    }
+
+    #[test]
+    fn progress_from_the_environment_value() {
+        use hca::soft::Progress;
+        assert_eq!(progress_from(None), Progress::Hybrid);
+        assert_eq!(progress_from(Some("")), Progress::Hybrid);
+        assert_eq!(progress_from(Some(" Caller ")), Progress::Caller);
+        assert_eq!(progress_from(Some("thread")), Progress::Thread);
+        assert_eq!(progress_from(Some("hybrid")), Progress::Hybrid);
+        assert_eq!(progress_from(Some("fast")), Progress::Hybrid);
     }
 
     #[test]

@@ -419,6 +419,40 @@ fn open_devices() -> &'static Mutex<HashMap<usize, Weak<Shared>>> {
     OPEN.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// Registers [`flush_at_exit`] with atexit(3), once per process (a child of fork(2) inherits
+/// the registration).
+fn register_exit_flush() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: atexit(3) with a function of this library that takes no arguments; glibc's
+        // atexit registers it for this library's DSO, so dlclose(3) runs it too, before the code
+        // goes away.
+        if unsafe { libc::atexit(flush_at_exit) } != 0 {
+            eprintln!("libibverbs (software HCA): atexit failed: held ACKs may be lost at exit");
+        }
+    });
+}
+
+/// At exit(3): every device this process opened sends the ACKs (and READ responses) its
+/// polling rounds held for a reply (`Verbs::flush_held`, `hca::soft::ACK_HOLD`): a program
+/// may exit right after its last completion without destroying its QPs, and the peer would
+/// otherwise retransmit until `IBV_WC_RETRY_EXC_ERR`. `try_lock`: a thread that exits while
+/// it holds the device map (inside `ibv_open_device`) skips the flush instead of deadlocking.
+extern "C" fn flush_at_exit() {
+    let Ok(open_now) = open_devices().try_lock() else {
+        return;
+    };
+    let live: Vec<Arc<Shared>> = open_now
+        .values()
+        .filter_map(Weak::upgrade)
+        .filter(|s| s.pid == std::process::id())
+        .collect();
+    drop(open_now);
+    for s in &live {
+        s.verbs.flush_held();
+    }
+}
+
 /// A context: `struct verbs_context` (ending with the `struct ibv_context` handed out) first.
 #[repr(C)]
 struct AbiContext {
@@ -696,8 +730,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
                 &OpenOptions {
                     udp_share: Some(crate::config::share()),
                     // A busy-polling program drives the engine from ibv_poll_cq, as the Rust
-                    // latency tools do; the thread serves programs that never poll or block.
-                    progress: hca::soft::Progress::Hybrid,
+                    // latency tools do; the thread serves programs that never poll or block
+                    // (SOFT_HCA_PROGRESS chooses another mode).
+                    progress: crate::config::progress(),
                     ..OpenOptions::default()
                 },
             ) {
@@ -722,6 +757,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
                 eprintln!("libibverbs (software HCA): {}: {e}", dev.config.name);
             }
             open_now.insert(index, Arc::downgrade(&shared));
+            register_exit_flush();
             shared
         }
     };
@@ -1829,7 +1865,12 @@ symver!(ibv_create_qp, "IBVERBS_1.1");
 /// # Safety
 /// As [`ibv_create_qp`].
 pub(crate) unsafe fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
-    // SAFETY: the caller's promise.
+    if pd.is_null() || init.is_null() {
+        // rdma-core's would fault; a program that passes a missing PD gets EINVAL instead.
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    // SAFETY: the caller's promise (both checked non-null).
     let (p, a) = unsafe { (&*pd.cast::<AbiPd>(), &mut *init) };
     // SAFETY: its context is open.
     let i = unsafe { inner(p.pd.context) };
@@ -1902,7 +1943,8 @@ pub(crate) unsafe fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> 
     b.cast()
 }
 
-/// ibv_modify_qp(3). PSNs are masked to 24 bits, as rxe and mlx5 do.
+/// ibv_modify_qp(3). PSNs are masked to 24 bits, as rxe and mlx5 do; the AV's flow label to its
+/// 20 bits (see [`ibv_create_ah`]).
 ///
 /// # Safety
 /// `qp` is from ibv_create_qp; `attr` is valid.
@@ -1919,6 +1961,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
     let mut rust = translate::qp_attr_from(a);
     rust.sq_psn &= 0x00ff_ffff;
     rust.rq_psn &= 0x00ff_ffff;
+    rust.ah_attr.flow_label &= FLOW_LABEL_MASK;
     let mask = QpAttrMask::from_bits_retain(mask as u32);
     match i.verbs.modify_qp(q.qpx.qp_base.qp_num, &rust, mask) {
         Ok(_) => {
@@ -2170,7 +2213,13 @@ unsafe extern "C" fn op_post_recv(
 // ---------------------------------------------------------------------------------------------
 // AH.
 
-/// ibv_create_ah(3): RoCE needs a GRH (`is_global`), else `EINVAL` as rxe.
+/// The IPv6 flow label's 20 bits (RFC 8200 section 6; IBTA vol. 1 8.3.1 `FlowLabel`).
+const FLOW_LABEL_MASK: u32 = 0x000f_ffff;
+
+/// ibv_create_ah(3): RoCE needs a GRH (`is_global`), else `EINVAL` as rxe. The GRH's flow label is
+/// masked to its 20 bits: the kernel's uverbs and rxe take any `u32` there without a check, and
+/// UCX (`uct_ib_iface_fill_ah_attr_from_gid_lid`, 1.13) passes `~0` on RoCE, whose low 20 bits
+/// mlx5 turns into the UDP source port.
 ///
 /// # Safety
 /// `pd` is from ibv_alloc_pd; `attr` is valid.
@@ -2184,17 +2233,16 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         set_errno(libc::EINVAL);
         return null_mut();
     }
-    boxed_or_null(
-        i.verbs.create_ah(p.handle, &translate::ah_attr_from(a)),
-        |handle| AbiAh {
-            ah: ibv_ah {
-                context: p.pd.context,
-                pd,
-                handle: handle.index(),
-            },
-            handle,
+    let mut av = translate::ah_attr_from(a);
+    av.flow_label &= FLOW_LABEL_MASK;
+    boxed_or_null(i.verbs.create_ah(p.handle, &av), |handle| AbiAh {
+        ah: ibv_ah {
+            context: p.pd.context,
+            pd,
+            handle: handle.index(),
         },
-    )
+        handle,
+    })
 }
 symver!(ibv_create_ah, "IBVERBS_1.1");
 

@@ -5,7 +5,8 @@
 //! `wr_abort`, an oversized inline refused with `ENOSPC`) and the `ibv_cq_ex` polling API
 //! (ibv_create_cq_ex(3): `start_poll` / `next_poll` / `end_poll`, `read_*`), and checks the
 //! data, the completions, rxe's `EOPNOTSUPP` refusals and 24-bit PSN masking; a second one
-//! (tests/c/events_fork.c) checks completion channels under epoll, fork(2) and dma-buf refusals. The struct
+//! (tests/c/events_fork.c) checks completion channels under epoll, fork(2) and dma-buf refusals, a
+//! third (tests/c/exit_after_last.c) a responder that exits right after its last completion. The struct
 //! layouts it relies on are rdma-core's: the bindgen structures assert their sizes and offsets
 //! at compile time.
 
@@ -70,4 +71,15 @@ fn completion_channels_epoll_fork_and_dmabuf_from_c() {
         "events_fork",
         "rxe0=udp:127.0.0.23,rxe1=udp:127.0.0.24,rxe2=udp:127.0.0.25,rxe3=udp:127.0.0.26",
     );
+}
+
+/// tests/c/exit_after_last.c: a responder process that exits (exit(3), nothing destroyed)
+/// right after the completion of the last SEND it received; the requester's send still
+/// completes with `IBV_WC_SUCCESS`: the ACK that the library's polling rounds held for a reply
+/// (`hca::soft::ACK_HOLD`) leaves from its atexit handler. Five rounds of 200 ping-pongs and
+/// a last SEND, with the requester's Local ACK Timeout at 16.8 ms and `retry_cnt` 2 (a lost ACK
+/// fails the round with `IBV_WC_RETRY_EXC_ERR`).
+#[test]
+fn responder_exiting_after_its_last_completion_from_c() {
+    run_c("exit_after_last", "rxe0=udp:127.0.0.27,rxe1=udp:127.0.0.28");
 }

@@ -6,8 +6,15 @@
 //! skip; the skips and their reasons are listed in the README (features the software HCA lacks:
 //! device memory, memory windows, XRC, ODP, raw packet QPs, parent domains, ...). Runs under
 //! `timeout`; the suite is copied into a temporary directory and its `.gz` files unpacked there.
+//!
+//! `test_rdmacm` runs apart (`pyverbs_rdmacm_with_the_sysfs_view`), over both drop-in libraries:
+//! its tests look for the device's interface under `/sys/class/infiniband/rxe0/device/net/`,
+//! which only a kernel device has, so they run under `tests/sysfs-ib.sh --netns` (root: a
+//! private mount and network namespace showing the kernel's view of the library's device on
+//! 127.0.0.1, the address `ip addr` gives for `lo`); passive and active side are two processes
+//! sharing the device's address.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
@@ -29,7 +36,6 @@ const FILES: &[&str] = &[
     "test_fork",
     "test_relaxed_ordering",
     "test_odp",
-    "test_rdmacm",
     "test_shared_pd",
     "test_flow",
     "test_rss_traffic",
@@ -47,23 +53,7 @@ fn pyverbs_suite_passes_or_skips() {
         panic!("python3-pyverbs is not installed: run `bash tests/setup.sh` as root");
     }
     let root = std::env::temp_dir().join(format!("abi-pyverbs-{}", std::process::id()));
-    let dir = root.join("tests");
-    std::fs::create_dir_all(&dir).unwrap();
-    for entry in std::fs::read_dir(suite).unwrap() {
-        let p = entry.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        if let Some(stem) = name.strip_suffix(".gz") {
-            let o = Command::new("gzip")
-                .arg("-dc")
-                .arg(&p)
-                .output()
-                .expect("gzip");
-            assert!(o.status.success(), "gzip -dc {}", p.display());
-            std::fs::write(dir.join(stem), o.stdout).unwrap();
-        } else if p.is_file() {
-            std::fs::copy(&p, dir.join(&name)).unwrap();
-        }
-    }
+    let dir = unpack(suite, &root);
     let o = Command::new("timeout")
         .arg("300")
         .arg("/usr/bin/python3")
@@ -91,7 +81,7 @@ fn pyverbs_suite_passes_or_skips() {
                 .ok()
         })
         .expect("unittest's summary");
-    // Today: 170 tests, 77 passed, 93 skipped; the traffic tests (RC / UC / UD, qp_ex, cq_ex,
+    // Today: 160 tests, 77 passed, 83 skipped; the traffic tests (RC / UC / UD, qp_ex, cq_ex,
     // atomics, completion events) are among the passes.
     assert!(
         ran >= 150 && passed >= 70,
@@ -107,6 +97,136 @@ fn pyverbs_suite_passes_or_skips() {
                 .any(|l| l.starts_with(must_pass) && l.ends_with("ok")),
             "{must_pass} did not pass:\n{out}"
         );
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Copies the suite into `root/tests`, unpacking its `.gz` files; returns that directory.
+fn unpack(suite: &Path, root: &Path) -> PathBuf {
+    let dir = root.join("tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(suite).unwrap() {
+        let p = entry.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if let Some(stem) = name.strip_suffix(".gz") {
+            let o = Command::new("gzip")
+                .arg("-dc")
+                .arg(&p)
+                .output()
+                .expect("gzip");
+            assert!(o.status.success(), "gzip -dc {}", p.display());
+            std::fs::write(dir.join(stem), o.stdout).unwrap();
+        } else if p.is_file() {
+            std::fs::copy(&p, dir.join(&name)).unwrap();
+        }
+    }
+    dir
+}
+
+/// The profile directory with both drop-in libraries (`libibverbs.so.1`, `librdmacm.so.1`),
+/// built by `cargo build -p ibverbs-abi -p rdmacm-abi` (as `rdmacm_tools.rs` does: `cargo test`
+/// does not build the librdmacm cdylib for this crate's tests).
+fn both_libraries() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let profile = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/PROFILE/deps/TEST")
+        .to_path_buf();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "-q", "-p", "ibverbs-abi", "-p", "rdmacm-abi"]);
+    if profile.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    assert!(
+        cmd.status().expect("run cargo build").success(),
+        "cargo build -p ibverbs-abi -p rdmacm-abi failed"
+    );
+    profile
+}
+
+/// The RC and UD (`RDMA_PS_UDP`, SIDR) tests of `test_rdmacm` that must pass; the file's other tests are the 3 multicast
+/// ones (skipped: "Multicast is not supported on this device") and [`RDMACM_NOT_YET`].
+const RDMACM_MUST_PASS: &[&str] = &[
+    "test_rdmacm_sync_traffic",
+    "test_rdmacm_async_traffic",
+    "test_rdmacm_async_reject_traffic",
+    "test_rdmacm_async_read",
+    "test_rdmacm_async_write",
+    "test_rdmacm_async_udp_traffic",
+];
+
+/// Tests allowed to fail today, with the reason: an external QP needs `CONNECT_RESPONSE`, `rdma_init_qp_attr` for RTR / RTS and
+/// `rdma_establish` (this CM moves the QP itself: `rdma_init_qp_attr` for RTR fails with `EINVAL`).
+const RDMACM_NOT_YET: &[&str] = &["test_rdmacm_async_traffic_external_qp"];
+
+#[test]
+fn pyverbs_rdmacm_with_the_sysfs_view() {
+    let suite = Path::new("/usr/share/doc/rdma-core/tests");
+    if !suite.join("run_tests.py").exists() {
+        eprintln!("python3-pyverbs is not installed (run `bash tests/setup.sh` as root): skipped");
+        return;
+    }
+    // SAFETY: geteuid(2) has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "not root: tests/sysfs-ib.sh needs private mount and network namespaces; skipped"
+        );
+        return;
+    }
+    let libs = both_libraries();
+    let root = std::env::temp_dir().join(format!("abi-pyverbs-cm-{}", std::process::id()));
+    let dir = unpack(suite, &root);
+    let o = Command::new("timeout")
+        .arg("300")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/sysfs-ib.sh"))
+        .args(["--netns", "--", "/usr/bin/python3", "run_tests.py"])
+        .args(["--dev", "rxe0", "--gid", "0", "-v", "test_rdmacm"])
+        .current_dir(&dir)
+        .env("LD_LIBRARY_PATH", &libs)
+        .env("ROCE_DEVICES", "rxe0=udp:127.0.0.1")
+        .output()
+        .expect("run python3");
+    let out = text(&o);
+    // unittest's verbose lines: "test_x (tests.test_rdmacm.CMTestCase.test_x) ... ok" (an
+    // error's line may carry the processes' messages before "ERROR").
+    let result = |name: &str| -> Option<&str> {
+        let start = out.find(&format!("{name} (tests."))?;
+        let rest = &out[start..];
+        ["ok\n", "skipped", "ERROR\n", "FAIL\n"]
+            .into_iter()
+            .filter_map(|r| rest.find(r).map(|at| (at, r)))
+            .min()
+            .map(|(_, r)| r.trim_end())
+    };
+    for name in RDMACM_MUST_PASS {
+        assert_eq!(result(name), Some("ok"), "{name}:\n{out}");
+    }
+    for name in [
+        "test_rdmacm_async_multicast_traffic",
+        "test_rdmacm_async_ex_multicast_traffic",
+        "test_rdmacm_async_ex_leave_multicast_traffic",
+    ] {
+        assert_eq!(result(name), Some("skipped"), "{name}:\n{out}");
+    }
+    let ran: usize = out
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Ran ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("unittest's summary:\n{out}"));
+    assert_eq!(
+        ran,
+        RDMACM_MUST_PASS.len() + 3 + RDMACM_NOT_YET.len(),
+        "{out}"
+    );
+    for name in RDMACM_NOT_YET {
+        eprintln!("{name}: {:?} (not required yet)", result(name));
     }
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -1130,6 +1130,18 @@ impl SoftHca {
         self.ctx.poll_event()
     }
 
+    /// Whether a QP on the ready list has a response queued (an ACK or NAK, a READ or atomic
+    /// response): what a progress round may hold back to leave with the program's reply (IBTA
+    /// vol. 1 9.7.5.1.2, coalesced acknowledgements). A round that received only responses (a
+    /// requester's ACKs) has nothing to hold. O(ready QPs).
+    #[must_use]
+    pub fn has_queued_responses(&self) -> bool {
+        self.ready.iter().any(|&qpn| {
+            self.qp_transport_ref(qpn)
+                .is_some_and(|t| !t.resp.out.is_empty())
+        })
+    }
+
     /// Whether a completion event ([`SoftHca::poll_cq_event`]) or an async event
     /// ([`SoftHca::poll_event`]) is queued unread.
     #[must_use]

@@ -506,6 +506,14 @@ impl CmService {
             .collect()
     }
 
+    /// `rdma_set_option(3)` `RDMA_OPTION_ID_ACK_TIMEOUT`: see [`RdmaCm::set_ack_timeout`].
+    ///
+    /// # Errors
+    /// As [`RdmaCm::set_ack_timeout`].
+    pub fn set_ack_timeout(&self, id: RdmaId, timeout: u8) -> Result<(), RdmaCmError> {
+        self.call(|cm, _, _| cm.set_ack_timeout(id, timeout))
+    }
+
     /// `rdma_connect(3)` with the caller's RC QP `qpn` (in RESET; the CM moves it to INIT now and
     /// to RTR / RTS when the REP arrives) and at most 56 bytes of `private_data`; `ESTABLISHED`,
     /// `REJECTED` or `UNREACHABLE` follows. For a UD ID a SIDR_REQ (at most 180 bytes of

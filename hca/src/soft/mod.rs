@@ -171,14 +171,14 @@ pub enum Progress {
     /// A progress thread, and a [`UdpDevice::poll_cq`] that finds its CQ empty runs a round
     /// itself when no other thread is in one (`try_lock`, never waiting): a busy-polling program
     /// gets [`Progress::Caller`]'s latency path (its own thread receives and sends, no hand-off;
-    /// but a received message's ACK is built at once, not held for the reply: the program may
-    /// exit after its last completion), and one that never polls or waits on a completion
-    /// channel still gets the thread. While a caller polled within [`CALLER_WINDOW`] the thread
-    /// sleeps on its waker only, not on the socket, so that datagrams do not wake it (a context
-    /// switch each); [`UdpDevice::req_notify_cq`] and [`UdpDevice::wait_cq`] end that window
-    /// (the program is about to block) and give the socket back to the thread. What a caller
-    /// stops driving (a timer, a full batch) waits at most [`CALLER_WINDOW`]. The drop-in
-    /// libibverbs (`hca/abi`) opens its devices so.
+    /// a received message's ACK is held for the reply, bounded by [`ACK_HOLD`]), and one that
+    /// never polls or waits on a completion channel still gets the thread. While a caller
+    /// polled within [`CALLER_WINDOW`] the thread sleeps on its waker only, not on the socket,
+    /// so that datagrams do not wake it (a context switch each); [`UdpDevice::req_notify_cq`]
+    /// and [`UdpDevice::wait_cq`] end that window (the program is about to block) and give the
+    /// socket back to the thread. What a caller stops driving (a timer, a full batch) waits at
+    /// most [`CALLER_WINDOW`], a held ACK about 2 x [`ACK_HOLD`]. The drop-in libibverbs
+    /// (`hca/abi`) opens its devices so.
     Hybrid,
 }
 
@@ -187,6 +187,40 @@ pub enum Progress {
 /// of iterations, and the longest a packet waits when the program stops polling without
 /// [`UdpDevice::req_notify_cq`].
 pub const CALLER_WINDOW: Duration = Duration::from_millis(1);
+
+/// [`Progress::Hybrid`] and [`Progress::Caller`]: how long a caller's round may hold the ACKs
+/// (and READ responses) of what it received, so that they leave in one sendmmsg(2) with the
+/// reply the program posts next (IBTA vol. 1 9.7.5.1.2 lets a responder coalesce
+/// acknowledgements; the requester retransmits only after its Local ACK Timeout, 4.096 us x
+/// 2^`timeout`, 9.7.6.1.3: 67 ms at perftest's and ibv_rc_pingpong's `timeout` 14, 1 s at
+/// librdmacm's 18). With [`Progress::Hybrid`] a caller's round whose oldest hold is this old
+/// builds at once, and the progress thread, which wakes at least this often while callers poll,
+/// builds a hold this old when they stopped: a held ACK waits at most about 2 x `ACK_HOLD`
+/// (plus scheduling delay), below the Local ACK Timeout of `timeout` >= 7 (524 us); a smaller
+/// `timeout` may see a spurious retransmission, answered as a duplicate (9.7.5.1.1).
+/// Destroying or modifying a QP, closing the device, arming a CQ and (in the drop-in
+/// libibverbs) process exit send a hold at once. 250 us: the thread wakes 4000 times a second
+/// while a program busy-polls, against one wake per received message without the hold.
+pub const ACK_HOLD: Duration = Duration::from_micros(250);
+
+/// [`Progress::Hybrid`]: how long a thread's polls of an empty CQ (whose rounds receive nothing)
+/// go on before [`SoftDevice::poll_cq`] yields the CPU (sched_yield(2)), and then again after
+/// each such interval. 30 us: above a loopback round trip (about 10 us), so a program whose
+/// peer runs on another CPU seldom yields, and far below a scheduler slice (3 ms and more),
+/// which is what a busy poller sharing a CPU with the peer it waits for would otherwise cost
+/// per round trip (with the yield: about 2 x 30 us). A yield at every empty poll and after
+/// each post, as `rdma-perf` does, made Debian's `ib_write_bw` pairs of
+/// `hca/abi/tests/shared_perftest.rs` fail with `IBV_WC_RETRY_EXC_ERR` at load 16-26 (the post
+/// yield 2 runs of 2, the poll yield 4 of 5; 200 us and 30 us: 4 runs of 4 passed); likely
+/// the strays of that test (a killed process reorders the reuseport group), which a process
+/// forwards only while it runs rounds.
+pub const YIELD_AFTER: Duration = Duration::from_micros(30);
+
+std::thread_local! {
+    /// When this thread's run of empty polls began ([`YIELD_AFTER`]; nanoseconds of the
+    /// device clock of the CQ it polls, 0: none).
+    static EMPTY_SINCE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
 
 /// What the device's progress engine has done (the engine's and the link's own counters are
 /// [`SoftDevice::counters`] and [`SoftDevice::link_counters`]).
@@ -258,6 +292,9 @@ pub(crate) struct Shared<L: SoftLink> {
     caller_round_gaps: AtomicU64,
     /// [`Progress::Hybrid`]: the thread sleeps on its waker only (not on the socket).
     blind: AtomicBool,
+    /// When the oldest ACK (or READ response) a caller's round left unbuilt was received
+    /// (nanoseconds since `origin`; 0: none held): [`ACK_HOLD`]. Written by the holder of `io`.
+    held_since: AtomicU64,
     /// When the sleeping thread will wake by itself (nanoseconds since `origin`; `u64::MAX`:
     /// never). A caller that arms an earlier timer wakes it.
     sleep_until: AtomicU64,
@@ -395,6 +432,7 @@ impl<L: SoftLink> SoftDevice<L> {
             caller_round_gap_max: AtomicU64::new(0),
             caller_round_gaps: AtomicU64::new(0),
             blind: AtomicBool::new(false),
+            held_since: AtomicU64::new(0),
             sleep_until: AtomicU64::new(u64::MAX),
             counters: Mutex::new(DeviceCounters::default()),
             round_counts: progress::RoundCounts::default(),
@@ -590,6 +628,8 @@ impl<L: SoftLink> SoftDevice<L> {
     /// # Errors
     /// [`DeviceError::Verbs`] as [`SoftHca::dealloc_pd`].
     pub fn dealloc_pd(&self, pd: PdHandle) -> Result<(), DeviceError> {
+        // Held ACKs of the PD's QPs leave first ([`ACK_HOLD`]).
+        self.shared.flush_held();
         Ok(self.shared.engine_op(|e| e.dealloc_pd(pd))?)
     }
 
@@ -700,7 +740,12 @@ impl<L: SoftLink> SoftDevice<L> {
     /// many. With [`Progress::Caller`] it runs one progress round (receive, timers, send) when
     /// the CQ has no completion ready (completions already there are returned at once: a
     /// request/response loop then answers without an extra system call). With
-    /// [`Progress::Thread`] it only takes the engine lock for the copy.
+    /// [`Progress::Thread`] it only takes the engine lock for the copy. With
+    /// [`Progress::Hybrid`] an empty CQ runs a round if no other thread is in one, and polls
+    /// that find it empty for [`YIELD_AFTER`] yield the CPU (sched_yield(2)), as `rdma-perf`'s
+    /// polling loop does at each: with busy-polling programs (perftest) on both ends of a link and fewer CPUs than
+    /// runnable threads, a poller would otherwise keep the CPU its peer waits for until the
+    /// scheduler's slice ends, milliseconds per round trip.
     ///
     /// # Errors
     /// [`DeviceError::Verbs`] as [`SoftHca::poll_cq`].
@@ -716,9 +761,38 @@ impl<L: SoftLink> SoftDevice<L> {
             }
             Progress::Hybrid => {
                 let ready = self.poll_ready(cq, out)?;
-                if ready > 0 || !s.hybrid_round() {
+                if ready > 0 {
+                    EMPTY_SINCE.with(|c| c.set(0));
                     return Ok(ready);
                 }
+                let round = s.hybrid_round();
+                let n = if round.is_some() {
+                    self.poll_ready(cq, out)?
+                } else {
+                    0
+                };
+                // A round that received datagrams (more may wait: strays to forward in shared
+                // mode, a burst of ACKs) is followed by another at once, not by a yield: a
+                // socket read less often overflows.
+                let idle = round.is_none_or(|o| o.received == 0);
+                // Still empty, nothing arrived, and so for YIELD_AFTER already: hand the CPU to
+                // whoever waits for it (sched_yield(2) returns at once when nobody does). What
+                // this poller waits for is another thread's work: the peer process's, when both
+                // busy-poll on one CPU (it would otherwise wait a whole scheduler slice,
+                // milliseconds, for its turn: one round trip per slice), or the thread holding
+                // `io`.
+                let now = s.now().as_nanos();
+                EMPTY_SINCE.with(|c| {
+                    if n > 0 || !idle {
+                        c.set(0);
+                    } else if c.get() == 0 {
+                        c.set(now);
+                    } else if now - c.get() >= YIELD_AFTER.as_nanos() as u64 {
+                        c.set(now);
+                        std::thread::yield_now();
+                    }
+                });
+                return Ok(n);
             }
             Progress::Thread => {}
         }
@@ -998,6 +1072,9 @@ impl<L: SoftLink> SoftDevice<L> {
         mask: QpAttrMask,
     ) -> Result<ModifyOutcome, DeviceError> {
         self.check_open()?;
+        // A held ACK ([`ACK_HOLD`]) leaves before the QP changes state (ERR and RESET would
+        // drop it, and the peer would retransmit until IBV_WC_RETRY_EXC_ERR).
+        self.shared.flush_held();
         let (outcome, now) = self.engine_now(|e| e.modify_qp(qpn, attr, mask));
         let outcome = outcome?;
         self.shared.notify_cq_waiters();
@@ -1012,6 +1089,9 @@ impl<L: SoftLink> SoftDevice<L> {
     /// [`DeviceError::Verbs`] as [`SoftHca::destroy_qp`].
     pub fn destroy_qp(&self, qpn: u32) -> Result<(), DeviceError> {
         let s = &self.shared;
+        // A held ACK ([`ACK_HOLD`]) leaves before its QP goes: a program may destroy its QP
+        // right after its last completion.
+        s.flush_held();
         Ok(s.engine_op(|e| {
             let r = e.destroy_qp(qpn);
             s.share_window(e);

@@ -188,11 +188,23 @@ impl<L: SoftLink> Shared<L> {
                 e.handle_timeout(now);
                 fired = true;
             }
-            out.deferred = defer && out.received > 0;
+            // Hold only what answers a request (ACKs, READ responses); a round that received
+            // a requester's ACKs builds the requests they unblocked at once.
+            out.deferred = defer && out.received > 0 && e.has_queued_responses();
             if !out.blocked && !out.deferred {
                 let (built, full) = io.link.build(&mut e, now);
                 out.built = built;
                 out.tx_full = full;
+            }
+            // Only the holder of `io` writes `held_since` (plain store; SeqCst for the Dekker
+            // pair with the thread's `sleeping` in `hybrid_round`).
+            if out.deferred {
+                if self.held_since.load(Ordering::Relaxed) == 0 {
+                    self.held_since
+                        .store(now.as_nanos().max(1), Ordering::SeqCst);
+                }
+            } else if !out.blocked {
+                self.held_since.store(0, Ordering::SeqCst);
             }
             out.next_timer = e.poll_timeout();
             events = self.event_hook.get().is_some() && e.has_pending_events();
@@ -297,8 +309,8 @@ impl<L: SoftLink> Shared<L> {
     /// [`super::Progress::Hybrid`]: a round on the thread of a caller that found its CQ empty,
     /// if no other thread is in one (`try_lock`: a busy poller never waits for the progress
     /// thread). Opens (extends) the caller window, during which the thread stays off the
-    /// socket. Whether a round ran.
-    pub(crate) fn hybrid_round(&self) -> bool {
+    /// socket. What the round did (`None`: another thread was in one).
+    pub(crate) fn hybrid_round(&self) -> Option<RoundOutcome> {
         let Ok(mut io) = self.io.try_lock() else {
             let since = self.caller_busy_since.load(Ordering::Relaxed);
             if since == 0 {
@@ -306,7 +318,7 @@ impl<L: SoftLink> Shared<L> {
                     .store(self.now().as_nanos().max(1), Ordering::Relaxed);
             }
             lock(&self.counters).caller_io_busy += 1;
-            return false;
+            return None;
         };
         let now = self.now();
         let last = self
@@ -330,13 +342,26 @@ impl<L: SoftLink> Shared<L> {
         }
         let until = now.as_nanos() + super::CALLER_WINDOW.as_nanos() as u64;
         self.caller_until.store(until, Ordering::SeqCst);
-        // No deferral of the ACKs of what this round receives (Progress::Caller defers them to
-        // the caller's next call, to leave with its reply): a program may take its last
-        // completion and exit, and with a thread nobody else would build them in time (the
-        // thread waits out the caller window); so a received message's ACK leaves in a
-        // sendmmsg of its own, as with Progress::Thread.
-        let outcome = self.round_as(&mut io, true, false, false, Some(now));
+        // As Progress::Caller: the ACKs (and READ responses) of what this round receives are
+        // built by the caller's next round, so that they leave in one sendmmsg(2) with the
+        // reply it posts meanwhile (IBTA vol. 1 9.7.5.1.2: a responder may coalesce
+        // acknowledgements). The hold is bounded: a round whose oldest hold is ACK_HOLD old
+        // builds at once, the progress thread builds it when callers stop polling
+        // (`run_thread`), and destroy_qp / modify_qp / close / req_notify_cq send it first.
+        let held = self.held_since.load(Ordering::Relaxed);
+        let defer = held == 0 || now.as_nanos() < held + super::ACK_HOLD.as_nanos() as u64;
+        let outcome = self.round_as(&mut io, true, false, defer, Some(now));
         drop(io);
+        // A thread asleep on the socket (it slept before callers polled) may sleep up to
+        // MAX_SLEEP: wake it once so that it watches the hold (Dekker pair: `held_since`
+        // here, `caller_until` in `run_thread` after it sets `sleeping`).
+        if outcome.deferred
+            && self.sleeping.load(Ordering::SeqCst)
+            && !self.blind.load(Ordering::SeqCst)
+        {
+            lock(&self.counters).wakes += 1;
+            let _ = self.waker.wake();
+        }
         // The caller drives timers and full batches with its next poll while it
         // polls; the thread picks up at the end of the window what it leaves (waking it for
         // each full one-datagram idle batch would cost a switch per packet). Only a socket that
@@ -344,7 +369,7 @@ impl<L: SoftLink> Shared<L> {
         if outcome.blocked {
             self.request_round();
         }
-        true
+        Some(outcome)
     }
 
     /// [`super::Progress::Hybrid`]: closes the caller window and wakes the thread if it sleeps
@@ -354,9 +379,31 @@ impl<L: SoftLink> Shared<L> {
             return;
         }
         self.caller_until.store(0, Ordering::SeqCst);
+        self.flush_held();
         if self.blind.load(Ordering::SeqCst) {
             let _ = self.waker.wake();
         }
+    }
+
+    /// Builds and sends what callers' rounds held ([`super::ACK_HOLD`]: the ACKs and READ
+    /// responses of messages received in a round that built nothing), if anything is held; a
+    /// round on this thread (waits for `io`). Called before a QP is destroyed or modified,
+    /// before the device closes, when a program is about to block, and by the drop-in
+    /// libibverbs at process exit (through [`super::SoftDevice::progress`]): a program may
+    /// exit right after its last completion, and the peer would retransmit what the held ACK
+    /// acknowledges until `IBV_WC_RETRY_EXC_ERR`.
+    pub(crate) fn flush_held(&self) {
+        if self.held_since.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut io = lock(&self.io);
+        self.round(&mut io, false, None);
+    }
+
+    /// [`super::Progress::Hybrid`]: a callers' hold is at least [`super::ACK_HOLD`] old.
+    fn hold_overdue(&self, now: u64) -> bool {
+        let held = self.held_since.load(Ordering::SeqCst);
+        held != 0 && now >= held + super::ACK_HOLD.as_nanos() as u64
     }
 
     /// [`super::Progress::Hybrid`] and a caller polled within [`super::CALLER_WINDOW`].
@@ -374,6 +421,13 @@ impl<L: SoftLink> Shared<L> {
         // (end_caller_window).
         let until = self.caller_until.load(Ordering::SeqCst);
         let now = self.now().as_nanos();
+        // Wake by the time a hold becomes due ([`super::ACK_HOLD`]); a hold that starts during
+        // the sleep is seen at the next slice (so a held ACK waits at most 2 x ACK_HOLD while
+        // callers poll, and the thread wakes every ACK_HOLD while they do).
+        let held = self.held_since.load(Ordering::SeqCst);
+        let hold = super::ACK_HOLD.as_nanos() as u64;
+        let due = if held == 0 { now + hold } else { held + hold };
+        let until = until.min(due);
         if !self.pending.load(Ordering::SeqCst) && now < until {
             let timeout = Duration::from_nanos(until - now).min(MAX_SLEEP);
             lock(&self.counters).sleeps += 1;
@@ -406,7 +460,10 @@ impl<L: SoftLink> Shared<L> {
     pub(crate) fn run_thread(&self) {
         let mut idle_rounds = 0u32;
         while !self.stop.load(Ordering::SeqCst) {
-            if self.callers_poll() && !self.pending.load(Ordering::SeqCst) {
+            if self.callers_poll()
+                && !self.pending.load(Ordering::SeqCst)
+                && !self.hold_overdue(self.now().as_nanos())
+            {
                 // Progress::Hybrid: a caller polls and drives the engine (receive, timers,
                 // send); no round here (it would contend for `io`), and a sleep on the waker
                 // only (datagrams would each wake the thread) until the caller window ends or a
@@ -432,7 +489,14 @@ impl<L: SoftLink> Shared<L> {
                 continue;
             }
             self.sleeping.store(true, Ordering::SeqCst);
-            if self.pending.swap(false, Ordering::SeqCst) || self.stop.load(Ordering::SeqCst) {
+            // Hybrid: callers began to poll (and may hold ACKs) since the round: watch them
+            // from the blind sleep instead of the socket (Dekker pair with `hybrid_round`);
+            // unless the socket refused a send: then wait for room (an overdue hold would
+            // otherwise make the thread spin on the full socket).
+            if self.pending.swap(false, Ordering::SeqCst)
+                || self.stop.load(Ordering::SeqCst)
+                || (self.callers_poll() && !outcome.blocked)
+            {
                 self.sleeping.store(false, Ordering::SeqCst);
                 continue;
             }

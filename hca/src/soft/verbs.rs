@@ -144,6 +144,9 @@ impl<L: SoftLink> Verbs for SoftDevice<L> {
     fn progress(&self) -> usize {
         SoftDevice::progress(self)
     }
+    fn flush_held(&self) {
+        self.shared.flush_held();
+    }
     fn progress_while(&self, f: &mut dyn FnMut()) {
         SoftDevice::progress_during(self, f)
     }

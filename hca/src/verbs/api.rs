@@ -80,6 +80,13 @@ pub trait Verbs: Send + Sync + fmt::Debug {
         0
     }
 
+    /// Sends at once what the device holds back to coalesce with a later packet: the ACKs (and
+    /// READ responses) that a software HCA's polling rounds hold for the program's reply
+    /// (`hca::soft::ACK_HOLD`; IBTA vol. 1 9.7.5.1.2). For a program about to exit without
+    /// destroying its QPs (the drop-in libibverbs calls it at exit(3)). Devices that hold
+    /// nothing do nothing (the default).
+    fn flush_held(&self) {}
+
     /// Runs `f`, a blocking call (an out-of-band exchange, a sleep), while the device keeps
     /// making progress: a caller-driven software HCA runs a helper thread for the duration;
     /// other devices just run `f` (the default). Generic callers use

@@ -127,6 +127,22 @@ def as_bytes(x, dtype=None, writable=True):
     return mv.cast("B"), dtype
 
 
+def _arg(x, dtype=None, writable=True):
+    """``(object for the native layer, dtype name)``: a contiguous CPU torch tensor itself (the
+    native layer reads its ``data_ptr()``; no per-call numpy view), else :func:`as_bytes`'s
+    memoryview. The same checks and errors as :func:`as_bytes`."""
+    if getattr(x, "is_cpu", False) is True and type(x).__module__.startswith("torch"):
+        name = _TORCH_DTYPES.get(str(x.dtype))
+        if name is None:
+            raise ValueError(f"unsupported tensor dtype {x.dtype}")
+        if dtype is not None and dtype != name:
+            raise ValueError(f"dtype={dtype}: the tensor holds {name}")
+        if not x.is_contiguous():
+            raise ValueError("tensor is not contiguous")
+        return x, name
+    return as_bytes(x, dtype, writable)
+
+
 class Work:
     """The handle of one non-blocking operation; keeps its buffers alive until it ends."""
 
@@ -181,41 +197,41 @@ class Comm:
         self._c.abort()
 
     def all_reduce(self, x, op="sum", dtype=None, async_op=False, timeout=None):
-        b, dt = as_bytes(x, dtype)
+        b, dt = _arg(x, dtype)
         return _finish(self._c.all_reduce(b, dt, op, timeout, not async_op), (x, b), async_op)
 
     def broadcast(self, x, root, dtype=None, async_op=False, timeout=None):
-        b, dt = as_bytes(x, dtype)
+        b, dt = _arg(x, dtype)
         return _finish(self._c.broadcast(b, dt, root, timeout, not async_op), (x, b), async_op)
 
     def reduce(self, x, root, op="sum", dtype=None, async_op=False, timeout=None):
-        b, dt = as_bytes(x, dtype)
+        b, dt = _arg(x, dtype)
         return _finish(self._c.reduce(b, dt, root, op, timeout, not async_op), (x, b), async_op)
 
     def all_gather(self, out, x, dtype=None, async_op=False, timeout=None):
         """``out`` (size * n elements) gets every rank's ``x`` (n elements) in rank order."""
-        s, dt = as_bytes(x, dtype, writable=False)
-        r, _ = as_bytes(out, dtype)
+        s, dt = _arg(x, dtype, writable=False)
+        r, _ = _arg(out, dtype)
         return _finish(self._c.all_gather(s, r, dt, timeout, not async_op), (x, out, s, r), async_op)
 
     def reduce_scatter(self, out, x, op="sum", dtype=None, async_op=False, timeout=None):
         """``out`` (n elements) gets this rank's block of the reduction of ``x`` (size * n)."""
-        s, dt = as_bytes(x, dtype, writable=False)
-        r, _ = as_bytes(out, dtype)
+        s, dt = _arg(x, dtype, writable=False)
+        r, _ = _arg(out, dtype)
         return _finish(self._c.reduce_scatter(s, r, dt, op, timeout, not async_op), (x, out, s, r), async_op)
 
     def all_to_all(self, out, x, dtype=None, async_op=False, timeout=None):
         """Block j of ``x`` (size equal blocks) goes to rank j; block i of ``out`` from rank i."""
-        s, dt = as_bytes(x, dtype, writable=False)
-        r, _ = as_bytes(out, dtype)
+        s, dt = _arg(x, dtype, writable=False)
+        r, _ = _arg(out, dtype)
         return _finish(self._c.all_to_all(s, r, dt, timeout, not async_op), (x, out, s, r), async_op)
 
     def send(self, x, peer, dtype=None, async_op=False, timeout=None):
-        b, dt = as_bytes(x, dtype, writable=False)
+        b, dt = _arg(x, dtype, writable=False)
         return _finish(self._c.send(b, dt, peer, timeout, not async_op), (x, b), async_op)
 
     def recv(self, x, peer, dtype=None, async_op=False, timeout=None):
-        b, dt = as_bytes(x, dtype)
+        b, dt = _arg(x, dtype)
         return _finish(self._c.recv(b, dt, peer, timeout, not async_op), (x, b), async_op)
 
     def barrier(self, async_op=False, timeout=None):

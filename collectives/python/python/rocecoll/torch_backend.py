@@ -4,9 +4,19 @@ Importing this module registers the backend (``Backend.register_backend("rocecol
 devices=["cpu"])``), after which ``dist.init_process_group("rocecoll")`` works under torchrun.
 The process group is a Python ``ProcessGroup`` (as in PyTorch's ``test_c10d_pypg.py``) over one
 :class:`rocecoll.Comm` made from the store PyTorch hands the backend: no port of ours is opened.
-Every operation returns at once with an async ``Work``; operations run in issue order on the
-communicator's progress thread, and one completion thread per group runs what must follow an
-operation (copies out of staging buffers) and completes its ``Work`` and its future.
+An ``async_op=True`` operation returns at once with its ``Work``; operations run in issue order
+on the communicator's progress thread. ``Work.wait`` waits for them on the calling thread (GIL
+released) and runs what must follow (copies out of staging buffers) there; only a future
+(``Work.get_future``, as DDP's reducer asks for) is completed by the group's completion thread. A
+blocking call (``async_op=False``: ``torch.distributed`` waits for the ``Work`` at once) of a
+collective when nothing is in flight runs on the calling thread instead, with the GIL released
+(``AsyncCommunicator::run_or_submit``), and returns a ``Work`` that has already ended: no thread
+hand-off. How a blocking call is told apart: ``opts.asyncOp`` where torch sets it (2.7: broadcast,
+all_gather_into_tensor, reduce_scatter_tensor, barrier ...), else the ``async_op`` argument of the
+``torch.distributed`` function that called the process group (its frame); a caller that is
+neither (a comm hook, FSDP, a direct ``ProcessGroup`` call) is treated as asynchronous.
+Point-to-point operations always go to the progress thread (two ranks' blocking sends to each
+other must not both block their callers).
 
 Implemented (what DDP and FSDP2 use on CPU): ``broadcast``, ``allreduce`` (and coalesced),
 ``reduce``, ``allgather``, ``all_gather_into_tensor`` (``_allgather_base``, and coalesced),
@@ -27,12 +37,14 @@ operation goes on; ``abort()`` ends it and every pending one.
 import datetime
 import os
 import queue
+import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
 
-from . import CollectiveError, Comm, as_bytes
+from . import CollectiveError, Comm, _arg
 from ._native import Communicator as _Native
 
 NAME = "rocecoll"
@@ -62,31 +74,43 @@ def _unsupported(opname):
 
 
 class _Completer:
-    """One thread that waits for native operations in issue order, runs what follows each (a
-    copy out of a staging buffer) and completes its Work / future."""
+    """One thread that runs, in the order handed in, what completes an operation's future
+    (waiting for its native operations, then what follows them: a copy out of a staging
+    buffer). Used only for futures (``Work.get_future``, the DDP hook): ``Work.wait`` finishes
+    its operation on the waiting thread."""
 
     def __init__(self, name):
         self._q = queue.SimpleQueue()
+        # Items handed in and items finished: each counter is written by one side only (the
+        # issuing side under ``_lock``, the completion thread alone), so their difference is
+        # what is still outstanding.
+        self._lock = threading.Lock()
+        self._put = 0
+        self._finished = 0
         self._t = threading.Thread(target=self._run, name=name, daemon=True)
         self._t.start()
 
-    def put(self, natives, post, done):
-        self._q.put((natives, post, done))
+    def idle(self):
+        """Whether every item handed in has been run (nothing would be overtaken)."""
+        return self._put == self._finished
+
+    def put(self, fn):
+        """Runs ``fn()`` on the completion thread after the items handed in before it."""
+        with self._lock:
+            self._put += 1
+            self._q.put(fn)
 
     def _run(self):
         while True:
-            item = self._q.get()
-            if item is None:
+            fn = self._q.get()
+            if fn is None:
                 return
-            natives, post, done = item
             try:
-                for n in natives:
-                    n.wait()
-                if post is not None:
-                    post()
-                done(None)
-            except BaseException as e:  # handed to the waiter, never lost
-                done(e)
+                fn()
+            except BaseException:  # noqa: S110  (fn hands its own errors to its future)
+                pass
+            finally:
+                self._finished += 1
 
     def close(self):
         self._q.put(None)
@@ -111,58 +135,183 @@ def _seconds(timeout):
 
 
 class _Work(dist._Work):
-    """An async ``torch.distributed`` Work: ``wait`` raises the operation's error."""
+    """An async ``torch.distributed`` Work over native operations: ``wait`` waits for them on
+    the calling thread (GIL released) and runs what follows them (``post``); ``get_future``
+    hands that to the group's completion thread instead, which completes the future."""
 
-    def __init__(self, result, op, rank, size):
+    def __init__(self, completer, natives, post, keep, result, op, rank, size):
         super().__init__()
-        self._event = threading.Event()
-        self._error = None
+        self._lock = threading.Lock()
+        self._completer = completer
+        self._natives = natives
+        self._post = post
+        self._keep = keep
         self._result = result
         self._op = op
         self._rank = rank
         self._size = size
-        self._future = torch.futures.Future()
+        self._ended = False
+        self._error = None
+        self._future = None
+        self._future_set = False
 
-    def _done(self, error):
-        self._error = error
-        if error is None:
+    def _finish(self, deadline):
+        """With ``_lock`` held: waits for the natives (until ``deadline``, a monotonic time,
+        or without limit when None), runs ``post``; True when the operation has ended."""
+        if self._ended:
+            return True
+        try:
+            for n in self._natives:
+                left = None if deadline is None else max(deadline - time.monotonic(), 1e-6)
+                if not n.wait(left):
+                    return False
+            if self._post is not None:
+                self._post()
+            self._error = None
+        except Exception as e:  # CollectiveError, or a failed copy: handed to the waiters
+            self._error = e
+        self._ended = True
+        self._natives = self._post = self._keep = None
+        return True
+
+    def _settle_future(self):
+        """Completes the future once (outside ``_lock``: its callbacks may wait on this Work)."""
+        with self._lock:
+            if self._future is None or not self._ended or self._future_set:
+                return
+            self._future_set = True
+        if self._error is None:
             self._future.set_result(self._result)
         else:
-            self._future.set_exception(error)
-        self._event.set()
+            self._future.set_exception(self._error)
+
+    def _complete_async(self):
+        with self._lock:
+            self._finish(None)
+        self._settle_future()
+
+    def _timed_out(self, secs):
+        err = WorkTimeout(
+            f"rank {self._rank}: {self._op} on ranks 0..{self._size - 1} of the rocecoll "
+            f"process group did not end within Work.wait(timeout={secs:g} s); it goes on "
+            "(wait again, or abort() the group)"
+        )
+        err.rank, err.peer, err.op, err.timeout = self._rank, None, self._op, secs
+        return err
 
     def wait(self, timeout=None):
         """Waits for the operation; at most ``timeout`` (a ``timedelta`` or seconds; None or
         ``timedelta(0)``: no limit), then raises :class:`WorkTimeout` naming the op and the
         ranks. Raises the operation's :class:`CollectiveError` if it failed."""
         secs = _seconds(timeout)
-        if not self._event.wait(secs):
-            err = WorkTimeout(
-                f"rank {self._rank}: {self._op} on ranks 0..{self._size - 1} of the rocecoll "
-                f"process group did not end within Work.wait(timeout={secs:g} s); it goes on "
-                "(wait again, or abort() the group)"
-            )
-            err.rank, err.peer, err.op, err.timeout = self._rank, None, self._op, secs
-            raise err
+        deadline = None if secs is None else time.monotonic() + secs
+        if not self._lock.acquire(timeout=-1 if secs is None else secs):
+            raise self._timed_out(secs)
+        try:
+            ended = self._finish(deadline)
+        finally:
+            self._lock.release()
+        if not ended:
+            raise self._timed_out(secs)
+        self._settle_future()
         if self._error is not None:
             raise self._error
         return True
 
     def is_completed(self):
-        return self._event.is_set()
+        if not self._ended and self._lock.acquire(blocking=False):
+            try:
+                if all(n.is_completed() for n in self._natives):
+                    self._finish(None)
+            finally:
+                self._lock.release()
+            self._settle_future()
+        return self._ended
 
     def is_success(self):
-        return self._event.is_set() and self._error is None
+        return self.is_completed() and self._error is None
 
     def exception(self):
         return self._error
 
     def get_future(self):
+        with self._lock:
+            made = self._future is None
+            if made:
+                self._future = torch.futures.Future()
+            ended = self._ended
+        if made and not ended:
+            self._completer.put(self._complete_async)
+        self._settle_future()
         return self._future
 
     def result(self):
         self.wait()
         return self._result
+
+
+class _EndedWork(dist._Work):
+    """The ``Work`` of an operation that ended before its issuing call returned (a blocking call
+    run on the calling thread): ``wait`` returns or raises at once; the future is made only when
+    asked for."""
+
+    def __init__(self, result, error):
+        super().__init__()
+        self._result = result
+        self._error = error
+        self._future = None
+
+    def wait(self, timeout=None):
+        """Returns True, or raises the operation's :class:`CollectiveError` (it has ended)."""
+        _seconds(timeout)  # the same argument checks as a pending Work's
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self):
+        if self._future is None:
+            self._future = torch.futures.Future()
+            if self._error is None:
+                self._future.set_result(self._result)
+            else:
+                self._future.set_exception(self._error)
+        return self._future
+
+    def result(self):
+        self.wait()
+        return self._result
+
+
+_C10D = dist.distributed_c10d.__name__
+
+
+def _blocking(opts, depth=2):
+    """Whether the ``torch.distributed`` call behind a process group op waits for its ``Work`` at
+    once (``async_op=False``): ``opts.asyncOp`` where torch sets it (``BroadcastOptions``,
+    ``ReduceScatterOptions``, ... in 2.7), else the ``async_op`` argument of the
+    ``torch.distributed.distributed_c10d`` function ``depth`` frames up (the op's caller:
+    ``all_reduce`` and ``barrier`` pass no ``asyncOp`` in 2.7). Anything else (a comm hook, FSDP,
+    a direct ``ProcessGroup`` call, a torch that changed) counts as asynchronous: the safe side,
+    as an asynchronous op must return before its peers join."""
+    a = getattr(opts, "asyncOp", None) if opts is not None else None
+    if a is not None:
+        return not a
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return False
+    if f.f_globals.get("__name__") != _C10D:
+        return False
+    return f.f_locals.get("async_op", True) is False
 
 
 # Gloo's ring all-reduce (gloo/allreduce.cc, ring(), as torch 2.7's ProcessGroupGloo runs it for
@@ -211,18 +360,18 @@ def _sum_order():
     return order
 
 
-def _gloo_order_allreduce(native, t, size):
+def _gloo_order_allreduce(native, t, size, inline=False):
     """Issues a sum all-reduce of CPU tensor ``t`` (contiguous) that adds in Gloo's order: an
     all-gather of every rank's values (size times the bytes of a ring all-reduce's traffic),
     then :func:`gloo_order_sum` into ``t`` after it ends. Returns (native work, keep, post)."""
     gathered = torch.empty((size, t.numel()), dtype=t.dtype)
-    s, dt = as_bytes(t, writable=False)
-    r, _ = as_bytes(gathered)
+    s, dt = _arg(t, writable=False)
+    r, _ = _arg(gathered)
 
     def post():
         gloo_order_sum(gathered, t.detach().view(-1))
 
-    return native.all_gather(s, r, dt, None), (t, gathered, s, r), post
+    return native.all_gather(s, r, dt, None, inline), (t, gathered, s, r), post
 
 
 def _local_ip():
@@ -265,17 +414,21 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
     def group_name(self):
         return getattr(self, "_group_name", "")
 
-    def _issue(self, op, natives, result, keep=(), post=None):
-        w = _Work(result, op, self.rank(), self.size())
-
-        def after():
-            if post is not None:
-                post()
-            del keep_alive[:]
-
-        keep_alive = [keep]
-        self._done.put(natives, after, w._done)
-        return w
+    def _issue(self, op, natives, result, keep=(), post=None, inline=False):
+        """The ``Work`` of ``natives`` (native operations issued in this order), then ``post``;
+        ``keep`` stays referenced until they end. ``inline`` (a blocking call whose natives were
+        issued inline): when they have all ended and the completion thread has nothing older
+        to complete, they are completed here, without a thread hand-off."""
+        if inline and self._done.idle() and all(n.is_completed() for n in natives):
+            try:
+                for n in natives:
+                    n.wait()
+                if post is not None:
+                    post()
+            except Exception as e:  # CollectiveError, or a failed copy: raised by wait()
+                return _EndedWork(result, e)
+            return _EndedWork(result, None)
+        return _Work(self._done, natives, post, keep, result, op, self.rank(), self.size())
 
     def _one(self, tensors, opname):
         if len(tensors) != 1:
@@ -285,32 +438,39 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         t = self._one(tensors, "allreduce")
         op = _redop(opts, "allreduce") if opts is not None else "sum"
+        inl = _blocking(opts)
         if op == "sum" and self._gloo_order and t.dtype in _GLOO_ORDER_DTYPES and t.numel():
-            as_bytes(t)  # the same checks (CPU, contiguous) as the native path
-            native, keep, post = _gloo_order_allreduce(self._c, t, self.size())
-            return self._issue("allreduce", [native], tensors, keep, post)
-        b, dt = as_bytes(t)
-        return self._issue("allreduce", [self._c.all_reduce(b, dt, op, None)], tensors, (t, b))
+            _arg(t)  # the same checks (CPU, contiguous) as the native path
+            native, keep, post = _gloo_order_allreduce(self._c, t, self.size(), inl)
+            return self._issue("allreduce", [native], tensors, keep, post, inl)
+        b, dt = _arg(t)
+        return self._issue("allreduce", [self._c.all_reduce(b, dt, op, None, inl)], tensors,
+                           (t, b), None, inl)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = _redop(opts, "allreduce_coalesced") if opts is not None else "sum"
+        inl = _blocking(opts)
         natives, keep = [], []
         for t in tensors:
-            b, dt = as_bytes(t)
-            natives.append(self._c.all_reduce(b, dt, op, None))
+            b, dt = _arg(t)
+            natives.append(self._c.all_reduce(b, dt, op, None, inl))
             keep.append((t, b))
-        return self._issue("allreduce_coalesced", natives, tensors, keep)
+        return self._issue("allreduce_coalesced", natives, tensors, keep, None, inl)
 
     def broadcast(self, tensors, opts):
         t = self._one(tensors, "broadcast")
-        b, dt = as_bytes(t)
-        return self._issue("broadcast", [self._c.broadcast(b, dt, opts.rootRank, None)], tensors, (t, b))
+        b, dt = _arg(t)
+        inl = _blocking(opts)
+        return self._issue("broadcast", [self._c.broadcast(b, dt, opts.rootRank, None, inl)],
+                           tensors, (t, b), None, inl)
 
     def reduce(self, tensors, opts):
         t = self._one(tensors, "reduce")
-        b, dt = as_bytes(t)
+        b, dt = _arg(t)
         op = _redop(opts, "reduce")
-        return self._issue("reduce", [self._c.reduce(b, dt, opts.rootRank, op, None)], tensors, (t, b))
+        inl = _blocking(opts)
+        return self._issue("reduce", [self._c.reduce(b, dt, opts.rootRank, op, None, inl)],
+                           tensors, (t, b), None, inl)
 
     def allgather(self, output_lists, inputs, opts=None):
         t = self._one(inputs, "allgather")
@@ -318,42 +478,46 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
         if len(outs) != self.size() or any(o.numel() != t.numel() for o in outs):
             raise ValueError("allgather: one output tensor per rank, each as large as the input")
         flat = torch.empty(self.size() * t.numel(), dtype=t.dtype)
-        s, dt = as_bytes(t.contiguous(), writable=False)
-        r, _ = as_bytes(flat)
+        s, dt = _arg(t.contiguous(), writable=False)
+        r, _ = _arg(flat)
         n = t.numel()
 
         def post():
             for i, o in enumerate(outs):
                 o.copy_(flat[i * n:(i + 1) * n].view_as(o))
 
-        return self._issue("allgather", [self._c.all_gather(s, r, dt, None)], output_lists, (t, flat, s, r), post)
+        inl = _blocking(opts)
+        return self._issue("allgather", [self._c.all_gather(s, r, dt, None, inl)], output_lists,
+                           (t, flat, s, r), post, inl)
 
-    def _gather_into(self, output, input):
+    def _gather_into(self, output, input, inline=False):
         """Issues output = all ranks' input; in place when the input is this rank's block of
         the output (FSDP2's layout), from a copy when it overlaps the output otherwise."""
         nbytes = input.numel() * input.element_size()
         o0, i0 = output.data_ptr(), input.data_ptr()
         if output.is_contiguous() and input.is_contiguous() and i0 == o0 + self.rank() * nbytes \
                 and output.numel() == input.numel() * self.size():
-            r, dt = as_bytes(output)
-            return self._c.all_gather_in_place(r, dt, None), (input, output, r)
+            r, dt = _arg(output)
+            return self._c.all_gather_in_place(r, dt, None, inline), (input, output, r)
         if i0 < o0 + output.numel() * output.element_size() and o0 < i0 + nbytes:
             input = input.clone()
-        s, dt = as_bytes(input, writable=False)
-        r, _ = as_bytes(output)
-        return self._c.all_gather(s, r, dt, None), (input, output, s, r)
+        s, dt = _arg(input, writable=False)
+        r, _ = _arg(output)
+        return self._c.all_gather(s, r, dt, None, inline), (input, output, s, r)
 
     def _allgather_base(self, output, input, opts=None):
-        native, keep = self._gather_into(output, input)
-        return self._issue("all_gather_into_tensor", [native], [output], keep)
+        inl = _blocking(opts)
+        native, keep = self._gather_into(output, input, inl)
+        return self._issue("all_gather_into_tensor", [native], [output], keep, None, inl)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        inl = _blocking(opts)
         natives, keep = [], []
         for o, i in zip(outputs, inputs):
-            native, k = self._gather_into(o, i)
+            native, k = self._gather_into(o, i, inl)
             natives.append(native)
             keep.append(k)
-        return self._issue("allgather_into_tensor_coalesced", natives, outputs, keep)
+        return self._issue("allgather_into_tensor_coalesced", natives, outputs, keep, None, inl)
 
     def reduce_scatter(self, outputs, input_lists, opts):
         out = self._one(outputs, "reduce_scatter")
@@ -362,25 +526,31 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
             raise ValueError("reduce_scatter: one input tensor per rank")
         flat = torch.cat([i.reshape(-1) for i in ins])
         op = _redop(opts, "reduce_scatter")
-        s, dt = as_bytes(flat, writable=False)
-        r, _ = as_bytes(out)
-        return self._issue("reduce_scatter", [self._c.reduce_scatter(s, r, dt, op, None)], outputs, (flat, out, s, r))
+        s, dt = _arg(flat, writable=False)
+        r, _ = _arg(out)
+        inl = _blocking(opts)
+        return self._issue("reduce_scatter", [self._c.reduce_scatter(s, r, dt, op, None, inl)],
+                           outputs, (flat, out, s, r), None, inl)
 
     def _reduce_scatter_base(self, output, input, opts):
         op = _redop(opts, "reduce_scatter_tensor")
-        s, dt = as_bytes(input, writable=False)
-        r, _ = as_bytes(output)
-        return self._issue("reduce_scatter_tensor", [self._c.reduce_scatter(s, r, dt, op, None)], [output], (input, output, s, r))
+        s, dt = _arg(input, writable=False)
+        r, _ = _arg(output)
+        inl = _blocking(opts)
+        return self._issue("reduce_scatter_tensor",
+                           [self._c.reduce_scatter(s, r, dt, op, None, inl)], [output],
+                           (input, output, s, r), None, inl)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):
         op = _redop(opts, "reduce_scatter_tensor_coalesced")
+        inl = _blocking(opts)
         natives, keep = [], []
         for o, i in zip(outputs, inputs):
-            s, dt = as_bytes(i, writable=False)
-            r, _ = as_bytes(o)
-            natives.append(self._c.reduce_scatter(s, r, dt, op, None))
+            s, dt = _arg(i, writable=False)
+            r, _ = _arg(o)
+            natives.append(self._c.reduce_scatter(s, r, dt, op, None, inl))
             keep.append((i, o, s, r))
-        return self._issue("reduce_scatter_tensor_coalesced", natives, outputs, keep)
+        return self._issue("reduce_scatter_tensor_coalesced", natives, outputs, keep, None, inl)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         n = self.size()
@@ -389,25 +559,28 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
                 raise NotImplementedError("rocecoll backend: alltoall_base with uneven splits is not implemented")
         if input.numel() % n:
             raise ValueError(f"alltoall_base: {input.numel()} elements is not {n} equal blocks")
-        s, dt = as_bytes(input, writable=False)
-        r, _ = as_bytes(output)
-        return self._issue("alltoall_base", [self._c.all_to_all(s, r, dt, None)], [output], (input, output, s, r))
+        s, dt = _arg(input, writable=False)
+        r, _ = _arg(output)
+        inl = _blocking(opts)
+        return self._issue("alltoall_base", [self._c.all_to_all(s, r, dt, None, inl)], [output],
+                           (input, output, s, r), None, inl)
 
     def barrier(self, opts=None):
-        return self._issue("barrier", [self._c.barrier(None)], [])
+        inl = _blocking(opts)
+        return self._issue("barrier", [self._c.barrier(None, inl)], [], (), None, inl)
 
     def send(self, tensors, dst, tag=0):
         t = self._one(tensors, "send")
         if tag != 0:
             raise NotImplementedError("rocecoll backend: send with a tag other than 0 is not implemented")
-        b, dt = as_bytes(t, writable=False)
+        b, dt = _arg(t, writable=False)
         return self._issue("send", [self._c.send(b, dt, dst, None)], tensors, (t, b))
 
     def recv(self, tensors, src, tag=0):
         t = self._one(tensors, "recv")
         if tag != 0:
             raise NotImplementedError("rocecoll backend: recv with a tag other than 0 is not implemented")
-        b, dt = as_bytes(t)
+        b, dt = _arg(t)
         return self._issue("recv", [self._c.recv(b, dt, src, None)], tensors, (t, b))
 
     gather = _unsupported("gather")
@@ -453,17 +626,22 @@ def allreduce_hook(comm: Comm, bucket):
         native, k, post = _gloo_order_allreduce(comm._c, t, comm.size)
         keep = [k]
     else:
-        b, dt = as_bytes(t)
+        b, dt = _arg(t)
         native = comm._c.all_reduce(b, dt, "sum", None)
         keep = [t, b]
     fut = torch.futures.Future()
 
-    def done(err):
+    def complete():
+        try:
+            native.wait()
+            if post is not None:
+                post()
+        except Exception as e:  # handed to the future, never lost
+            keep.clear()
+            fut.set_exception(e)
+            return
         keep.clear()
-        if err is None:
-            fut.set_result(t)
-        else:
-            fut.set_exception(err)
+        fut.set_result(t)
 
-    _hook_completer.put([native], post, done)
+    _hook_completer.put(complete)
     return fut

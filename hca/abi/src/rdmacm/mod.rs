@@ -101,6 +101,8 @@ struct IdRec {
     ep_qp_attr: Option<ibv_qp_init_attr>,
     /// The ID made the default CQs (`ucma_create_cqs`): destroyed with its QP.
     own_cqs: bool,
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`'s value: given to the CM when the ID connects or accepts.
+    ack_timeout: Option<u8>,
 }
 
 struct Global {
@@ -379,6 +381,7 @@ fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
             // SAFETY: all-zero is a valid rdma_cm_id (null pointers, zero numbers).
             let mut new: Box<rdma_cm_id> = Box::new(unsafe { zeroed() });
             new.verbs = g.devs[d].ctx;
+            new.pd = dev_pd(g, d).unwrap_or(null_mut());
             new.channel = lp.channel;
             new.context = lp.context;
             new.ps = lp.ps;
@@ -809,6 +812,7 @@ pub unsafe extern "C" fn softrdmacm_bind_addr(
         }
     };
     let ctx = dev.map_or(null_mut(), |d| g.devs[d].ctx);
+    let pd = dev.and_then(|d| dev_pd(&mut g, d)).unwrap_or(null_mut());
     let Some(rec) = g.ids.get_mut(&(id as usize)) else {
         return fail(libc::EINVAL, -1);
     };
@@ -817,6 +821,7 @@ pub unsafe extern "C" fn softrdmacm_bind_addr(
     // SAFETY: a live ID.
     unsafe {
         (*id).verbs = ctx;
+        (*id).pd = pd;
         (*id).port_num = 1;
         set_route(id, Some(a), None);
     }
@@ -897,9 +902,11 @@ fn resolve_addr(
     };
     let rid = rid_on(g, id as usize, d)?;
     let ctx = g.devs[d].ctx;
+    let pd = dev_pd(g, d).unwrap_or(null_mut());
     // SAFETY: a live ID.
     unsafe {
         (*id).verbs = ctx;
+        (*id).pd = pd;
         (*id).port_num = 1;
     }
     // Event delivery happens after the addresses are in the ID: resolve, then fill, then deliver
@@ -948,8 +955,15 @@ unsafe fn establish(
     };
     let r = {
         let mut g = lock(global());
+        let ack_timeout = g.ids.get(&(id as usize)).and_then(|r| r.ack_timeout);
         only_rid(&g, id).and_then(|(d, rid)| {
-            on_dev(&mut g, d, |svc| step(svc, rid, qpn, data, &param)).map_err(|e| errno_of_cm(&e))
+            on_dev(&mut g, d, |svc| {
+                if let Some(t) = ack_timeout {
+                    svc.set_ack_timeout(rid, t)?;
+                }
+                step(svc, rid, qpn, data, &param)
+            })
+            .map_err(|e| errno_of_cm(&e))
         })
     };
     // A UD accept (SIDR_REP) is complete when sent: no event follows on this side.
@@ -1251,24 +1265,44 @@ pub unsafe extern "C" fn softrdmacm_migrate_id(
 }
 symver!(softrdmacm_migrate_id, "IBVERBS_PRIVATE_RDMACM");
 
-/// rdma_set_option(3): `RDMA_OPTION_ID` options (TOS, REUSEADDR, AFONLY, ACK_TIMEOUT) are
-/// accepted; `RDMA_OPTION_IB_PATH` and others fail with `ENOSYS`, as the kernel's do.
+/// rdma_set_option(3): `RDMA_OPTION_ID` options (TOS, REUSEADDR, AFONLY) are accepted without
+/// effect; `RDMA_OPTION_ID_ACK_TIMEOUT` (a `u8`, at most 31, else `EINVAL`) becomes the local ACK
+/// timeout of the ID's QP at RTS when it connects or accepts, as Linux `cma.c`
+/// `rdma_set_ack_timeout` makes it (`ibv_query_qp` then reports it); `RDMA_OPTION_IB_PATH` and
+/// others fail with `ENOSYS`, as the kernel's do.
+///
+/// # Safety
+/// `id` is a live ID; `optval` points at `optlen` readable bytes.
 #[no_mangle]
-pub extern "C" fn softrdmacm_set_option(
-    _id: *mut rdma_cm_id,
+pub unsafe extern "C" fn softrdmacm_set_option(
+    id: *mut rdma_cm_id,
     level: c_int,
     optname: c_int,
     optval: *mut c_void,
-    _optlen: usize,
+    optlen: usize,
 ) -> c_int {
     if optval.is_null() {
         return fail(libc::EINVAL, -1);
     }
-    if level == RDMA_OPTION_ID as c_int && OPTION_ID_KNOWN.contains(&optname) {
-        0
-    } else {
-        fail(libc::ENOSYS, -1)
+    if level != RDMA_OPTION_ID as c_int || !OPTION_ID_KNOWN.contains(&optname) {
+        return fail(libc::ENOSYS, -1);
     }
+    if optname == RDMA_OPTION_ID_ACK_TIMEOUT as c_int {
+        // SAFETY: the caller's promise (optlen bytes at optval, at least one checked here).
+        let t = match optlen {
+            0 => return fail(libc::EINVAL, -1),
+            _ => unsafe { *optval.cast::<u8>() },
+        };
+        if t > 31 {
+            return fail(libc::EINVAL, -1);
+        }
+        let mut g = lock(global());
+        let Some(rec) = g.ids.get_mut(&(id as usize)) else {
+            return fail(libc::EINVAL, -1);
+        };
+        rec.ack_timeout = Some(t);
+    }
+    0
 }
 symver!(softrdmacm_set_option, "IBVERBS_PRIVATE_RDMACM");
 
@@ -1346,15 +1380,22 @@ fn default_pd(id: *mut rdma_cm_id) -> Result<*mut ibv_pd, c_int> {
         .get(&(id as usize))
         .and_then(|r| r.dev)
         .ok_or(libc::EINVAL)?;
+    dev_pd(&mut g, d).ok_or(libc::ENOMEM)
+}
+
+/// Device `d`'s PD for IDs and QPs made without one, allocated on first use (rdma-core's
+/// `ucma_get_device` gives every ID bound to a device that device's PD in `id->pd`, which
+/// programs use for QPs and MRs of their own); `None` when ibv_alloc_pd fails.
+fn dev_pd(g: &mut Global, d: usize) -> Option<*mut ibv_pd> {
     if g.devs[d].pd.is_null() {
         // SAFETY: an open context of this library.
         let pd = unsafe { crate::ffi::ibv_alloc_pd(g.devs[d].ctx) };
         if pd.is_null() {
-            return Err(libc::ENOMEM);
+            return None;
         }
         g.devs[d].pd = pd;
     }
-    Ok(g.devs[d].pd)
+    Some(g.devs[d].pd)
 }
 
 /// Makes the CQs rdma-core makes for a QP without them (`ucma_create_cqs`): one per direction,

@@ -22,7 +22,7 @@
 //! * **Every other CM message** (MRA, REJ, REP, RTU, DREQ, DREP, LAP, APR: Remote Communication
 //!   ID, MAD bytes 28..32; SIDR_REP: Request ID, bytes 24..28) names the Communication ID our
 //!   side chose. IBTA vol. 1 §12.6.2 leaves that choice to the sender: a CM on a shared address
-//!   puts its slot in the top [`super::share::SLOT_BITS`] bits ([`comm_id_prefix`]) and draws
+//!   puts its slot in the top [`super::slots::SLOT_BITS`] bits ([`comm_id_prefix`]) and draws
 //!   the other 27 from the operating system's random source, so the owner is arithmetic
 //!   ([`slot_of_comm_id`]). A Communication ID of 0 (a REJ of a REQ the peer never matched)
 //!   goes to slot 0.
@@ -37,7 +37,7 @@
 //! by the CM, or answered with REJ, as for any unknown ID).
 //!
 //! Cost: a REQ or SIDR_REQ costs the receiving process one datagram connect(2) and, when the
-//! service is claimed, at most [`super::share::MAX_SLOTS`] stream connect(2)s (each refused one
+//! service is claimed, at most [`super::slots::MAX_SLOTS`] stream connect(2)s (each refused one
 //! costs a syscall; the one that succeeds leaves a connection the owner's CM closes on its next
 //! turn, [`ServiceClaim::drain`]); other CM messages cost nothing but the forward.
 use std::io;
@@ -47,7 +47,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use roce::cm::AttrId;
 use roce::mad::{self, MgmtClass};
 
-use super::share::{MAX_SLOTS, SLOT_BITS};
+use super::slots::{MAX_SLOTS, SLOT_BITS};
 
 /// Bits of a Communication ID below the slot bits: `32 - SLOT_BITS`.
 pub const COMM_ID_RANDOM_BITS: u32 = 32 - SLOT_BITS;

@@ -28,6 +28,7 @@ use crate::link::{FlushReport, Link, LinkError, RecvState};
 pub mod cm_route;
 mod cmsg;
 pub mod share;
+mod slots;
 pub mod socket;
 
 pub use socket::{

@@ -62,12 +62,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-/// Bits of the QPN that name the owning process's slot.
-pub const SLOT_BITS: u32 = 5;
-/// Processes that can share one device address and port: `2^SLOT_BITS`.
-pub const MAX_SLOTS: usize = 1 << SLOT_BITS;
-/// Random bits left in a QPN drawn by a shared device: `24 - SLOT_BITS`.
-pub const RANDOM_QPN_BITS: u32 = 24 - SLOT_BITS;
+pub use super::slots::{MAX_SLOTS, RANDOM_QPN_BITS, SLOT_BITS};
 /// The GSI's QPN (IBTA vol. 1 section 3.9.5.1): steered to slot 0.
 pub const GSI_QPN: u32 = 1;
 /// Longest wait for another process's join to finish.
@@ -92,32 +87,57 @@ pub fn qpn_prefix(slot: usize) -> (u32, u32) {
 /// The steering program, classic BPF run by the kernel on the UDP payload of each datagram:
 /// the destination QPN is BTH bytes 5..8 (IBTA vol. 1 section 9.2: opcode, flags, P_Key,
 /// reserved, DestQP), so it loads the big-endian word at offset 4, keeps 24 bits and returns
-/// `qpn >> RANDOM_QPN_BITS`, or 0 for QP 1. A packet shorter than 8 bytes ends the program with
-/// 0 (filter.txt: an out-of-bounds absolute load returns 0).
-pub fn steering_program() -> [libc::sock_filter; 6] {
+/// `qpn >> RANDOM_QPN_BITS`. For QP 1 it reads the MAD after BTH and DETH (offset 20) as
+/// [`super::cm_route::route_of`] does, without the service lookup: a CM reply (attribute 0x0011..=0x001A but
+/// SIDR_REQ) goes to the slot in the receiver's Communication ID (data word 1; SIDR_REP: word 0,
+/// the requester's Request ID), so it reaches its process even when slot 0's process has just
+/// exited without forwarding it; anything else to QP 1 returns 0 (slot 0 forwards a REQ to its
+/// listener). A packet too short for a load ends the program with 0 (filter.txt: an
+/// out-of-bounds absolute load returns 0).
+pub fn steering_program() -> [libc::sock_filter; 18] {
     let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
         code: code as u16,
         jt,
         jf,
         k,
     };
+    let (ld_w, ld_h, ld_b) = (
+        libc::BPF_LD | libc::BPF_W | libc::BPF_ABS,
+        libc::BPF_LD | libc::BPF_H | libc::BPF_ABS,
+        libc::BPF_LD | libc::BPF_B | libc::BPF_ABS,
+    );
+    let jeq = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
+    let jgt = libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K;
+    let rsh = libc::BPF_ALU | libc::BPF_RSH | libc::BPF_K;
+    let ret_a = libc::BPF_RET | libc::BPF_A;
+    let cm_class = u32::from(u8::from(roce::mad::MgmtClass::CommMgmt));
+    // MAD fields at UDP payload offsets: BTH 12 + DETH 8 = 20, MgmtClass at +1, AttributeID
+    // at +16, the CM data at +24 (its words 0 and 1 at 44 and 48). Jump offsets count from the
+    // next instruction; 17 is `ret 0`.
     [
-        op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 4),
+        op(ld_w, 0, 0, 4), // 0
         op(
             libc::BPF_ALU | libc::BPF_AND | libc::BPF_K,
             0,
             0,
             0x00ff_ffff,
-        ),
-        op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 2, 0, GSI_QPN),
-        op(
-            libc::BPF_ALU | libc::BPF_RSH | libc::BPF_K,
-            0,
-            0,
-            RANDOM_QPN_BITS,
-        ),
-        op(libc::BPF_RET | libc::BPF_A, 0, 0, 0),
-        op(libc::BPF_RET | libc::BPF_K, 0, 0, 0),
+        ), // 1
+        op(jeq, 2, 0, GSI_QPN), // 2: QP 1 -> 5
+        op(rsh, 0, 0, RANDOM_QPN_BITS), // 3
+        op(ret_a, 0, 0, 0), // 4
+        op(ld_b, 0, 0, 21), // 5: MgmtClass
+        op(jeq, 0, 10, cm_class), // 6: not CM -> 17
+        op(ld_h, 0, 0, 36), // 7: AttributeID
+        op(jgt, 0, 8, 0x0010), // 8: REQ or below -> 17
+        op(jgt, 7, 0, 0x001A), // 9: above APR -> 17
+        op(jeq, 6, 0, 0x0017), // 10: SIDR_REQ -> 17
+        op(jeq, 0, 2, 0x0018), // 11: not SIDR_REP -> 14
+        op(ld_w, 0, 0, 44), // 12: Request ID
+        op(libc::BPF_JMP | libc::BPF_JA, 0, 0, 1), // 13: -> 15
+        op(ld_w, 0, 0, 48), // 14: receiver's Comm ID
+        op(rsh, 0, 0, super::cm_route::COMM_ID_RANDOM_BITS), // 15
+        op(ret_a, 0, 0, 0), // 16
+        op(libc::BPF_RET | libc::BPF_K, 0, 0, 0), // 17
     ]
 }
 
@@ -678,6 +698,43 @@ mod tests {
                 .recv(&mut buf)
                 .expect("datagram on its slot's socket");
             assert_eq!(&buf[..len], &p[..], "QPN {qpn:#x}");
+        }
+        // MADs to QP 1: a CM reply to the slot in the receiver's Communication ID, a SIDR_REP
+        // to the one in its Request ID, a REQ and another class to slot 0.
+        let mad = |class: u8, attr: u16, w0: u32, w1: u32| {
+            let mut m = [0u8; roce::mad::MAD_LEN];
+            m[..4].copy_from_slice(&[1, class, 2, 3]);
+            m[16..18].copy_from_slice(&attr.to_be_bytes());
+            m[24..28].copy_from_slice(&w0.to_be_bytes());
+            m[28..32].copy_from_slice(&w1.to_be_bytes());
+            let mut p = vec![0u8; 20];
+            p.extend_from_slice(&m);
+            p.extend_from_slice(&[0; 4]);
+            p[..12].copy_from_slice(&bth(GSI_QPN));
+            p
+        };
+        let with_slot = |low: u32, slot: usize| {
+            let (mask, value) = super::super::cm_route::comm_id_prefix(slot);
+            (low & !mask) | value
+        };
+        let mut mads = Vec::new();
+        for slot in 0..n {
+            for attr in [0x0011u16, 0x0012, 0x0013, 0x0014, 0x0015, 0x0016] {
+                mads.push((mad(7, attr, 0x55, with_slot(0x1234, slot)), slot));
+            }
+            mads.push((mad(7, 0x0018, with_slot(7, slot), 0), slot));
+        }
+        mads.push((mad(7, 0x0010, with_slot(1, 3), with_slot(1, 3)), 0));
+        mads.push((mad(7, 0x0017, with_slot(1, 3), with_slot(1, 3)), 0));
+        mads.push((mad(4, 0x0013, 0, with_slot(1, 3)), 0));
+        for (i, (p, slot)) in mads.iter_mut().enumerate() {
+            p.push(i as u8);
+            tx.send_to(p, to).unwrap();
+            let mut buf = [0u8; 512];
+            let len = socks[*slot]
+                .recv(&mut buf)
+                .unwrap_or_else(|e| panic!("MAD {i} to slot {slot}: {e}"));
+            assert_eq!(&buf[..len], &p[..], "MAD {i}");
         }
         // Nothing strayed onto another socket.
         for s in &socks {
