@@ -68,8 +68,10 @@ step "guest harness setup (kernel, initramfs)" bash tests/guest/setup.sh
 step "rxe-to-rxe reference matrix (guest)" cargo test -p tests --test guest_reference -- --ignored \
     --test-threads 1 --nocapture reference_run_passes_and_rxe_icrcs_verify
 # The conformance matrix: this project's rdma-pingpong / rdma-perf on the host against rdma-core's and perftest's
-# tools on rxe in a guest, both roles, MTU 1024/4096, IPv4 + IPv6 link-local GIDs, a lossy fault case; then every
-# RoCEv2 frame of its capture (rxe's and ours) re-verified by the roce crate (tests/guest/matrix.sh).
+# tools on rxe in a guest, both roles, MTU 1024/4096, IPv4 + IPv6 link-local GIDs, a lossy fault case, and 18 cells
+# of Debian's own tools on both ends (on the host over the drop-in libibverbs.so.1 / librdmacm.so.1: pingpongs,
+# perftest, rping and ucmatose against rxe's kernel CM; `matrix.sh --all` for all of them); then every RoCEv2 frame
+# of its capture (rxe's and ours) re-verified by the roce crate (tests/guest/matrix.sh).
 step "our tools against rxe (guest matrix)" cargo test -p tests --test guest_matrix -- --ignored \
     --test-threads 1 --nocapture matrix_passes_and_every_icrc_verifies
 # Congestion control end to end (issue 22): two rdma-perf write-bw flows through a guest that routes between two

@@ -6,7 +6,10 @@
 //! * `udp:ADDRESS`, `udp:ADDRESS:PORT`, `udp:[IPV6]:PORT`, or the address alone: the software
 //!   HCA ([`crate::soft::UdpDevice`]) on a kernel UDP socket ([`crate::link::udp`]) bound to that
 //!   local address (the device's GID) and port (without one,
-//!   [`OpenOptions::default_udp_port`]: 4791, the RoCEv2 port of IBTA vol. 1 Annex A17.2.2);
+//!   [`OpenOptions::default_udp_port`]: 4791, the RoCEv2 port of IBTA vol. 1 Annex A17.2.2). A
+//!   link-local IPv6 address may carry its zone (RFC 4007 section 11), `udp:fe80::1%eth0`,
+//!   `udp:[fe80::1%2]:4791`: the interface (name or index) must hold the address; without a
+//!   zone the interface that holds it is found in `/proc/net/if_inet6`;
 //! * `vfio:PCI_ADDRESS` (`0000:00:04.0` or `00:04.0`, as `lspci -D` prints it): the software HCA
 //!   on the userspace virtio-net driver ([`crate::link::vfio`]) on that PCI function, which must
 //!   be bound to `vfio-pci`;
@@ -180,7 +183,8 @@ impl DeviceSpecError {
             ),
             DeviceSpecError::BadUdpAddress { .. } if forms.udp_port => format!(
                 "bad link \"{text}\": expected udp:ADDRESS or udp:ADDRESS:PORT (e.g. \
-                 udp:192.168.1.2, udp:[fe80::1]:4791)"
+                 udp:192.168.1.2, udp:[fe80::1]:4791, udp:fe80::1%eth0 with the interface that \
+                 holds the link-local address)"
             ),
             DeviceSpecError::BadUdpAddress { .. } => format!(
                 "bad link \"{text}\": expected udp:ADDRESS, an IP address of this host without a \
@@ -232,7 +236,50 @@ impl DeviceSpec {
     }
 }
 
+/// `ADDR%SCOPE` or `[ADDR%SCOPE]:PORT` (RFC 4007 section 11, as getaddrinfo(3) takes it): an IPv6
+/// link-local address with its zone, an interface name (`br0`) or index (`3`). The zone must name
+/// the interface that holds the address (`/proc/net/if_inet6`), on which the device is then opened
+/// (its scope id is looked up again at [`open`]); `None` if `rest` has no `%`.
+fn parse_udp_scoped(rest: &str) -> Option<Result<DeviceSpec, ()>> {
+    if !rest.contains('%') {
+        return None;
+    }
+    let (inner, port) = match rest.strip_prefix('[') {
+        Some(r) => {
+            let (inner, after) = r.split_once(']')?;
+            let port = after.strip_prefix(':').map(str::parse::<u16>);
+            match port {
+                Some(Ok(p)) => (inner, Some(p)),
+                _ => return Some(Err(())),
+            }
+        }
+        None => (rest, None),
+    };
+    let (addr, zone) = inner.split_once('%')?;
+    let Ok(ip) = addr.parse::<std::net::Ipv6Addr>() else {
+        return Some(Err(()));
+    };
+    if ip.segments()[0] & 0xffc0 != 0xfe80 || zone.is_empty() {
+        return Some(Err(()));
+    }
+    let held = crate::link::udp::ipv6_interface(ip)
+        .is_some_and(|(index, name)| name == zone || zone.parse::<u32>() == Ok(index));
+    Some(if held {
+        Ok(DeviceSpec::Udp {
+            ip: IpAddr::V6(ip),
+            port,
+        })
+    } else {
+        Err(())
+    })
+}
+
 fn parse_udp(text: &str, rest: &str) -> Result<DeviceSpec, DeviceSpecError> {
+    if let Some(r) = parse_udp_scoped(rest) {
+        return r.map_err(|()| DeviceSpecError::BadUdpAddress {
+            text: text.to_owned(),
+        });
+    }
     if let Ok(ip) = rest.parse::<IpAddr>() {
         return Ok(DeviceSpec::Udp { ip, port: None });
     }
@@ -623,6 +670,50 @@ mod tests {
             "bad link \"verbs:\": no verbs: link here (expected udp:ADDRESS without a port)"
         );
         assert_eq!(e.text(), "verbs:");
+    }
+
+    #[test]
+    fn link_local_addresses_with_a_zone() {
+        // Not link-local, no address, an empty zone, a bad or missing port: refused.
+        for bad in [
+            "udp:::1%lo",
+            "udp:fe80::zz%lo",
+            "udp:fe80::1%",
+            "udp:[fe80::1%lo]:x",
+            "udp:[fe80::1%lo]",
+        ] {
+            assert!(bad.parse::<DeviceSpec>().is_err(), "{bad}");
+        }
+        // A link-local address of this host (if it has one), with its interface's name or index
+        // as the zone; another zone is refused.
+        let table = std::fs::read_to_string("/proc/net/if_inet6").unwrap_or_default();
+        for line in table.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 6 || !f[0].starts_with("fe80") {
+                continue;
+            }
+            let bytes: Vec<u8> = (0..16)
+                .map(|i| u8::from_str_radix(&f[0][2 * i..2 * i + 2], 16).unwrap())
+                .collect();
+            let ip = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).unwrap());
+            let index = u32::from_str_radix(f[1], 16).unwrap();
+            let want = DeviceSpec::Udp {
+                ip: IpAddr::V6(ip),
+                port: None,
+            };
+            assert_eq!(format!("udp:{ip}%{}", f[5]).parse::<DeviceSpec>(), Ok(want));
+            assert_eq!(
+                format!("udp:[{ip}%{index}]:5000").parse::<DeviceSpec>(),
+                Ok(DeviceSpec::Udp {
+                    ip: IpAddr::V6(ip),
+                    port: Some(5000)
+                })
+            );
+            assert!(format!("udp:{ip}%{}", index + 1000)
+                .parse::<DeviceSpec>()
+                .is_err());
+            return;
+        }
     }
 
     #[test]

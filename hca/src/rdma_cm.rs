@@ -845,7 +845,10 @@ impl RdmaCm {
     }
 
     /// The listener for a REQ to `dst` (port and address): a specific address first, then a
-    /// wildcard.
+    /// wildcard, of port space `ps`. Addresses compare by IP and port only: the `cma_hdr`
+    /// carries no IPv6 scope id or flow label, while a listener on a link-local address is bound
+    /// with its scope (`rping -s -a fe80::1%eth0`); the REQ came in on this device, so on that
+    /// link (as Linux `cma.c` `cma_match_net_dev` matches the receiving device, not a scope).
     fn listener_for(&self, ps: u16, dst: SocketAddr) -> Option<RdmaId> {
         let listening = || {
             self.ids
@@ -853,7 +856,10 @@ impl RdmaCm {
                 .filter(move |(_, s)| s.listening && s.ps == ps)
         };
         listening()
-            .find(|(_, s)| s.local == Some(dst))
+            .find(|(_, s)| {
+                s.local
+                    .is_some_and(|l| l.ip() == dst.ip() && l.port() == dst.port())
+            })
             .or_else(|| {
                 listening().find(|(_, s)| {
                     s.local.is_some_and(|l| {

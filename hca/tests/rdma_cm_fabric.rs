@@ -256,6 +256,24 @@ fn a_listener_on_another_address_does_not_take_the_request() {
 }
 
 #[test]
+fn a_listener_bound_with_a_scope_id_takes_the_request() {
+    // `rping -s -a fe80::...%br0` binds its listener with the interface's scope id; the REQ's
+    // cma_hdr names the destination without one (seen against Linux rxe in the guest matrix:
+    // `rping:rdma-cm:ipv6ll:drop-in:ours-server`, REJ 28 before this was matched by IP and port).
+    let mut w = World::new(true);
+    let IpAddr::V6(b_ip) = w.b.ip else {
+        panic!("an IPv6 world")
+    };
+    let scoped = SocketAddr::V6(SocketAddrV6::new(b_ip, PORT, 0, 7));
+    w.start(Some(scoped), b"");
+    assert!(w.run_until(1000, |w| w.find(1, E::ConnectRequest).is_some()
+        || w.find(0, E::Rejected).is_some()));
+    assert!(w.find(0, E::Rejected).is_none(), "{:?}", w.events);
+    assert!(w.find(1, E::ConnectRequest).unwrap().listen_id.is_some());
+    assert_eq!(w.cms[1].refused(), 0);
+}
+
+#[test]
 fn a_dead_peer_is_unreachable() {
     let mut w = World::new(true);
     w.b_alive = false;

@@ -6,7 +6,10 @@
 #   ROLE server  runs CMD once, bounded by SECS seconds.
 #   ROLE client  runs CMD; while an attempt fails only because the server is not listening yet (rdma-core's
 #                "Couldn't connect to HOST:PORT", perftest's "Unable to open file descriptor for socket
-#                connection"), waits 1 s and tries again, until SECS have
+#                connection", rping's / ucmatose's "RDMA_CM_EVENT_REJECTED, error 8" and perftest -R's
+#                "Unexpected CM event bl blka 8" on its first connection: the peer's CM answered REJ reason
+#                8, no listener on the service ID; udaddy's "RDMA_CM_EVENT_UNREACHABLE, error: 1": SIDR_REP
+#                status 1, no listener), waits 1 s and tries again, until SECS have
 #                passed since the first attempt; each attempt is bounded by the time left. A client never
 #                connects to the wrong cell's server because every cell has its own TCP port.
 #
@@ -39,7 +42,9 @@ while :; do
     timeout "$left" "$@" >"$out" 2>&1 || rc=$?
     if [ "$rc" -ne 0 ] && [ "$(elapsed "$t0")" -ge "$secs" ]; then timed_out=1; break; fi
     if [ "$role" = client ] && [ "$rc" -ne 0 ] \
-        && grep -q -E -e "Couldn't connect to [^ ]+:[0-9]+" -e "Unable to open file descriptor for socket connection" "$out"; then
+        && grep -q -E -e "Couldn't connect to [^ ]+:[0-9]+" -e "Unable to open file descriptor for socket connection" \
+            -e "RDMA_CM_EVENT_REJECTED, error:? 8\$" -e "^Unexpected CM event bl blka 8\$" \
+            -e "udaddy: event: RDMA_CM_EVENT_UNREACHABLE, error: 1\$" "$out"; then
         sleep 1
         continue
     fi

@@ -214,11 +214,31 @@ rg_job_go() {
 # Both sides start a cell together: the host once the guest is through with the previous cell (PREVCELL
 # for the first; empty: none). The barrier and the go are each bounded by SECS; the server runs
 # $CELL_SECS, the client $CELL_SECS + 30, against $GUEST_IP / $HOST_IP.
+# A cell whose arguments hold @PORT@ (RDMA CM tools: rping's -a, ucmatose's -s/-b) gets its port put there
+# instead, and no server address appended: such a cell names both sides' addresses itself. A side's
+# seconds may be given as a fifth field (a cell that waits out a CM's retries).
 rg_job_pairs() {
-    local job="$1" port="$2" prev="$3" secs="$4" c name grole gargs oargs g o
+    local job="$1" port="$2" prev="$3" secs="$4" c name grole gargs oargs csecs g o
     shift 4
     for c in "$@"; do
-        IFS='|' read -r name grole gargs oargs <<<"$c"
+        IFS='|' read -r name grole gargs oargs csecs <<<"$c"
+        csecs="${csecs:-$CELL_SECS}"
+        if [[ "$gargs$oargs" == *@PORT@* ]]; then
+            read -r -a g <<<"${gargs//@PORT@/$port}"
+            read -r -a o <<<"${oargs//@PORT@/$port}"
+            rg_job_barrier "$job" "$((port + 1000))" "$secs"
+            rg_job_go "$RG_RUN/job-host" g1 "$prev" "$GUEST_IP" "$((port + 1000))" "$secs"
+            prev="$name"
+            if [ "$grole" = server ]; then
+                rg_job_cell "$job" server "$name" "$csecs" "${g[@]}"
+                rg_job_cell "$RG_RUN/job-host" client "$name" "$((csecs + 30))" "${o[@]}"
+            else
+                rg_job_cell "$RG_RUN/job-host" server "$name" "$csecs" "${o[@]}"
+                rg_job_cell "$job" client "$name" "$((csecs + 30))" "${g[@]}"
+            fi
+            port=$((port + 1))
+            continue
+        fi
         read -r -a g <<<"$gargs"
         read -r -a o <<<"$oargs"
         rg_job_barrier "$job" "$((port + 1000))" "$secs"

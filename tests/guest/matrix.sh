@@ -3,7 +3,7 @@
 # kernel UDP link) on the HOST, against rdma-core's and perftest's tools on Linux soft-RoCE (rxe0) in a
 # QEMU TCG guest, over a bridge in a network namespace that this script creates and deletes.
 #
-#   bash tests/guest/matrix.sh [--cells REGEX] [--list]
+#   bash tests/guest/matrix.sh [--cells REGEX | --all] [--list]
 #
 # Every peer tool (ibv_rc/uc/ud_pingpong, ib_send/write/read/atomic_bw, ib_send/write/read_lat) runs
 # against ours with our tool as client AND as server, at path MTU 1024 and 4096 with IPv4 GIDs, and at
@@ -19,6 +19,9 @@
 # frame malformed); `cargo test -p tests --test guest_matrix -- --ignored` also re-verifies every ICRC
 # in it (rxe's frames and ours) with the roce crate.
 #
+# --all: every cell (without it and without --cells: every cell of our own tools and a representative part
+# of the drop-in cells, CI_DROPIN below). --cells REGEX selects from all cells (`--cells :drop-in:`: Debian's
+# tools on the host over the drop-in libraries; `--cells unreachable`: the dead-peer cells).
 # Environment: ROCE_GUEST_CACHE (as setup.sh), ROCE_MATRIX_BIN_DIR (a folder holding rdma-pingpong and
 # rdma-perf; default: build them, `cargo build --release -p hca --bins`, into $CARGO_TARGET_DIR or
 # <repo>/target), ROCE_MATRIX_JOB_SECS (bound on the cell list, 840), ROCE_MATRIX_CELL_SECS (one side of
@@ -161,23 +164,135 @@ FAULT_ENV="env ROCE_LINK_DROP_PPM=$DROP_PPM ROCE_LINK_DROP_SEED=5 ROCE_LINK_DROP
     CELLS+=("fault-drop${DROP_PPM}ppm:ibv_rc_pingpong:mtu1024:ipv4:ours-$role|$([ $role = client ] && echo server || echo client)|ibv_rc_pingpong -d rxe0 -g 1 -m 1024 -s 8192 -n 100 -c|$FAULT_ENV rdma-pingpong --rc --link $(link_of ipv4) -m 1024 -s 8192 -n 100 -c --stats $ours_tmo")
 done
 
-FILTER="" LIST=0
+# ---------------------------------------------------------------- Debian's tools over the drop-in libraries
+# The same unmodified Debian binary on both ends: rxe0 in the guest, and on the host over this project's
+# libibverbs.so.1 / librdmacm.so.1 (hca/abi, hca/rdmacm: `dropin ADDR TOOL...` runs TOOL with
+# LD_LIBRARY_PATH=<run>/lib and ROCE_DEVICES=rxe0=udp:ADDR, the device's one GID, index 0, being ADDR).
+# Cell names: TOOL:mtuMTU:ipv4|ipv6ll:drop-in:ours-client|ours-server (issue 18, verbs with perftest's /
+# rdma-core's own TCP exchange) and TOOL:rdma-cm:ipv4|ipv6ll:drop-in:ours-... (issue 19, RDMA CM: rxe's
+# kernel CM against ours). `--cells :drop-in:` selects them all.
+GUEST_LL="$(ll6 "$GUEST_MAC")"
+dropin_of() { if [ "$1" = ipv4 ]; then echo "dropin $HOST_IP"; else echo "dropin $HOST_LL%br0"; fi; }  # a zone: hca::open
+dropin_verbs_cells() {  # MTU GIDKIND
+    local mtu="$1" g="$2" d gi t size
+    d="$(dropin_of "$g")" gi="$(gidx_of "$g")"
+    for t in rc uc; do
+        both "ibv_${t}_pingpong:mtu$mtu:$g:drop-in" "ibv_${t}_pingpong -d rxe0 -g $gi -m $mtu -s 4096 -n 10 -c" \
+            "$d ibv_${t}_pingpong -d rxe0 -g 0 -m $mtu -s 4096 -n 10 -c"
+    done
+    both "ibv_ud_pingpong:mtu$mtu:$g:drop-in" "ibv_ud_pingpong -d rxe0 -g $gi -s $mtu -n 10 -c" \
+        "$d ibv_ud_pingpong -d rxe0 -g 0 -s $mtu -n 10 -c"
+    for t in ib_write_bw ib_send_lat ib_read_bw ib_atomic_bw; do
+        size="-s 4096"
+        [ "$t" != ib_atomic_bw ] || size=""
+        both "$t:mtu$mtu:$g:drop-in" "$t -d rxe0 -x $gi -m $mtu $size -n 5 -F" "$d $t -d rxe0 -x 0 -m $mtu $size -n 5 -F"
+    done
+}
+dropin_verbs_cells 1024 ipv4
+dropin_verbs_cells 4096 ipv4
+dropin_verbs_cells 1024 ipv6ll
+# RDMA CM: the tool names both addresses itself (@PORT@: see rg_job_pairs); a link-local address carries
+# its scope (the guest's eth0, the host's br0). rping -V checks every ping's data on both sides.
+cm_both() {  # NAME GUEST-SERVER GUEST-CLIENT OURS-SERVER OURS-CLIENT [SECS]
+    CELLS+=("$1:ours-client|server|$2|$5|${6:-}")
+    CELLS+=("$1:ours-server|client|$3|$4|${6:-}")
+}
+dropin_cm_cells() {  # GIDKIND
+    local g="$1" d
+    d="$(dropin_of "$g")"
+    # ga / ha: the guest's / host's address as it names itself; gh / hg: as the other side names it.
+    local ga gh ha hg
+    if [ "$g" = ipv4 ]; then ga="$GUEST_IP" gh="$GUEST_IP" ha="$HOST_IP" hg="$HOST_IP"
+    else ga="$GUEST_LL%eth0" gh="$GUEST_LL%br0" ha="$HOST_LL%br0" hg="$HOST_LL%eth0"; fi
+    cm_both "rping:rdma-cm:$g:drop-in" \
+        "rping -s -a $ga -p @PORT@ -C 10 -V -v" "rping -c -a $hg -p @PORT@ -C 10 -V -v" \
+        "$d rping -s -a $ha -p @PORT@ -C 10 -V -v" "$d rping -c -a $gh -p @PORT@ -C 10 -V -v"
+    cm_both "ucmatose:rdma-cm:$g:drop-in" \
+        "ucmatose -b $ga -p @PORT@ -c 2 -C 10" "ucmatose -s $hg -p @PORT@ -c 2 -C 10" \
+        "$d ucmatose -b $ha -p @PORT@ -c 2 -C 10" "$d ucmatose -s $gh -p @PORT@ -c 2 -C 10"
+}
+dropin_cm_cells ipv4
+dropin_cm_cells ipv6ll
+# UD over SIDR (RDMA_PS_UDP): udaddy's SIDR_REQ / SIDR_REP against rxe's kernel CM, then UD SENDs to the
+# resolved QPN / Q_Key. udaddy's port is fixed (7174): cmcell.sh as-is runs it with the cell's port unused.
+dropin_udaddy_cells() {  # GIDKIND
+    local g="$1" d ga gh ha hg
+    d="$(dropin_of "$g")"
+    if [ "$g" = ipv4 ]; then ga="$GUEST_IP" gh="$GUEST_IP" ha="$HOST_IP" hg="$HOST_IP"
+    else ga="$GUEST_LL%eth0" gh="$GUEST_LL%br0" ha="$HOST_LL%br0" hg="$HOST_LL%eth0"; fi
+    cm_both "udaddy:rdma-cm:$g:drop-in" \
+        "sh /job/cmcell.sh as-is @PORT@ udaddy -b $ga -C 10" "sh /job/cmcell.sh as-is @PORT@ udaddy -s $hg -C 10" \
+        "sh $RG_HERE/cmcell.sh as-is @PORT@ $d udaddy -b $ha -C 10" "sh $RG_HERE/cmcell.sh as-is @PORT@ $d udaddy -s $gh -C 10"
+}
+dropin_udaddy_cells ipv4
+dropin_udaddy_cells ipv6ll
+# perftest 4.5's -R is IPv4 only (its client resolves the server with AF_INET: "Address family for
+# hostname not supported"), on rxe as on ours: no IPv6 cell. It races, whoever runs it: -R connects twice,
+# the exchange connection and then, after a hand-shake over it, the test's own; the server listens again
+# only once its last hand-shake SEND has completed (the peer's ACK), while the client connects as soon as
+# it has received that SEND. A client that wins gets REJ 8 (no listener yet), and perftest 4.5-0.17 then
+# retries with the IDs it has just destroyed (EINVAL here; on Linux a use after free, seen as a SIGSEGV in
+# the guest). Against a TCG guest, whose rxe ACKs tens of ms late, our side loses as server now and then
+# (the guest's REQ 4.7 ms after its ACK, 22 ms after our SEND) and always wins as client (the guest server
+# is slower to listen again): these two cells run only when --cells names them.
+both "ib_write_bw:rdma-cm:ipv4:drop-in" "ib_write_bw -R -d rxe0 -x 1 -s 4096 -n 5 -F" \
+    "$(dropin_of ipv4) ib_write_bw -R -d rxe0 -x 0 -s 4096 -n 5 -F"
+
+# A REQ that no CM answers, each way (rping, IPv4; last in the list: the second cell removes the guest's
+# rxe0). The guest's rping against the host's address while nothing of ours runs there (the host side
+# checks that no UDP socket holds port 4791 in the namespace): rxe's kernel CM resends the REQ
+# CMA_MAX_CM_RETRIES (15) times, each after the REQ's timeout (CMA_CM_RESPONSE_TIMEOUT 20: 4.3 s, plus
+# twice the packet lifetime), so about 16 x 4.8 s before rping sees UNREACHABLE; neither rping nor the
+# kernel 6.1 offers a knob. Then our rping against the guest once rxe0 is removed (`rdma link del`):
+# our CM (hca::cm::CmConfig::default(), Linux's values) resends 15 times 4.3 s apart, about 69 s.
+UNREACH_SECS=150
+CELLS+=("rping:rdma-cm:ipv4:unreachable:ours-absent|client|sh /job/cmcell.sh expect UNREACHABLE rping -c -a $HOST_IP -p @PORT@ -C 1 -V -v|sh $RG_HERE/cmcell.sh no-roce-socket @PORT@|$UNREACH_SECS")
+CELLS+=("rxe0-removed:unreachable|server|sh /job/cmcell.sh rxe-del @PORT@|true")
+CELLS+=("rping:rdma-cm:ipv4:unreachable:ours-client|server|sh /job/cmcell.sh no-rdma-device @PORT@|sh $RG_HERE/cmcell.sh expect UNREACHABLE $(dropin_of ipv4) rping -c -a $GUEST_IP -p @PORT@ -C 1 -V -v|$UNREACH_SECS")
+# The same with our CM's timer set short (ROCE_CM_RESPONSE_TIMEOUT 16: 268 ms, ROCE_CM_MAX_RETRIES 3: four
+# REQs, about 1.1 s), the one dead-peer cell tests/ci.sh runs.
+CELLS+=("rping:rdma-cm:ipv4:unreachable-fast:ours-client|server|sh /job/cmcell.sh no-rdma-device @PORT@|sh $RG_HERE/cmcell.sh expect UNREACHABLE env ROCE_CM_RESPONSE_TIMEOUT=16 ROCE_CM_MAX_RETRIES=3 $(dropin_of ipv4) rping -c -a $GUEST_IP -p @PORT@ -C 1 -V -v")
+
+# The run without --cells (tests/ci.sh) takes a representative part of the drop-in cells, both roles each:
+# every kind of verbs tool (RC and UD pingpong, WRITE, READ, atomics), both MTUs and both GID kinds, and
+# rping (IPv4, IPv6 link-local), ucmatose (IPv6 link-local), udaddy (IPv4), and our rping against the guest without rxe0
+# with our CM's timer set short (unreachable-fast), about 45 s with the guest's pace. The rest (the other
+# drop-in cells, the two unreachable cells at the CMs' default timers, about 70 and 100 s, perftest -R over
+# the drop-in libraries, which races: see above) runs with --all, or selected with --cells.
+CI_DROPIN='^((ibv_rc_pingpong:mtu(1024|4096):ipv4|ibv_ud_pingpong:mtu1024:ipv6ll|ib_write_bw:mtu4096:ipv4|ib_read_bw:mtu1024:ipv6ll|ib_atomic_bw:mtu1024:ipv4|rping:rdma-cm:ipv(4|6ll)|ucmatose:rdma-cm:ipv6ll|udaddy:rdma-cm:ipv4):drop-in:|rxe0-removed:unreachable$|rping:rdma-cm:ipv4:unreachable-fast:)'
+BY_HAND=':drop-in:|:unreachable'
+# perftest -R over the drop-in libraries races against the TCG guest (perftest's own race, see above): only
+# with --cells.
+RACY='^ib_write_bw:rdma-cm:ipv4:drop-in:'
+FILTER="" LIST=0 ALL=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --cells) FILTER="${2:?--cells needs a regex}"; shift 2 ;;
+        --all) ALL=1; shift ;;
         --list) LIST=1; shift ;;
-        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^set -euo/ {exit} NR > 1' "$0"; exit 0 ;;
         *) rg_die "unknown argument $1 (see --help)" ;;
     esac
 done
 if [ -n "$FILTER" ]; then
     rg_cells_matching CELLS "$FILTER"
+elif [ "$ALL" -eq 1 ]; then
+    kept=()
+    for c in "${CELLS[@]}"; do [[ "${c%%|*}" =~ $RACY ]] || kept+=("$c"); done
+    CELLS=("${kept[@]}")
+else
+    kept=()
+    for c in "${CELLS[@]}"; do
+        n="${c%%|*}"
+        if ! [[ "$n" =~ $BY_HAND ]] || [[ "$n" =~ $CI_DROPIN ]]; then kept+=("$c"); fi
+    done
+    CELLS=("${kept[@]}")
 fi
 [ ${#CELLS[@]} -gt 0 ] || rg_die "no cell matches '$FILTER'"
 if [ "$LIST" -eq 1 ]; then
     for c in "${CELLS[@]}"; do
-        IFS='|' read -r n r g o <<<"$c"
-        echo "$n"; echo "    guest ($r): $g"; echo "    ours: $o"
+        IFS='|' read -r n r g o secs <<<"$c"
+        echo "$n"; echo "    guest ($r): $g"; echo "    ours: $o"; [ -z "$secs" ] || echo "    each side: ${secs} s"
     done
     exit 0
 fi
@@ -187,7 +302,16 @@ fi
 rg_run_start
 
 rg_phase_begin "build our tools"
-if [ -n "${ROCE_MATRIX_BIN_DIR:-}" ]; then
+# cells_any REGEX: some selected cell ("NAME|ROLE|GUEST ARGS|OUR ARGS[|SECS]") matches REGEX (a bash loop:
+# no pipe whose writer a `grep -q` could cut short under pipefail).
+cells_any() {
+    local c
+    for c in "${CELLS[@]}"; do [[ "$c" =~ $1 ]] && return 0; done
+    return 1
+}
+if ! cells_any '^[^|]*\|[^|]*\|[^|]*\|([^|]* )?rdma-(pingpong|perf) '; then
+    : # only Debian's tools over the drop-in libraries (below): rdma-pingpong / rdma-perf not needed
+elif [ -n "${ROCE_MATRIX_BIN_DIR:-}" ]; then
     BIN_DIR="$ROCE_MATRIX_BIN_DIR"
 else
     BIN_DIR="${CARGO_TARGET_DIR:-$RG_REPO/target}/release"
@@ -195,10 +319,30 @@ else
         || rg_die "building rdma-pingpong and rdma-perf failed"
 fi
 for b in rdma-pingpong rdma-perf; do
+    [ -n "${BIN_DIR:-}" ] || break
     [ -x "$BIN_DIR/$b" ] || rg_die "no $b in $BIN_DIR"
     # Copies: a build running meanwhile must not change the binaries under a run.
     cp "$BIN_DIR/$b" "$RG_RUN/bin/$b"
 done
+# Debian's tools over the drop-in libraries (the :drop-in: cells): libibverbs.so.1 and librdmacm.so.1
+# copied into <run>/lib, and `dropin ADDR TOOL ARGS...` (in <run>/bin, on the host job's PATH) to run one.
+if cells_any '^[^|]*:drop-in:'; then
+    if [ -n "${ROCE_MATRIX_LIB_DIR:-}" ]; then
+        LIB_DIR="$ROCE_MATRIX_LIB_DIR"
+    else
+        LIB_DIR="${CARGO_TARGET_DIR:-$RG_REPO/target}/release"
+        (cd "$RG_REPO" && rg_step 1800 "cargo build --release -p ibverbs-abi -p rdmacm-abi" \
+            cargo build --release -p ibverbs-abi -p rdmacm-abi) || rg_die "building the drop-in libraries failed"
+    fi
+    mkdir -p "$RG_RUN/lib"
+    for l in libibverbs.so.1 librdmacm.so.1; do
+        [ -e "$LIB_DIR/$l" ] || rg_die "no $l in $LIB_DIR"
+        cp -L "$LIB_DIR/$l" "$RG_RUN/lib/$l"
+    done
+    printf '#!/bin/sh\n# dropin ADDR TOOL ARGS...: TOOL over the drop-in libraries, device rxe0 on ADDR\na="$1"\nshift\nLD_LIBRARY_PATH=%q ROCE_DEVICES="rxe0=udp:$a" exec "$@"\n' \
+        "$RG_RUN/lib" >"$RG_RUN/bin/dropin"
+    chmod +x "$RG_RUN/bin/dropin"
+fi
 rg_phase_end "build our tools" >>"$TIMES"
 
 NS="rg-mx-$$-$RANDOM"
@@ -214,8 +358,13 @@ rg_tap_add "$NS" br0 tap1 "$LINK_MTU"
 # ---------------------------------------------------------------- jobs
 rg_job_new "$RG_RUN/job-g1"
 cp "$HERE/rejcheck.sh" "$RG_RUN/job-g1/rejcheck.sh"
+cp "$HERE/cmcell.sh" "$RG_RUN/job-g1/cmcell.sh"
 rg_job_new "$RG_RUN/job-host"
 rg_job_pairs "$RG_RUN/job-g1" 18700 "" "$((2 * CELL_SECS + 120))" "${CELLS[@]}"
+# The guest stays up until the host's last cell is through (its peer must still be on the link: a guest
+# that powered off takes the bridge's carrier with it, and the host's last packets would never leave).
+rg_job_hold "$RG_RUN/job-g1" 17999 $((2 * CELL_SECS + 120))
+rg_job_release "$RG_RUN/job-host" guest-release "$GUEST_IP" 17999 60
 
 # ---------------------------------------------------------------- boot and run
 PCAP="$RG_RUN/matrix.pcap"
@@ -260,6 +409,36 @@ printf '%s\n' "${CELLS[@]}" | grep -q '^[^|]*:ipv6ll:' && want6=1
 printf '%s\n' "${CELLS[@]}" | grep -q '^[^|]*:mtu4096:' && want4k=1
 printf '%s\n' "${CELLS[@]}" | grep -q '^[^|]*:mtu1024:' && want1k=1
 rg_pcap_checks "$PCAP" "$want6" "$want4k" "$want1k"
+# RDMA CM cells: tshark must dissect the CM exchange on QP1 as InfiniBand CM (class 0x07): REQ, REP, RTU,
+# DREQ and DREP, over each IP version the selected rdma-cm cells use (malformed frames: the row above).
+cm_counts() {  # IPFILTER ATTRIBUTE-ID...: a count per CM attribute (REQ 0x10, REP 0x13, RTU 0x14, DREQ 0x15,
+    # DREP 0x16, SIDR_REQ 0x17, SIDR_REP 0x18)
+    local f="$1" a n out=""
+    shift
+    for a in "$@"; do
+        n="$(timeout 120 tshark -n --disable-protocol rpcordma -r "$PCAP" \
+            -Y "$f && infiniband.mad.mgmtclass == 0x07 && infiniband.mad.attributeid == $a" 2>/dev/null | wc -l)"
+        out+="$n "
+    done
+    echo "${out% }"
+}
+for v in ipv4 ipv6ll; do
+    f=ip; [ "$v" = ipv4 ] || f=ipv6
+    if cells_any "^udaddy:rdma-cm:$v:"; then  # UD: SIDR_REQ / SIDR_REP
+        read -r q p <<<"$(cm_counts "$f" 0x0017 0x0018)"
+        why="SIDR_REQ $q, SIDR_REP $p (tshark: InfiniBand CM over $f)"
+        if [ "$q" -gt 0 ] && [ "$p" -gt 0 ]; then rg_row "pcap: SIDR exchange over $v" PASS "$why"
+        else rg_row "pcap: SIDR exchange over $v" FAIL "$why"; fi
+    fi
+    cells_any "^(rping|ucmatose|ib_[a-z_]+):rdma-cm:$v:(drop-in:)?ours-(client|server)\|" || continue
+    read -r q p t d r <<<"$(cm_counts "$f" 0x0010 0x0013 0x0014 0x0015 0x0016)"
+    why="REQ $q, REP $p, RTU $t, DREQ $d, DREP $r (tshark: InfiniBand CM over $f)"
+    if [ "$q" -gt 0 ] && [ "$p" -gt 0 ] && [ "$t" -gt 0 ] && [ "$d" -gt 0 ] && [ "$r" -gt 0 ]; then
+        rg_row "pcap: CM exchange over $v" PASS "$why"
+    else
+        rg_row "pcap: CM exchange over $v" FAIL "$why"
+    fi
+done
 rg_phase_end "pcap check" >>"$TIMES"
 
 # ---------------------------------------------------------------- the grid (README "Conformance")
@@ -280,6 +459,7 @@ matrix_grid() {
     done
     line="| peer tool (rxe0, guest) |"
     for c in "${cols[@]}"; do
+        c="${c/:drop-in/, Debian tool over the drop-in libraries}"
         c="${c/mtu/MTU }" c="${c/:ipv4/, IPv4}" c="${c/:ipv6ll/, IPv6 link-local}" c="${c/:bulk/, bulk}"
         c="${c/:drop/, lossy, drop }" c="${c//:/, }"
         line+=" $c |"

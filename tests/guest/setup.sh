@@ -156,6 +156,11 @@ else
     done
     copy_with_libs "$provider"
     copy_file /etc/libibverbs.d/rxe.driver
+    # glibc dlopen()s libgcc_s for pthread_exit / pthread_cancel (rping's threads end that way: without
+    # it, "libgcc_s.so.1 must be installed for pthread_exit to work" and SIGABRT); ldd does not list it.
+    libgcc="$(ldconfig -p | awk '/libgcc_s\.so\.1 .*x86-64/ {print $NF; exit}')"
+    [ -n "$libgcc" ] || rg_die "setup: libgcc_s.so.1 not found (libgcc-s1 missing?)"
+    copy_file "$libgcc"
     [ -e "$ROOT/lib64/ld-linux-x86-64.so.2" ] || copy_file /lib64/ld-linux-x86-64.so.2
     # rdma-core's tools resolve nothing by name, but glibc wants these to exist.
     printf 'root:x:0:0:root:/:/bin/sh\n' >"$ROOT/etc/passwd"

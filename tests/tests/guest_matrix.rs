@@ -1,7 +1,9 @@
 //! The conformance matrix against real Linux soft-RoCE: this project's `rdma-pingpong` and `rdma-perf`
 //! (the software HCA over the kernel UDP link) on the host against rdma-core's and perftest's tools on
 //! `rxe0` in a QEMU TCG guest (`tests/guest/matrix.sh`: every tool, our side as client and as server,
-//! path MTU 1024 and 4096, IPv4 and IPv6 link-local GIDs, a lossy fault case). Then every RoCEv2
+//! path MTU 1024 and 4096, IPv4 and IPv6 link-local GIDs, a lossy fault case, and Debian's own
+//! tools on the host over the drop-in `libibverbs.so.1` / `librdmacm.so.1`, RDMA CM included:
+//! the `:drop-in:` cells the run takes without `--all`). Then every RoCEv2
 //! frame of the run's capture, the guest's (sent by rxe) and ours (built by the `hca` engine, sent by
 //! the host kernel), must pass this project's ICRC check (`roce::icrc::verify`); each side's frames
 //! must be there.

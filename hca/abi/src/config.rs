@@ -5,7 +5,8 @@ use std::net::IpAddr;
 use hca::open::DeviceSpec;
 
 /// The environment variable that names the devices: `NAME=SPEC` items separated by commas or
-/// white space, `SPEC` as [`hca::open`] parses it (`udp:127.0.0.2`). Example:
+/// white space, `SPEC` as [`hca::open`] parses it (`udp:127.0.0.2`; a link-local IPv6 address
+/// with or without its zone, `udp:fe80::1%eth0`, RFC 4007 section 11). Example:
 /// `ROCE_DEVICES="rxe0=udp:127.0.0.1 rxe1=udp:192.168.1.5"`.
 pub const ROCE_DEVICES: &str = "ROCE_DEVICES";
 
@@ -25,6 +26,52 @@ pub fn share_from(value: Option<&str>) -> bool {
 /// [`share_from`] of this process's environment.
 pub fn share() -> bool {
     share_from(std::env::var(SOFT_HCA_SHARE).ok().as_deref())
+}
+
+/// The environment variables that set the RDMA CM's REQ / DREQ timer (`librdmacm.so.1`, one
+/// `hca::rdma_cm::CmService` per device): `ROCE_CM_RESPONSE_TIMEOUT`, the response timeout code
+/// (0..=31: 4.096 µs x 2^code, sent in REQs as both CM response timeouts and used to resend REQs
+/// and DREQs; IBTA vol. 1 section 12.7.27), and `ROCE_CM_MAX_RETRIES` (0..=15, the REQ's Max CM
+/// Retries). Unset: Linux `cma.c`'s `CMA_CM_RESPONSE_TIMEOUT` 20 (4.3 s) and
+/// `CMA_MAX_CM_RETRIES` 15, so a REQ to a dead peer ends in `RDMA_CM_EVENT_UNREACHABLE` after
+/// 16 x 4.3 s = 69 s, as with rxe's kernel CM, which offers no such setting; a value that does
+/// not parse or is out of range is ignored with a message on stderr.
+pub const ROCE_CM_RESPONSE_TIMEOUT: &str = "ROCE_CM_RESPONSE_TIMEOUT";
+/// See [`ROCE_CM_RESPONSE_TIMEOUT`].
+pub const ROCE_CM_MAX_RETRIES: &str = "ROCE_CM_MAX_RETRIES";
+
+/// The CM's settings from the values of [`ROCE_CM_RESPONSE_TIMEOUT`] and [`ROCE_CM_MAX_RETRIES`]
+/// (`None`: unset), over `hca::cm::CmConfig::default()`.
+pub fn cm_config_from(
+    response_timeout: Option<&str>,
+    max_retries: Option<&str>,
+) -> hca::cm::CmConfig {
+    fn code(var: &str, value: Option<&str>, max: u8) -> Option<u8> {
+        let v = value?.trim();
+        match v.parse::<u8>() {
+            Ok(c) if c <= max => Some(c),
+            _ => {
+                eprintln!("libibverbs (software HCA): {var}={v:?} ignored (0..={max})");
+                None
+            }
+        }
+    }
+    let mut c = hca::cm::CmConfig::default();
+    if let Some(t) = code(ROCE_CM_RESPONSE_TIMEOUT, response_timeout, 31) {
+        c.response_timeout = t;
+    }
+    if let Some(r) = code(ROCE_CM_MAX_RETRIES, max_retries, 15) {
+        c.max_cm_retries = r;
+    }
+    c
+}
+
+/// [`cm_config_from`] of this process's environment.
+pub fn cm_config() -> hca::cm::CmConfig {
+    cm_config_from(
+        std::env::var(ROCE_CM_RESPONSE_TIMEOUT).ok().as_deref(),
+        std::env::var(ROCE_CM_MAX_RETRIES).ok().as_deref(),
+    )
 }
 
 /// The environment variable that chooses who drives the library's software HCAs
@@ -160,6 +207,25 @@ mod tests {
         assert!(share_from(Some("")));
         assert!(!share_from(Some("0")));
         assert!(!share_from(Some(" 0\n")));
+    }
+
+    #[test]
+    fn cm_timer_from_the_environment() {
+        let d = hca::cm::CmConfig::default();
+        assert_eq!(cm_config_from(None, None), d);
+        let c = cm_config_from(Some("16"), Some(" 2\n"));
+        assert_eq!((c.response_timeout, c.max_cm_retries), (16, 2));
+        // Out of range or not a number: the default stays.
+        let c = cm_config_from(Some("32"), Some("16"));
+        assert_eq!(
+            (c.response_timeout, c.max_cm_retries),
+            (d.response_timeout, d.max_cm_retries)
+        );
+        let c = cm_config_from(Some("x"), Some("-1"));
+        assert_eq!(
+            (c.response_timeout, c.max_cm_retries),
+            (d.response_timeout, d.max_cm_retries)
+        );
     }
 
     #[test]

@@ -167,7 +167,7 @@ fn open_devices() -> Vec<Dev> {
         let verbs = unsafe { inner(ctx) }.verbs.clone();
         let ips = local_ips(verbs.as_ref());
         // A device whose QP1 is not ours (a libibverbs device) has no CM here.
-        let Ok(svc) = CmService::start(verbs, hca::cm::CmConfig::default()) else {
+        let Ok(svc) = CmService::start(verbs, crate::config::cm_config()) else {
             continue;
         };
         devs.push(Dev {
