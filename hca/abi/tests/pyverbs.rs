@@ -18,12 +18,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::text;
+use common::{both_libraries, text};
 
-/// The two tests run one at a time: the second one's `cargo build -p ibverbs-abi -p rdmacm-abi`
-/// may relink `libibverbs.so.1` (its features differ from `cargo test --workspace`'s), and a
-/// Python started meanwhile finds no file there and loads rdma-core's library instead (then
-/// "Failed to get devices list": no kernel device).
+/// The two tests run one at a time: the first call of `common::both_libraries` (`cargo build -p
+/// ibverbs-abi -p rdmacm-abi`) may relink `libibverbs.so.1` (its features differ from `cargo test
+/// --workspace`'s), and a Python started meanwhile finds no file there and loads rdma-core's
+/// library instead (then "Failed to get devices list": no kernel device).
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The suite's files that apply (the rest need mlx5, EFA or CUDA).
@@ -129,29 +129,6 @@ fn unpack(suite: &Path, root: &Path) -> PathBuf {
         }
     }
     dir
-}
-
-/// The profile directory with both drop-in libraries (`libibverbs.so.1`, `librdmacm.so.1`),
-/// built by `cargo build -p ibverbs-abi -p rdmacm-abi` (as `rdmacm_tools.rs` does: `cargo test`
-/// does not build the librdmacm cdylib for this crate's tests).
-fn both_libraries() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let profile = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/PROFILE/deps/TEST")
-        .to_path_buf();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args(["build", "-q", "-p", "ibverbs-abi", "-p", "rdmacm-abi"]);
-    if profile.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    assert!(
-        cmd.status().expect("run cargo build").success(),
-        "cargo build -p ibverbs-abi -p rdmacm-abi failed"
-    );
-    profile
 }
 
 /// The RC and UD (`RDMA_PS_UDP`, SIDR) tests of `test_rdmacm` that must pass; the file's other tests are the 3 multicast

@@ -15,46 +15,12 @@
 //! claim is gone. A tool that is missing fails the test with the setup advice, unless
 //! `ROCE_SKIP_DEBIAN_TOOLS=1`. Every process runs under `timeout`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{text, tool};
-
-/// The profile directory with both libraries and their SONAME links (as
-/// `rdmacm_tools.rs` builds them: `cargo build -p ibverbs-abi -p rdmacm-abi`).
-fn lib_dir() -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test binary path");
-        let profile = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target/PROFILE/deps/TEST")
-            .to_path_buf();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-q", "-p", "ibverbs-abi", "-p", "rdmacm-abi"]);
-        if profile.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("run cargo build");
-        assert!(
-            status.success(),
-            "cargo build -p ibverbs-abi -p rdmacm-abi failed"
-        );
-        for so in ["libibverbs.so.1", "librdmacm.so.1"] {
-            assert!(
-                profile.join(so).exists(),
-                "{so} not in {}",
-                profile.display()
-            );
-        }
-        profile
-    })
-    .clone()
-}
+use common::{both_libraries, text, tool};
 
 /// One check at a time (each runs several processes on the 2-CPU VM).
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
@@ -78,7 +44,7 @@ fn command(device: &str, secs: u32, tool: &Path, args: &[&str]) -> Command {
             .args(args);
         c
     };
-    c.env("LD_LIBRARY_PATH", lib_dir())
+    c.env("LD_LIBRARY_PATH", both_libraries())
         .env("ROCE_DEVICES", device)
         .env_remove("SOFT_HCA_SHARE")
         .stdout(Stdio::piped())

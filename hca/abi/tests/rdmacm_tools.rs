@@ -11,46 +11,12 @@
 //! A tool that is missing fails the test with the setup advice, unless
 //! `ROCE_SKIP_DEBIAN_TOOLS=1`. Every process runs under `timeout`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{text, tool};
-
-/// The profile directory (`target/PROFILE`) with both libraries and their SONAME links, built
-/// once per test binary.
-fn lib_dir() -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test binary path");
-        let profile = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target/PROFILE/deps/TEST")
-            .to_path_buf();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-q", "-p", "ibverbs-abi", "-p", "rdmacm-abi"]);
-        if profile.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("run cargo build");
-        assert!(
-            status.success(),
-            "cargo build -p ibverbs-abi -p rdmacm-abi failed"
-        );
-        for so in ["libibverbs.so.1", "librdmacm.so.1"] {
-            assert!(
-                profile.join(so).exists(),
-                "{so} not in {}",
-                profile.display()
-            );
-        }
-        profile
-    })
-    .clone()
-}
+use common::{both_libraries, text, tool};
 
 /// One server / client pair at a time: seven pairs at once on the 2-core VM at load 12 once starved
 /// an RC exchange into retry exhaustion (`ib_write_bw`: "Bad wc status 12").
@@ -67,7 +33,7 @@ fn command(devices: &str, secs: u32, tool: &Path, args: &[&str]) -> Command {
         .args(["stdbuf", "-oL", "-eL"])
         .arg(tool)
         .args(args)
-        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("LD_LIBRARY_PATH", both_libraries())
         .env("ROCE_DEVICES", devices)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -369,7 +335,7 @@ fn conn_param_from_c() {
         .arg(&src)
         .arg("-o")
         .arg(&exe)
-        .arg(format!("-L{}", lib_dir().display()))
+        .arg(format!("-L{}", both_libraries().display()))
         .args(["-l:librdmacm.so.1", "-l:libibverbs.so.1"])
         .output()
         .expect("cc is installed");
@@ -378,7 +344,7 @@ fn conn_param_from_c() {
         .args(["30"])
         .arg(&exe)
         .args(["127.0.0.61", "127.0.0.62"])
-        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("LD_LIBRARY_PATH", both_libraries())
         .env("ROCE_DEVICES", "rxe0=udp:127.0.0.61,rxe1=udp:127.0.0.62")
         .output()
         .expect("run timeout");
@@ -411,7 +377,7 @@ fn symbols(lib: &Path, want_defined: bool, prefix: &str) -> Option<Vec<(String, 
 /// librdmacm function the Debian tools import is there at the version they ask for.
 #[test]
 fn exports_match_rdma_core_librdmacm() {
-    let ours = lib_dir().join("librdmacm.so.1");
+    let ours = both_libraries().join("librdmacm.so.1");
     let Some(exported) = symbols(&ours, true, "RDMACM") else {
         eprintln!("objdump (binutils) is not installed: skipped");
         return;
@@ -436,7 +402,7 @@ fn exports_match_rdma_core_librdmacm() {
     assert!(d.contains("Shared library: [libibverbs.so.1]"), "{d}");
     let forwarded = symbols(&ours, false, "IBVERBS_PRIVATE_RDMACM").unwrap();
     let provided = symbols(
-        &lib_dir().join("libibverbs.so.1"),
+        &both_libraries().join("libibverbs.so.1"),
         true,
         "IBVERBS_PRIVATE_RDMACM",
     )

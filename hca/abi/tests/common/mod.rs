@@ -12,6 +12,42 @@ pub fn lib_dir() -> PathBuf {
     DIR.get_or_init(make_lib_dir).clone()
 }
 
+/// The profile directory (`target/PROFILE`) holding both drop-in libraries with their SONAME
+/// links, `libibverbs.so.1` and `librdmacm.so.1`, built once per test binary by `cargo build -p
+/// ibverbs-abi -p rdmacm-abi` (`cargo test` does not build the librdmacm cdylib for this crate's
+/// tests). Panics when the build fails or a library is missing afterwards.
+pub fn both_libraries() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test binary path");
+        let profile = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/PROFILE/deps/TEST")
+            .to_path_buf();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.args(["build", "-q", "-p", "ibverbs-abi", "-p", "rdmacm-abi"]);
+        if profile.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build");
+        assert!(
+            status.success(),
+            "cargo build -p ibverbs-abi -p rdmacm-abi failed"
+        );
+        for so in ["libibverbs.so.1", "librdmacm.so.1"] {
+            assert!(
+                profile.join(so).exists(),
+                "{so} not in {}",
+                profile.display()
+            );
+        }
+        profile
+    })
+    .clone()
+}
+
 fn make_lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let profile = exe
