@@ -322,15 +322,20 @@ impl RdmaCm {
         if ps != port_space::TCP && ps != port_space::UDP {
             return Err(RdmaCmError::Unsupported);
         }
-        if self.ids.len() >= MAX_IDS {
-            return Err(RdmaCmError::InUse);
-        }
-        let id = (0..64)
-            .map(|_| OsRandom.next_u32())
-            .find(|id| *id != 0 && !self.ids.contains_key(id))
-            .ok_or(RdmaCmError::InUse)?;
+        let id = self.fresh_id().ok_or(RdmaCmError::InUse)?;
         self.ids.insert(id, IdState::new(ps));
         Ok(id)
+    }
+
+    /// A new ID: nonzero, unused, from the OS random source (at most 64 draws); `None` once
+    /// [`MAX_IDS`] are held or no draw was free.
+    fn fresh_id(&self) -> Option<RdmaId> {
+        if self.ids.len() >= MAX_IDS {
+            return None;
+        }
+        (0..64)
+            .map(|_| OsRandom.next_u32())
+            .find(|id| *id != 0 && !self.ids.contains_key(id))
     }
 
     /// The port space of `id` ([`port_space::TCP`] or [`port_space::UDP`]); `None` for an
@@ -432,13 +437,7 @@ impl RdmaCm {
                 .then(|| self.listener_for(port_space::UDP, SocketAddr::new(h.dst_addr, port)))
                 .flatten()
         });
-        let new_id = (self.ids.len() < MAX_IDS)
-            .then(|| {
-                (0..64)
-                    .map(|_| OsRandom.next_u32())
-                    .find(|id| *id != 0 && !self.ids.contains_key(id))
-            })
-            .flatten();
+        let new_id = self.fresh_id();
         let (Some(h), Some(listen_id), Some(new_id)) = (hdr, listener, new_id) else {
             self.refused += 1;
             let _ = self.cm.sidr_answer(hca, r, None, &[]);
@@ -889,13 +888,7 @@ impl RdmaCm {
                             SocketAddr::new(h.dst_addr, (sid & 0xffff) as u16),
                         )
                     });
-                    let new_id = (self.ids.len() < MAX_IDS)
-                        .then(|| {
-                            (0..64)
-                                .map(|_| OsRandom.next_u32())
-                                .find(|id| *id != 0 && !self.ids.contains_key(id))
-                        })
-                        .flatten();
+                    let new_id = self.fresh_id();
                     let (Some(h), Some(listen_id), Some(new_id)) = (hdr, listener, new_id) else {
                         self.refused += 1;
                         let _ = self.cm.reject(hca, e.id, &[]);
