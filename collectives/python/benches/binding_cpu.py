@@ -9,7 +9,8 @@ costs at least one).
 Layers: the native communicator with a prepared memoryview (inline, and through the progress
 thread), ``rocecoll.as_bytes`` / ``_arg`` of a tensor (the argument conversion), the direct API
 ``Comm.all_reduce(tensor)``, ``dist.all_reduce`` through our backend (blocking: inline; and
-``async_op=True`` then ``wait()``), and Gloo's ``dist.all_reduce`` on its own one-rank group.
+``async_op=True`` then ``wait()``), ``dist.all_gather_into_tensor`` and
+``dist.reduce_scatter_tensor`` through it (blocking), and Gloo's ``dist.all_reduce`` on its own one-rank group.
 The load average is printed before and after. Run by hand, not a test.
 """
 
@@ -72,6 +73,9 @@ def main():
     bench("_arg(tensor)", lambda: rocecoll._arg(t))
     bench("Comm.all_reduce(tensor)", lambda: comm.all_reduce(t))
     bench("dist.all_reduce-rocecoll", lambda: dist.all_reduce(t))
+    out = torch.empty(t.numel())  # one rank: the gathered / scattered block is the input's size
+    bench("dist.all_gather_into_tensor-rocecoll", lambda: dist.all_gather_into_tensor(out, t))
+    bench("dist.reduce_scatter_tensor-rocecoll", lambda: dist.reduce_scatter_tensor(out, t))
     bench("dist.all_reduce-rocecoll-async-wait", lambda: dist.all_reduce(t, async_op=True).wait())
     bench("dist.all_reduce-gloo", lambda: dist.all_reduce(t, group=gloo))
     print(f"# load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
