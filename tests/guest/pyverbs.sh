@@ -23,8 +23,8 @@
 # Output: per file, tests / passed / skipped / failed / errors of each column and the tests whose outcome
 # differs, with both reasons (tests/guest/pyverbs_table.py parses unittest's -v output); saved as
 # <cache>/pyverbs-latest.md and the raw logs <cache>/pyverbs-rxe-latest.log, <cache>/pyverbs-ours-latest.log.
-# Exits 1 when the guest did not finish, a file timed out, or a column reports no test at all; failures of
-# either column are reported, not fatal (the table is the result).
+# Exits 1 when the guest did not finish, a file timed out or ran no test, or a test failed that is not one of
+# the known failures (--allow below, with their reasons).
 #
 # Environment: ROCE_GUEST_CACHE (as setup.sh), ROCE_PYVERBS_FILE_SECS (one file in the guest, 420),
 # ROCE_PYVERBS_JOB_SECS (the guest's whole job, 2400), ROCE_PYVERBS_MEM (guest MiB, 1536),
@@ -141,6 +141,8 @@ rg_tap_add "$NS" br0 tap1 "$LINK_MTU"
 JOB="$RG_RUN/job-g1"
 rg_job_new "$JOB"
 rg_job_cmd "$JOB" 'cd /pyverbs/tests || exit 1'
+# POSIX shared memory: the rdmacm tests' multiprocessing locks live in /dev/shm (a Debian host mounts it).
+rg_job_cmd "$JOB" 'mkdir -p /dev/shm && mount -t tmpfs -o mode=1777 shm /dev/shm'
 # shellcheck disable=SC2016 # expanded in the guest
 rg_job_cmd "$JOB" 'echo "@@PYVERBS $(python3 --version 2>&1); net: $(ls /sys/class/infiniband/rxe0/device/net 2>&1 | tr "\n" " "); gid'"$GID"': $(cat /sys/class/infiniband/rxe0/ports/1/gids/'"$GID"') $(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/'"$GID"' 2>&1)"'
 cp "$HERE/pyverbs-netdir.sh" "$JOB/netdir.sh"
@@ -202,7 +204,13 @@ echo "guest: $(rg_side_times g1)"
 awk -v a="$T_ALL0" -v b="$(rg_now)" 'BEGIN{printf "total %.1f s\n", b-a}'
 grep -m1 '^@@PYVERBS' "$RXE_LOG" || true
 echo
-args=(--rxe "$RXE_LOG")
+# Known failures, each with its reason (any other failure in either column fails the run):
+# - rxe: test_qp_ex_rc_atomic_write: rdma-core 44's rxe provider accepts IBV_QP_EX_WITH_ATOMIC_WRITE, but
+#   Linux 6.1's rxe does not implement the ATOMIC WRITE opcode (added in 6.2): the work request completes
+#   with IBV_WC_LOC_QP_OP_ERR. The drop-in library refuses the send op at ibv_create_qp_ex (EOPNOTSUPP: skip).
+# - ours: test_rdmacm_async_traffic_external_qp: the test moves its own QP with rdma_init_qp_attr and calls
+#   rdma_establish; this project's CM moves the QP itself (README, "A drop-in librdmacm.so.1").
+args=(--rxe "$RXE_LOG" --allow rxe:test_qp_ex_rc_atomic_write --allow ours:test_rdmacm_async_traffic_external_qp)
 [ "$OURS" -eq 0 ] || args+=(--ours "$OURS_LOG")
 rc=0
 python3 "$HERE/pyverbs_table.py" "${args[@]}" --files "${FILES[@]}" >"$RG_RUN/table.md" || rc=$?
@@ -217,5 +225,5 @@ if [ "${#RG_SIDES_FAILED[@]}" -gt 0 ]; then
     echo "pyverbs: the guest did not finish"
     exit 1
 fi
-[ "$rc" -eq 0 ] || { echo "pyverbs: the table reports a timed-out file or an empty column (above)"; exit 1; }
+[ "$rc" -eq 0 ] || { echo "pyverbs: not as expected: $(grep '^Not as expected' "$RG_RUN/table.md")"; exit 1; }
 echo "pyverbs: done"
