@@ -37,6 +37,7 @@ use collectives::{
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyBytes, PyList, PyType};
@@ -126,20 +127,26 @@ impl Buf {
     /// A contiguous CPU tensor's memory; anything else is a `ValueError` (the Python layer
     /// names GPU memory apart, as a `CollectiveError`).
     fn tensor(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Buf> {
-        if !obj.getattr("is_cpu")?.is_truthy()? {
+        // Interned names: one Python call each, no string made per call (this runs for every
+        // tensor of every operation).
+        let py = obj.py();
+        if !obj.getattr(intern!(py, "is_cpu"))?.is_truthy()? {
             return Err(PyValueError::new_err(format!(
                 "{what}: a tensor on {}: CPU tensors only",
                 obj.getattr("device")?
             )));
         }
-        if !obj.call_method0("is_contiguous")?.is_truthy()? {
+        if !obj
+            .call_method0(intern!(py, "is_contiguous"))?
+            .is_truthy()?
+        {
             return Err(PyValueError::new_err(format!(
                 "{what}: tensor is not contiguous"
             )));
         }
-        let numel: usize = obj.call_method0("numel")?.extract()?;
-        let size: usize = obj.call_method0("element_size")?.extract()?;
-        let ptr: usize = obj.call_method0("data_ptr")?.extract()?;
+        let numel: usize = obj.call_method0(intern!(py, "numel"))?.extract()?;
+        let size: usize = obj.call_method0(intern!(py, "element_size"))?.extract()?;
+        let ptr: usize = obj.call_method0(intern!(py, "data_ptr"))?.extract()?;
         let len = numel.checked_mul(size).ok_or_else(|| {
             PyValueError::new_err(format!("{what}: {numel} elements of {size} bytes overflow"))
         })?;

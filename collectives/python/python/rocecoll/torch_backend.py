@@ -48,6 +48,7 @@ from . import CollectiveError, Comm, _arg
 from ._native import Communicator as _Native
 
 NAME = "rocecoll"
+_SUM = dist.ReduceOp.SUM
 
 _OPS = [
     (dist.ReduceOp.SUM, "sum"),
@@ -389,6 +390,9 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
 
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
+        # ProcessGroup.rank() / size() are calls into C++ through pybind (about 1 us each, measured
+        # by benches/binding_cpu.py's neighbours): the per-op paths read these copies.
+        self._rank, self._size = rank, size
         secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else None
         self._c = _Native.from_store(
             store,
@@ -419,16 +423,20 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
         ``keep`` stays referenced until they end. ``inline`` (a blocking call whose natives were
         issued inline): when they have all ended and the completion thread has nothing older
         to complete, they are completed here, without a thread hand-off."""
-        if inline and self._done.idle() and all(n.is_completed() for n in natives):
-            try:
-                for n in natives:
-                    n.wait()
-                if post is not None:
-                    post()
-            except Exception as e:  # CollectiveError, or a failed copy: raised by wait()
-                return _EndedWork(result, e)
-            return _EndedWork(result, None)
-        return _Work(self._done, natives, post, keep, result, op, self.rank(), self.size())
+        if inline and self._done.idle():
+            for n in natives:
+                if not n.is_completed():
+                    break
+            else:
+                try:
+                    for n in natives:
+                        n.wait()
+                    if post is not None:
+                        post()
+                except Exception as e:  # CollectiveError, or a failed copy: raised by wait()
+                    return _EndedWork(result, e)
+                return _EndedWork(result, None)
+        return _Work(self._done, natives, post, keep, result, op, self._rank, self._size)
 
     def _one(self, tensors, opname):
         if len(tensors) != 1:
@@ -437,11 +445,11 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         t = self._one(tensors, "allreduce")
-        op = _redop(opts, "allreduce") if opts is not None else "sum"
+        op = "sum" if opts is None or opts.reduceOp == _SUM else _redop(opts, "allreduce")
         inl = _blocking(opts)
         if op == "sum" and self._gloo_order and t.dtype in _GLOO_ORDER_DTYPES and t.numel():
             _arg(t)  # the same checks (CPU, contiguous) as the native path
-            native, keep, post = _gloo_order_allreduce(self._c, t, self.size(), inl)
+            native, keep, post = _gloo_order_allreduce(self._c, t, self._size, inl)
             return self._issue("allreduce", [native], tensors, keep, post, inl)
         b, dt = _arg(t)
         return self._issue("allreduce", [self._c.all_reduce(b, dt, op, None, inl)], tensors,
@@ -475,9 +483,9 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
     def allgather(self, output_lists, inputs, opts=None):
         t = self._one(inputs, "allgather")
         outs = self._one(output_lists, "allgather")
-        if len(outs) != self.size() or any(o.numel() != t.numel() for o in outs):
+        if len(outs) != self._size or any(o.numel() != t.numel() for o in outs):
             raise ValueError("allgather: one output tensor per rank, each as large as the input")
-        flat = torch.empty(self.size() * t.numel(), dtype=t.dtype)
+        flat = torch.empty(self._size * t.numel(), dtype=t.dtype)
         s, dt = _arg(t.contiguous(), writable=False)
         r, _ = _arg(flat)
         n = t.numel()
@@ -495,8 +503,8 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
         the output (FSDP2's layout), from a copy when it overlaps the output otherwise."""
         nbytes = input.numel() * input.element_size()
         o0, i0 = output.data_ptr(), input.data_ptr()
-        if output.is_contiguous() and input.is_contiguous() and i0 == o0 + self.rank() * nbytes \
-                and output.numel() == input.numel() * self.size():
+        if output.is_contiguous() and input.is_contiguous() and i0 == o0 + self._rank * nbytes \
+                and output.numel() == input.numel() * self._size:
             r, dt = _arg(output)
             return self._c.all_gather_in_place(r, dt, None, inline), (input, output, r)
         if i0 < o0 + output.numel() * output.element_size() and o0 < i0 + nbytes:
@@ -522,7 +530,7 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
     def reduce_scatter(self, outputs, input_lists, opts):
         out = self._one(outputs, "reduce_scatter")
         ins = self._one(input_lists, "reduce_scatter")
-        if len(ins) != self.size():
+        if len(ins) != self._size:
             raise ValueError("reduce_scatter: one input tensor per rank")
         flat = torch.cat([i.reshape(-1) for i in ins])
         op = _redop(opts, "reduce_scatter")
@@ -533,7 +541,7 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
                            outputs, (flat, out, s, r), None, inl)
 
     def _reduce_scatter_base(self, output, input, opts):
-        op = _redop(opts, "reduce_scatter_tensor")
+        op = "sum" if opts.reduceOp == _SUM else _redop(opts, "reduce_scatter_tensor")
         s, dt = _arg(input, writable=False)
         r, _ = _arg(output)
         inl = _blocking(opts)
@@ -553,7 +561,7 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
         return self._issue("reduce_scatter_tensor_coalesced", natives, outputs, keep, None, inl)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        n = self.size()
+        n = self._size
         for splits in (output_split_sizes, input_split_sizes):
             if splits and len(set(splits)) != 1:
                 raise NotImplementedError("rocecoll backend: alltoall_base with uneven splits is not implemented")
