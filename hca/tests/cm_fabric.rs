@@ -126,6 +126,7 @@ impl World {
             flow_control: true,
             srq: false,
             private_data,
+            external_qp: false,
         };
         let node = self.a.node;
         self.cms[0].connect(now, self.f.node_mut(node), &p).unwrap()
@@ -149,6 +150,7 @@ impl World {
             flow_control: false,
             srq: true,
             private_data: b"welcome",
+            external_qp: false,
         };
         self.cms[1]
             .accept(now, self.f.node_mut(node), id, &p)
