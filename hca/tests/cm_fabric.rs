@@ -329,7 +329,11 @@ fn an_external_qp_is_moved_by_the_consumer_with_init_qp_attr() {
     let mut w = World::new();
     w.cms[1].listen(sid()).unwrap();
     let a_id = w.connect_qp(b"hello", true);
-    assert_eq!(state(&w.f, &w.a), QpState::Reset, "the CM left A's QP alone");
+    assert_eq!(
+        state(&w.f, &w.a),
+        QpState::Reset,
+        "the CM left A's QP alone"
+    );
     assert!(w.run_until(Duration::from_secs(2), |w| w.has(1, is_req)));
     let b_id = w.events[1].iter().find(|e| is_req(e)).unwrap().id;
     // Before the REP, the active side has no RTR attributes (Linux: EINVAL).
@@ -343,10 +347,8 @@ fn an_external_qp_is_moved_by_the_consumer_with_init_qp_attr() {
     }
     w.accept_first_qp(true);
     assert!(
-        w.run_until(Duration::from_secs(2), |w| w.has(0, |e| matches!(
-            e.kind,
-            CmEventKind::ConnectResponse { .. }
-        ))),
+        w.run_until(Duration::from_secs(2), |w| w
+            .has(0, |e| matches!(e.kind, CmEventKind::ConnectResponse { .. }))),
         "{:?}",
         w.events
     );
@@ -389,7 +391,10 @@ fn an_external_qp_is_moved_by_the_consumer_with_init_qp_attr() {
         "{:?}",
         w.events
     );
-    assert!(!w.established(0), "rdma_establish reports nothing on the active side");
+    assert!(
+        !w.established(0),
+        "rdma_establish reports nothing on the active side"
+    );
     assert_eq!(state(&w.f, &w.b), QpState::Rts);
     w.f.set_tap(None);
     w.a.write(0, &[0xa5; 256]);
@@ -403,10 +408,12 @@ fn an_external_qp_is_moved_by_the_consumer_with_init_qp_attr() {
     assert_eq!(w.b.read(128, 256), vec![0xa5; 256]);
     // A disconnect closes the connection; the QPs stay the consumer's (no move to ERR).
     let now = w.f.now();
-    w.cms[0].disconnect(now, w.f.node_mut(a_node), a_id).unwrap();
+    w.cms[0]
+        .disconnect(now, w.f.node_mut(a_node), a_id)
+        .unwrap();
     assert!(
-        w.run_until(Duration::from_secs(2), |w| w.has(1, |e| e.id == b_id
-            && e.kind == CmEventKind::Disconnected)),
+        w.run_until(Duration::from_secs(2), |w| w
+            .has(1, |e| e.id == b_id && e.kind == CmEventKind::Disconnected)),
         "{:?}",
         w.events
     );
