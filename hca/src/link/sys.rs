@@ -1263,6 +1263,62 @@ impl Drop for HeldByUser {
 mod tests {
     use super::*;
 
+    /// A unix_diag reply parses into its attributes; an error reply becomes its errno; short,
+    /// overlong or malformed replies are `InvalidData`, never a panic.
+    #[test]
+    fn unix_diag_replies_parse_or_fail_cleanly() {
+        let header = |len: u32, kind: u16| {
+            let mut h = Vec::new();
+            h.extend_from_slice(&len.to_ne_bytes());
+            h.extend_from_slice(&kind.to_ne_bytes());
+            h.extend_from_slice(&[0; 10]);
+            h
+        };
+        let attr = |kind: u16, data: &[u8]| {
+            let mut a = Vec::new();
+            a.extend_from_slice(&(4 + data.len() as u16).to_ne_bytes());
+            a.extend_from_slice(&kind.to_ne_bytes());
+            a.extend_from_slice(data);
+            a.resize((a.len() + 3) & !3, 0);
+            a
+        };
+        let mut body = vec![0u8; 16]; // unix_diag_msg
+        body.extend(attr(UNIX_DIAG_UID, &1000u32.to_ne_bytes()));
+        body.extend(attr(UNIX_DIAG_NAME, b"\0soft-hca/x"));
+        body.extend(attr(UNIX_DIAG_PEER, &77u32.to_ne_bytes()));
+        let mut reply = header(16 + body.len() as u32, SOCK_DIAG_BY_FAMILY);
+        reply.extend_from_slice(&body);
+        let d = parse_unix_diag(&reply).unwrap();
+        assert_eq!(
+            (d.uid, d.peer, d.name.as_deref()),
+            (Some(1000), Some(77), Some(&b"\0soft-hca/x"[..]))
+        );
+        let mut err = header(20, libc::NLMSG_ERROR as u16);
+        err.extend_from_slice(&(-libc::ENOENT).to_ne_bytes());
+        assert_eq!(
+            parse_unix_diag(&err).unwrap_err().raw_os_error(),
+            Some(libc::ENOENT)
+        );
+        let invalid =
+            |b: &[u8]| parse_unix_diag(b).unwrap_err().kind() == io::ErrorKind::InvalidData;
+        assert!(invalid(&[]));
+        assert!(invalid(&reply[..10]));
+        assert!(invalid(&header(8, SOCK_DIAG_BY_FAMILY)));
+        assert!(
+            invalid(&reply[..reply.len() - 4]),
+            "length beyond the bytes"
+        );
+        let mut bad_attr = header(16 + 16 + 4, SOCK_DIAG_BY_FAMILY);
+        bad_attr.extend_from_slice(&[0; 16]);
+        bad_attr.extend_from_slice(&[2, 0, 7, 0]); // an attribute of length 2
+        assert!(invalid(&bad_attr));
+        let mut long_attr = header(16 + 16 + 4, SOCK_DIAG_BY_FAMILY);
+        long_attr.extend_from_slice(&[0; 16]);
+        long_attr.extend_from_slice(&[200, 0, 7, 0]); // longer than the message
+        assert!(invalid(&long_attr));
+        assert!(invalid(&header(16, 99)), "another message type");
+    }
+
     #[test]
     fn sockaddr_round_trips() {
         for addr in [
