@@ -421,13 +421,20 @@ impl<L: SoftLink> Shared<L> {
         // (end_caller_window).
         let until = self.caller_until.load(Ordering::SeqCst);
         let now = self.now().as_nanos();
-        // Wake by the time a hold becomes due ([`super::ACK_HOLD`]); a hold that starts during
-        // the sleep is seen at the next slice (so a held ACK waits at most 2 x ACK_HOLD while
-        // callers poll, and the thread wakes every ACK_HOLD while they do).
+        // Wake when the caller window ends (callers stopped polling: the socket is the
+        // thread's again), or, if a callers' round holds an ACK now, when that hold becomes
+        // due ([`super::ACK_HOLD`]). A hold that starts during the sleep wakes nobody (it
+        // would cost a context switch per message of a ping-pong): while callers poll their
+        // own round builds it once due, and when they stop the window ends at most
+        // CALLER_WINDOW after their last round. So while a program busy-polls the thread wakes
+        // about once per CALLER_WINDOW, and a held ACK waits at most ACK_HOLD (callers poll)
+        // or ACK_HOLD + CALLER_WINDOW (they stopped right after holding it).
         let held = self.held_since.load(Ordering::SeqCst);
-        let hold = super::ACK_HOLD.as_nanos() as u64;
-        let due = if held == 0 { now + hold } else { held + hold };
-        let until = until.min(due);
+        let until = if held == 0 {
+            until
+        } else {
+            until.min(held + super::ACK_HOLD.as_nanos() as u64)
+        };
         if !self.pending.load(Ordering::SeqCst) && now < until {
             let timeout = Duration::from_nanos(until - now).min(MAX_SLEEP);
             lock(&self.counters).sleeps += 1;

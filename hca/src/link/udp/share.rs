@@ -410,6 +410,11 @@ impl Forwarder {
         std::mem::take(&mut self.counts)
     }
 
+    /// Whether strays are held back for their owners (sent by the next [`Forwarder::recv`]).
+    pub(crate) fn holds_any(&self) -> bool {
+        self.held_bytes > 0
+    }
+
     /// Strays held back now.
     #[cfg(test)]
     pub(crate) fn held(&self) -> usize {
