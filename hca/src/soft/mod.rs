@@ -225,10 +225,16 @@ pub const ACK_HOLD: Duration = Duration::from_micros(250);
 pub const YIELD_AFTER: Duration = Duration::from_micros(30);
 
 std::thread_local! {
-    /// When this thread's run of empty polls began ([`YIELD_AFTER`]; nanoseconds of the
-    /// device clock of the CQ it polls, 0: none).
-    static EMPTY_SINCE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// When this thread's run of empty polls began or last yielded ([`YIELD_AFTER`];
+    /// nanoseconds of the device clock of the CQ it polls), or [`AFTER_COMPLETION`],
+    /// [`AFTER_RECEIPT`].
+    static EMPTY_SINCE: std::cell::Cell<u64> = const { std::cell::Cell::new(AFTER_COMPLETION) };
 }
+
+/// [`EMPTY_SINCE`]: the thread's last poll returned completions.
+const AFTER_COMPLETION: u64 = 0;
+/// [`EMPTY_SINCE`]: the thread's last poll found none, but its round received datagrams.
+const AFTER_RECEIPT: u64 = 1;
 
 /// What the device's progress engine has done (the engine's and the link's own counters are
 /// [`SoftDevice::counters`] and [`SoftDevice::link_counters`]).
@@ -771,8 +777,17 @@ impl<L: SoftLink> SoftDevice<L> {
             Progress::Hybrid => {
                 let ready = self.poll_ready(cq, out)?;
                 if ready > 0 {
-                    EMPTY_SINCE.with(|c| c.set(0));
+                    EMPTY_SINCE.with(|c| c.set(AFTER_COMPLETION));
                     return Ok(ready);
+                }
+                let state = EMPTY_SINCE.with(std::cell::Cell::get);
+                if state == AFTER_COMPLETION {
+                    // The first empty poll since a completion: the program has most likely
+                    // posted its next request or reply meanwhile. A peer that shares this CPU
+                    // answers it now, before this round, which then receives the answer (one
+                    // receive system call per message of a ping-pong, as `rdma-perf` makes
+                    // with its yield after each post).
+                    std::thread::yield_now();
                 }
                 let round = s.hybrid_round();
                 let n = if round.is_some() {
@@ -784,19 +799,26 @@ impl<L: SoftLink> SoftDevice<L> {
                 // mode, a burst of ACKs) is followed by another at once, not by a yield: a
                 // socket read less often overflows.
                 let idle = round.is_none_or(|o| o.received == 0);
-                // Still empty and nothing arrived: at the first such poll of a run (right after
-                // the program posted, typically) and then every YIELD_AFTER, hand the CPU to
+                // Still empty and nothing arrived: at the first such poll of a run (unless it
+                // yielded before its round, above) and then every YIELD_AFTER, hand the CPU to
                 // whoever waits for it (sched_yield(2) returns at once when nobody does). What
                 // this poller waits for is another thread's work: the peer process's, when both
                 // busy-poll on one CPU (it would otherwise wait a whole scheduler slice,
                 // milliseconds, for its turn: one round trip per slice), or the thread holding
                 // `io`.
-                let now = s.now().as_nanos();
+                let now = s.now().as_nanos().max(AFTER_RECEIPT + 1);
                 EMPTY_SINCE.with(|c| {
-                    if n > 0 || !idle {
-                        c.set(0);
-                    } else if c.get() == 0 || now - c.get() >= YIELD_AFTER.as_nanos() as u64 {
-                        c.set(now.max(1));
+                    if n > 0 {
+                        c.set(AFTER_COMPLETION);
+                    } else if !idle {
+                        c.set(AFTER_RECEIPT);
+                    } else if state <= AFTER_RECEIPT {
+                        c.set(now);
+                        if state == AFTER_RECEIPT {
+                            std::thread::yield_now();
+                        }
+                    } else if now - state >= YIELD_AFTER.as_nanos() as u64 {
+                        c.set(now);
                         std::thread::yield_now();
                     }
                 });
