@@ -310,6 +310,8 @@ pub(crate) struct StrayCounts {
     pub mads_routed: u64,
     /// Service claims of another user's processes seen (and ignored) while routing a REQ.
     pub claims_refused: u64,
+    /// Calls of [`Forwarder::recv`] (reads of the slot socket).
+    pub slot_reads: u64,
 }
 
 /// The forwarding channel to one owner slot.
@@ -555,6 +557,7 @@ impl Forwarder {
         if self.held_bytes > 0 {
             self.send_held(claim);
         }
+        self.counts.slot_reads += 1;
         if self.rx.is_empty() {
             self.rx = vec![0; FORWARD_BATCH * FORWARD_SLOT];
         }

@@ -343,6 +343,9 @@ pub struct LinkCounters {
     /// Datagrams that reached this process's slot socket from a process of another user:
     /// discarded ([`super::share`]).
     pub rx_forward_refused: u64,
+    /// Times a shared socket's round read its slot socket for forwarded strays (a system call
+    /// each; a polling caller's rounds read it only every few rounds: [`super::UdpLink`]).
+    pub rx_slot_reads: u64,
     /// CM MADs for QP 1 that a shared socket received and that belong to another process of
     /// the address (a REQ for a service it claims, a reply naming its Communication ID,
     /// [`super::cm_route`]): forwarded like strays (also in `rx_forwarded` / `rx_strays`).
@@ -717,6 +720,7 @@ impl RoceSocket {
         self.counters.rx_forwarded += c.forwarded;
         self.counters.rx_strays_held += c.held;
         self.counters.rx_forward_refused += c.refused;
+        self.counters.rx_slot_reads += c.slot_reads;
         self.counters.rx_mads_routed += c.mads_routed;
         self.counters.rx_claims_refused += c.claims_refused;
     }
