@@ -343,6 +343,10 @@ pub struct LinkCounters {
     /// Datagrams that reached this process's slot socket from a process of another user:
     /// discarded ([`super::share`]).
     pub rx_forward_refused: u64,
+    /// Strays not forwarded because the socket holding their slot's abstract name was made by
+    /// another user (a stranger that bound a free slot's name) or its user could not be read
+    /// (unix_diag, sock_diag(7)); also in [`LinkCounters::rx_strays`] ([`super::share`]).
+    pub rx_strays_untrusted: u64,
     /// Times a shared socket's round read its slot socket for forwarded strays (a system call
     /// each; a polling caller's rounds read it only every few rounds: [`super::UdpLink`]).
     pub rx_slot_reads: u64,
@@ -720,6 +724,7 @@ impl RoceSocket {
         self.counters.rx_forwarded += c.forwarded;
         self.counters.rx_strays_held += c.held;
         self.counters.rx_forward_refused += c.refused;
+        self.counters.rx_strays_untrusted += c.untrusted;
         self.counters.rx_slot_reads += c.slot_reads;
         self.counters.rx_mads_routed += c.mads_routed;
         self.counters.rx_claims_refused += c.claims_refused;
