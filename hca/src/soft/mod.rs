@@ -789,16 +789,21 @@ impl<L: SoftLink> SoftDevice<L> {
                     // with its yield after each post).
                     std::thread::yield_now();
                 }
-                let round = s.hybrid_round();
-                let n = if round.is_some() {
-                    self.poll_ready(cq, out)?
-                } else {
-                    0
+                let Some(round) = s.hybrid_round() else {
+                    // Another thread is in a round (the progress thread sending a window's
+                    // batches, which a post asked for, or another poller): it does what this
+                    // poll would. Spinning on the lock would take a CPU from it and from the
+                    // peer (a bandwidth test's client and its progress thread and the server's
+                    // thread on two CPUs): yield at each such poll, as `rdma-perf` does at
+                    // each empty poll when its thread drives the device.
+                    std::thread::yield_now();
+                    return Ok(0);
                 };
+                let n = self.poll_ready(cq, out)?;
                 // A round that received datagrams (more may wait: strays to forward in shared
                 // mode, a burst of ACKs) is followed by another at once, not by a yield: a
                 // socket read less often overflows.
-                let idle = round.is_none_or(|o| o.received == 0);
+                let idle = round.received == 0;
                 // Still empty and nothing arrived: at the first such poll of a run (unless it
                 // yielded before its round, above) and then every YIELD_AFTER, hand the CPU to
                 // whoever waits for it (sched_yield(2) returns at once when nobody does). What

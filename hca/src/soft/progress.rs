@@ -263,13 +263,19 @@ impl<L: SoftLink> Shared<L> {
     /// After a round the progress thread did not run: make it run one if work is left or a
     /// timer now expires before the thread wakes by itself.
     fn after_foreign_round(&self, outcome: &RoundOutcome) {
-        // Progress::Hybrid: while a caller polls it fires timers itself, and the thread wakes
-        // by the end of the caller window anyway; a wake per post would cost a context switch.
-        let earlier_timer = !self.callers_poll()
+        // Progress::Hybrid: while a caller polls it fires timers itself and its next poll's
+        // round goes on with a full batch (a bandwidth test's window: the thread would
+        // contend for the locks and the CPUs with the poller, and the peer's thread needs a
+        // CPU too), and the thread wakes by the end of the caller window anyway; a wake per
+        // post would cost a context switch. Only a socket that refused a send needs the
+        // thread's wait for room.
+        let polling = self.callers_poll();
+        let earlier_timer = !polling
             && outcome
                 .next_timer
                 .is_some_and(|t| t.as_nanos() < self.sleep_until.load(Ordering::SeqCst));
-        if outcome.tx_full || outcome.rx_full || outcome.blocked || earlier_timer {
+        let more = !polling && (outcome.tx_full || outcome.rx_full);
+        if more || outcome.blocked || earlier_timer {
             self.request_round();
         }
     }
