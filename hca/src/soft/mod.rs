@@ -217,11 +217,12 @@ pub const ACK_HOLD: Duration = Duration::from_micros(250);
 /// sched_yield, 1.0 recvmmsg and 1.0 sendmmsg per iteration, as `rdma-perf send-lat`);
 /// sched_yield(2) returns at once when nothing else waits for the CPU. 30 us: above a loopback
 /// round trip (about 10 us), so a program whose peer runs on another CPU seldom yields twice
-/// per message. Earlier history: yielding at every empty poll and after each post, as
-/// `rdma-perf` does, made Debian's `ib_write_bw` pairs of `hca/abi/tests/shared_perftest.rs`
-/// fail at load 16-26 (the post yield 2 runs of 2, the poll yield 4 of 5; then with a
-/// progress thread that woke every 250 us and a stray check per round); the yield at every
-/// empty poll failed 1 run of 8 at load 9-23 with this code, the first-poll yield none of 11.
+/// per message. History: yielding at every empty poll and after each post, as `rdma-perf`
+/// does, made Debian's `ib_write_bw` pairs of `hca/abi/tests/shared_perftest.rs` fail at load
+/// 16-26 (the post yield 2 runs of 2, the poll yield 4 of 5, with a progress thread that woke
+/// every 250 us and a stray read per round); with the thread's window-only wake and the
+/// rate-limited stray read, the yield at every empty poll still hung 1 run of 8 at load 9-23
+/// (not analysed), the first-poll yield passed 7 of 7 (branch `wake18`).
 pub const YIELD_AFTER: Duration = Duration::from_micros(30);
 
 std::thread_local! {
