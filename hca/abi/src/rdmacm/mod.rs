@@ -1901,8 +1901,9 @@ struct AddrInfoBox {
 
 /// rdma_getaddrinfo(3): resolves `node` / `service` with getaddrinfo(3) (numeric or by name)
 /// into one `struct rdma_addrinfo`: the source address for `RAI_PASSIVE`, else the
-/// destination; RC over `RDMA_PS_TCP`, or UD over `RDMA_PS_UDP` when the hints ask for either
-/// (hints asking for another QP type or port space fail with `EOPNOTSUPP`). Errors are getaddrinfo's return values, as rdma-core's.
+/// destination; RC over `RDMA_PS_TCP`, or UD over `RDMA_PS_UDP` when the hints ask for either,
+/// or `RDMA_PS_IB` with the hinted QP type (RC or UD; RC when none) (hints asking for another QP
+/// type or port space, or a pair the CM cannot connect, fail with `EOPNOTSUPP`). Errors are getaddrinfo's return values, as rdma-core's.
 ///
 /// # Safety
 /// `node` / `service` null or C strings; `hints` null or readable; `res` writable.
