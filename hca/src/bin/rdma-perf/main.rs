@@ -1140,8 +1140,10 @@ fn bw_op(p: &Params, rem: &PerftestDest) -> SendOp {
     }
 }
 
-/// Polls `cq` into `wcs`: busy (yielding the CPU between polls) for [`SPIN`] after the last
-/// completion, then sleeping until the next; fails after `--timeout` without any completion.
+/// Polls `cq` into `wcs`: busy for [`SPIN`] after the last completion, then sleeping until the
+/// next; fails after `--timeout` without any completion. While busy it yields the CPU
+/// (sched_yield(2)) after each post and at each empty poll when another thread may need this
+/// CPU for the completion to come ([`Poller::yield_each`]), else only every [`YIELD_EVERY`].
 struct Poller {
     /// When an empty poll first read the clock after the last completion (`None`: none has
     /// yet): the start of the idle time that [`SPIN`] and `--timeout` bound.
@@ -1152,10 +1154,26 @@ struct Poller {
     sleeping: bool,
     /// A WR was just posted ([`Poller::posted`]): yield before the next poll.
     posted: bool,
+    /// Yield after each post and at each empty poll: the device has a progress thread (which
+    /// needs a CPU to produce the completion), or this process may run on one CPU only
+    /// (`taskset -c 0`, a cgroup quota or a one-CPU machine; sched_getaffinity(2) through
+    /// [`std::thread::available_parallelism`]), where a peer it waits for may need this very
+    /// CPU. Otherwise (the caller drives the device and has CPUs to spare: the latency tests'
+    /// default) a yield only costs a system call, and on a loaded machine a context switch to
+    /// whatever else is runnable, per round trip: `send-lat -s 8` made one sched_yield(2) and
+    /// one context switch per round trip at load 13 (perf stat, hca/benches/lat_counts.sh).
+    yield_each: bool,
+    /// Without [`Poller::yield_each`]: the idle time at which the next yield is due (a busy
+    /// poller still lets the scheduler run a peer stuck behind it, once per [`YIELD_EVERY`]).
+    next_yield: Duration,
 }
 
 /// How long a poller spins on an empty CQ before it sleeps until a completion.
 const SPIN: Duration = Duration::from_micros(50);
+/// A poller without [`Poller::yield_each`] yields once per this much idle time: above a
+/// loopback round trip (about 4-10 us), so a peer on another CPU answers first; the same as
+/// the device's `hca::soft::YIELD_AFTER`.
+const YIELD_EVERY: Duration = hca::soft::YIELD_AFTER;
 /// Longest single sleep of a poller (it then checks its timeout).
 const BLOCK: Duration = Duration::from_millis(10);
 /// How long write-lat spins on its target byte before it checks only every millisecond (far
@@ -1166,20 +1184,24 @@ const NAP_AFTER: Duration = Duration::from_secs(1);
 const POLLS_PER_CLOCK: u32 = 8;
 
 impl Poller {
-    fn new() -> Poller {
+    fn new(p: &Params) -> Poller {
+        let one_cpu = std::thread::available_parallelism().map_or(true, |n| n.get() < 2);
         Poller {
             idle_since: None,
             empty: 0,
             sleeping: false,
             posted: false,
+            yield_each: p.progress != Progress::Caller || one_cpu,
+            next_yield: YIELD_EVERY,
         }
     }
 
-    /// The caller just posted a WR whose completion needs the peer: the next poll yields the
-    /// CPU first. An answer cannot be back before a sched_yield(2) returns (about 0.5 us here),
-    /// and when the peer shares this CPU it runs now instead of after one more empty poll.
+    /// The caller just posted a WR whose completion needs the peer: with
+    /// [`Poller::yield_each`] the next poll yields the CPU first. An answer cannot be back
+    /// before a sched_yield(2) returns (about 0.5 us here), and when the peer shares this CPU
+    /// it runs now instead of after one more empty poll.
     fn posted(&mut self) {
-        self.posted = true;
+        self.posted = self.yield_each;
     }
 
     fn poll(
@@ -1206,6 +1228,7 @@ impl Poller {
             self.idle_since = None;
             self.empty = 0;
             self.sleeping = false;
+            self.next_yield = YIELD_EVERY;
             for wc in &wcs[..n] {
                 if wc.status != WcStatus::Success {
                     return fail!(
@@ -1229,10 +1252,14 @@ impl Poller {
                 );
             }
             self.sleeping = idle > SPIN && !wcs.is_empty();
+            if !self.yield_each && !self.sleeping && idle >= self.next_yield {
+                self.next_yield = idle + YIELD_EVERY;
+                std::thread::yield_now();
+            }
         }
-        if !self.sleeping {
+        if self.yield_each && !self.sleeping {
             // Busy polling, but let other threads run (the progress thread, or the peer when
-            // it shares the CPUs): sched_yield(2) returns at once when nothing else waits.
+            // it shares the CPU): sched_yield(2) returns at once when nothing else waits.
             std::thread::yield_now();
         }
         Ok(0)
@@ -1266,7 +1293,7 @@ fn bw_client(p: &Params, res: &Res, rem: &[PerftestDest], size: u64) -> Result<B
     };
     let ops: Vec<SendOp> = rem.iter().map(|r| bw_op(p, r)).collect();
     let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 64];
-    let mut poller = Poller::new();
+    let mut poller = Poller::new(p);
     let start = Instant::now();
     let (margin, end) = match duration {
         Some(d) => (d / 4, d),
@@ -1380,7 +1407,7 @@ fn bw_server_send(p: &Params, res: &Res, size: u64) -> Result<Bw, Fail> {
     let mut got = 0u64;
     let mut first: Option<Instant> = None;
     let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 64];
-    let mut poller = Poller::new();
+    let mut poller = Poller::new(p);
     let posted_per_qp = u64::from(p.rx_depth.min(p.iters as u32));
     let duration = p.duration.map(Duration::from_secs);
     let mut window: Option<(Instant, u64)> = None;
@@ -1569,7 +1596,7 @@ fn lat_write(p: &Params, res: &Res, rem: &PerftestDest, size: u64) -> Result<Str
     };
     let caller = p.progress == Progress::Caller;
     let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 1];
-    let mut poller = Poller::new();
+    let mut poller = Poller::new(p);
     let (mut scnt, mut ccnt, mut rcnt) = (0u64, 0u64, 0u64);
     let mut clock = LatClock::new(p);
     let limited = clock.duration.is_none();
@@ -1657,7 +1684,7 @@ fn lat_read(p: &Params, res: &Res, rem: &PerftestDest, size: u64) -> Result<Stri
     };
     let mut tposted = Vec::with_capacity(p.iters as usize);
     let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 1];
-    let mut poller = Poller::new();
+    let mut poller = Poller::new(p);
     let mut clock = LatClock::new(p);
     let limited = clock.duration.is_none();
     let mut scnt = 0u64;
@@ -1707,7 +1734,7 @@ fn lat_send(p: &Params, res: &Res, size: u64) -> Result<String, Fail> {
     let inline = size <= u64::from(p.inline_size);
     let mut tposted = Vec::with_capacity(iters as usize);
     let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 1];
-    let mut poller = Poller::new();
+    let mut poller = Poller::new(p);
     let mut clock = LatClock::new(p);
     let limited = clock.duration.is_none();
     let (mut scnt, mut rcnt) = (0u64, 0u64);
