@@ -273,7 +273,8 @@ PY
     if [ "$NETNS" = 1 ]; then
         local pids=() k rc=0
         for k in $(seq 0 $((NRANKS - 1))); do
-            GLOO_SOCKET_IFNAME=eth0 timeout "$RUN_TIMEOUT" ip netns exec "${NSP}r$k" \
+            GLOO_SOCKET_IFNAME=eth0 TORCH_CPP_LOG_LEVEL=ERROR timeout "$RUN_TIMEOUT" \
+                ip netns exec "${NSP}r$k" \
                 "$GLOO_PY" "${gargs[@]}" "$k" 10.79.0.1 >&2 &
             pids+=($!)
         done
