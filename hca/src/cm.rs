@@ -179,6 +179,9 @@ pub struct CmCounters {
     pub unmatched: u64,
     /// Duplicated REQs (recognised, never reported twice).
     pub duplicate_req: u64,
+    /// REPs resent by the peer while a [`CmEventKind::ConnectResponse`] waits for
+    /// [`Cm::establish`] (recognised, never reported twice).
+    pub duplicate_rep: u64,
     /// Messages resent after a timeout.
     pub retransmits: u64,
     /// REQs refused because a bound was reached.
@@ -222,6 +225,16 @@ pub enum CmEventKind {
         /// Active side: the REP's connection parameters, from this side's view; passive side
         /// (RTU): `None` (`cma.c` reports none).
         param: Option<ConnParam>,
+    },
+    /// `RDMA_CM_EVENT_CONNECT_RESPONSE`: the REP of a connection whose QP the consumer moves
+    /// itself ([`ConnectParams::external_qp`]): the QP is untouched; the consumer brings it to
+    /// RTS with [`Cm::init_qp_attr`] and calls [`Cm::establish`] to send the RTU (Linux `cma.c`
+    /// `cma_ib_handler` for an ID without a QP, librdmacm `rdma_establish`).
+    ConnectResponse {
+        /// The REP's private data.
+        private_data: Vec<u8>,
+        /// The REP's connection parameters, from this side's view.
+        param: ConnParam,
     },
     /// `RDMA_CM_EVENT_REJECTED`: the peer sent a REJ; the QP is in ERR.
     Rejected {
@@ -339,6 +352,11 @@ pub struct ConnectParams<'a> {
     pub srq: bool,
     /// REQ private data (at most 92 bytes).
     pub private_data: &'a [u8],
+    /// The consumer moves the QP itself (librdmacm's external QP: `rdma_connect` on an ID
+    /// without `id->qp`, the QPN from `rdma_conn_param.qp_num`): the CM never modifies it, the
+    /// REP is reported as [`CmEventKind::ConnectResponse`] and the RTU waits for
+    /// [`Cm::establish`].
+    pub external_qp: bool,
 }
 
 /// What [`Cm::accept`] needs.
@@ -362,6 +380,9 @@ pub struct AcceptParams<'a> {
     pub srq: bool,
     /// REP private data (at most 196 bytes).
     pub private_data: &'a [u8],
+    /// The consumer moves the QP itself (`rdma_accept` on an ID without `id->qp`): it brought
+    /// the QP to RTS with [`Cm::init_qp_attr`] before accepting, and the CM never modifies it.
+    pub external_qp: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -372,6 +393,8 @@ enum State {
     ReqRcvd,
     /// Passive: REP sent, waiting for RTU.
     RepSent,
+    /// Active, external QP: REP received and reported, waiting for [`Cm::establish`].
+    RepRcvd,
     Established,
     /// DREQ sent, waiting for DREP.
     DreqSent,
@@ -415,6 +438,8 @@ struct Conn {
     peer_retries: u8,
     /// Kept for the ConnectRequest answer (REJ needs the requester's IDs).
     tid: u64,
+    /// The consumer moves the QP ([`ConnectParams::external_qp`]): the CM never modifies it.
+    external_qp: bool,
 }
 
 /// An outstanding SIDR_REQ of ours.
@@ -484,6 +509,40 @@ fn to_err(hca: &mut SoftHca, qpn: u32) {
     };
     // A QP already destroyed or in RESET needs nothing: ignore the error.
     let _ = hca.modify_qp(qpn, &attr, QpAttrMask::STATE);
+}
+
+/// Moves connection `c`'s QP to ERR, unless the consumer moves it ([`Conn::external_qp`]: as
+/// Linux `cma_modify_qp_err` does nothing for an ID without a QP).
+fn qp_err(hca: &mut SoftHca, c: &Conn) {
+    if !c.external_qp {
+        to_err(hca, c.qpn);
+    }
+}
+
+/// The attributes connection `c`'s QP takes at INIT / RTR / RTS (Linux `cm.c`
+/// `cm_init_qp_init_attr` / `cm_init_qp_rtr_attr` / `cm_init_qp_rts_attr`): the peer's QPN and
+/// address, the path MTU, `rq_psn` the starting PSN this side sent (the peer's first send) and
+/// `sq_psn` the one it received, the depths, the ACK timeout (the consumer's, else the CM's),
+/// retry and RNR retry counts. `None` when the local address is no longer a GID of the device.
+fn qp_attr_of(hca: &SoftHca, c: &Conn) -> Option<ConnectAttr> {
+    let sgid = sgid_index(hca, c.local_ip)?;
+    Some(ConnectAttr {
+        qp_type: QpType::Rc,
+        access: c.access,
+        path_mtu: c.path_mtu,
+        ah_attr: ConnectAttr::av(Gid::from(c.remote_ip), sgid, 64, 0),
+        remote_qpn: c.remote_qpn,
+        // A message's Starting PSN is the first PSN its sender receives (Linux cm.c: the active
+        // side's rq_psn is its REQ's, its sq_psn the REP's; the passive side the other way).
+        remote_psn: c.local_psn,
+        local_psn: c.remote_psn,
+        max_dest_rd_atomic: c.responder_resources,
+        max_rd_atomic: c.initiator_depth,
+        timeout: c.ack_timeout_set.unwrap_or(c.ack_timeout),
+        retry_cnt: c.retry_count,
+        rnr_retry: c.rnr_retry_count,
+        ..ConnectAttr::default()
+    })
 }
 
 impl Cm {
@@ -722,8 +781,12 @@ impl Cm {
         {
             return Err(CmError::TooMany);
         }
-        let (state, _) = hca.query_qp(p.qpn).map(|(a, _)| (a.qp_state, ()))?;
-        if state == QpState::Reset {
+        let state = if p.external_qp {
+            None
+        } else {
+            Some(hca.query_qp(p.qpn)?.0.qp_state)
+        };
+        if state == Some(QpState::Reset) {
             let attr = ConnectAttr {
                 access: p.access,
                 ..ConnectAttr::default()
@@ -801,13 +864,15 @@ impl Cm {
                 peer_timeout: resend_after,
                 peer_retries: c.max_cm_retries,
                 tid,
+                external_qp: p.external_qp,
             },
         );
         Ok(id)
     }
 
     /// Accepts a reported [`CmEventKind::ConnectRequest`] (`rdma_accept`): the QP goes
-    /// RESET -> INIT -> RTR -> RTS and a REP is sent.
+    /// RESET -> INIT -> RTR -> RTS and a REP is sent (an [`AcceptParams::external_qp`] is left
+    /// as the consumer brought it up with [`Cm::init_qp_attr`]).
     ///
     /// # Errors
     /// [`CmError::BadState`] if `id` is not a connection request waiting for an answer;
@@ -829,32 +894,30 @@ impl Cm {
         else {
             return Err(CmError::BadState);
         };
-        let local_psn = random_psn();
-        let sgid = sgid_index(hca, c.local_ip).ok_or(CmError::NoSuchAddress)?;
-        let attr = ConnectAttr {
-            qp_type: QpType::Rc,
+        sgid_index(hca, c.local_ip).ok_or(CmError::NoSuchAddress)?;
+        let initiator_depth = p.initiator_depth.min(c.peer_responder_resources);
+        let c = Conn {
+            qpn: p.qpn,
             access: p.access,
-            path_mtu: c.path_mtu,
-            ah_attr: ConnectAttr::av(Gid::from(c.remote_ip), sgid, 64, 0),
-            remote_qpn: c.remote_qpn,
-            // A message's Starting PSN is the first PSN its sender receives (Linux cm.c: the
-            // passive side's rq_psn is the REP's, its sq_psn the REQ's; the active side's the
-            // other way round).
-            remote_psn: local_psn,
-            local_psn: c.remote_psn,
-            max_dest_rd_atomic: p.responder_resources,
-            max_rd_atomic: p.initiator_depth.min(c.peer_responder_resources),
-            // The REQ's timers and retry counts (Linux cm.c cm_init_qp_rts_attr).
-            timeout: c.ack_timeout_set.unwrap_or(c.ack_timeout),
-            retry_cnt: c.retry_count,
-            rnr_retry: c.rnr_retry_count,
-            ..ConnectAttr::default()
+            responder_resources: p.responder_resources,
+            initiator_depth,
+            external_qp: p.external_qp,
+            ..c
         };
-        let initiator_depth = attr.max_rd_atomic;
+        // The REP's Starting PSN was drawn with the REQ (`c.local_psn`); the QP takes the REQ's
+        // timers and retry counts (Linux cm.c cm_init_qp_rts_attr).
+        let attr = qp_attr_of(hca, &c).ok_or(CmError::NoSuchAddress)?;
+        let local_psn = c.local_psn;
         let mut result = Ok(());
         // RTS before the REP, as Linux `cma_accept` and librdmacm's `rdma_accept` do: the passive
-        // side may post sends as soon as accept returns (the RTU only confirms).
-        for to in [QpState::Init, QpState::Rtr, QpState::Rts] {
+        // side may post sends as soon as accept returns (the RTU only confirms). An external QP
+        // was brought to RTS by the consumer.
+        let steps: &[QpState] = if p.external_qp {
+            &[]
+        } else {
+            &[QpState::Init, QpState::Rtr, QpState::Rts]
+        };
+        for &to in steps {
             if let Some((a, m)) = connect::step(&attr, to) {
                 if let Err(e) = hca.modify_qp(p.qpn, &a, m) {
                     result = Err(e);
@@ -887,12 +950,8 @@ impl Cm {
         let msg = Message::Rep(rep);
         self.send(hca, c.local_ip, c.remote_ip, &msg, c.tid);
         if let Some(conn) = self.conns.get_mut(&id) {
+            *conn = c.clone();
             conn.state = State::RepSent;
-            conn.qpn = p.qpn;
-            conn.local_psn = local_psn;
-            conn.access = p.access;
-            conn.responder_resources = p.responder_resources;
-            conn.initiator_depth = initiator_depth;
             conn.last = Some((msg, c.tid));
             conn.resend_after = c.peer_timeout;
             conn.retries_left = c.peer_retries;
@@ -954,7 +1013,7 @@ impl Cm {
         else {
             return Err(CmError::BadState);
         };
-        to_err(hca, c.qpn);
+        qp_err(hca, &c);
         let tid = self.tid();
         let msg = Message::Dreq(cm::Dreq {
             local_comm_id: id,
@@ -973,6 +1032,66 @@ impl Cm {
             conn.deadline = Some(now + resend_after);
         }
         Ok(())
+    }
+
+    /// Sends the RTU of an active connection whose REP was reported as
+    /// [`CmEventKind::ConnectResponse`] (`rdma_establish`; Linux `ib_send_cm_rtu`), once the
+    /// consumer has brought its QP to RTS with [`Cm::init_qp_attr`]. No event follows on this
+    /// side; the peer reports `ESTABLISHED` on the RTU.
+    ///
+    /// # Errors
+    /// [`CmError::BadState`] if `id` is not such a connection.
+    pub fn establish(&mut self, hca: &mut SoftHca, id: CommId) -> Result<(), CmError> {
+        let Some(c) = self
+            .conns
+            .get_mut(&id)
+            .filter(|c| c.state == State::RepRcvd)
+        else {
+            return Err(CmError::BadState);
+        };
+        c.state = State::Established;
+        let c = c.clone();
+        let rtu = Message::Rtu(cm::Rtu {
+            local_comm_id: id,
+            remote_comm_id: c.remote_id,
+            private_data: [0; cm::RTU_PRIVATE_DATA_LEN],
+        });
+        self.send(hca, c.local_ip, c.remote_ip, &rtu, c.tid);
+        Ok(())
+    }
+
+    /// The attributes and mask of the transition of connection `id`'s QP into `to` (RTR or RTS;
+    /// IBTA vol. 1 §12.9.7, Linux `ib_cm_init_qp_attr` as `rdma_init_qp_attr` reports it): RTR
+    /// with the address vector to the peer, the path MTU, the peer's QPN, `rq_psn` (the
+    /// Starting PSN this side sends in its REQ or REP) and the responder resources; RTS with
+    /// `sq_psn` (the peer's Starting PSN), the ACK timeout, retry and RNR retry counts and the
+    /// initiator depth. The passive side may ask as soon as the REQ is reported (before
+    /// [`Cm::accept`]), the active side once the REP has come.
+    ///
+    /// # Errors
+    /// [`CmError::BadState`] for another state, an unknown connection, or one whose REP has not
+    /// come yet; [`CmError::NoSuchAddress`] if the local address is no longer the device's.
+    pub fn init_qp_attr(
+        &self,
+        hca: &SoftHca,
+        id: CommId,
+        to: QpState,
+    ) -> Result<(QpAttr, QpAttrMask), CmError> {
+        let c = self
+            .conns
+            .get(&id)
+            .filter(|c| {
+                matches!(
+                    c.state,
+                    State::ReqRcvd | State::RepSent | State::RepRcvd | State::Established
+                )
+            })
+            .ok_or(CmError::BadState)?;
+        if !matches!(to, QpState::Rtr | QpState::Rts) {
+            return Err(CmError::BadState);
+        }
+        let attr = qp_attr_of(hca, c).ok_or(CmError::NoSuchAddress)?;
+        connect::step(&attr, to).ok_or(CmError::BadState)
     }
 
     fn enter_timewait(&mut self, now: Instant, id: CommId) {
@@ -1038,12 +1157,12 @@ impl Cm {
             }
             match c.state {
                 State::ReqSent => {
-                    to_err(hca, c.qpn);
+                    qp_err(hca, &c);
                     self.forget(id);
                     self.event(id, CmEventKind::Unreachable);
                 }
                 State::RepSent => {
-                    to_err(hca, c.qpn);
+                    qp_err(hca, &c);
                     let rej = rej_of(id, c.remote_id, RejReason::Timeout, &[]);
                     self.send(hca, c.local_ip, c.remote_ip, &rej, c.tid);
                     self.forget(id);
@@ -1246,7 +1365,9 @@ impl Cm {
                 remote_id: req.local_comm_id,
                 qpn: 0,
                 remote_qpn: req.local_qpn,
-                local_psn: 0,
+                // The REP's Starting PSN, drawn now: a consumer that moves its QP itself asks
+                // for the RTR attributes (rq_psn) before it accepts.
+                local_psn: random_psn(),
                 remote_psn: req.starting_psn,
                 path_mtu: mtu,
                 access: AccessFlags::empty(),
@@ -1264,6 +1385,7 @@ impl Cm {
                 peer_timeout,
                 peer_retries: req.max_cm_retries,
                 tid,
+                external_qp: false,
             },
         );
         self.by_remote.insert((m.src_ip, req.local_comm_id), id);
@@ -1317,46 +1439,70 @@ impl Cm {
                 self.send(hca, c.local_ip, c.remote_ip, &rtu, tid);
                 return;
             }
+            State::RepRcvd if c.remote_id == rep.local_comm_id => {
+                // A resent REP while the consumer brings its QP up: reported once already.
+                self.counters.duplicate_rep += 1;
+                return;
+            }
             _ => {
                 self.counters.unmatched += 1;
                 return;
             }
         }
-        let Some(sgid) = sgid_index(hca, c.local_ip) else {
+        if sgid_index(hca, c.local_ip).is_none() {
             self.counters.unmatched += 1;
             return;
-        };
-        let attr = ConnectAttr {
-            qp_type: QpType::Rc,
-            access: c.access,
-            path_mtu: c.path_mtu,
-            ah_attr: ConnectAttr::av(Gid::from(c.remote_ip), sgid, 64, 0),
-            remote_qpn: rep.local_qpn,
-            // Receive from our REQ's Starting PSN, send from the REP's (Linux cm.c
-            // `ib_send_cm_req`: rq_psn = REQ's; `cm_rep_handler`: sq_psn = REP's).
-            remote_psn: c.local_psn,
-            local_psn: rep.starting_psn,
-            max_dest_rd_atomic: c.responder_resources,
-            max_rd_atomic: c.initiator_depth.min(rep.responder_resources),
-            // Linux cm.c cm_rep_handler: the path's ACK timeout with the peer's ACK delay; the
-            // REP's RNR retry count.
-            timeout: c.ack_timeout_set.unwrap_or(cm_ack_timeout(
-                rep.target_ack_delay,
-                c.ack_timeout.saturating_sub(1),
-            )),
-            retry_cnt: c.retry_count,
-            rnr_retry: rep.rnr_retry_count,
-            ..ConnectAttr::default()
-        };
-        let mut ok = true;
-        for to in [QpState::Rtr, QpState::Rts] {
-            if let Some((a, mask)) = connect::step(&attr, to) {
-                ok &= hca.modify_qp(c.qpn, &a, mask).is_ok();
-            }
-            if !ok {
-                break;
-            }
         }
+        // The REP's side of the connection (Linux cm.c cm_rep_handler): its QPN and Starting PSN
+        // (this QP's sq_psn), the initiator depth within its responder resources, its RNR retry
+        // count, and the path's ACK timeout with the peer's ACK delay.
+        let c = Conn {
+            remote_id: rep.local_comm_id,
+            remote_qpn: rep.local_qpn,
+            remote_psn: rep.starting_psn,
+            initiator_depth: c.initiator_depth.min(rep.responder_resources),
+            rnr_retry_count: rep.rnr_retry_count,
+            ack_timeout: cm_ack_timeout(rep.target_ack_delay, c.ack_timeout.saturating_sub(1)),
+            last: None,
+            deadline: None,
+            tid,
+            ..c
+        };
+        let param = ConnParam {
+            responder_resources: rep.initiator_depth,
+            initiator_depth: rep.responder_resources,
+            flow_control: rep.end_to_end_flow_control,
+            retry_count: 0,
+            rnr_retry_count: rep.rnr_retry_count,
+            srq: rep.srq,
+            qp_num: rep.local_qpn,
+        };
+        if c.external_qp {
+            // Linux cma_ib_handler: an ID without a QP gets CONNECT_RESPONSE; the RTU waits for
+            // the consumer's rdma_establish.
+            self.by_remote.insert((c.remote_ip, rep.local_comm_id), id);
+            self.conns.insert(
+                id,
+                Conn {
+                    state: State::RepRcvd,
+                    ..c
+                },
+            );
+            self.event(
+                id,
+                CmEventKind::ConnectResponse {
+                    private_data: rep.private_data.to_vec(),
+                    param,
+                },
+            );
+            return;
+        }
+        let ok = qp_attr_of(hca, &c).is_some_and(|attr| {
+            [QpState::Rtr, QpState::Rts].into_iter().all(|to| {
+                connect::step(&attr, to)
+                    .is_none_or(|(a, mask)| hca.modify_qp(c.qpn, &a, mask).is_ok())
+            })
+        });
         if !ok {
             to_err(hca, c.qpn);
             let rej = rej_of(id, rep.local_comm_id, RejReason::NoQp, &[]);
@@ -1366,28 +1512,19 @@ impl Cm {
             return;
         }
         self.send(hca, c.local_ip, c.remote_ip, &rtu, tid);
-        if let Some(conn) = self.conns.get_mut(&id) {
-            conn.state = State::Established;
-            conn.remote_id = rep.local_comm_id;
-            conn.remote_qpn = rep.local_qpn;
-            conn.remote_psn = rep.starting_psn;
-            conn.last = None;
-            conn.deadline = None;
-        }
         self.by_remote.insert((c.remote_ip, rep.local_comm_id), id);
+        self.conns.insert(
+            id,
+            Conn {
+                state: State::Established,
+                ..c
+            },
+        );
         self.event(
             id,
             CmEventKind::Established {
                 private_data: rep.private_data.to_vec(),
-                param: Some(ConnParam {
-                    responder_resources: rep.initiator_depth,
-                    initiator_depth: rep.responder_resources,
-                    flow_control: rep.end_to_end_flow_control,
-                    retry_count: 0,
-                    rnr_retry_count: rep.rnr_retry_count,
-                    srq: rep.srq,
-                    qp_num: rep.local_qpn,
-                }),
+                param: Some(param),
             },
         );
     }
@@ -1411,13 +1548,15 @@ impl Cm {
             rnr_retry: c.rnr_retry_count,
             ..ConnectAttr::default()
         };
-        // Accept moved it to RTS already; a QP the consumer left in RTR is moved now.
-        let in_rtr = hca
-            .query_qp(c.qpn)
-            .is_ok_and(|(a, _)| a.qp_state == QpState::Rtr);
+        // Accept moved it to RTS already; a QP the consumer left in RTR is moved now (never an
+        // external QP: the consumer's).
+        let in_rtr = !c.external_qp
+            && hca
+                .query_qp(c.qpn)
+                .is_ok_and(|(a, _)| a.qp_state == QpState::Rtr);
         if let Some((a, mask)) = connect::step(&attr, QpState::Rts).filter(|_| in_rtr) {
             if hca.modify_qp(c.qpn, &a, mask).is_err() {
-                to_err(hca, c.qpn);
+                qp_err(hca, &c);
                 self.forget(id);
                 self.event(id, CmEventKind::ConnectError);
                 return;
@@ -1441,12 +1580,12 @@ impl Cm {
         let id = rej.remote_comm_id;
         let Some(c) = self
             .conn_of(id, m)
-            .filter(|c| matches!(c.state, State::ReqSent | State::RepSent))
+            .filter(|c| matches!(c.state, State::ReqSent | State::RepSent | State::RepRcvd))
         else {
             self.counters.unmatched += 1;
             return;
         };
-        to_err(hca, c.qpn);
+        qp_err(hca, &c);
         self.forget(id);
         self.event(
             id,
@@ -1491,14 +1630,14 @@ impl Cm {
             .filter(|c| c.remote_id == dreq.local_comm_id);
         match c.map(|c| (c.state, c)) {
             Some((State::Established | State::DreqSent, c)) => {
-                to_err(hca, c.qpn);
+                qp_err(hca, &c);
                 self.send(hca, c.local_ip, c.remote_ip, &drep, tid);
                 self.enter_timewait(now, id);
                 self.event(id, CmEventKind::Disconnected);
             }
             Some((State::RepSent, c)) => {
                 // The RTU was lost and the peer already closes: established, then closed.
-                to_err(hca, c.qpn);
+                qp_err(hca, &c);
                 self.send(hca, c.local_ip, c.remote_ip, &drep, tid);
                 self.enter_timewait(now, id);
                 self.event(id, CmEventKind::Disconnected);

@@ -48,6 +48,7 @@ use crate::engine::gsi::ReceivedMad;
 use crate::engine::{Instant, SoftHca};
 use crate::verbs::gid::{Gid, GidType};
 use crate::verbs::mr::AccessFlags;
+use crate::verbs::qp::{QpAttr, QpAttrMask, QpState};
 use crate::verbs::random::{OsRandom, RandomSource};
 
 /// Most RDMA CM IDs (listeners and connections).
@@ -600,6 +601,41 @@ impl RdmaCm {
         private_data: &[u8],
         param: &ConnParam,
     ) -> Result<(), RdmaCmError> {
+        self.connect_qp(now, hca, id, qpn, private_data, param, false)
+    }
+
+    /// [`RdmaCm::connect_with`] for a QP the consumer moves itself (librdmacm's external QP:
+    /// `rdma_connect` on an ID without `id->qp`, the QPN from `rdma_conn_param.qp_num`): the CM
+    /// never modifies QP `qpn`; the REP is reported as [`RdmaCmEventType::ConnectResponse`]
+    /// with the REP's parameters, the consumer brings the QP to RTS with
+    /// [`RdmaCm::init_qp_attr`] and sends the RTU with [`RdmaCm::establish`] (Linux `cma.c`
+    /// `cma_ib_handler`, librdmacm `rdma_establish`).
+    ///
+    /// # Errors
+    /// As [`RdmaCm::connect_with`].
+    pub fn connect_external(
+        &mut self,
+        now: Instant,
+        hca: &mut SoftHca,
+        id: RdmaId,
+        qpn: u32,
+        private_data: &[u8],
+        param: &ConnParam,
+    ) -> Result<(), RdmaCmError> {
+        self.connect_qp(now, hca, id, qpn, private_data, param, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn connect_qp(
+        &mut self,
+        now: Instant,
+        hca: &mut SoftHca,
+        id: RdmaId,
+        qpn: u32,
+        private_data: &[u8],
+        param: &ConnParam,
+        external_qp: bool,
+    ) -> Result<(), RdmaCmError> {
         let (responder_resources, initiator_depth) = rd_atomic_limits(hca, param, None)?;
         let s = self
             .ids
@@ -667,6 +703,7 @@ impl RdmaCm {
             flow_control: param.flow_control,
             srq: param.srq,
             private_data: data,
+            external_qp,
         };
         let comm = self.cm.connect(now, hca, &params)?;
         if let Some(t) = s.ack_timeout {
@@ -758,6 +795,38 @@ impl RdmaCm {
         private_data: &[u8],
         param: &ConnParam,
     ) -> Result<(), RdmaCmError> {
+        self.accept_qp(now, hca, id, qpn, private_data, param, false)
+    }
+
+    /// [`RdmaCm::accept_with`] for a QP the consumer moves itself (librdmacm's `rdma_accept` on
+    /// an ID without `id->qp`): the consumer has brought QP `qpn` to RTS with
+    /// [`RdmaCm::init_qp_attr`]; the CM sends the REP and never modifies the QP.
+    ///
+    /// # Errors
+    /// As [`RdmaCm::accept_with`].
+    pub fn accept_external(
+        &mut self,
+        now: Instant,
+        hca: &mut SoftHca,
+        id: RdmaId,
+        qpn: u32,
+        private_data: &[u8],
+        param: &ConnParam,
+    ) -> Result<(), RdmaCmError> {
+        self.accept_qp(now, hca, id, qpn, private_data, param, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn accept_qp(
+        &mut self,
+        now: Instant,
+        hca: &mut SoftHca,
+        id: RdmaId,
+        qpn: u32,
+        private_data: &[u8],
+        param: &ConnParam,
+        external_qp: bool,
+    ) -> Result<(), RdmaCmError> {
         if let Some(r) = self.sidr_in_of(id) {
             self.cm
                 .sidr_answer(hca, r, Some((qpn, RDMA_UDP_QKEY)), private_data)?;
@@ -782,6 +851,7 @@ impl RdmaCm {
             flow_control: param.flow_control,
             srq: param.srq,
             private_data,
+            external_qp,
         };
         let r = self.cm.accept(now, hca, comm, &p);
         self.drain(hca);
@@ -829,6 +899,39 @@ impl RdmaCm {
         let r = self.cm.disconnect(now, hca, comm);
         self.drain(hca);
         Ok(r?)
+    }
+
+    /// `rdma_establish`: the RTU of a connection whose REP was reported as
+    /// [`RdmaCmEventType::ConnectResponse`] ([`RdmaCm::connect_external`]); no event follows on
+    /// this side.
+    ///
+    /// # Errors
+    /// [`RdmaCmError::BadState`] for an ID without such a connection.
+    pub fn establish(&mut self, hca: &mut SoftHca, id: RdmaId) -> Result<(), RdmaCmError> {
+        let comm = self.comm_of(id)?;
+        Ok(self.cm.establish(hca, comm)?)
+    }
+
+    /// `rdma_init_qp_attr` for RTR or RTS of an RC ID's connection ([`Cm::init_qp_attr`]): the
+    /// passive side from its `CONNECT_REQUEST` on, the active side once the REP has come; the
+    /// ACK timeout of [`RdmaCm::set_ack_timeout`] if set.
+    ///
+    /// # Errors
+    /// [`RdmaCmError::BadState`] for another state or an ID without a connection.
+    pub fn init_qp_attr(
+        &self,
+        hca: &SoftHca,
+        id: RdmaId,
+        to: QpState,
+    ) -> Result<(QpAttr, QpAttrMask), RdmaCmError> {
+        let comm = self.comm_of(id)?;
+        let (mut attr, mask) = self.cm.init_qp_attr(hca, comm, to)?;
+        if let Some(t) = self.ids.get(&id).and_then(|s| s.ack_timeout) {
+            if mask.contains(QpAttrMask::TIMEOUT) {
+                attr.timeout = t;
+            }
+        }
+        Ok((attr, mask))
     }
 
     /// A MAD from QP1 ([`SoftHca::poll_mad`]).
@@ -982,6 +1085,13 @@ impl RdmaCm {
                         } => {
                             conn = param;
                             (RdmaCmEventType::Established, 0, private_data)
+                        }
+                        CmEventKind::ConnectResponse {
+                            private_data,
+                            param,
+                        } => {
+                            conn = Some(param);
+                            (RdmaCmEventType::ConnectResponse, 0, private_data)
                         }
                         CmEventKind::Rejected {
                             reason,

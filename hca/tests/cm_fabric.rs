@@ -111,6 +111,10 @@ impl World {
     }
 
     fn connect(&mut self, private_data: &[u8]) -> CommId {
+        self.connect_qp(private_data, false)
+    }
+
+    fn connect_qp(&mut self, private_data: &[u8], external_qp: bool) -> CommId {
         let now = self.f.now();
         let p = ConnectParams {
             qpn: self.a.qpn,
@@ -126,6 +130,7 @@ impl World {
             flow_control: true,
             srq: false,
             private_data,
+            external_qp,
         };
         let node = self.a.node;
         self.cms[0].connect(now, self.f.node_mut(node), &p).unwrap()
@@ -133,6 +138,10 @@ impl World {
 
     /// B accepts the first connection request it got.
     fn accept_first(&mut self) -> CommId {
+        self.accept_first_qp(false)
+    }
+
+    fn accept_first_qp(&mut self, external_qp: bool) -> CommId {
         let id = self.events[1]
             .iter()
             .find(|e| matches!(e.kind, CmEventKind::ConnectRequest { .. }))
@@ -149,6 +158,7 @@ impl World {
             flow_control: false,
             srq: true,
             private_data: b"welcome",
+            external_qp,
         };
         self.cms[1]
             .accept(now, self.f.node_mut(node), id, &p)
@@ -283,6 +293,132 @@ fn connect_accept_write_disconnect() {
         w.cms[0].counters().retransmits + w.cms[1].counters().retransmits,
         0
     );
+}
+
+/// Moves `p`'s QP to `to` with `attr` and `mask` (the consumer's own ibv_modify_qp).
+fn modify(w: &mut World, p: Peer2, to: QpState, cm: usize, id: CommId) {
+    let node = w.peer(p as usize).node;
+    let qpn = w.peer(p as usize).qpn;
+    let (attr, mask) = if to == QpState::Init {
+        hca::verbs::connect::step(
+            &hca::verbs::connect::ConnectAttr {
+                access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+                ..Default::default()
+            },
+            QpState::Init,
+        )
+        .unwrap()
+    } else {
+        w.cms[cm].init_qp_attr(w.f.node(node), id, to).unwrap()
+    };
+    w.f.node_mut(node).modify_qp(qpn, &attr, mask).unwrap();
+}
+
+#[derive(Clone, Copy)]
+enum Peer2 {
+    A = 0,
+    B = 1,
+}
+
+/// librdmacm's external QP (an ID without `id->qp`): the CM never moves the QP; the passive side
+/// brings it to RTS with `init_qp_attr` before accepting, the active side gets
+/// `ConnectResponse` for the REP, brings its QP up the same way and sends the RTU with
+/// `establish`; the PSNs, QPNs and depths the CM hands out connect the two QPs.
+#[test]
+fn an_external_qp_is_moved_by_the_consumer_with_init_qp_attr() {
+    let mut w = World::new();
+    w.cms[1].listen(sid()).unwrap();
+    let a_id = w.connect_qp(b"hello", true);
+    assert_eq!(
+        state(&w.f, &w.a),
+        QpState::Reset,
+        "the CM left A's QP alone"
+    );
+    assert!(w.run_until(Duration::from_secs(2), |w| w.has(1, is_req)));
+    let b_id = w.events[1].iter().find(|e| is_req(e)).unwrap().id;
+    // Before the REP, the active side has no RTR attributes (Linux: EINVAL).
+    let a_node = w.a.node;
+    assert_eq!(
+        w.cms[0].init_qp_attr(w.f.node(a_node), a_id, QpState::Rtr),
+        Err(hca::cm::CmError::BadState)
+    );
+    for to in [QpState::Init, QpState::Rtr, QpState::Rts] {
+        modify(&mut w, Peer2::B, to, 1, b_id);
+    }
+    w.accept_first_qp(true);
+    assert!(
+        w.run_until(Duration::from_secs(2), |w| w
+            .has(0, |e| matches!(e.kind, CmEventKind::ConnectResponse { .. }))),
+        "{:?}",
+        w.events
+    );
+    let CmEventKind::ConnectResponse {
+        private_data,
+        param,
+    } = w.events[0]
+        .iter()
+        .find(|e| matches!(e.kind, CmEventKind::ConnectResponse { .. }))
+        .unwrap()
+        .kind
+        .clone()
+    else {
+        unreachable!()
+    };
+    assert_eq!(&private_data[..7], b"welcome");
+    assert_eq!(param.qp_num, w.b.qpn);
+    // No RTU yet: neither side is established, A's QP is still untouched.
+    w.run_until(Duration::from_millis(50), |_| false);
+    assert!(!w.established(0) && !w.established(1), "{:?}", w.events);
+    assert_eq!(state(&w.f, &w.a), QpState::Reset);
+    for to in [QpState::Init, QpState::Rtr, QpState::Rts] {
+        modify(&mut w, Peer2::A, to, 0, a_id);
+    }
+    let qa = w.f.node(w.a.node).context().qp(w.a.qpn).unwrap().attr();
+    let qb = w.f.node(w.b.node).context().qp(w.b.qpn).unwrap().attr();
+    assert_eq!((qa.dest_qp_num, qb.dest_qp_num), (w.b.qpn, w.a.qpn));
+    assert_eq!((qa.sq_psn, qa.rq_psn), (qb.rq_psn, qb.sq_psn));
+    // The depths as the REQ and REP negotiated them (A asked 3 / 5, B answered 6 / 8).
+    assert_eq!((qa.max_dest_rd_atomic, qa.max_rd_atomic), (3, 5));
+    assert_eq!(qb.max_dest_rd_atomic, 5);
+    w.cms[0].establish(w.f.node_mut(a_node), a_id).unwrap();
+    assert_eq!(
+        w.cms[0].establish(w.f.node_mut(a_node), a_id),
+        Err(hca::cm::CmError::BadState),
+        "one RTU"
+    );
+    assert!(
+        w.run_until(Duration::from_secs(2), |w| w.established(1)),
+        "{:?}",
+        w.events
+    );
+    assert!(
+        !w.established(0),
+        "rdma_establish reports nothing on the active side"
+    );
+    assert_eq!(state(&w.f, &w.b), QpState::Rts);
+    w.f.set_tap(None);
+    w.a.write(0, &[0xa5; 256]);
+    common::work_requests::post(
+        &mut w.f,
+        &w.a,
+        common::work_requests::write(&w.a, 4, (0, 256), &w.b, 128),
+    );
+    let wcs = run_for_completions(&mut w.f, &w.a, 1, Duration::from_secs(1));
+    assert_eq!(statuses(&wcs), vec![(4, WcStatus::Success)]);
+    assert_eq!(w.b.read(128, 256), vec![0xa5; 256]);
+    // A disconnect closes the connection; the QPs stay the consumer's (no move to ERR).
+    let now = w.f.now();
+    w.cms[0]
+        .disconnect(now, w.f.node_mut(a_node), a_id)
+        .unwrap();
+    assert!(
+        w.run_until(Duration::from_secs(2), |w| w
+            .has(1, |e| e.id == b_id && e.kind == CmEventKind::Disconnected)),
+        "{:?}",
+        w.events
+    );
+    assert_eq!(state(&w.f, &w.a), QpState::Rts);
+    assert_eq!(state(&w.f, &w.b), QpState::Rts);
 }
 
 #[test]

@@ -430,6 +430,7 @@ fn tshark_dissects_a_cm_exchange_between_two_engines() {
                 flow_control: false,
                 srq: false,
                 private_data: b"captured",
+                external_qp: false,
             },
         )
         .unwrap();
@@ -456,6 +457,7 @@ fn tshark_dissects_a_cm_exchange_between_two_engines() {
                         flow_control: false,
                         srq: false,
                         private_data: b"ok",
+                        external_qp: false,
                     };
                     cm.accept(now, f.node_mut(node), e.id, &p).unwrap();
                 }

@@ -15,6 +15,7 @@ use crate::engine::{Instant, SoftHca};
 use crate::link::udp::cm_route::{comm_id_prefix, CmPresence, ServiceClaim};
 use crate::link::{LinkError, Waker};
 use crate::verbs::api::{DeviceError, GsiPort, Verbs};
+use crate::verbs::qp::{QpAttr, QpAttrMask, QpState};
 
 /// Most MADs one turn of the service thread hands the CM (it runs another turn at once when more
 /// wait): bounds how long the engine lock is held.
@@ -564,6 +565,57 @@ impl CmService {
         param: &ConnParam,
     ) -> Result<(), RdmaCmError> {
         self.call(|cm, now, h| cm.accept_with(now, h, id, qpn, private_data, param))
+    }
+
+    /// `rdma_connect(3)` on an ID without `id->qp`: QP `qpn` is the caller's to move
+    /// ([`RdmaCm::connect_external`]); `CONNECT_RESPONSE` follows the REP, then the caller's
+    /// [`CmService::establish`].
+    ///
+    /// # Errors
+    /// As [`RdmaCm::connect_external`].
+    pub fn connect_external(
+        &self,
+        id: RdmaId,
+        qpn: u32,
+        private_data: &[u8],
+        param: &ConnParam,
+    ) -> Result<(), RdmaCmError> {
+        self.call(|cm, now, h| cm.connect_external(now, h, id, qpn, private_data, param))
+    }
+
+    /// `rdma_accept(3)` on an ID without `id->qp`: QP `qpn` is already in RTS by the caller
+    /// ([`RdmaCm::accept_external`]).
+    ///
+    /// # Errors
+    /// As [`RdmaCm::accept_external`].
+    pub fn accept_external(
+        &self,
+        id: RdmaId,
+        qpn: u32,
+        private_data: &[u8],
+        param: &ConnParam,
+    ) -> Result<(), RdmaCmError> {
+        self.call(|cm, now, h| cm.accept_external(now, h, id, qpn, private_data, param))
+    }
+
+    /// `rdma_establish(3)`: the RTU after `CONNECT_RESPONSE` ([`RdmaCm::establish`]).
+    ///
+    /// # Errors
+    /// As [`RdmaCm::establish`].
+    pub fn establish(&self, id: RdmaId) -> Result<(), RdmaCmError> {
+        self.call(|cm, _, h| cm.establish(h, id))
+    }
+
+    /// `rdma_init_qp_attr(3)` for RTR or RTS of an RC connection ([`RdmaCm::init_qp_attr`]).
+    ///
+    /// # Errors
+    /// As [`RdmaCm::init_qp_attr`].
+    pub fn init_qp_attr(
+        &self,
+        id: RdmaId,
+        to: QpState,
+    ) -> Result<(QpAttr, QpAttrMask), RdmaCmError> {
+        self.call(|cm, _, h| cm.init_qp_attr(h, id, to))
     }
 
     /// `rdma_reject(3)` of a `CONNECT_REQUEST`'s ID with at most 148 bytes of `private_data`

@@ -146,11 +146,38 @@ pub fn accept_qps(
     accept: Duration,
     timeout: Duration,
 ) -> Result<Vec<RdmaId>, String> {
+    let l = listen_qps(cm, addr)?;
+    accept_qps_on(cm, l, qpns, accept, timeout)
+}
+
+/// The listening ID of [`accept_qps_on`]: `rdma_listen` on `addr`. A server that tells its
+/// client to connect over another channel (perftest's hand-shake before the test's QPs connect)
+/// listens first, so that the client's REQ cannot come before the listener and get REJ
+/// `InvalidServiceId` (perftest 4.5's server listens only after that hand-shake, and its client
+/// does not survive the REJ).
+///
+/// Errors: as text; nothing is left behind.
+pub fn listen_qps(cm: &CmService, addr: SocketAddr) -> Result<RdmaId, String> {
     let l = cm.create_id().map_err(|e| e.to_string())?;
+    if let Err(e) = cm.listen(l, addr) {
+        cm.destroy_id(l);
+        return Err(format!("rdma_listen on {addr}: {e}"));
+    }
+    Ok(l)
+}
+
+/// [`accept_qps`] on listening ID `l` (from [`listen_qps`]), which it destroys.
+///
+/// Errors: as text; the IDs made so far are destroyed.
+pub fn accept_qps_on(
+    cm: &CmService,
+    l: RdmaId,
+    qpns: &[u32],
+    accept: Duration,
+    timeout: Duration,
+) -> Result<Vec<RdmaId>, String> {
     let mut ids = Vec::with_capacity(qpns.len());
     let r = (|| {
-        cm.listen(l, addr)
-            .map_err(|e| format!("rdma_listen on {addr}: {e}"))?;
         // Requests and the ESTABLISHED of those accepted interleave: take them as they come.
         let mut established = 0;
         while established < qpns.len() {

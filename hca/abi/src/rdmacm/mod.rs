@@ -20,16 +20,20 @@
 //!   own channel and each call waits for its event, as in rdma-core (`ucma_complete`).
 //! * **QPs**: `rdma_create_qp` / `rdma_create_qp_ex` make QPs of this library and move them to
 //!   INIT (RC) or RTS (UD), as rdma-core does; the IB CM moves a connection's QP to RTR / RTS
-//!   itself (REP / RTU), so `rdma_connect` and `rdma_accept` report `ESTABLISHED` without the
-//!   program calling `rdma_establish` (which returns 0).
+//!   itself (REP / RTU), so `rdma_connect` and `rdma_accept` report `ESTABLISHED`.
+//!   **External QPs** (an ID without `id->qp`, the QPN in `rdma_conn_param.qp_num`) are the
+//!   program's to move, as in librdmacm: the passive side brings its QP to RTS with
+//!   `rdma_init_qp_attr` before `rdma_accept`; the active side gets
+//!   `RDMA_CM_EVENT_CONNECT_RESPONSE` for the REP, brings its QP up the same way and calls
+//!   `rdma_establish`, which sends the RTU (`EINVAL` on an ID with a QP).
 //! * **UD** (`RDMA_PS_UDP`): `rdma_connect` sends a SIDR_REQ, `rdma_accept` / `rdma_reject`
 //!   answer it with a SIDR_REP; `ESTABLISHED` carries `param.ud` (the peer's QPN, Q_Key
 //!   `RDMA_UDP_QKEY` and an `ah_attr` to it), as Linux `cma.c` and librdmacm report it; UD QPs
 //!   from `rdma_create_qp` go to RTS with that Q_Key (librdmacm `ucma_init_ud_qp`).
 //! * **Refused**, with rdma-core's `-1` and errno: `RDMA_PS_IB` and `RDMA_PS_IPOIB`
 //!   (`EOPNOTSUPP`), multicast and ECE (`EOPNOTSUPP`), `rdma_create_srq_ex`
-//!   (`EOPNOTSUPP`), `rdma_init_qp_attr` for RTR / RTS of a QP the CM has not connected
-//!   (`EINVAL`); rsockets (`rsocket`, `rsend`, ...) fail with `ENOSYS`, except `rpoll` /
+//!   (`EOPNOTSUPP`), `rdma_init_qp_attr` for RTR / RTS of an ID without a connection in a
+//!   state that has them (`EINVAL`); rsockets (`rsocket`, `rsend`, ...) fail with `ENOSYS`, except `rpoll` /
 //!   `rselect` which, as every descriptor is a plain one, are poll(2) / select(2).
 // The constants keep rdma_cma.h's names, as bindgen writes them.
 #![allow(non_upper_case_globals)]
@@ -58,6 +62,7 @@ use hca::rdma_cm::{
     CmService, ConnParam, RdmaCmEvent, RdmaCmEventType, RdmaId, RDMA_MAX_RD_ATOMIC, RDMA_UDP_QKEY,
 };
 use hca::verbs::gid::GidType;
+use hca::verbs::qp::{QpAttrMask, QpState};
 use hca::verbs::Verbs;
 
 use self::bindings::*;
@@ -935,9 +940,22 @@ type EstablishStep =
 unsafe fn establish(
     id: *mut rdma_cm_id,
     conn_param: *mut rdma_conn_param,
-    step: EstablishStep,
     is_connect: bool,
 ) -> c_int {
+    // SAFETY: the caller's promise.
+    let (ud, external) = unsafe {
+        let ud = (*id).ps == rdma_port_space_RDMA_PS_UDP;
+        (ud, !ud && (*id).qp.is_null())
+    };
+    // An ID without `id->qp` connects the program's own QP (`conn_param->qp_num`), which the
+    // program moves itself (librdmacm `rdma_connect` / `rdma_accept`: `ucma_modify_qp_*` do
+    // nothing without `id->qp`); the active side then gets CONNECT_RESPONSE.
+    let step: EstablishStep = match (is_connect, external) {
+        (true, false) => CmService::connect_with,
+        (true, true) => CmService::connect_external,
+        (false, false) => CmService::accept_with,
+        (false, true) => CmService::accept_external,
+    };
     // SAFETY: the caller's promise.
     let (qpn, data) = unsafe { (qpn_of(id, conn_param), private_of(conn_param)) };
     // SAFETY: as above.
@@ -949,7 +967,7 @@ unsafe fn establish(
     }
     // A UD rdma_connect (SIDR_REQ) names no QP (cma_resolve_ib_udp).
     // SAFETY: a live ID.
-    let ud_connect = is_connect && unsafe { (*id).ps } == rdma_port_space_RDMA_PS_UDP;
+    let ud_connect = is_connect && ud;
     let Some(qpn) = qpn.or(ud_connect.then_some(0)) else {
         return fail(libc::EINVAL, -1);
     };
@@ -967,12 +985,14 @@ unsafe fn establish(
         })
     };
     // A UD accept (SIDR_REP) is complete when sent: no event follows on this side.
-    if r.is_ok()
-        && is_sync(id)
-        && (is_connect || unsafe { (*id).ps } != rdma_port_space_RDMA_PS_UDP)
-    {
+    if r.is_ok() && is_sync(id) && (is_connect || !ud) {
+        let want = if is_connect && external {
+            rdma_cm_event_type_RDMA_CM_EVENT_CONNECT_RESPONSE
+        } else {
+            rdma_cm_event_type_RDMA_CM_EVENT_ESTABLISHED
+        };
         // SAFETY: a live synchronous ID.
-        return unsafe { complete(id, rdma_cm_event_type_RDMA_CM_EVENT_ESTABLISHED) };
+        return unsafe { complete(id, want) };
     }
     rc(r)
 }
@@ -1136,7 +1156,7 @@ pub unsafe extern "C" fn softrdmacm_connect(
     conn_param: *mut rdma_conn_param,
 ) -> c_int {
     // SAFETY: the caller's promise.
-    unsafe { establish(id, conn_param, CmService::connect_with, true) }
+    unsafe { establish(id, conn_param, true) }
 }
 symver!(softrdmacm_connect, "IBVERBS_PRIVATE_RDMACM");
 
@@ -1151,7 +1171,7 @@ pub unsafe extern "C" fn softrdmacm_accept(
     conn_param: *mut rdma_conn_param,
 ) -> c_int {
     // SAFETY: the caller's promise.
-    unsafe { establish(id, conn_param, CmService::accept_with, false) }
+    unsafe { establish(id, conn_param, false) }
 }
 symver!(softrdmacm_accept, "IBVERBS_PRIVATE_RDMACM");
 
@@ -1194,10 +1214,24 @@ pub unsafe extern "C" fn softrdmacm_disconnect(id: *mut rdma_cm_id) -> c_int {
 }
 symver!(softrdmacm_disconnect, "IBVERBS_PRIVATE_RDMACM");
 
-/// rdma_establish(3): 0; the IB CM has already sent the RTU and moved the QP to RTS.
+/// rdma_establish(3): after `RDMA_CM_EVENT_CONNECT_RESPONSE` of an ID without `id->qp` (the
+/// program's own QP, brought to RTS with `rdma_init_qp_attr`), sends the RTU; the passive side
+/// then reports `ESTABLISHED`, this side nothing (librdmacm `rdma_establish`, Linux
+/// `ib_send_cm_rtu`). `EINVAL` on an ID with a QP (the CM connected it: librdmacm refuses
+/// too) or without such a response.
+///
+/// # Safety
+/// `id` is a live ID.
 #[no_mangle]
-pub extern "C" fn softrdmacm_establish(_id: *mut rdma_cm_id) -> c_int {
-    0
+pub unsafe extern "C" fn softrdmacm_establish(id: *mut rdma_cm_id) -> c_int {
+    // SAFETY: the caller's promise.
+    if id.is_null() || !unsafe { (*id).qp }.is_null() {
+        return fail(libc::EINVAL, -1);
+    }
+    let mut g = lock(global());
+    rc(only_rid(&g, id).and_then(|(d, rid)| {
+        on_dev(&mut g, d, |svc| svc.establish(rid)).map_err(|e| errno_of_cm(&e))
+    }))
 }
 symver!(softrdmacm_establish, "IBVERBS_PRIVATE_RDMACM");
 
@@ -1668,8 +1702,11 @@ pub unsafe extern "C" fn softrdmacm_destroy_qp(id: *mut rdma_cm_id) {
 symver!(softrdmacm_destroy_qp, "IBVERBS_PRIVATE_RDMACM");
 
 /// rdma_init_qp_attr(3): for INIT, the attributes rdma_create_qp uses (port 1, P_Key index 0,
-/// remote read / write / atomic access); for RTR / RTS, the attributes the IB CM gave the ID's
-/// QP (ibv_query_qp(3)); `EINVAL` for another state or an ID without a QP there. For a UD ID
+/// remote read / write / atomic access); for RTR / RTS, the IB CM's attributes of the ID's
+/// connection (`hca::cm::Cm::init_qp_attr`, as Linux `ib_cm_init_qp_attr`: the peer's QPN and
+/// address, path MTU, PSNs, depths, timers; the passive side from `CONNECT_REQUEST` on, the
+/// active side from `CONNECT_RESPONSE` / `ESTABLISHED` on), with `RDMA_OPTION_ID_ACK_TIMEOUT`
+/// if set; `EINVAL` for another state or an ID without such a connection. For a UD ID
 /// (`RDMA_PS_UDP`): INIT with P_Key index 0, port 1 and Q_Key `RDMA_UDP_QKEY`, RTR with the
 /// state alone, RTS with SQ PSN 0 (the steps of librdmacm's `ucma_init_ud_qp`).
 ///
@@ -1724,37 +1761,32 @@ pub unsafe extern "C" fn softrdmacm_init_qp_attr(
                 | ibv_qp_attr_mask_IBV_QP_ACCESS_FLAGS) as c_int;
             return 0;
         }
-        let qp = (*id).qp;
-        if qp.is_null() || (want != ibv_qp_state_IBV_QPS_RTR && want != ibv_qp_state_IBV_QPS_RTS) {
-            return fail(libc::EINVAL, -1);
+        let to = match want {
+            ibv_qp_state_IBV_QPS_RTR => QpState::Rtr,
+            ibv_qp_state_IBV_QPS_RTS => QpState::Rts,
+            _ => return fail(libc::EINVAL, -1),
+        };
+        let r = {
+            let g = lock(global());
+            let ack_timeout = g.ids.get(&(id as usize)).and_then(|r| r.ack_timeout);
+            only_rid(&g, id).and_then(|(d, rid)| {
+                g.devs[d]
+                    .svc
+                    .init_qp_attr(rid, to)
+                    .map(|(a, m)| (a, m, ack_timeout))
+                    .map_err(|e| errno_of_cm(&e))
+            })
+        };
+        let (mut attr, mask, ack_timeout) = match r {
+            Ok(v) => v,
+            Err(e) => return fail(e, -1),
+        };
+        // RDMA_OPTION_ID_ACK_TIMEOUT (Linux rdma_init_qp_attr: `id_priv->timeout` when set).
+        if let Some(t) = ack_timeout.filter(|_| mask.contains(QpAttrMask::TIMEOUT)) {
+            attr.timeout = t;
         }
-        let mut init: ibv_qp_init_attr = zeroed();
-        let all = c_int::MAX;
-        if crate::ffi::ibv_query_qp(qp, qp_attr, all, &mut init) != 0 {
-            return -1;
-        }
-        if (*qp_attr).qp_state != ibv_qp_state_IBV_QPS_RTR
-            && (*qp_attr).qp_state != ibv_qp_state_IBV_QPS_RTS
-        {
-            return fail(libc::EINVAL, -1);
-        }
-        (*qp_attr).qp_state = want;
-        *qp_attr_mask = if want == ibv_qp_state_IBV_QPS_RTR {
-            ibv_qp_attr_mask_IBV_QP_STATE
-                | ibv_qp_attr_mask_IBV_QP_AV
-                | ibv_qp_attr_mask_IBV_QP_PATH_MTU
-                | ibv_qp_attr_mask_IBV_QP_DEST_QPN
-                | ibv_qp_attr_mask_IBV_QP_RQ_PSN
-                | ibv_qp_attr_mask_IBV_QP_MAX_DEST_RD_ATOMIC
-                | ibv_qp_attr_mask_IBV_QP_MIN_RNR_TIMER
-        } else {
-            ibv_qp_attr_mask_IBV_QP_STATE
-                | ibv_qp_attr_mask_IBV_QP_TIMEOUT
-                | ibv_qp_attr_mask_IBV_QP_RETRY_CNT
-                | ibv_qp_attr_mask_IBV_QP_RNR_RETRY
-                | ibv_qp_attr_mask_IBV_QP_SQ_PSN
-                | ibv_qp_attr_mask_IBV_QP_MAX_QP_RD_ATOMIC
-        } as c_int;
+        *qp_attr = hca::ibverbs::translate::qp_attr(&attr);
+        *qp_attr_mask = mask.bits() as c_int;
     }
     0
 }

@@ -692,10 +692,27 @@ fn run_rdma_cm(p: &Params) -> Result<(), Fail> {
         gid: hca::Gid::from_bytes([0; 16]),
         srqn: 0,
     };
-    conn.hand_shake(&zero).map_err(oob)?;
-    let ids = match peer {
-        Some(dst) => tcm::connect_qps(&*res.dev, &cm, dst, &res.qpns, p.timeout),
-        None => tcm::accept_qps(&cm, listen_addr, &res.qpns, p.timeout, p.timeout),
+    // The server listens for the test's QPs before this hand-shake: the client connects as soon
+    // as it has the server's message, and perftest 4.5's client does not survive the REJ of a
+    // REQ that comes before the listener (it retries with the IDs it destroyed). perftest's own
+    // server listens only after the hand-shake; a client of ours retries a REJ.
+    let listener = match peer {
+        Some(_) => None,
+        None => Some(
+            tcm::listen_qps(&cm, listen_addr)
+                .map_err(|e| Fail(format!("Failed to create RDMA CM connection: {e}")))?,
+        ),
+    };
+    if let Err(e) = conn.hand_shake(&zero) {
+        if let Some(l) = listener {
+            cm.destroy_id(l);
+        }
+        return Err(oob(e));
+    }
+    let ids = match (listener, peer) {
+        (Some(l), _) => tcm::accept_qps_on(&cm, l, &res.qpns, p.timeout, p.timeout),
+        (None, Some(dst)) => tcm::connect_qps(&*res.dev, &cm, dst, &res.qpns, p.timeout),
+        (None, None) => Err("a server without a listener".to_string()),
     }
     .map_err(|e| Fail(format!("Failed to create RDMA CM connection: {e}")))?;
     conn.hand_shake(&zero).map_err(oob)?;
