@@ -364,7 +364,7 @@ def _gloo_order_allreduce(native, t, size, inline=False):
     """Issues a sum all-reduce of CPU tensor ``t`` (contiguous) that adds in Gloo's order: an
     all-gather of every rank's values (size times the bytes of a ring all-reduce's traffic),
     then :func:`gloo_order_sum` into ``t`` after it ends. Returns (native work, keep, post)."""
-    gathered = torch.empty((size, t.numel()), dtype=t.dtype)
+    gathered = torch.empty((size, t.numel()), dtype=t.dtype, device=t.device)
     s, dt = _arg(t, writable=False)
     r, _ = _arg(gathered)
 
@@ -477,7 +477,7 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
         outs = self._one(output_lists, "allgather")
         if len(outs) != self.size() or any(o.numel() != t.numel() for o in outs):
             raise ValueError("allgather: one output tensor per rank, each as large as the input")
-        flat = torch.empty(self.size() * t.numel(), dtype=t.dtype)
+        flat = torch.empty(self.size() * t.numel(), dtype=t.dtype, device=t.device)
         s, dt = _arg(t.contiguous(), writable=False)
         r, _ = _arg(flat)
         n = t.numel()
@@ -602,7 +602,7 @@ def _create(store, rank, size, timeout):
 def register():
     """Registers the backend ``"rocecoll"`` (idempotent)."""
     if NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(NAME, _create, devices=["cpu"])
+        dist.Backend.register_backend(NAME, _create, devices=["cpu", "cuda"])
 
 
 register()
