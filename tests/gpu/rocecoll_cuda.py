@@ -119,7 +119,7 @@ def rank_main(pkg):
 
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cuda = Cuda(rank)
-    comm = rocecoll.from_env(transport="shm", timeout=30)
+    comm = rocecoll.from_env(transport="shm", timeout=30, bootstrap_timeout=30)
     results = []
 
     def check(name, got, want):
@@ -202,11 +202,18 @@ def rank_main(pkg):
 
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "--rank":
-        ok, n = rank_main(sys.argv[2])
+        try:
+            ok, n = rank_main(sys.argv[2])
+        except Exception as e:  # one line per rank: the driver's error without a GPU
+            print(f"rank {os.environ['RANK']}: FAILED: {type(e).__name__}: {e}", flush=True)
+            sys.exit(1)
         print(f"rank {os.environ['RANK']}: {n} checks, {'all passed' if ok else 'FAILED'}")
         sys.exit(0 if ok else 1)
     if len(sys.argv) < 2:
         sys.exit(f"usage: {sys.argv[0]} PKG_DIR [RANKS]")
+    if sys.version_info < (3, 11):
+        sys.exit(f"python-cuda: FAILED: python {sys.version.split()[0]}: the package is built "
+                 "for the stable ABI of CPython >= 3.11")
     pkg = os.path.abspath(sys.argv[1])
     size = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     print(f"# python {sys.version.split()[0]}, package from {pkg}, {size} ranks", flush=True)

@@ -13,6 +13,21 @@
 //!   the Python side a numpy view per operation. The Python layer
 //!   (`rocecoll/__init__.py`) turns numpy arrays and torch tensors into such views. The buffers
 //!   are held (a `Py_buffer` each) until the operation's `Work` is waited for or dropped.
+//! * CUDA device memory: a [`PyCudaBuffer`] (`rocecoll._native.CudaBuffer`, built by the Python
+//!   layer from a CUDA `torch.Tensor`, a `__cuda_array_interface__` export or a DLPack `kDLCUDA`
+//!   capsule). The operation runs through the crate's device path (`collectives::device`: the
+//!   all-reduce GPU peer-to-peer over CUDA IPC when every rank's buffers are CUDA memory and every
+//!   rank is a process of this host, the other collectives and the fallback staged through host
+//!   memory; send / recv one host copy). Stream order, as torch-ucc orders its CUDA collectives
+//!   (an event recorded on the tensor's stream, `tensor_ready`, waited for by the progress side
+//!   before the data is read; ProcessGroupNCCL instead makes its NCCL stream wait on such an
+//!   event on the device, and the caller's stream wait on the end event in `Work.wait`): a CUDA
+//!   event is recorded on the producer's stream when the operation is issued and the operation
+//!   waits for it (bounded by its timeout) before reading; the device writes are synchronous
+//!   (`cuMemcpyHtoD` then a context synchronize, or the GPU path's stream synchronize), so once
+//!   the `Work` has ended every stream sees the result. Without a CUDA driver the operation
+//!   raises `CollectiveError` naming the operation and the driver probe's error
+//!   (`gpu_p2p::cuda::Cuda::load`: "no CUDA driver: cannot load libcuda.so.1 ...").
 //! * The GIL is released while an operation runs and while `Work.wait` blocks.
 //! * Every operation takes `inline` (default false): true for a blocking call, which then runs
 //!   on the calling thread (GIL released) when no operation is pending, without handing off to
@@ -34,7 +49,7 @@ use collectives::transport::CollKind;
 use collectives::{
     AsyncCommunicator, CommConfig, Communicator, DataType, RedOp, TransportKind, Work,
 };
-use gpu_p2p::cuda::{Cuda, CudaEvent, CudaMemory};
+use gpu_p2p::cuda::{Cuda, CudaDevice, CudaEvent, CudaMemory};
 use gpu_p2p::Memory;
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
@@ -59,6 +74,20 @@ fn coll_err(rank: usize, e: &dyn std::fmt::Display, peer: Option<usize>) -> PyEr
         let _ = v.setattr("peer", peer);
         err
     })
+}
+
+/// The GPUs operations have used, each opened once (its primary context retained for the life
+/// of the process, as the CUDA runtime does) rather than at every operation.
+static DEVICES: Mutex<Vec<Arc<CudaDevice>>> = Mutex::new(Vec::new());
+
+fn device(cuda: Cuda, ordinal: u32) -> Result<Arc<CudaDevice>, gpu_p2p::cuda::CudaError> {
+    let mut open = DEVICES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(d) = open.iter().find(|d| d.ordinal() == ordinal) {
+        return Ok(d.clone());
+    }
+    let d = cuda.device(ordinal)?;
+    open.push(d.clone());
+    Ok(d)
 }
 
 /// Where a [`Buf`]'s bytes are.
@@ -197,7 +226,7 @@ impl Buf {
             Some(o) => o,
             None => cuda.device_of(d.ptr).map_err(|e| fail(&e))?,
         };
-        let device = cuda.device(ordinal).map_err(|e| fail(&e))?;
+        let device = device(cuda, ordinal).map_err(|e| fail(&e))?;
         let mem = device.borrow(d.ptr, d.len).map_err(|e| fail(&e))?;
         let ready = match d.stream {
             None => None,
@@ -244,10 +273,9 @@ impl Buf {
         {
             let t = timeout.unwrap_or(c.config().timeout);
             if let Err(e) = ev.wait(t) {
-                return Err(c.device_failure(
-                    op,
-                    format!("waiting for the producer's CUDA stream: {e}"),
-                ));
+                return Err(
+                    c.device_failure(op, format!("waiting for the producer's CUDA stream: {e}"))
+                );
             }
         }
         Ok(())

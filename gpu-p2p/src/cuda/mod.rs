@@ -526,7 +526,8 @@ impl CudaDevice {
     /// Device memory another owner allocated (a `torch.Tensor`'s `data_ptr()`, a
     /// `__cuda_array_interface__` or DLPack `kDLCUDA` export), as [`CudaMemory`] of `len` bytes at
     /// `ptr`, for the collectives' device path. Nothing is allocated or copied, and dropping it
-    /// frees nothing (its `Drop` still waits for the context's outstanding work).
+    /// frees nothing and waits for nothing: this crate's own copies and kernels on it are
+    /// synchronous or synchronized by their callers before they return.
     ///
     /// Checked with the driver, so a bad address is an error, never a wild access: `ptr` must be
     /// device memory of this GPU (`CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`, CUDA Driver API 6.17) and
@@ -637,6 +638,11 @@ impl fmt::Debug for CudaMemory {
 
 impl Drop for CudaMemory {
     fn drop(&mut self) {
+        if self.origin == Origin::Borrowed {
+            // Nothing to free; the owner's work on the memory is its own (a context synchronize
+            // here would wait for every stream of the context, the owner's compute included).
+            return;
+        }
         let _ = self.device.bind();
         // Outstanding work on the buffer must finish before it is freed or unmapped.
         let _ = sys::ctx_synchronize();

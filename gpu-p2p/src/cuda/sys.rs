@@ -536,7 +536,9 @@ pub(crate) fn event_record(e: CUevent, s: CUstream) -> Result<(), CuFail> {
 /// handle.
 pub(crate) unsafe fn event_record_foreign(e: CUevent, s: usize) -> Result<(), CuFail> {
     // SAFETY: the caller vouches for `s` (above); `e` is live and of the current context.
-    check("cuEventRecord", unsafe { sys::cuEventRecord(e, s as CUstream) })
+    check("cuEventRecord", unsafe {
+        sys::cuEventRecord(e, s as CUstream)
+    })
 }
 
 /// Whether the work before the event's record has finished (`CUDA_ERROR_NOT_READY` -> false).

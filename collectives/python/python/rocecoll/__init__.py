@@ -194,9 +194,10 @@ def device_buffer(x, dtype=None, writable=True):
     Raises ``ValueError`` for a layout or type it cannot take. Nothing here calls the CUDA
     driver: the operation that uses the buffer does, and raises :class:`CollectiveError` if
     there is none."""
-    if type(x).__module__.startswith("torch") and getattr(x, "is_cuda", False) is True:
-        return _from_torch_cuda(x, dtype)
-    if type(x).__module__.startswith("numpy"):
+    mod = type(x).__module__
+    if mod.startswith("torch"):  # other torch devices (meta, ...) are as_bytes's to refuse
+        return _from_torch_cuda(x, dtype) if getattr(x, "is_cuda", False) is True else None
+    if mod.startswith("numpy"):
         return None
     if hasattr(x, "__cuda_array_interface__"):
         return _from_cai(x, writable, dtype)

@@ -1,7 +1,10 @@
-"""The ``torch.distributed`` backend ``"rocecoll"`` (CPU tensors) and a DDP communication hook.
+"""The ``torch.distributed`` backend ``"rocecoll"`` (CPU and CUDA tensors) and a DDP communication
+hook.
 
 Importing this module registers the backend (``Backend.register_backend("rocecoll", ...,
-devices=["cpu"])``), after which ``dist.init_process_group("rocecoll")`` works under torchrun.
+devices=["cpu", "cuda"])``), after which ``dist.init_process_group("rocecoll")`` works under
+torchrun. CUDA tensors go through the package's device path (``rocecoll`` module docs: gpu-p2p,
+ordered after the tensor's current stream; ``Work.wait`` returns once the device writes are done).
 The process group is a Python ``ProcessGroup`` (as in PyTorch's ``test_c10d_pypg.py``) over one
 :class:`rocecoll.Comm` made from the store PyTorch hands the backend: no port of ours is opened.
 An ``async_op=True`` operation returns at once with its ``Work``; operations run in issue order
