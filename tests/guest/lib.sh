@@ -18,7 +18,8 @@
 #   rg_job_barrier JOB PORT SECS / rg_job_go JOB GUEST PREVCELL ADDR PORT SECS   start a cell on both together
 #   rg_job_pairs JOB PORT PREVCELL SECS CELL...  write guest/host cells into JOB and job-host, started together
 #   rg_cells_matching ARRAY REGEX                keep the cells of ARRAY whose name matches REGEX (--cells)
-#   rg_guest_start SIDE NS TAP MAC ADDR/PFX MTU JOB SECS    boot a guest running JOB (in background)
+#   rg_guest_start SIDE NS TAP MAC ADDR/PFX MTU JOB SECS    boot a guest running JOB (in background;
+#                                                 RG_GUEST_LAYERS: extra cpio archives, RG_GUEST_MEM: MiB, 768)
 #   rg_host_start SIDE NS JOB SECS               run JOB on the host inside NS (in background)
 #   rg_side_wait SIDE SECS                       wait (bounded) for a side; fails if it did not finish
 #   rg_sides_wait SECS SIDE...                   wait for several; stop all once one broke (fail fast)
@@ -277,14 +278,17 @@ rg_guest_start() {
     # The job rides as a second cpio archive appended to the cached initramfs (the kernel unpacks both).
     (cd "$d/stage" && find job | cpio -o -H newc --quiet -R 0:0 | gzip -1 >"$d/job.cpio.gz") \
         || rg_die "cannot pack the job of guest $side"
-    cat "$initrd" "$d/job.cpio.gz" >"$d/initrd.gz"
+    # RG_GUEST_LAYERS: more archives (space-separated paths) between the base and the job, e.g. the Python
+    # layer of tests/guest/pyverbs.sh; the base archive itself stays as setup.sh built it.
+    # shellcheck disable=SC2086 # a list of paths without spaces
+    cat "$initrd" ${RG_GUEST_LAYERS:-} "$d/job.cpio.gz" >"$d/initrd.gz"
     : >"$d/console.log"
     : >"$d/result.log"
     echo guest >"$d/kind"
     append="console=ttyS0 quiet panic=-1 mitigations=off roce.name=$side roce.ip=$addr roce.mtu=$mtu roce.timeout=$secs"
     echo "$append" >"$d/cmdline"
     ip netns exec "$ns" timeout --kill-after=5 $((secs + 60)) \
-        qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 1 -m 768 -no-reboot -nographic -nodefaults \
+        qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 1 -m "${RG_GUEST_MEM:-768}" -no-reboot -nographic -nodefaults \
         -monitor none -serial "file:$d/console.log" -serial "file:$d/result.log" \
         -kernel "$kernel" -initrd "$d/initrd.gz" -append "$append" \
         -netdev "tap,id=n0,ifname=$tap,script=no,downscript=no" \
