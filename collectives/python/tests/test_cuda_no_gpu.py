@@ -296,3 +296,14 @@ def test_without_a_driver_every_op_names_the_probe(with_torch):
         assert host == [3.0] * 4
         assert deleted == 1
         assert all(v == "ok" for v in out.values()), out
+
+
+def test_torch_backend_is_registered_for_cpu_and_cuda():
+    """torch 2.7.1 without a GPU takes the two-device registration (init_process_group and the
+    CPU collectives under it: test_torch.py)."""
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    import rocecoll.torch_backend  # noqa: F401  (registers)
+
+    assert dist.Backend.backend_capability["rocecoll"] == ["cpu", "cuda"]
