@@ -18,7 +18,7 @@
 #
 # Carry list (device `run` tool): ["gpu-bin"]   (gpu-bin/ is ignored by git; this script is tracked
 # and travels with the tree). The two stripped binaries are about 3 MiB together, the package
-# about 2 MiB, far under the 64 MiB limit; all link only libc, libm, libgcc_s; libcuda and
+# 2.9 MiB, far under the 64 MiB limit; all link only libc, libm, libgcc_s; libcuda and
 # libnvidia-ml are opened at run time.
 # Run from the repository root:
 #
@@ -42,7 +42,8 @@
 #                 python3 >= 3.11 and ctypes + libcuda): 2 rank processes, all_reduce (GPU
 #                 peer-to-peer path required), all_gather, broadcast, reduce_scatter, send/recv
 #                 checked bitwise against plain-Python references, and stream order (an input
-#                 written by an unsynchronized cuMemsetD32Async on a non-blocking stream).
+#                 written by an unsynchronized cuMemsetD32Async on a non-blocking stream); the
+#                 script's `--host` mode checks the script itself without a GPU (pytest runs it).
 # At the end: a summary table (step, result, seconds) and the key figures; exit 0 only if all
 # steps passed (1 if any failed, 2 if the binaries are missing). Without a GPU every step fails
 # at once with the driver's one-line error (dry run: BIN=... bash tests/gpu/check.sh).

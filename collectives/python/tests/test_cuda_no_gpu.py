@@ -307,3 +307,23 @@ def test_torch_backend_is_registered_for_cpu_and_cuda():
     import rocecoll.torch_backend  # noqa: F401  (registers)
 
     assert dist.Backend.backend_capability["rocecoll"] == ["cpu", "cuda"]
+
+
+def test_gpu_check_script_on_host_memory():
+    """The GPU check's script (tests/gpu/rocecoll_cuda.py, step python-cuda of
+    tests/gpu/check.sh) with ``--host``: its references, argument orders and send/recv pairing
+    checked on host memory, so that its first run on a GPU tests the package, not the script."""
+    import os
+    import subprocess
+    import sys
+
+    import rocecoll
+
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "gpu",
+                          "rocecoll_cuda.py")
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(rocecoll.__file__)))
+    r = subprocess.run([sys.executable, script, "--host", pkg, "2"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "python-cuda: all checks passed on 2 ranks (host memory)" in r.stdout
+    assert r.stdout.count(": ok") == 18, r.stdout
