@@ -193,9 +193,44 @@ fn sigkill_leaves_the_others_running_and_frees_its_slot() {
     }
     vc.sigkill();
     vs.sigkill();
+    // What the kill cost the others (issue 18), from each process's `--stats`: strays after the
+    // reuseport group was reordered, and RC retransmissions. All are of this user: none may be
+    // refused as a stranger, in either direction.
+    let names = [
+        "rx_strays",
+        "rx_forwarded",
+        "rx_strays_held",
+        "rx_strays_untrusted",
+        "rx_forward_refused",
+        "sent_pkts",
+        "completer_retry_err",
+    ];
+    let counter = |out: &str, name: &str| -> u64 {
+        let key = format!(" {name}: ");
+        out.find(&key)
+            .and_then(|at| {
+                out[at + key.len()..]
+                    .split(|c: char| !c.is_ascii_digit())
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
+    };
+    let mut sums = [0u64; 7];
     for (server, client) in pairs {
         let (cs, co) = client.finish();
         let (ss, so) = server.finish();
+        for out in [&co, &so] {
+            let mine: Vec<String> = names
+                .iter()
+                .map(|n| format!("{n} {}", counter(out, n)))
+                .collect();
+            eprintln!("{}", mine.join(", "));
+            for (sum, n) in sums.iter_mut().zip(names) {
+                *sum += counter(out, n);
+            }
+        }
         assert!(
             cs.success() && ss.success(),
             "client {cs}:\n{co}\nserver {ss}:\n{so}"
@@ -203,5 +238,12 @@ fn sigkill_leaves_the_others_running_and_frees_its_slot() {
         assert!(co.contains("65536"), "{co}");
     }
     let _ = (vs.finish(), vc.finish());
+    let all: Vec<String> = names
+        .iter()
+        .zip(sums)
+        .map(|(n, v)| format!("{n} {v}"))
+        .collect();
+    eprintln!("the 3 pairs together: {}", all.join(", "));
+    assert_eq!((sums[3], sums[4]), (0, 0), "{all:?}");
     assert_eq!(leftovers(addr), Vec::<String>::new());
 }

@@ -727,6 +727,165 @@ pub(crate) fn peer_uid(fd: BorrowedFd<'_>) -> io::Result<u32> {
     Ok(cred.uid)
 }
 
+/// `SOCK_DIAG_BY_FAMILY` (include/uapi/linux/sock_diag.h): the netlink message type of a
+/// sock_diag request.
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+/// `unix_diag_req.udiag_show` bits and `UNIX_DIAG_*` attribute types
+/// (include/uapi/linux/unix_diag.h).
+const UDIAG_SHOW_NAME: u32 = 0x01;
+const UDIAG_SHOW_PEER: u32 = 0x04;
+const UDIAG_SHOW_UID: u32 = 0x40;
+const UNIX_DIAG_NAME: u16 = 0;
+const UNIX_DIAG_PEER: u16 = 2;
+const UNIX_DIAG_UID: u16 = 7;
+
+/// What the kernel's unix_diag (sock_diag(7)) reports of one Unix socket.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct UnixDiag {
+    /// The inode of the socket it is connected to (`UNIX_DIAG_PEER`).
+    pub peer: Option<u32>,
+    /// The user ID that created it (`UNIX_DIAG_UID`: the socket's `sk_uid`, the creator's
+    /// filesystem user ID at socket(2)).
+    pub uid: Option<u32>,
+    /// The address it is bound to (`UNIX_DIAG_NAME`: `sun_path` bytes, a leading NUL for an
+    /// abstract name).
+    pub name: Option<Vec<u8>>,
+}
+
+/// Asks the kernel (a `NETLINK_SOCK_DIAG` request for `AF_UNIX`, sock_diag(7)) about the Unix
+/// socket of inode `ino`: `show` is a set of `UDIAG_SHOW_*` bits. Errors: the netlink errno
+/// (`NotFound` when no socket has that inode, e.g. it has closed), `InvalidData` for a reply
+/// that does not parse. Never blocks: the kernel queues the answer during sendto(2).
+fn unix_diag(ino: u32, show: u32) -> io::Result<UnixDiag> {
+    // SAFETY: plain socket(2).
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            libc::NETLINK_SOCK_DIAG,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let nl = unsafe { OwnedFd::from_raw_fd(raw) };
+    // struct nlmsghdr (16 bytes) + struct unix_diag_req (24 bytes), native endian.
+    let mut req = [0u8; 40];
+    req[0..4].copy_from_slice(&40u32.to_ne_bytes());
+    req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    req[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
+    req[8..12].copy_from_slice(&1u32.to_ne_bytes()); // sequence number
+    req[16] = libc::AF_UNIX as u8; // sdiag_family; sdiag_protocol 0, pad 0
+    req[20..24].copy_from_slice(&u32::MAX.to_ne_bytes()); // udiag_states: all
+    req[24..28].copy_from_slice(&ino.to_ne_bytes());
+    req[28..32].copy_from_slice(&show.to_ne_bytes());
+    req[32..40].copy_from_slice(&[0xff; 8]); // udiag_cookie: INET_DIAG_NOCOOKIE
+                                             // SAFETY: sockaddr_nl is plain data; all zeroes is valid (pid 0: the kernel).
+    let mut kernel: libc::sockaddr_nl = unsafe { mem::zeroed() };
+    kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    // SAFETY: `req` and `kernel` are live for the call; the kernel only reads them.
+    let rc = unsafe {
+        libc::sendto(
+            nl.as_raw_fd(),
+            req.as_ptr().cast(),
+            req.len(),
+            0,
+            (&kernel as *const libc::sockaddr_nl).cast(),
+            mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // u32 words: aligned for the headers read below.
+    let mut buf = [0u32; 1024];
+    // SAFETY: `buf` is writable for its size in bytes.
+    let n = unsafe {
+        libc::recv(
+            nl.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            mem::size_of_val(&buf),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: u32 words viewed as the bytes they are; `n` <= their size.
+    let b: &[u8] = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast(), n as usize) };
+    parse_unix_diag(b)
+}
+
+/// Parses the first netlink message of a unix_diag reply (`NLMSG_ERROR` becomes its errno).
+fn parse_unix_diag(b: &[u8]) -> io::Result<UnixDiag> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed unix_diag reply");
+    let word = |b: &[u8], at: usize| -> Option<u32> {
+        Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    let len = word(b, 0).ok_or_else(bad)? as usize;
+    let msg = b.get(16..len).ok_or_else(bad)?;
+    let kind = u16::from_ne_bytes([b[4], b[5]]);
+    if kind == libc::NLMSG_ERROR as u16 {
+        let errno = word(msg, 0).ok_or_else(bad)? as i32;
+        return Err(io::Error::from_raw_os_error(
+            errno.checked_neg().ok_or_else(bad)?,
+        ));
+    }
+    if kind != SOCK_DIAG_BY_FAMILY {
+        return Err(bad());
+    }
+    // struct unix_diag_msg (16 bytes), then rtattrs aligned to 4.
+    let mut at = 16;
+    let mut out = UnixDiag::default();
+    while at + 4 <= msg.len() {
+        let alen = u16::from_ne_bytes([msg[at], msg[at + 1]]) as usize;
+        let atype = u16::from_ne_bytes([msg[at + 2], msg[at + 3]]) & 0x3fff;
+        if alen < 4 {
+            return Err(bad());
+        }
+        let data = msg.get(at + 4..at + alen).ok_or_else(bad)?;
+        match atype {
+            UNIX_DIAG_PEER => out.peer = word(data, 0),
+            UNIX_DIAG_UID => out.uid = word(data, 0),
+            UNIX_DIAG_NAME => out.name = Some(data.to_vec()),
+            _ => {}
+        }
+        at += (alen + 3) & !3;
+    }
+    Ok(out)
+}
+
+/// The user ID that created the Unix socket that connected socket `fd` sends to, and the name
+/// it is bound to (a leading NUL for an abstract name): two unix_diag requests (sock_diag(7),
+/// `UDIAG_SHOW_PEER` on `fd`'s inode from fstat(2), then `UDIAG_SHOW_UID` | `UDIAG_SHOW_NAME`
+/// on the peer's). A datagram socket's `SO_PEERCRED` is empty (the kernel sets it for stream
+/// and seqpacket connections only), hence the diag. Errors: `NotConnected` when `fd` has no
+/// peer, the diag errors of [`unix_diag`] (`NotFound`: the peer has closed).
+pub(crate) fn unix_peer_owner(fd: BorrowedFd<'_>) -> io::Result<(u32, Vec<u8>)> {
+    // SAFETY: stat is plain data; fstat fills it.
+    let mut st: libc::stat = unsafe { mem::zeroed() };
+    // SAFETY: `st` is writable.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let peer = unix_diag(st.st_ino as u32, UDIAG_SHOW_PEER)?
+        .peer
+        .filter(|&p| p != 0)
+        .ok_or_else(|| io::Error::from(io::ErrorKind::NotConnected))?;
+    let d = unix_diag(peer, UDIAG_SHOW_UID | UDIAG_SHOW_NAME)?;
+    let no = |what| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unix_diag gave no {what}"),
+        )
+    };
+    Ok((
+        d.uid.ok_or_else(|| no("UID"))?,
+        d.name.ok_or_else(|| no("name"))?,
+    ))
+}
+
 /// Accepts (accept4(2), non-blocking) and closes at most `max` pending connections of listener
 /// `fd`; how many.
 pub(crate) fn accept_and_close(fd: BorrowedFd<'_>, max: usize) -> usize {
@@ -950,6 +1109,138 @@ pub(crate) fn hold_as_user(uid: u32, names: &[(String, bool)]) -> Option<HeldByU
     }
 }
 
+/// Test helper: a child process (fork(2)) that took user ID `uid` (setuid(2), needs root) and
+/// bound a Unix datagram socket to the abstract name `name`, as a stranger would bind a free
+/// slot's name; [`Stranger::received`] tells how many datagrams reached it. `None` if the child
+/// could not take the name.
+#[cfg(test)]
+pub(crate) fn bind_as_user(uid: u32, name: &[u8]) -> Option<Stranger> {
+    let name = name.to_vec();
+    let (mut up, mut down) = ([0 as libc::c_int; 2], [0 as libc::c_int; 2]);
+    // SAFETY: the arrays have room for two descriptors each. The child only makes system calls
+    // (setuid, socket, bind, read, recv, write) on memory prepared before fork(2), then
+    // _exit(2)s; the parent reaps it (or kills it on drop).
+    unsafe {
+        if libc::pipe2(up.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return None;
+        }
+        if libc::pipe2(down.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            libc::close(up[0]);
+            libc::close(up[1]);
+            return None;
+        }
+        let child = libc::fork();
+        if child < 0 {
+            return None;
+        }
+        if child == 0 {
+            let fd = if libc::setuid(uid) == 0 {
+                bind_abstract_unix(&name).ok()
+            } else {
+                None
+            };
+            let ok = [u8::from(fd.is_some())];
+            libc::write(up[1], ok.as_ptr().cast(), 1);
+            // Wait for the parent's word (or its end), then count what arrived.
+            let mut b = [0u8; 1];
+            libc::read(down[0], b.as_mut_ptr().cast(), 1);
+            let mut count = 0u32;
+            if let Some(fd) = &fd {
+                let mut buf = [0u8; 256];
+                while count < 1_000_000
+                    && libc::recv(
+                        fd.as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        libc::MSG_DONTWAIT,
+                    ) >= 0
+                {
+                    count += 1;
+                }
+            }
+            let c = count.to_ne_bytes();
+            libc::write(up[1], c.as_ptr().cast(), 4);
+            libc::_exit(0);
+        }
+        libc::close(up[1]);
+        libc::close(down[0]);
+        let stranger = Stranger {
+            child,
+            up: OwnedFd::from_raw_fd(up[0]),
+            down: Some(OwnedFd::from_raw_fd(down[1])),
+        };
+        let mut b = [0u8; 1];
+        let ready = stranger.read_within(&mut b) && b[0] == 1;
+        ready.then_some(stranger)
+    }
+}
+
+/// The child of [`bind_as_user`]: killed and reaped on drop.
+#[cfg(test)]
+pub(crate) struct Stranger {
+    child: libc::pid_t,
+    up: OwnedFd,
+    down: Option<OwnedFd>,
+}
+
+#[cfg(test)]
+impl Stranger {
+    /// Fills `buf` from the child's pipe within 10 s; whether it did.
+    fn read_within(&self, buf: &mut [u8]) -> bool {
+        let mut got = 0;
+        for _ in 0..buf.len() {
+            let Ok([r]) = poll(
+                [(std::os::fd::AsFd::as_fd(&self.up), libc::POLLIN)],
+                Duration::from_secs(10),
+            ) else {
+                return false;
+            };
+            if r & (libc::POLLIN | libc::POLLHUP) == 0 {
+                return false;
+            }
+            // SAFETY: `buf[got..]` is writable.
+            let n = unsafe {
+                libc::read(
+                    self.up.as_raw_fd(),
+                    buf[got..].as_mut_ptr().cast(),
+                    buf.len() - got,
+                )
+            };
+            if n <= 0 {
+                return false;
+            }
+            got += n as usize;
+            if got == buf.len() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Ends the child: how many datagrams its socket had received (`None` if it did not say).
+    pub(crate) fn received(mut self) -> Option<u32> {
+        // A word, not EOF: a concurrent test's fork(2) may hold a copy of the pipe's end.
+        if let Some(down) = self.down.take() {
+            // SAFETY: one byte from a live buffer.
+            unsafe { libc::write(down.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        }
+        let mut b = [0u8; 4];
+        self.read_within(&mut b).then(|| u32::from_ne_bytes(b))
+    }
+}
+
+#[cfg(test)]
+impl Drop for Stranger {
+    fn drop(&mut self) {
+        // SAFETY: our own child; waitpid reaps it.
+        unsafe {
+            libc::kill(self.child, libc::SIGKILL);
+            let mut status = 0;
+            libc::waitpid(self.child, &mut status, 0);
+        }
+    }
+}
+
 /// The child of [`hold_as_user`]: killed and reaped on drop.
 #[cfg(test)]
 pub(crate) struct HeldByUser {
@@ -971,6 +1262,62 @@ impl Drop for HeldByUser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A unix_diag reply parses into its attributes; an error reply becomes its errno; short,
+    /// overlong or malformed replies are `InvalidData`, never a panic.
+    #[test]
+    fn unix_diag_replies_parse_or_fail_cleanly() {
+        let header = |len: u32, kind: u16| {
+            let mut h = Vec::new();
+            h.extend_from_slice(&len.to_ne_bytes());
+            h.extend_from_slice(&kind.to_ne_bytes());
+            h.extend_from_slice(&[0; 10]);
+            h
+        };
+        let attr = |kind: u16, data: &[u8]| {
+            let mut a = Vec::new();
+            a.extend_from_slice(&(4 + data.len() as u16).to_ne_bytes());
+            a.extend_from_slice(&kind.to_ne_bytes());
+            a.extend_from_slice(data);
+            a.resize((a.len() + 3) & !3, 0);
+            a
+        };
+        let mut body = vec![0u8; 16]; // unix_diag_msg
+        body.extend(attr(UNIX_DIAG_UID, &1000u32.to_ne_bytes()));
+        body.extend(attr(UNIX_DIAG_NAME, b"\0soft-hca/x"));
+        body.extend(attr(UNIX_DIAG_PEER, &77u32.to_ne_bytes()));
+        let mut reply = header(16 + body.len() as u32, SOCK_DIAG_BY_FAMILY);
+        reply.extend_from_slice(&body);
+        let d = parse_unix_diag(&reply).unwrap();
+        assert_eq!(
+            (d.uid, d.peer, d.name.as_deref()),
+            (Some(1000), Some(77), Some(&b"\0soft-hca/x"[..]))
+        );
+        let mut err = header(20, libc::NLMSG_ERROR as u16);
+        err.extend_from_slice(&(-libc::ENOENT).to_ne_bytes());
+        assert_eq!(
+            parse_unix_diag(&err).unwrap_err().raw_os_error(),
+            Some(libc::ENOENT)
+        );
+        let invalid =
+            |b: &[u8]| parse_unix_diag(b).unwrap_err().kind() == io::ErrorKind::InvalidData;
+        assert!(invalid(&[]));
+        assert!(invalid(&reply[..10]));
+        assert!(invalid(&header(8, SOCK_DIAG_BY_FAMILY)));
+        assert!(
+            invalid(&reply[..reply.len() - 4]),
+            "length beyond the bytes"
+        );
+        let mut bad_attr = header(16 + 16 + 4, SOCK_DIAG_BY_FAMILY);
+        bad_attr.extend_from_slice(&[0; 16]);
+        bad_attr.extend_from_slice(&[2, 0, 7, 0]); // an attribute of length 2
+        assert!(invalid(&bad_attr));
+        let mut long_attr = header(16 + 16 + 4, SOCK_DIAG_BY_FAMILY);
+        long_attr.extend_from_slice(&[0; 16]);
+        long_attr.extend_from_slice(&[200, 0, 7, 0]); // longer than the message
+        assert!(invalid(&long_attr));
+        assert!(invalid(&header(16, 99)), "another message type");
+    }
 
     #[test]
     fn sockaddr_round_trips() {

@@ -52,11 +52,26 @@
 //! Correctness thus never depends on the kernel's index; a moved slot costs one extra local hop
 //! per datagram until the group is rebuilt (its processes reopen).
 //!
-//! # Who may forward
+//! # Who may forward, and to whom
 //! The slot socket has `SO_PASSCRED`: every datagram carries its sender's credentials, checked
 //! by the kernel, and one from a process of another user ID is discarded and counted
 //! (`LinkCounters::rx_forward_refused`). Processes of the same user can ptrace(2) each other, so
 //! they are trusted as the process itself is.
+//!
+//! The other way round, abstract names carry no permissions: a process of another user can bind
+//! a free slot's name (it cannot join the reuseport group, whose members must share an
+//! effective user ID, socket(7) `SO_REUSEPORT`) and would then receive the strays others
+//! forward to that slot. So before a forwarding socket is used, the kernel is asked who made
+//! the socket it is connected to (unix_diag, sock_diag(7): `UNIX_DIAG_PEER`, then
+//! `UNIX_DIAG_UID` and `UNIX_DIAG_NAME`; a datagram socket has no `SO_PEERCRED`): only a socket
+//! of this process's effective user ID bound to the slot's name is trusted; a stray for any
+//! other is dropped and counted (`LinkCounters::rx_strays_untrusted`, also in `rx_strays`). The
+//! check is made once per connection: a connected datagram socket stays tied to the socket it
+//! reached, and when that owner closes, sends fail with `ECONNREFUSED` and the reconnect to the
+//! slot's next holder checks again. A kernel without unix_diag (`CONFIG_UNIX_DIAG`; Debian
+//! builds it as a module the kernel loads on the first request) refuses every owner: strays
+//! are then dropped, so the QPs of a slot moved by an exit lose their packets, as they would
+//! without forwarding.
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -305,6 +320,9 @@ pub(crate) struct StrayCounts {
     pub held: u64,
     /// Datagrams received on the slot socket from a process of another user: discarded.
     pub refused: u64,
+    /// Strays not sent because the socket holding their slot's name was made by another user
+    /// (or its user could not be read): also counted in `dropped`.
+    pub untrusted: u64,
     /// CM MADs for QP 1 whose owner is another process of the address
     /// ([`super::cm_route`]): forwarded to it like strays (and counted there too).
     pub mads_routed: u64,
@@ -452,11 +470,17 @@ impl Forwarder {
         self.counts.dropped += 1;
     }
 
-    /// The socket connected to `slot`'s owner, connecting it first; `None` if nobody holds it.
+    /// The socket connected to `slot`'s owner, connecting it first; `None` if nobody holds it
+    /// or its holder is not trusted ([`owned_by`]: counted in [`StrayCounts::untrusted`]).
     fn connected(&mut self, slot: usize) -> Option<BorrowedFd<'_>> {
         let peer = &mut self.peers[slot];
         if peer.fd.is_none() {
-            peer.fd = crate::link::sys::connect_abstract_unix(&self.names[slot]).ok();
+            let fd = crate::link::sys::connect_abstract_unix(&self.names[slot]).ok()?;
+            if !owned_by(fd.as_fd(), self.uid, &self.names[slot]) {
+                self.counts.untrusted += 1;
+                return None;
+            }
+            peer.fd = Some(fd);
             peer.watched = false;
         }
         peer.fd.as_ref().map(|f| f.as_fd())
@@ -580,6 +604,20 @@ impl Forwarder {
         (0..self.count).filter_map(move |i| {
             parse_forwarded(&self.rx[i * FORWARD_SLOT..i * FORWARD_SLOT + self.lens[i]])
         })
+    }
+}
+
+/// Whether the socket that connected Unix datagram socket `fd` reached was made by user `uid`
+/// and is bound to the abstract name `name` (`UNIX_DIAG_UID` / `UNIX_DIAG_NAME`,
+/// [`crate::link::sys::unix_peer_owner`]). Abstract names carry no permissions (unix(7)): a
+/// process of any user can bind a free slot's name, and only the socket's creator tells a
+/// sharer from a stranger. The check holds for as long as `fd` stays connected: a datagram
+/// socket stays tied to the socket it connected to, so when that one closes sends fail with
+/// `ECONNREFUSED` and the next connect checks again. A failed diag is a refusal.
+fn owned_by(fd: BorrowedFd<'_>, uid: u32, name: &[u8]) -> bool {
+    match crate::link::sys::unix_peer_owner(fd) {
+        Ok((owner, bound)) => owner == uid && bound.first() == Some(&0) && bound[1..] == *name,
+        Err(_) => false,
     }
 }
 
@@ -801,7 +839,7 @@ mod forward_tests {
 
     /// A shared address of its own per test and process (abstract names are per namespace).
     fn local(test: u16) -> SocketAddr {
-        let port = 20000 + (std::process::id() % 10000) as u16 * 4 + test;
+        let port = 20000 + (std::process::id() % 5000) as u16 * 8 + test;
         SocketAddr::new("127.0.0.1".parse().unwrap(), port)
     }
 
@@ -914,5 +952,78 @@ mod forward_tests {
         crate::link::sys::send_parts(own.as_fd(), &[&datagram]).unwrap();
         assert_eq!(fb.recv(&b), 1, "only the same user's datagram");
         assert_eq!(fb.take_counts().refused, 1);
+    }
+
+    /// A process of another user binds a free slot's name (abstract names carry no
+    /// permissions): strays for that slot are not sent to it but dropped and counted as
+    /// untrusted, while the sharers still forward to each other, the next claim skips the
+    /// stranger's slot, and a sharer that takes the slot after the stranger has gone gets its
+    /// strays (the refusal is not remembered). Needs root (to run as another user): skips
+    /// otherwise.
+    #[test]
+    fn a_stranger_on_a_free_slot_receives_no_strays() {
+        if crate::link::sys::effective_uid() != 0 {
+            eprintln!("skip: running a stranger as another user needs root");
+            return;
+        }
+        let local = local(3);
+        let (a, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
+        let (b, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
+        let name = format!("soft-hca/{local}/slot2").into_bytes();
+        let stranger =
+            crate::link::sys::bind_as_user(65534, &name).expect("uid 65534 binds slot 2");
+        let mut fa = Forwarder::new(local);
+        let mut fb = Forwarder::new(local);
+        let d = stray(&[9; 64]);
+        for _ in 0..5 {
+            fa.forward(&a, 2, &d);
+        }
+        fa.forward(&a, b.slot(), &d);
+        let c = fa.take_counts();
+        assert_eq!((c.untrusted, c.dropped, c.forwarded), (5, 5, 1), "{c:?}");
+        assert!(readable(b.wait_fd(), Duration::from_secs(5)));
+        assert_eq!(fb.recv(&b), 1, "the sharer still gets its stray");
+        // The next sharer skips the stranger's slot and gets strays too.
+        let (c3, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
+        assert_eq!(c3.slot(), 3);
+        let mut f3 = Forwarder::new(local);
+        fb.forward(&b, 3, &d);
+        assert_eq!(fb.take_counts().forwarded, 1);
+        assert!(readable(c3.wait_fd(), Duration::from_secs(5)));
+        assert_eq!(f3.recv(&c3), 1);
+        // The stranger is reachable (a direct send arrives), yet got nothing forwarded.
+        let direct = crate::link::sys::connect_abstract_unix(&name).unwrap();
+        crate::link::sys::send_parts(direct.as_fd(), &[b"direct"]).unwrap();
+        assert_eq!(stranger.received(), Some(1), "only the direct datagram");
+        // Once the stranger is gone, a sharer takes slot 2 and its strays go through.
+        let (c2, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
+        assert_eq!(c2.slot(), 2);
+        let mut f2 = Forwarder::new(local);
+        fa.forward(&a, 2, &d);
+        let c = fa.take_counts();
+        assert_eq!((c.untrusted, c.forwarded), (0, 1), "{c:?}");
+        assert!(readable(c2.wait_fd(), Duration::from_secs(5)));
+        assert_eq!(f2.recv(&c2), 1);
+    }
+
+    /// The diag names the owner of a connected slot socket: this user and the slot's name.
+    #[test]
+    fn the_owner_of_a_slot_is_read_from_the_kernel() {
+        let local = local(4);
+        let (a, ()) = claim_and_bind(local, |_| Ok(())).unwrap();
+        let name = format!("soft-hca/{local}/slot{}", a.slot()).into_bytes();
+        let fd = crate::link::sys::connect_abstract_unix(&name).unwrap();
+        let (uid, bound) = crate::link::sys::unix_peer_owner(fd.as_fd()).unwrap();
+        assert_eq!(uid, crate::link::sys::effective_uid());
+        assert_eq!((bound[0], &bound[1..]), (0, &name[..]));
+        let uid = crate::link::sys::effective_uid();
+        assert!(owned_by(fd.as_fd(), uid, &name));
+        assert!(!owned_by(fd.as_fd(), uid.wrapping_add(1), &name));
+        assert!(!owned_by(fd.as_fd(), uid, b"soft-hca/other"));
+        drop(a);
+        assert!(
+            !owned_by(fd.as_fd(), uid, &name),
+            "a closed owner is no owner"
+        );
     }
 }

@@ -343,6 +343,10 @@ pub struct LinkCounters {
     /// Datagrams that reached this process's slot socket from a process of another user:
     /// discarded ([`super::share`]).
     pub rx_forward_refused: u64,
+    /// Strays not forwarded because the socket holding their slot's abstract name was made by
+    /// another user (a stranger that bound a free slot's name) or its user could not be read
+    /// (unix_diag, sock_diag(7)); also in [`LinkCounters::rx_strays`] ([`super::share`]).
+    pub rx_strays_untrusted: u64,
     /// CM MADs for QP 1 that a shared socket received and that belong to another process of
     /// the address (a REQ for a service it claims, a reply naming its Communication ID,
     /// [`super::cm_route`]): forwarded like strays (also in `rx_forwarded` / `rx_strays`).
@@ -712,6 +716,7 @@ impl RoceSocket {
         self.counters.rx_forwarded += c.forwarded;
         self.counters.rx_strays_held += c.held;
         self.counters.rx_forward_refused += c.refused;
+        self.counters.rx_strays_untrusted += c.untrusted;
         self.counters.rx_mads_routed += c.mads_routed;
         self.counters.rx_claims_refused += c.claims_refused;
     }
