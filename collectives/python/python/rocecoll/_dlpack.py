@@ -9,7 +9,9 @@ interchange; layout from dlpack.h v1.0, include/dlpack/dlpack.h in dmlc/dlpack) 
   is taken as read-only (an input), as numpy does.
 * The capsule is renamed ``used_dltensor[_versioned]`` once consumed (the protocol's rule), and
   the producer's ``deleter`` runs when the returned view's memory is no longer referenced.
-* Only CPU memory (``kDLCPU``), one lane, C-contiguous (strides NULL or row-major) is accepted.
+* :func:`view`: CPU memory (``kDLCPU``) as bytes; :func:`describe`: the export itself (address,
+  length, element type, device), which the package's CUDA path uses for ``kDLCUDA`` memory.
+  One lane, C-contiguous (strides NULL or row-major) only.
 """
 
 import ctypes
@@ -83,17 +85,34 @@ class _Owner:
             m.contents.deleter(m)
 
 
-def view(x):
-    """``(memoryview of bytes, element type name, read_only)`` of DLPack exporter ``x``'s memory.
+class Export:
+    """What a consumed DLPack capsule describes: ``ptr`` (address of the first element,
+    ``byte_offset`` included), ``nbytes``, ``name`` (element type, None when it has no rocecoll
+    name), ``itemsize``, ``read_only``, ``device_type`` / ``device_id``, and ``owner``, which runs
+    the producer's deleter when it is no longer referenced (keep it as long as the memory is
+    used)."""
 
-    Raises ``ValueError`` (a non-CPU device is reported by the caller first, from
-    ``__dlpack_device__``) for a capsule of an unknown kind, several lanes, an element type
-    outside ``_DTYPES``, or a layout that is not C-contiguous.
+    def __init__(self, ptr, nbytes, name, itemsize, read_only, device_type, device_id, owner):
+        self.ptr, self.nbytes, self.name, self.itemsize = ptr, nbytes, name, itemsize
+        self.read_only, self.device_type, self.device_id = read_only, device_type, device_id
+        self.owner = owner
+
+
+def describe(x, stream=None, device_type=KDL_CPU):
+    """Consumes ``x.__dlpack__`` (asking for DLPack 1.0 first; ``stream`` passed on when given, as
+    the Python array API's ``__dlpack__(stream=...)``: for CUDA, the stream the consumer will use
+    the data on, 1 being the legacy default stream) and returns its :class:`Export`.
+
+    Raises ``ValueError`` for a capsule of an unknown kind, a device type other than
+    ``device_type``, several lanes or a width that is not whole bytes, a negative shape, or a
+    layout that is not C-contiguous. An element type without a rocecoll name gives ``name``
+    None (the caller may name it with ``dtype=``).
     """
+    kwargs = {} if stream is None else {"stream": stream}
     try:
-        cap = x.__dlpack__(max_version=(1, 0))
+        cap = x.__dlpack__(max_version=(1, 0), **kwargs)
     except TypeError:  # a producer older than DLPack 1.0's keyword arguments
-        cap = x.__dlpack__()
+        cap = x.__dlpack__(**kwargs)
     if _is_valid(cap, b"dltensor_versioned"):
         ptr = _get_pointer(cap, b"dltensor_versioned")
         managed = ctypes.cast(ptr, ctypes.POINTER(_ManagedVersioned))
@@ -108,10 +127,10 @@ def view(x):
         raise ValueError(f"{type(x).__name__}.__dlpack__ returned no DLPack capsule")
     owner = _Owner(managed)
     t = managed.contents.dl_tensor
-    if t.device.device_type != KDL_CPU:
-        raise ValueError(f"DLPack device type {t.device.device_type}: not CPU memory")
+    if t.device.device_type != device_type:
+        raise ValueError(f"DLPack device type {t.device.device_type}: expected {device_type}")
     name = _DTYPES.get((t.dtype.code, t.dtype.bits))
-    if t.dtype.lanes != 1 or name is None:
+    if t.dtype.lanes != 1 or t.dtype.bits % 8 != 0 or t.dtype.bits == 0:
         raise ValueError(f"DLPack data type (code {t.dtype.code}, {t.dtype.bits} bits, "
                          f"{t.dtype.lanes} lanes) is not supported")
     if t.ndim < 0:
@@ -128,8 +147,21 @@ def view(x):
             if shape[i] != 1 and t.strides[i] != expect:
                 raise ValueError(f"DLPack tensor of shape {shape} is not C-contiguous")
             expect *= shape[i]
-    nbytes = numel * t.dtype.bits // 8
-    buf = (ctypes.c_char * nbytes).from_address((t.data or 0) + t.byte_offset) if nbytes else \
-        (ctypes.c_char * 0)()
-    buf.owner = owner  # the producer's memory lives as long as any view of it
-    return memoryview(buf).cast("B"), name, read_only
+    itemsize = t.dtype.bits // 8
+    return Export((t.data or 0) + t.byte_offset, numel * itemsize, name, itemsize, read_only,
+                  t.device.device_type, t.device.device_id, owner)
+
+
+def view(x):
+    """``(memoryview of bytes, element type name, read_only)`` of DLPack exporter ``x``'s CPU
+    memory (:func:`describe`, then a view of its bytes).
+
+    Raises ``ValueError`` as :func:`describe` does (a non-CPU device is reported by the caller
+    first, from ``__dlpack_device__``), and for an element type outside ``_DTYPES``.
+    """
+    d = describe(x)
+    if d.name is None:
+        raise ValueError(f"DLPack element type of {d.itemsize} bytes is not supported")
+    buf = (ctypes.c_char * d.nbytes).from_address(d.ptr) if d.nbytes else (ctypes.c_char * 0)()
+    buf.owner = d.owner  # the producer's memory lives as long as any view of it
+    return memoryview(buf).cast("B"), d.name, d.read_only
