@@ -232,21 +232,6 @@ std::thread_local! {
     static EMPTY_SINCE: std::cell::Cell<u64> = const { std::cell::Cell::new(AFTER_COMPLETION) };
 }
 
-std::thread_local! {
-    /// A run of this thread's empty polls lasted [`YIELD_AFTER`] (the peer is slow to get a
-    /// CPU): [`SoftDevice::poll_cq`] yields before the round of the first empty poll after a
-    /// completion. Cleared after [`QUICK_TO_SPIN`] such yields in a row that ran nobody.
-    static CONTENDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Quick yields in a row while [`CONTENDED`].
-    static QUICK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// A sched_yield(2) that returns within this ran no other task (a switch to another task and
-/// back costs several microseconds on this VM; a yield with nothing to run, well under one).
-const YIELD_QUICK: Duration = Duration::from_micros(2);
-/// Quick yields in a row after which a [`CONTENDED`] poller spins again.
-const QUICK_TO_SPIN: u32 = 16;
-
 /// [`EMPTY_SINCE`]: the thread's last poll returned completions.
 const AFTER_COMPLETION: u64 = 0;
 /// [`EMPTY_SINCE`]: the thread's last poll found none, but its round received datagrams.
@@ -797,27 +782,13 @@ impl<L: SoftLink> SoftDevice<L> {
                     return Ok(ready);
                 }
                 let state = EMPTY_SINCE.with(std::cell::Cell::get);
-                if state == AFTER_COMPLETION && CONTENDED.with(std::cell::Cell::get) {
-                    // The first empty poll since a completion, while the peer is slow to get
-                    // a CPU: the program has most likely posted its next request or reply
-                    // meanwhile. A peer that shares this CPU answers it now, before this
-                    // round, which then receives the answer (one receive system call per
-                    // message of a ping-pong, as `rdma-perf` makes with its yield after each
-                    // post while contended). Timed: a yield that ran nobody (returned within
-                    // YIELD_QUICK) QUICK_TO_SPIN times in a row ends the contention.
-                    let before = s.now().as_nanos();
+                if state == AFTER_COMPLETION {
+                    // The first empty poll since a completion: the program has most likely
+                    // posted its next request or reply meanwhile. A peer that shares this CPU
+                    // answers it now, before this round, which then receives the answer (one
+                    // receive system call per message of a ping-pong, as `rdma-perf` makes
+                    // with its yield after each post).
                     std::thread::yield_now();
-                    let took = s.now().as_nanos().saturating_sub(before);
-                    QUICK.with(|q| {
-                        if took >= YIELD_QUICK.as_nanos() as u64 {
-                            q.set(0);
-                        } else if q.get() + 1 >= QUICK_TO_SPIN {
-                            q.set(0);
-                            CONTENDED.with(|c| c.set(false));
-                        } else {
-                            q.set(q.get() + 1);
-                        }
-                    });
                 }
                 let Some(round) = s.hybrid_round() else {
                     // Another thread is in a round (the progress thread sending a window's
@@ -853,10 +824,7 @@ impl<L: SoftLink> SoftDevice<L> {
                             std::thread::yield_now();
                         }
                     } else if now - state >= YIELD_AFTER.as_nanos() as u64 {
-                        // A wait of YIELD_AFTER: the peer is slow to get a CPU (a loaded
-                        // machine, or both ends on one CPU).
                         c.set(now);
-                        CONTENDED.with(|c| c.set(true));
                         std::thread::yield_now();
                     }
                 });
