@@ -165,3 +165,17 @@ def test_cuda_buffer_refuses_a_range_past_the_address_space():
     with pytest.raises(ValueError, match="bytes"):
         rocecoll.CudaBuffer(4096, 2**63)
     assert rocecoll.CudaBuffer(2**64 - 8, 8).nbytes == 8
+
+
+def test_hostile_cpu_dlpack_is_refused_before_a_view_is_made():
+    import rocecoll
+
+    class Cpu(HostileDLPack):
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    # NULL data, or a range past 2**64: a host view of it would fault when read
+    for kwargs, match in [({"data": None}, "NULL"), ({"byte_offset": 2**64 - 8}, "beyond"),
+                          ({"ndim": 1 << 30}, "ndim")]:
+        with pytest.raises(ValueError, match=match):
+            rocecoll.as_bytes(Cpu(device_type=1, **kwargs), writable=False)
