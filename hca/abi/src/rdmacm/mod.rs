@@ -839,8 +839,10 @@ pub unsafe extern "C" fn softrdmacm_bind_addr(
     addr: *mut libc::sockaddr,
 ) -> c_int {
     // SAFETY: the caller's promise.
+    // A null address or one of another family: EINVAL, as librdmacm's rdma_bind_addr refuses
+    // it (`ucma_addrlen` is 0) before the kernel would answer EAFNOSUPPORT.
     let Some(a) = (unsafe { from_sockaddr(addr) }) else {
-        return fail(libc::EAFNOSUPPORT, -1);
+        return fail(libc::EINVAL, -1);
     };
     let mut g = lock(global());
     let dev = if a.ip().is_unspecified() {
@@ -2234,6 +2236,52 @@ mod tests {
             assert_eq!((*res).ai_qp_type, QPT_RC as c_int);
             assert_eq!((*res).ai_port_space, rdma_port_space_RDMA_PS_TCP as c_int);
             softrdmacm_freeaddrinfo(res);
+        }
+    }
+
+    /// rdma_create_ep with an rdma_addrinfo the CM cannot serve (made by hand, not by
+    /// rdma_getaddrinfo): UC, an unknown port space or a mismatched pair is EINVAL, IPoIB's port
+    /// space EOPNOTSUPP (as rdma_create_id); a passive one without a source address, or with one
+    /// of another family, is EINVAL as librdmacm's rdma_bind_addr (was EAFNOSUPPORT). No ID is
+    /// returned.
+    #[test]
+    fn create_ep_refuses_odd_addrinfo() {
+        // SAFETY: all-zero is valid for both.
+        let mut unix: libc::sockaddr_storage = unsafe { zeroed() };
+        unix.ss_family = libc::AF_UNIX as libc::sa_family_t;
+        let cases: [(c_int, u32, c_int, bool, c_int); 6] = [
+            (3, rdma_port_space_RDMA_PS_TCP, 0, false, libc::EINVAL),
+            (0, 0x0107, 0, false, libc::EINVAL),
+            (0, rdma_port_space_RDMA_PS_IPOIB, 0, false, libc::EOPNOTSUPP),
+            (
+                QPT_RC as c_int,
+                rdma_port_space_RDMA_PS_UDP,
+                0,
+                false,
+                libc::EINVAL,
+            ),
+            (0, 0, RAI_PASSIVE as c_int, false, libc::EINVAL),
+            (0, 0, RAI_PASSIVE as c_int, true, libc::EINVAL),
+        ];
+        for (qp_type, ps, flags, with_unix_src, want) in cases {
+            // SAFETY: all-zero is a valid addrinfo.
+            let mut res: rdma_addrinfo = unsafe { zeroed() };
+            res.ai_qp_type = qp_type;
+            res.ai_port_space = ps as c_int;
+            res.ai_flags = flags;
+            if with_unix_src {
+                res.ai_src_addr = ptr::from_mut(&mut unix).cast();
+                res.ai_src_len = size_of::<libc::sockaddr_storage>() as _;
+            }
+            let mut id: *mut rdma_cm_id = null_mut();
+            // SAFETY: readable addrinfo, writable ID pointer; no PD, no QP attributes.
+            let r = unsafe { softrdmacm_create_ep(&mut id, &mut res, null_mut(), null_mut()) };
+            assert_eq!(
+                (r, errno()),
+                (-1, want),
+                "qp_type {qp_type} ps {ps:#x} flags {flags} unix {with_unix_src}"
+            );
+            assert!(id.is_null());
         }
     }
 
