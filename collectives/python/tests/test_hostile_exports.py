@@ -179,3 +179,57 @@ def test_hostile_cpu_dlpack_is_refused_before_a_view_is_made():
                           ({"ndim": 1 << 30}, "ndim")]:
         with pytest.raises(ValueError, match=match):
             rocecoll.as_bytes(Cpu(device_type=1, **kwargs), writable=False)
+
+
+class _Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _ManagedV(ctypes.Structure):
+    pass
+
+
+_DELETER_V = ctypes.CFUNCTYPE(None, ctypes.POINTER(_ManagedV))
+_ManagedV._fields_ = [("version", _Version), ("manager_ctx", ctypes.c_void_p),
+                      ("deleter", _DELETER_V), ("flags", ctypes.c_uint64),
+                      ("dl_tensor", type(_Managed().dl_tensor))]
+
+
+class VersionedDLPack(CudaDLPack):
+    """A DLPack >= 1.0 kDLCUDA exporter (``dltensor_versioned``) of the given major version."""
+
+    def __init__(self, major):
+        super().__init__(4)
+        self.major = major
+
+    def __dlpack__(self, stream=None, max_version=None, **_):
+        m = _ManagedV()
+        m.version = _Version(self.major, 0)
+        shape = (ctypes.c_int64 * 1)(4)
+        m.dl_tensor.data = FAKE_PTR
+        m.dl_tensor.device = _Device(2, 0)
+        m.dl_tensor.ndim = 1
+        m.dl_tensor.dtype = _DataType(2, 32, 1)
+        m.dl_tensor.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+
+        def deleter(_p):
+            self.deleted += 1
+
+        cb = _DELETER_V(deleter)
+        m.deleter = cb
+        self._keep.append((m, shape, cb))
+        return _capsule_new(ctypes.addressof(m), b"dltensor_versioned", None)
+
+
+def test_versioned_dlpack_of_another_major_version_is_refused_and_deleted():
+    import gc
+
+    import rocecoll
+
+    x = VersionedDLPack(2)
+    with pytest.raises(ValueError, match="major version 2"):
+        rocecoll.device_buffer(x)
+    gc.collect()
+    assert x.deleted == 1, "the consumer runs the deleter of a capsule it refuses"
+    b, dt = rocecoll.device_buffer(VersionedDLPack(1))  # 1.x: taken, writable (flags 0)
+    assert (b.nbytes, dt, b.ptr) == (16, "float32", FAKE_PTR)

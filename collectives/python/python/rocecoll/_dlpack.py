@@ -108,12 +108,13 @@ def describe(x, stream=None, device_type=KDL_CPU):
     the data on, 1 being the legacy default stream) and returns its :class:`Export`.
 
     Raises ``ValueError`` for a capsule of an unknown kind, a device type other than
-    ``device_type``, several lanes or a width that is not whole bytes, an ndim outside 0..64 or
-    a NULL shape, a negative shape, a layout that is not C-contiguous, or a range
-    :func:`check_range` refuses (NULL data, more than ``2**63 - 1`` bytes, past ``2**64``).
-    Fields it cannot check (a shape array shorter than ndim, an address not mapped) are the
-    producer's contract, as for every DLPack consumer. An element type without a rocecoll name gives ``name``
-    None (the caller may name it with ``dtype=``).
+    ``device_type``, a versioned capsule of a major version other than 1, several lanes or a
+    width that is not whole bytes, an ndim outside 0..64 or a NULL shape, a negative shape, a
+    layout that is not C-contiguous, or a range :func:`check_range` refuses (NULL data, more
+    than ``2**63 - 1`` bytes, past ``2**64``). Fields it cannot check (a shape array shorter
+    than ndim, an address not mapped) are the producer's contract, as for every DLPack consumer.
+    An element type without a rocecoll name gives ``name`` None (the caller may name it with
+    ``dtype=``).
     """
     kwargs = {} if stream is None else {"stream": stream}
     try:
@@ -125,14 +126,21 @@ def describe(x, stream=None, device_type=KDL_CPU):
         managed = ctypes.cast(ptr, ctypes.POINTER(_ManagedVersioned))
         _set_name(cap, _USED_VERSIONED)
         read_only = bool(managed.contents.flags & _READ_ONLY)
+        versioned = True
     elif _is_valid(cap, b"dltensor"):
         ptr = _get_pointer(cap, b"dltensor")
         managed = ctypes.cast(ptr, ctypes.POINTER(_Managed))
         _set_name(cap, _USED)
         read_only = True  # DLPack < 1.0 says nothing about it
+        versioned = False
     else:
         raise ValueError(f"{type(x).__name__}.__dlpack__ returned no DLPack capsule")
     owner = _Owner(managed)
+    # A versioned export of another major version may lay its tensor out otherwise: refused
+    # before its fields are read (dlpack.h: "the consumer must call the deleter and raise if
+    # the major version is not supported"); the owner runs the deleter.
+    if versioned and managed.contents.version.major != 1:
+        raise ValueError(f"DLPack major version {managed.contents.version.major}: 1 supported")
     t = managed.contents.dl_tensor
     if t.device.device_type != device_type:
         raise ValueError(f"DLPack device type {t.device.device_type}: expected {device_type}")
