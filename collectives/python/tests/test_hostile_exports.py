@@ -233,3 +233,30 @@ def test_versioned_dlpack_of_another_major_version_is_refused_and_deleted():
     assert x.deleted == 1, "the consumer runs the deleter of a capsule it refuses"
     b, dt = rocecoll.device_buffer(VersionedDLPack(1))  # 1.x: taken, writable (flags 0)
     assert (b.nbytes, dt, b.ptr) == (16, "float32", FAKE_PTR)
+
+
+def test_a_tensor_posing_as_cuda_with_a_bogus_range_is_refused(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import rocecoll
+    from test_cuda_no_gpu import FakeCudaTensor
+
+    # torch's stream probe answers (it fails without a GPU): the range check is what refuses
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: type("S", (), {"cuda_stream": 0})())
+
+    class Bogus(FakeCudaTensor):
+        __module__ = "torch"
+
+        def __init__(self, ptr, n):
+            super().__init__(n, torch.float32)
+            self._ptr = ptr
+
+        def data_ptr(self):
+            return self._ptr
+
+    for ptr, n, match in [(-4096, 4, "beyond"), (2**64 - 8, 4, "beyond"), (0, 4, "NULL"),
+                          (FAKE_PTR, 2**62, "bytes")]:
+        with pytest.raises(ValueError, match=match):
+            rocecoll.device_buffer(Bogus(ptr, n))
+    b, _ = rocecoll.device_buffer(Bogus(FAKE_PTR, 4))
+    assert b.nbytes == 16

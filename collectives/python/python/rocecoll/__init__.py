@@ -221,8 +221,11 @@ def _from_torch_cuda(x, dtype=None):
     except Exception as e:  # torch's own CUDA probe (no driver, no GPU): named, not masked
         raise CollectiveError(f"torch.Tensor on {x.device}: torch.cuda.current_stream "
                               f"failed: {e}") from e
-    return CudaBuffer(x.data_ptr(), x.numel() * x.element_size(), x.device.index, stream, False,
-                      f"torch.Tensor on {x.device}", x), name
+    from . import _dlpack
+
+    what = f"torch.Tensor on {x.device}"
+    ptr, nbytes = _dlpack.check_range(x.data_ptr(), x.numel() * x.element_size(), what)
+    return CudaBuffer(ptr, nbytes, x.device.index, stream, False, what, x), name
 
 
 def device_buffer(x, dtype=None, writable=True):
