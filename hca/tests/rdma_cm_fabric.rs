@@ -763,3 +763,51 @@ fn ud_sidr_req_without_a_cma_hdr_is_refused() {
         "the SIDR_REP went to A's RDMA CM, which sent no SIDR_REQ"
     );
 }
+
+/// Hostile SIDR_REQs from a bare IB CM, each with a well-formed `cma_hdr`: one for an
+/// `RDMA_PS_TCP` service ID (a TCP listener on the port is an RC listener: refused at the RDMA
+/// CM layer, as `cma_check_req_qp_type`), and ones whose service ID has bits set above the
+/// port space (`0x0000_0000_pppp_xxxx` is the RDMA CM's whole range, IBTA vol. 1 A3.2.3: the IB
+/// CM serves no such ID and answers unsupported). None is reported as a `CONNECT_REQUEST`.
+#[test]
+fn sidr_reqs_for_other_services_are_refused() {
+    let mut w = ud_world(false);
+    let tcp = w.cms[1].create_id().unwrap();
+    w.cms[1].listen(tcp, wildcard(false)).unwrap();
+    let udp = w.cms[1].create_id_ps(port_space::UDP).unwrap();
+    w.cms[1].listen(udp, wildcard(false)).unwrap();
+    let (node, a_ip, b_ip) = (w.a.node, w.a.ip, w.b.ip);
+    let mut hdr = [0u8; roce::cm::CmaHdr::LEN];
+    roce::cm::CmaHdr {
+        src_port: 4242,
+        src_addr: a_ip,
+        dst_addr: b_ip,
+    }
+    .emit(&mut hdr)
+    .unwrap();
+    let mut raw = hca::cm::Cm::new(config());
+    let udp_sid = roce::cm::service_id(port_space::UDP, PORT);
+    let sids = [
+        roce::cm::service_id(port_space::TCP, PORT),
+        udp_sid | 1 << 32,
+        udp_sid | 1 << 63,
+        udp_sid | 0xffff_0000_0000,
+    ];
+    for sid in sids {
+        let now = w.f.now();
+        raw.sidr_resolve(now, w.f.node_mut(node), a_ip, b_ip, sid, &hdr)
+            .unwrap();
+    }
+    // The TCP service's SIDR_REQ reaches the RDMA CM, which refuses it; the others stop at
+    // the IB CM (no listener for their service IDs).
+    assert!(w.run_until(1000, |w| w.cms[1].refused() == 1));
+    w.run_until(50, |_| false);
+    assert_eq!(w.cms[1].refused(), 1);
+    assert!(w.find(1, E::ConnectRequest).is_none());
+    // The UDP listener still takes a proper SIDR_REQ.
+    let now = w.f.now();
+    raw.sidr_resolve(now, w.f.node_mut(node), a_ip, b_ip, udp_sid, &hdr)
+        .unwrap();
+    assert!(w.run_until(1000, |w| w.find(1, E::ConnectRequest).is_some()));
+    assert_eq!(w.find(1, E::ConnectRequest).unwrap().listen_id, Some(udp));
+}

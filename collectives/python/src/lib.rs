@@ -399,7 +399,8 @@ enum Done {
 /// `CU_STREAM_PER_THREAD`, else a live stream handle of that device; `None`: the producer
 /// needs no ordering, CUDA Array Interface v3); `keep`: an object to reference until the
 /// operation ends (the tensor or the DLPack owner). Nothing touches the driver until an
-/// operation uses it.
+/// operation uses it. Raises `ValueError` for a NULL `ptr` with `nbytes` > 0, `nbytes` over
+/// `isize::MAX` or a range past the 64-bit address space (`ptr + nbytes > 2**64`).
 #[pyclass(name = "CudaBuffer", module = "rocecoll._native", frozen)]
 struct PyCudaBuffer {
     ptr: u64,
@@ -427,6 +428,17 @@ impl PyCudaBuffer {
         if ptr == 0 && nbytes > 0 {
             return Err(PyValueError::new_err(format!(
                 "CudaBuffer: a NULL device address for {nbytes} bytes"
+            )));
+        }
+        if nbytes > isize::MAX as usize {
+            return Err(PyValueError::new_err(format!(
+                "CudaBuffer: {nbytes} bytes: more than isize::MAX bytes"
+            )));
+        }
+        // The range's end may be 2**64 (its last byte 2**64 - 1), never past it.
+        if u128::from(ptr) + nbytes as u128 > 1 << 64 {
+            return Err(PyValueError::new_err(format!(
+                "CudaBuffer: {nbytes} bytes at {ptr:#x} reach beyond the address space"
             )));
         }
         Ok(PyCudaBuffer {

@@ -125,45 +125,82 @@ def _from_cai(x, writable, dtype=None):
     Interface v3, numba's specification): ``data`` (address, read-only flag), ``shape``,
     ``typestr``, ``strides`` (None or C-contiguous), no ``mask``; ``stream`` (v3) is the stream
     the producer wrote on (absent or None: no ordering needed; 0 is disallowed by the
-    specification)."""
+    specification). Raises ``ValueError`` for a malformed export: not a dict, a ``version``
+    other than 0..3, a shape, address or stream that is not an int (floats and strings are not
+    truncated), strides not one per dimension or not C-contiguous, NULL data for a non-empty
+    array, more than ``2**63 - 1`` bytes or a range past the 64-bit address space
+    (``rocecoll._dlpack.check_range``)."""
+    import operator
+
+    from . import _dlpack
+
     cai = x.__cuda_array_interface__
     what = f"{type(x).__name__}.__cuda_array_interface__"
+    if not isinstance(cai, dict):
+        raise ValueError(f"{what}: not a dict ({type(cai).__name__})")
+    version = cai.get("version", 0)
+    if type(version) is not int or not 0 <= version <= 3:
+        raise ValueError(f"{what}: version {version!r} (0 to 3 supported)")
     try:
         ptr, read_only = cai["data"]
-        shape = tuple(int(n) for n in cai["shape"])
-        typestr = str(cai["typestr"])
+        shape = cai["shape"]
+        typestr = cai["typestr"]
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{what}: malformed ({e!r})") from None
+    if not isinstance(typestr, str) or len(typestr) < 3 or not typestr[2:].isdecimal():
+        raise ValueError(f"{what}: typestr {typestr!r}")
+    # Integers only (operator.index): a float or a string is a malformed export, not a value
+    # to truncate or to split into digits.
+    try:
+        if not isinstance(shape, (tuple, list)):
+            raise TypeError(type(shape).__name__)
+        shape = tuple(operator.index(n) for n in shape)
+    except TypeError as e:
+        raise ValueError(f"{what}: shape {cai['shape']!r} is not a tuple of ints ({e})") from None
+    try:
+        ptr = operator.index(ptr) if ptr is not None else 0
+    except TypeError:
+        raise ValueError(f"{what}: data address {ptr!r} is not an int") from None
     if cai.get("mask") is not None:
         raise ValueError(f"{what}: masked arrays are not supported")
-    if len(typestr) < 3 or not typestr[2:].isdigit():
-        raise ValueError(f"{what}: typestr {typestr!r}")
     itemsize = int(typestr[2:])
     if typestr[0] == ">" and itemsize > 1:
         raise ValueError(f"{what}: big-endian typestr {typestr!r}")
     name = _override(_TYPESTR.get(typestr), dtype, itemsize)
-    if any(n < 0 for n in shape):
+    if any(n < 0 for n in shape) or len(shape) > _dlpack.MAX_NDIM:
         raise ValueError(f"{what}: shape {shape}")
     numel = 1
     for n in shape:
         numel *= n
     strides = cai.get("strides")
-    if strides is not None and numel > 1:
-        expect = itemsize
-        for n, st in zip(reversed(shape), reversed(tuple(strides))):
-            if n != 1 and st != expect:
-                raise ValueError(f"{what}: shape {shape} with strides {tuple(strides)} is not "
-                                 "C-contiguous")
-            expect *= n
+    if strides is not None:
+        if not isinstance(strides, (tuple, list)) or len(strides) != len(shape):
+            raise ValueError(f"{what}: strides {strides!r} for shape {shape}: one stride per "
+                             "dimension")
+        if numel > 1:
+            expect = itemsize
+            for n, st in zip(reversed(shape), reversed(tuple(strides))):
+                if n != 1 and st != expect:
+                    raise ValueError(f"{what}: shape {shape} with strides {tuple(strides)} is "
+                                     "not C-contiguous")
+                expect *= n
+    if ptr < 0 or ptr >= 1 << 64:
+        raise ValueError(f"{what}: data address {ptr:#x} is outside the 64-bit address space")
+    ptr, nbytes = _dlpack.check_range(ptr, numel * itemsize, what)
     stream = cai.get("stream")
     if stream is not None:
-        stream = int(stream)
+        try:
+            stream = operator.index(stream)
+        except TypeError:
+            raise ValueError(f"{what}: stream {stream!r} is not an int") from None
         if stream == 0:
             raise ValueError(f"{what}: stream 0 is disallowed by the CUDA Array Interface (v3): "
                              "1 is the legacy default stream, 2 the per-thread one")
+        if not 0 < stream < 1 << 64:
+            raise ValueError(f"{what}: stream {stream:#x} is not a CUDA stream handle")
     if writable and read_only:
         raise ValueError(f"{what}: read-only memory")
-    return CudaBuffer(int(ptr or 0), numel * itemsize, None, stream, bool(read_only),
+    return CudaBuffer(ptr, nbytes, None, stream, bool(read_only),
                       f"{type(x).__name__} (__cuda_array_interface__)", x), name
 
 
@@ -184,8 +221,11 @@ def _from_torch_cuda(x, dtype=None):
     except Exception as e:  # torch's own CUDA probe (no driver, no GPU): named, not masked
         raise CollectiveError(f"torch.Tensor on {x.device}: torch.cuda.current_stream "
                               f"failed: {e}") from e
-    return CudaBuffer(x.data_ptr(), x.numel() * x.element_size(), x.device.index, stream, False,
-                      f"torch.Tensor on {x.device}", x), name
+    from . import _dlpack
+
+    what = f"torch.Tensor on {x.device}"
+    ptr, nbytes = _dlpack.check_range(x.data_ptr(), x.numel() * x.element_size(), what)
+    return CudaBuffer(ptr, nbytes, x.device.index, stream, False, what, x), name
 
 
 def device_buffer(x, dtype=None, writable=True):

@@ -839,8 +839,10 @@ pub unsafe extern "C" fn softrdmacm_bind_addr(
     addr: *mut libc::sockaddr,
 ) -> c_int {
     // SAFETY: the caller's promise.
+    // A null address or one of another family: EINVAL, as librdmacm's rdma_bind_addr refuses
+    // it (`ucma_addrlen` is 0) before the kernel would answer EAFNOSUPPORT.
     let Some(a) = (unsafe { from_sockaddr(addr) }) else {
-        return fail(libc::EAFNOSUPPORT, -1);
+        return fail(libc::EINVAL, -1);
     };
     let mut g = lock(global());
     let dev = if a.ip().is_unspecified() {
@@ -2150,6 +2152,7 @@ symver!(softrdmacm_get_request, "IBVERBS_PRIVATE_RDMACM");
 #[cfg(test)]
 mod tests {
     use super::*;
+    use core::ptr::null;
 
     /// A channel destroyed twice (Debian 12's perftest 4.5-0.17 after a rejected connect): the
     /// second destroy is recognised and ignored, not a free of freed memory.
@@ -2168,5 +2171,155 @@ mod tests {
             softrdmacm_destroy_event_channel(null_mut());
         }
         assert!(!live_channels().contains(&(c as usize)));
+    }
+
+    fn errno() -> c_int {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    /// rdma_getaddrinfo with hints the CM cannot connect (UC, an unknown port space, IPoIB's, a
+    /// UD type over RDMA_PS_TCP, an RC type over RDMA_PS_UDP) fails with EOPNOTSUPP and leaves
+    /// no result; no node and no service, or no result pointer, is EINVAL; a numeric-host flag
+    /// with a name is getaddrinfo's own error; a plain request still resolves.
+    #[test]
+    fn getaddrinfo_refuses_odd_hints() {
+        let node = c"127.0.0.1";
+        let service = c"7471";
+        for (qp_type, ps) in [
+            (3, 0),
+            (0, 0x0107),
+            (0, rdma_port_space_RDMA_PS_IPOIB),
+            (QPT_UD as c_int, rdma_port_space_RDMA_PS_TCP),
+            (QPT_RC as c_int, rdma_port_space_RDMA_PS_UDP),
+            (3, rdma_port_space_RDMA_PS_IB),
+            (-1, rdma_port_space_RDMA_PS_IB),
+        ] {
+            // SAFETY: all-zero is a valid addrinfo.
+            let mut hints: rdma_addrinfo = unsafe { zeroed() };
+            hints.ai_qp_type = qp_type;
+            hints.ai_port_space = ps as c_int;
+            let mut res: *mut rdma_addrinfo = null_mut();
+            // SAFETY: C strings, readable hints, writable result.
+            let r = unsafe {
+                softrdmacm_getaddrinfo(node.as_ptr(), service.as_ptr(), &hints, &mut res)
+            };
+            assert_eq!(
+                (r, errno()),
+                (-1, libc::EOPNOTSUPP),
+                "qp_type {qp_type} ps {ps:#x}"
+            );
+            assert!(res.is_null());
+        }
+        let mut res: *mut rdma_addrinfo = null_mut();
+        // SAFETY: null strings and hints are allowed; `res` writable.
+        let r = unsafe { softrdmacm_getaddrinfo(null(), null(), null(), &mut res) };
+        assert_eq!((r, errno()), (-1, libc::EINVAL));
+        // SAFETY: a null result pointer is the point.
+        let r =
+            unsafe { softrdmacm_getaddrinfo(node.as_ptr(), service.as_ptr(), null(), null_mut()) };
+        assert_eq!((r, errno()), (-1, libc::EINVAL));
+        // SAFETY: all-zero is a valid addrinfo.
+        let mut hints: rdma_addrinfo = unsafe { zeroed() };
+        hints.ai_flags = RAI_NUMERICHOST as c_int;
+        // SAFETY: as above.
+        let r = unsafe {
+            softrdmacm_getaddrinfo(c"not a number".as_ptr(), service.as_ptr(), &hints, &mut res)
+        };
+        assert_eq!(r, libc::EAI_NONAME);
+        assert!(res.is_null());
+        // SAFETY: as above.
+        let r =
+            unsafe { softrdmacm_getaddrinfo(node.as_ptr(), service.as_ptr(), null(), &mut res) };
+        assert_eq!(r, 0);
+        // SAFETY: a result of softrdmacm_getaddrinfo.
+        unsafe {
+            assert_eq!((*res).ai_qp_type, QPT_RC as c_int);
+            assert_eq!((*res).ai_port_space, rdma_port_space_RDMA_PS_TCP as c_int);
+            softrdmacm_freeaddrinfo(res);
+        }
+    }
+
+    /// rdma_create_ep with an rdma_addrinfo the CM cannot serve (made by hand, not by
+    /// rdma_getaddrinfo): UC, an unknown port space or a mismatched pair is EINVAL, IPoIB's port
+    /// space EOPNOTSUPP (as rdma_create_id); a passive one without a source address, or with one
+    /// of another family, is EINVAL as librdmacm's rdma_bind_addr (was EAFNOSUPPORT). No ID is
+    /// returned.
+    #[test]
+    fn create_ep_refuses_odd_addrinfo() {
+        // SAFETY: all-zero is valid for both.
+        let mut unix: libc::sockaddr_storage = unsafe { zeroed() };
+        unix.ss_family = libc::AF_UNIX as libc::sa_family_t;
+        let cases: [(c_int, u32, c_int, bool, c_int); 6] = [
+            (3, rdma_port_space_RDMA_PS_TCP, 0, false, libc::EINVAL),
+            (0, 0x0107, 0, false, libc::EINVAL),
+            (0, rdma_port_space_RDMA_PS_IPOIB, 0, false, libc::EOPNOTSUPP),
+            (
+                QPT_RC as c_int,
+                rdma_port_space_RDMA_PS_UDP,
+                0,
+                false,
+                libc::EINVAL,
+            ),
+            (0, 0, RAI_PASSIVE as c_int, false, libc::EINVAL),
+            (0, 0, RAI_PASSIVE as c_int, true, libc::EINVAL),
+        ];
+        for (qp_type, ps, flags, with_unix_src, want) in cases {
+            // SAFETY: all-zero is a valid addrinfo.
+            let mut res: rdma_addrinfo = unsafe { zeroed() };
+            res.ai_qp_type = qp_type;
+            res.ai_port_space = ps as c_int;
+            res.ai_flags = flags;
+            if with_unix_src {
+                res.ai_src_addr = ptr::from_mut(&mut unix).cast();
+                res.ai_src_len = size_of::<libc::sockaddr_storage>() as _;
+            }
+            let mut id: *mut rdma_cm_id = null_mut();
+            // SAFETY: readable addrinfo, writable ID pointer; no PD, no QP attributes.
+            let r = unsafe { softrdmacm_create_ep(&mut id, &mut res, null_mut(), null_mut()) };
+            assert_eq!(
+                (r, errno()),
+                (-1, want),
+                "qp_type {qp_type} ps {ps:#x} flags {flags} unix {with_unix_src}"
+            );
+            assert!(id.is_null());
+        }
+    }
+
+    /// rdma_init_qp_attr with a null attribute or mask pointer, or a state other than INIT /
+    /// RTR / RTS, is EINVAL; so is an ID this library did not make. Nothing is dereferenced
+    /// past the check.
+    #[test]
+    fn init_qp_attr_refuses_bogus_arguments() {
+        // SAFETY: all-zero is a valid rdma_cm_id and ibv_qp_attr (an ID not in the table).
+        let mut id: rdma_cm_id = unsafe { zeroed() };
+        id.qp_type = QPT_RC;
+        // SAFETY: all-zero is a valid ibv_qp_attr.
+        let mut attr: ibv_qp_attr = unsafe { zeroed() };
+        let mut mask: c_int = 0;
+        // SAFETY: the null pointers are the point; nothing else is touched.
+        unsafe {
+            assert_eq!(softrdmacm_init_qp_attr(&mut id, null_mut(), &mut mask), -1);
+            assert_eq!(errno(), libc::EINVAL);
+            assert_eq!(softrdmacm_init_qp_attr(&mut id, &mut attr, null_mut()), -1);
+            assert_eq!(errno(), libc::EINVAL);
+        }
+        for (qp_type, state) in [
+            (QPT_RC, ibv_qp_state_IBV_QPS_SQD),
+            (QPT_RC, 99),
+            (QPT_UD, ibv_qp_state_IBV_QPS_ERR),
+            (QPT_UD, 99),
+            (QPT_RC, ibv_qp_state_IBV_QPS_RTR),
+            (QPT_RC, ibv_qp_state_IBV_QPS_RTS),
+        ] {
+            id.qp_type = qp_type;
+            attr.qp_state = state;
+            // SAFETY: readable ID, writable attr and mask.
+            let r = unsafe { softrdmacm_init_qp_attr(&mut id, &mut attr, &mut mask) };
+            assert_eq!(
+                (r, errno()),
+                (-1, libc::EINVAL),
+                "type {qp_type} state {state}"
+            );
+        }
     }
 }
