@@ -175,7 +175,8 @@ if [ "$CPUS" -ge 2 ] && [ -z "$SRV" ] && command -v taskset >/dev/null; then
     LATP=$(med perf_col 5 send-lat $IP4A $IP4B -s 8 -n 20000)
     SOCKP=$(med sockperf_median)
     # Both ends on CPU 0: a blocking ping-pong's wake-up is then a context switch, its best
-    # case; rdma-perf's poller yields the CPU to the peer after each post.
+    # case; rdma-perf's poller, once a wait took 30 us or more, yields the CPU to the peer
+    # after each post.
     CLI="taskset -c 0"
     LATS=$(med perf_col 5 send-lat $IP4A $IP4B -s 8 -n 20000)
     SOCKS=$(med sockperf_median)

@@ -4,7 +4,14 @@
 //!
 //! * **Service IDs**: a port of port space `RDMA_PS_TCP` (0x0106) is the IB service ID
 //!   `0x0000_0000_0106_pppp` ([`roce::cm::service_id`]), of `RDMA_PS_UDP` (0x0111)
-//!   `0x0000_0000_0111_pppp`. TCP IDs connect RC QPs with REQ / REP / RTU.
+//!   `0x0000_0000_0111_pppp`, of `RDMA_PS_IB` (0x013F) `0x0000_0000_013F_pppp`. TCP IDs connect
+//!   RC QPs with REQ / REP / RTU, UDP IDs resolve UD QPs with SIDR, and an IB ID does either, after the QP type
+//!   it was made for (Linux `ucma_get_qp_type`: RC for `rdma_create_id`, the `rdma_addrinfo`'s
+//!   `ai_qp_type` for `rdma_create_ep`; [`RdmaCm::create_id_qpt`]). A listener takes only
+//!   requests of its port space and QP type: REQs for an RC ID, SIDR_REQs for a UD one (`cma.c`
+//!   `cma_check_req_qp_type`); others are refused as for an unknown service. `RDMA_PS_IPOIB` is
+//!   not taken: its UD Q_Key is the IPoIB broadcast group's, from an SA MCMemberRecord (`cma.c`
+//!   `cma_set_qkey`), and RoCE has neither.
 //! * **UD** (`RDMA_PS_UDP`, [`RdmaCm::create_id_ps`]): as Linux `cma.c` (`cma_resolve_ib_udp`,
 //!   `cma_sidr_rep_handler`), [`RdmaCm::connect`] sends a SIDR_REQ (IBTA §12.11) whose private
 //!   data starts with the [`CmaHdr`] (180 bytes left for the consumer); the listener sees
@@ -194,8 +201,10 @@ impl std::error::Error for RdmaCmError {}
 
 #[derive(Debug, Clone)]
 struct IdState {
-    /// `RDMA_PS_TCP` or `RDMA_PS_UDP` ([`roce::cm::port_space`]).
+    /// `RDMA_PS_TCP`, `RDMA_PS_UDP` or `RDMA_PS_IB` ([`roce::cm::port_space`]).
     ps: u16,
+    /// The ID's QP type is UD (SIDR), not RC (REQ / REP / RTU).
+    ud: bool,
     local: Option<SocketAddr>,
     remote: Option<SocketAddr>,
     route_resolved: bool,
@@ -210,9 +219,10 @@ struct IdState {
 }
 
 impl IdState {
-    fn new(ps: u16) -> IdState {
+    fn new(ps: u16, ud: bool) -> IdState {
         IdState {
             ps,
+            ud,
             local: None,
             remote: None,
             route_resolved: false,
@@ -225,7 +235,7 @@ impl IdState {
     }
 
     fn is_ud(&self) -> bool {
-        self.ps == port_space::UDP
+        self.ud
     }
 }
 
@@ -313,18 +323,36 @@ impl RdmaCm {
         self.create_id_ps(port_space::TCP)
     }
 
-    /// `rdma_create_id` with port space `ps`: [`port_space::TCP`] (RC, REQ / REP / RTU) or
-    /// [`port_space::UDP`] (UD, SIDR; see the [module docs](self)).
+    /// `rdma_create_id` with port space `ps`, and the QP type librdmacm's `rdma_create_id` gives
+    /// it: [`port_space::TCP`] and [`port_space::IB`] RC (REQ / REP / RTU), [`port_space::UDP`]
+    /// UD (SIDR; see the [module docs](self)).
     ///
     /// # Errors
     /// [`RdmaCmError::InUse`] beyond [`MAX_IDS`]; [`RdmaCmError::Unsupported`] for another port
-    /// space (`RDMA_PS_IB`, `RDMA_PS_IPOIB`).
+    /// space ([`port_space::IPOIB`] included: see the [module docs](self)).
     pub fn create_id_ps(&mut self, ps: u16) -> Result<RdmaId, RdmaCmError> {
-        if ps != port_space::TCP && ps != port_space::UDP {
-            return Err(RdmaCmError::Unsupported);
+        self.create_id_qpt(ps, ps == port_space::UDP)
+    }
+
+    /// `rdma_create_id` with port space `ps` for a QP of type UD (`ud`) or RC (`rdma_create_ep`
+    /// passes the `rdma_addrinfo`'s `ai_qp_type`). Only [`port_space::IB`] lets the caller
+    /// choose: TCP is RC, UDP is UD (Linux `ucma.c` `ucma_get_qp_type`).
+    ///
+    /// # Errors
+    /// [`RdmaCmError::InUse`] beyond [`MAX_IDS`]; [`RdmaCmError::Unsupported`] for another port
+    /// space; [`RdmaCmError::BadParam`] for a QP type the port space does not take.
+    pub fn create_id_qpt(&mut self, ps: u16, ud: bool) -> Result<RdmaId, RdmaCmError> {
+        let fixed = match ps {
+            port_space::TCP => Some(false),
+            port_space::UDP => Some(true),
+            port_space::IB => None,
+            _ => return Err(RdmaCmError::Unsupported),
+        };
+        if fixed.is_some_and(|f| f != ud) {
+            return Err(RdmaCmError::BadParam);
         }
         let id = self.fresh_id().ok_or(RdmaCmError::InUse)?;
-        self.ids.insert(id, IdState::new(ps));
+        self.ids.insert(id, IdState::new(ps, ud));
         Ok(id)
     }
 
@@ -339,8 +367,7 @@ impl RdmaCm {
             .find(|id| *id != 0 && !self.ids.contains_key(id))
     }
 
-    /// The port space of `id` ([`port_space::TCP`] or [`port_space::UDP`]); `None` for an
-    /// unknown ID.
+    /// The port space of `id` ([`roce::cm::port_space`]); `None` for an unknown ID.
     pub fn port_space(&self, id: RdmaId) -> Option<u16> {
         self.ids.get(&id).map(|s| s.ps)
     }
@@ -427,17 +454,16 @@ impl RdmaCm {
         }
     }
 
-    /// A SIDR_REQ for a listened-on `RDMA_PS_UDP` service: a new UD ID and `CONNECT_REQUEST`
+    /// A SIDR_REQ for a listened-on UD service (`RDMA_PS_UDP`, or a UD ID of `RDMA_PS_IB`): a new UD ID and `CONNECT_REQUEST`
     /// (`cma_ib_req_handler` with `IB_CM_SIDR_REQ_RECEIVED`), or a SIDR_REP `Reject` when the
     /// [`CmaHdr`] is bad or names no listened-on address.
     fn on_sidr_request(&mut self, hca: &mut SoftHca, r: u32, sid: u64, private_data: &[u8]) {
         let port = (sid & 0xffff) as u16;
         let hdr = CmaHdr::parse(private_data).ok();
-        let listener = hdr.and_then(|h| {
-            (sid >> 16 == u64::from(port_space::UDP))
-                .then(|| self.listener_for(port_space::UDP, SocketAddr::new(h.dst_addr, port)))
-                .flatten()
-        });
+        let ps = u16::try_from(sid >> 16).ok();
+        let listener = hdr
+            .zip(ps)
+            .and_then(|(h, ps)| self.listener_for(ps, true, SocketAddr::new(h.dst_addr, port)));
         let new_id = self.fresh_id();
         let (Some(h), Some(listen_id), Some(new_id)) = (hdr, listener, new_id) else {
             self.refused += 1;
@@ -451,7 +477,7 @@ impl RdmaCm {
                 remote: Some(SocketAddr::new(h.src_addr, h.src_port)),
                 route_resolved: true,
                 sidr: Some(r),
-                ..IdState::new(port_space::UDP)
+                ..IdState::new(self.ids[&listen_id].ps, true)
             },
         );
         self.by_sidr_in.insert(r, new_id);
@@ -669,7 +695,7 @@ impl RdmaCm {
         .map_err(|_| RdmaCmError::BadState)?;
         data[CmaHdr::LEN..CmaHdr::LEN + private_data.len()].copy_from_slice(private_data);
         if s.is_ud() {
-            let sid = service_id(port_space::UDP, remote.port());
+            let sid = service_id(s.ps, remote.port());
             let r = self
                 .cm
                 .sidr_resolve(now, hca, local.ip(), remote.ip(), sid, &data)?;
@@ -686,7 +712,7 @@ impl RdmaCm {
             qpn,
             local_ip: local.ip(),
             remote_ip: remote.ip(),
-            service_id: service_id(port_space::TCP, remote.port()),
+            service_id: service_id(s.ps, remote.port()),
             path_mtu: hca
                 .context()
                 .query_port(1)
@@ -947,15 +973,16 @@ impl RdmaCm {
     }
 
     /// The listener for a REQ to `dst` (port and address): a specific address first, then a
-    /// wildcard, of port space `ps`. Addresses compare by IP and port only: the `cma_hdr`
+    /// wildcard, of port space `ps` and QP type `ud` (a REQ finds only RC listeners, a SIDR_REQ
+    /// only UD ones: `cma.c` `cma_check_req_qp_type`). Addresses compare by IP and port only: the `cma_hdr`
     /// carries no IPv6 scope id or flow label, while a listener on a link-local address is bound
     /// with its scope (`rping -s -a fe80::1%eth0`); the REQ came in on this device, so on that
     /// link (as Linux `cma.c` `cma_match_net_dev` matches the receiving device, not a scope).
-    fn listener_for(&self, ps: u16, dst: SocketAddr) -> Option<RdmaId> {
+    fn listener_for(&self, ps: u16, ud: bool, dst: SocketAddr) -> Option<RdmaId> {
         let listening = || {
             self.ids
                 .iter()
-                .filter(move |(_, s)| s.listening && s.ps == ps)
+                .filter(move |(_, s)| s.listening && s.ps == ps && s.ud == ud)
         };
         listening()
             .find(|(_, s)| {
@@ -985,9 +1012,11 @@ impl RdmaCm {
                     ..
                 } => {
                     let hdr = CmaHdr::parse(&private_data).ok();
-                    let listener = hdr.and_then(|h| {
+                    let ps = u16::try_from(sid >> 16).ok();
+                    let listener = hdr.zip(ps).and_then(|(h, ps)| {
                         self.listener_for(
-                            port_space::TCP,
+                            ps,
+                            false,
                             SocketAddr::new(h.dst_addr, (sid & 0xffff) as u16),
                         )
                     });
@@ -1005,7 +1034,7 @@ impl RdmaCm {
                             route_resolved: true,
                             comm: Some(e.id),
                             req_param: Some(param),
-                            ..IdState::new(port_space::TCP)
+                            ..IdState::new(self.ids[&listen_id].ps, false)
                         },
                     );
                     self.by_comm.insert(e.id, new_id);

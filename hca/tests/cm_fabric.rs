@@ -342,6 +342,17 @@ fn an_external_qp_is_moved_by_the_consumer_with_init_qp_attr() {
         w.cms[0].init_qp_attr(w.f.node(a_node), a_id, QpState::Rtr),
         Err(hca::cm::CmError::BadState)
     );
+    // Nor an RTU to send (rdma_establish before CONNECT_RESPONSE), and the passive side never
+    // sends one.
+    assert_eq!(
+        w.cms[0].establish(w.f.node_mut(a_node), a_id),
+        Err(hca::cm::CmError::BadState)
+    );
+    let b_node = w.b.node;
+    assert_eq!(
+        w.cms[1].establish(w.f.node_mut(b_node), b_id),
+        Err(hca::cm::CmError::BadState)
+    );
     for to in [QpState::Init, QpState::Rtr, QpState::Rts] {
         modify(&mut w, Peer2::B, to, 1, b_id);
     }
@@ -366,6 +377,11 @@ fn an_external_qp_is_moved_by_the_consumer_with_init_qp_attr() {
     };
     assert_eq!(&private_data[..7], b"welcome");
     assert_eq!(param.qp_num, w.b.qpn);
+    assert_eq!(
+        w.cms[1].establish(w.f.node_mut(b_node), b_id),
+        Err(hca::cm::CmError::BadState),
+        "the passive side, after its REP"
+    );
     // No RTU yet: neither side is established, A's QP is still untouched.
     w.run_until(Duration::from_millis(50), |_| false);
     assert!(!w.established(0) && !w.established(1), "{:?}", w.events);
@@ -531,6 +547,30 @@ fn rej_for_an_unknown_service_and_a_consumer_reject() {
     assert_eq!(&private_data[..7], b"go away");
     assert_eq!(w.cms[1].connection_count(), 0);
     assert_eq!(state(&w.f, &w.a), QpState::Err);
+}
+
+/// After a REJ, the active side of an external-QP connection has no RTU to send and no RTR /
+/// RTS attributes (rdma_establish / rdma_init_qp_attr: EINVAL), and its QP, which the CM never
+/// owned, is left as the consumer put it.
+#[test]
+fn after_a_rej_an_external_qp_connection_has_nothing_to_establish() {
+    let mut w = World::new();
+    let id = w.connect_qp(b"", true);
+    let rejected = |w: &World| w.has(0, |e| matches!(e.kind, CmEventKind::Rejected { .. }));
+    assert!(w.run_until(Duration::from_secs(1), rejected));
+    let node = w.a.node;
+    assert_eq!(
+        w.cms[0].establish(w.f.node_mut(node), id),
+        Err(hca::cm::CmError::BadState)
+    );
+    for to in [QpState::Rtr, QpState::Rts] {
+        assert_eq!(
+            w.cms[0].init_qp_attr(w.f.node(node), id, to),
+            Err(hca::cm::CmError::BadState)
+        );
+    }
+    assert_eq!(state(&w.f, &w.a), QpState::Reset);
+    assert_eq!(w.cms[0].connection_count(), 0);
 }
 
 #[test]

@@ -109,13 +109,27 @@ impl World {
         self.start_ps(port_space::TCP, listen, data)
     }
 
-    /// As [`World::start`] with IDs of port space `ps`.
+    /// As [`World::start`] with IDs of port space `ps` (of its default QP type).
     fn start_ps(&mut self, ps: u16, listen: Option<SocketAddr>, data: &[u8]) -> RdmaId {
+        let ud = ps == port_space::UDP;
+        self.start_qpt(ps, ud, ud, listen, data)
+    }
+
+    /// As [`World::start`] with IDs of port space `ps`, the listener's for a UD QP if `ud_l`,
+    /// the connecting one's if `ud_a` (`RDMA_PS_IB` takes either, `rdma_create_ep`'s way).
+    fn start_qpt(
+        &mut self,
+        ps: u16,
+        ud_l: bool,
+        ud_a: bool,
+        listen: Option<SocketAddr>,
+        data: &[u8],
+    ) -> RdmaId {
         if let Some(addr) = listen {
-            let l = self.cms[1].create_id_ps(ps).unwrap();
+            let l = self.cms[1].create_id_qpt(ps, ud_l).unwrap();
             self.cms[1].listen(l, addr).unwrap();
         }
-        let id = self.cms[0].create_id_ps(ps).unwrap();
+        let id = self.cms[0].create_id_qpt(ps, ud_a).unwrap();
         let node = self.a.node;
         self.cms[0]
             .resolve_addr(
@@ -148,11 +162,21 @@ fn wildcard(ipv6: bool) -> SocketAddr {
 }
 
 fn connect_write_disconnect(ipv6: bool, passive_closes: bool) {
+    connect_write_disconnect_ps(port_space::TCP, ipv6, passive_closes);
+}
+
+fn connect_write_disconnect_ps(ps: u16, ipv6: bool, passive_closes: bool) {
     let mut w = World::new(ipv6);
-    let a_id = w.start(Some(wildcard(ipv6)), b"ping");
+    let a_id = w.start_ps(ps, Some(wildcard(ipv6)), b"ping");
     assert!(w.run_until(1000, |w| w.find(1, E::ConnectRequest).is_some()));
     let req = w.find(1, E::ConnectRequest).unwrap().clone();
     assert!(req.listen_id.is_some());
+    assert_eq!(w.cms[1].port_space(req.id), Some(ps));
+    assert_eq!(
+        w.cms[1].cm().listeners(),
+        &[roce::cm::service_id(ps, PORT)][..],
+        "the listener's service ID, which the IB CM matched the REQ's to, is (ps << 16) | port"
+    );
     assert_eq!(&req.private_data[..4], b"ping");
     assert_eq!(
         req.private_data.len(),
@@ -210,6 +234,12 @@ fn connect_write_disconnect(ipv6: bool, passive_closes: bool) {
 #[test]
 fn ipv4_connect_write_active_disconnect() {
     connect_write_disconnect(false, false);
+}
+
+#[test]
+fn ps_ib_connects_rc_with_its_own_service_id() {
+    connect_write_disconnect_ps(port_space::IB, false, true);
+    connect_write_disconnect_ps(port_space::IB, true, false);
 }
 
 #[test]
@@ -380,8 +410,12 @@ fn ud_world(ipv6: bool) -> World {
 }
 
 fn ud_resolve_accept_send(ipv6: bool) {
+    ud_resolve_accept_send_ps(port_space::UDP, ipv6);
+}
+
+fn ud_resolve_accept_send_ps(ps: u16, ipv6: bool) {
     let mut w = ud_world(ipv6);
-    let a_id = w.start_ps(port_space::UDP, Some(wildcard(ipv6)), b"udp?");
+    let a_id = w.start_qpt(ps, true, true, Some(wildcard(ipv6)), b"udp?");
     assert!(w.run_until(1000, |w| w.find(1, E::ConnectRequest).is_some()));
     let req = w.find(1, E::ConnectRequest).unwrap().clone();
     assert_eq!(&req.private_data[..4], b"udp?");
@@ -395,7 +429,7 @@ fn ud_resolve_accept_send(ipv6: bool) {
         Some(UdParam::default()),
         "cma.c reports no QPN / Q_Key"
     );
-    assert_eq!(w.cms[1].port_space(req.id), Some(port_space::UDP));
+    assert_eq!(w.cms[1].port_space(req.id), Some(ps));
     let (_, remote) = w.cms[1].addresses(req.id).unwrap();
     assert_eq!(remote.map(|r| r.ip()), Some(w.a.ip));
     let now = w.f.now();
@@ -464,6 +498,47 @@ fn ud_ipv6_resolve_accept_send() {
 }
 
 #[test]
+fn ud_over_ps_ib() {
+    ud_resolve_accept_send_ps(port_space::IB, false);
+    ud_resolve_accept_send_ps(port_space::IB, true);
+}
+
+#[test]
+fn port_space_and_qp_type_must_fit() {
+    let mut w = World::new(false);
+    for (ps, ud) in [(port_space::TCP, true), (port_space::UDP, false)] {
+        assert_eq!(
+            w.cms[0].create_id_qpt(ps, ud),
+            Err(RdmaCmError::BadParam),
+            "ps {ps:#x} ud {ud}"
+        );
+    }
+    for ps in [port_space::IPOIB, 0x0107] {
+        assert_eq!(w.cms[0].create_id_ps(ps), Err(RdmaCmError::Unsupported));
+    }
+    // An RC REQ to an RDMA_PS_IB listener made for UD is not taken (cma.c
+    // cma_check_req_qp_type): rejected as for an unknown service, and no CONNECT_REQUEST.
+    w.start_qpt(port_space::IB, true, false, Some(wildcard(false)), b"");
+    assert!(w.run_until(1000, |w| w.find(0, E::Rejected).is_some()));
+    assert!(w.find(1, E::ConnectRequest).is_none());
+    assert_eq!(w.cms[1].refused(), 1);
+    // A SIDR_REQ to an RDMA_PS_IB listener made for RC: refused likewise.
+    let mut w = ud_world(false);
+    w.start_qpt(port_space::IB, false, true, Some(wildcard(false)), b"");
+    assert!(w.run_until(1000, |w| w.find(0, E::Unreachable).is_some()));
+    assert!(w.find(1, E::ConnectRequest).is_none());
+    // The same port number in another port space is another service: a TCP listener does not
+    // take an RDMA_PS_IB REQ (the IB CM answers REJ 8, invalid service ID).
+    let mut w = World::new(false);
+    let l = w.cms[1].create_id().unwrap();
+    w.cms[1].listen(l, wildcard(false)).unwrap();
+    w.start_ps(port_space::IB, None, b"");
+    assert!(w.run_until(1000, |w| w.find(0, E::Rejected).is_some()));
+    assert_eq!(w.find(0, E::Rejected).unwrap().status, 8);
+    assert!(w.find(1, E::ConnectRequest).is_none());
+}
+
+#[test]
 fn ud_reject_closed_port_and_a_tcp_listener() {
     let mut w = ud_world(false);
     w.start_ps(port_space::UDP, Some(wildcard(false)), b"");
@@ -520,10 +595,6 @@ fn ud_dead_peer_is_unreachable() {
 #[test]
 fn ud_limits() {
     let mut w = ud_world(false);
-    assert_eq!(
-        w.cms[0].create_id_ps(port_space::IB),
-        Err(RdmaCmError::Unsupported)
-    );
     let id = w.cms[0].create_id_ps(port_space::UDP).unwrap();
     let node = w.a.node;
     w.cms[0]
@@ -691,4 +762,52 @@ fn ud_sidr_req_without_a_cma_hdr_is_refused() {
         w.cms[0].cm().counters().unmatched >= 1,
         "the SIDR_REP went to A's RDMA CM, which sent no SIDR_REQ"
     );
+}
+
+/// Hostile SIDR_REQs from a bare IB CM, each with a well-formed `cma_hdr`: one for an
+/// `RDMA_PS_TCP` service ID (a TCP listener on the port is an RC listener: refused at the RDMA
+/// CM layer, as `cma_check_req_qp_type`), and ones whose service ID has bits set above the
+/// port space (`0x0000_0000_pppp_xxxx` is the RDMA CM's whole range, IBTA vol. 1 A3.2.3: the IB
+/// CM serves no such ID and answers unsupported). None is reported as a `CONNECT_REQUEST`.
+#[test]
+fn sidr_reqs_for_other_services_are_refused() {
+    let mut w = ud_world(false);
+    let tcp = w.cms[1].create_id().unwrap();
+    w.cms[1].listen(tcp, wildcard(false)).unwrap();
+    let udp = w.cms[1].create_id_ps(port_space::UDP).unwrap();
+    w.cms[1].listen(udp, wildcard(false)).unwrap();
+    let (node, a_ip, b_ip) = (w.a.node, w.a.ip, w.b.ip);
+    let mut hdr = [0u8; roce::cm::CmaHdr::LEN];
+    roce::cm::CmaHdr {
+        src_port: 4242,
+        src_addr: a_ip,
+        dst_addr: b_ip,
+    }
+    .emit(&mut hdr)
+    .unwrap();
+    let mut raw = hca::cm::Cm::new(config());
+    let udp_sid = roce::cm::service_id(port_space::UDP, PORT);
+    let sids = [
+        roce::cm::service_id(port_space::TCP, PORT),
+        udp_sid | 1 << 32,
+        udp_sid | 1 << 63,
+        udp_sid | 0xffff_0000_0000,
+    ];
+    for sid in sids {
+        let now = w.f.now();
+        raw.sidr_resolve(now, w.f.node_mut(node), a_ip, b_ip, sid, &hdr)
+            .unwrap();
+    }
+    // The TCP service's SIDR_REQ reaches the RDMA CM, which refuses it; the others stop at
+    // the IB CM (no listener for their service IDs).
+    assert!(w.run_until(1000, |w| w.cms[1].refused() == 1));
+    w.run_until(50, |_| false);
+    assert_eq!(w.cms[1].refused(), 1);
+    assert!(w.find(1, E::ConnectRequest).is_none());
+    // The UDP listener still takes a proper SIDR_REQ.
+    let now = w.f.now();
+    raw.sidr_resolve(now, w.f.node_mut(node), a_ip, b_ip, udp_sid, &hdr)
+        .unwrap();
+    assert!(w.run_until(1000, |w| w.find(1, E::ConnectRequest).is_some()));
+    assert_eq!(w.find(1, E::ConnectRequest).unwrap().listen_id, Some(udp));
 }

@@ -1609,6 +1609,122 @@ fn shared_devices_forward_strays_after_the_group_reorders() {
     drop(y);
 }
 
+/// `iters` SEND ping-pongs of 8 bytes between `a` and `b`, both busy-polled by this thread
+/// ([`spin_one`]), data checked.
+fn spin_ping_pong(a: &Side, b: &Side, iters: u64) {
+    for i in 0..iters {
+        b.post_recv(i, &[b.sge(4096, 8)]);
+        a.write(0, &i.to_le_bytes());
+        a.post_send(i, &[a.sge(0, 8)], SendOp::Send);
+        let r = spin_one(b);
+        assert_eq!((r.status, r.wr_id), (WcStatus::Success, i));
+        assert_eq!(b.read(4096, 8), i.to_le_bytes());
+        a.post_recv(i, &[a.sge(8192, 8)]);
+        b.post_send(i, &[b.sge(4096, 8)], SendOp::Send);
+        let mut got = [spin_one(a), spin_one(a)];
+        got.sort_by_key(|w| w.opcode == WcOpcode::Send);
+        assert!(
+            got.iter()
+                .all(|w| w.status == WcStatus::Success && w.wr_id == i),
+            "{got:?}"
+        );
+        assert_eq!(a.read(8192, 8), i.to_le_bytes());
+        assert_eq!(spin_one(b).wr_id, i, "b's SEND completed");
+    }
+}
+
+/// A shared device (`hca::link::udp::share`) busy-polled with `Progress::Hybrid`: its rounds
+/// read the slot socket for forwarded strays only every 16th round when nothing says a stray
+/// waits (one receive system call per empty poll, as an unshared device, instead of two),
+/// and the ping-pong is intact.
+#[test]
+fn busy_polled_shared_device_reads_its_slot_socket_every_16th_round() {
+    let pid = std::process::id();
+    let (b1, b2) = ((pid >> 8) as u8, pid as u8);
+    let mut c = UdpDeviceConfig::new(IpAddr::V4(std::net::Ipv4Addr::new(127, b1, b2, 203)));
+    c.share = true;
+    c.progress = Progress::Hybrid;
+    let shared = UdpDevice::open(c).unwrap();
+    let (s, o) = pair_of(
+        shared,
+        open(&format!("127.{b1}.{b2}.204"), Progress::Hybrid),
+        QpType::Rc,
+        Conn::default(),
+    );
+    let reads = |d: &UdpDevice| d.with_link_mut(|l| l.link().counters().rx_slot_reads);
+    let (reads_before, rounds_before) = (reads(&s.dev), s.dev.device_counters().rounds);
+    spin_ping_pong(&s, &o, 1000);
+    spin_ping_pong(&o, &s, 1000);
+    let reads = reads(&s.dev) - reads_before;
+    let rounds = s.dev.device_counters().rounds - rounds_before;
+    eprintln!("shared device: {rounds} rounds, {reads} reads of the slot socket");
+    assert!(rounds >= 4000, "rounds {rounds}");
+    // Every 16th round (rounded up), a stray-less device's thread included: its wait never
+    // sees the slot socket readable.
+    assert!(
+        reads > 0 && reads * 16 <= rounds + 16,
+        "{reads} slot reads in {rounds} rounds"
+    );
+}
+
+/// As [`shared_devices_forward_strays_after_the_group_reorders`], with both shared devices in
+/// `Progress::Hybrid` and busy-polled: a stray forwarded to a polling process reaches it
+/// although its rounds read the slot socket only every few rounds, none is lost, and the
+/// ping-pongs through the forwarding are intact.
+#[test]
+fn busy_polled_shared_devices_receive_forwarded_strays() {
+    let pid = std::process::id();
+    let (b1, b2) = ((pid >> 8) as u8, pid as u8);
+    let shared = std::net::Ipv4Addr::new(127, b1, b2, 205);
+    let other = format!("127.{b1}.{b2}.206");
+    let open_shared = || {
+        let mut c = UdpDeviceConfig::new(IpAddr::V4(shared));
+        c.share = true;
+        c.progress = Progress::Hybrid;
+        UdpDevice::open(c).unwrap()
+    };
+    let slot = |d: &UdpDevice| d.with_link_mut(|l| l.link().share_slot());
+    let x = open_shared();
+    let y = open_shared();
+    let b = open_shared();
+    assert_eq!((slot(&x), slot(&y), slot(&b)), (Some(0), Some(1), Some(2)));
+    drop(x);
+    let start = std::time::Instant::now();
+    while udp_sockets_on_4791(shared) != 2 {
+        assert!(start.elapsed() < WAIT, "X's socket is still open");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // W takes slot 0 and index 2: B's datagrams reach W, W's reach B.
+    let w = open_shared();
+    assert_eq!(slot(&w), Some(0));
+    let (sb, ob) = pair_of(
+        b,
+        open(&other, Progress::Hybrid),
+        QpType::Rc,
+        Conn::default(),
+    );
+    let (sw, ow) = pair_of(
+        w,
+        open(&other, Progress::Hybrid),
+        QpType::Rc,
+        Conn::default(),
+    );
+    spin_ping_pong(&ob, &sb, 300);
+    spin_ping_pong(&sw, &ow, 300);
+    spin_ping_pong(&sb, &ob, 300);
+    spin_ping_pong(&ow, &sw, 300);
+    let counters = |s: &Side| s.dev.with_link_mut(|l| *l.link().counters());
+    let (cb, cw) = (counters(&sb), counters(&sw));
+    assert!(cw.rx_forwarded > 0, "W forwarded B's datagrams: {cw:?}");
+    assert!(cb.rx_forwarded > 0, "B forwarded W's datagrams: {cb:?}");
+    assert_eq!(
+        (cb.rx_strays, cw.rx_strays),
+        (0, 0),
+        "strays lost: {cb:?} {cw:?}"
+    );
+    drop(y);
+}
+
 /// Busy-polls `side`'s CQ for one completion (bounded in polls and time).
 fn spin_one(side: &Side) -> WorkCompletion {
     let start = std::time::Instant::now();

@@ -210,6 +210,10 @@ dropin_cm_cells() {  # GIDKIND
     cm_both "ucmatose:rdma-cm:$g:drop-in" \
         "ucmatose -b $ga -p @PORT@ -c 2 -C 10" "ucmatose -s $hg -p @PORT@ -c 2 -C 10" \
         "$d ucmatose -b $ha -p @PORT@ -c 2 -C 10" "$d ucmatose -s $gh -p @PORT@ -c 2 -C 10"
+    # Port space RDMA_PS_IB (service IDs 0x013F_pppp, RC, as rdma_create_id gives it).
+    cm_both "ucmatose-ib:rdma-cm:$g:drop-in" \
+        "ucmatose -P ib -b $ga -p @PORT@ -c 2 -C 10" "ucmatose -P ib -s $hg -p @PORT@ -c 2 -C 10" \
+        "$d ucmatose -P ib -b $ha -p @PORT@ -c 2 -C 10" "$d ucmatose -P ib -s $gh -p @PORT@ -c 2 -C 10"
 }
 dropin_cm_cells ipv4
 dropin_cm_cells ipv6ll
@@ -258,11 +262,11 @@ CELLS+=("rping:rdma-cm:ipv4:unreachable-fast:ours-client|server|sh /job/cmcell.s
 
 # The run without --cells (tests/ci.sh) takes a representative part of the drop-in cells, both roles each:
 # every kind of verbs tool (RC and UD pingpong, WRITE, READ, atomics), both MTUs and both GID kinds, and
-# rping (IPv4, IPv6 link-local), ucmatose (IPv6 link-local), udaddy (IPv4), and our rping against the guest without rxe0
-# with our CM's timer set short (unreachable-fast), about 45 s with the guest's pace. The rest (the other
+# rping (IPv4, IPv6 link-local), ucmatose (IPv6 link-local; in RDMA_PS_IB over IPv4), udaddy (IPv4), and our rping
+# against the guest without rxe0 with our CM's timer set short (unreachable-fast), about 45 s with the guest's pace. The rest (the other
 # drop-in cells, the two unreachable cells at the CMs' default timers, about 70 and 100 s, perftest -R over
 # the drop-in libraries, which races: see above) runs with --all, or selected with --cells.
-CI_DROPIN='^((ibv_rc_pingpong:mtu(1024|4096):ipv4|ibv_ud_pingpong:mtu1024:ipv6ll|ib_write_bw:mtu4096:ipv4|ib_read_bw:mtu1024:ipv6ll|ib_atomic_bw:mtu1024:ipv4|rping:rdma-cm:ipv(4|6ll)|ucmatose:rdma-cm:ipv6ll|udaddy:rdma-cm:ipv4):drop-in:|rxe0-removed:unreachable$|rping:rdma-cm:ipv4:unreachable-fast:)'
+CI_DROPIN='^((ibv_rc_pingpong:mtu(1024|4096):ipv4|ibv_ud_pingpong:mtu1024:ipv6ll|ib_write_bw:mtu4096:ipv4|ib_read_bw:mtu1024:ipv6ll|ib_atomic_bw:mtu1024:ipv4|rping:rdma-cm:ipv(4|6ll)|ucmatose:rdma-cm:ipv6ll|ucmatose-ib:rdma-cm:ipv4|udaddy:rdma-cm:ipv4):drop-in:|rxe0-removed:unreachable$|rping:rdma-cm:ipv4:unreachable-fast:)'
 BY_HAND=':drop-in:|:unreachable'
 # perftest -R over the drop-in libraries races against the TCG guest (perftest's own race, see above): only
 # with --cells.
@@ -433,7 +437,7 @@ for v in ipv4 ipv6ll; do
         if [ "$q" -gt 0 ] && [ "$p" -gt 0 ]; then rg_row "pcap: SIDR exchange over $v" PASS "$why"
         else rg_row "pcap: SIDR exchange over $v" FAIL "$why"; fi
     fi
-    cells_any "^(rping|ucmatose|ib_[a-z_]+):rdma-cm:$v:(drop-in:)?ours-(client|server)\|" || continue
+    cells_any "^(rping|ucmatose(-ib)?|ib_[a-z_]+):rdma-cm:$v:(drop-in:)?ours-(client|server)\|" || continue
     read -r q p t d r <<<"$(cm_counts "$f" 0x0010 0x0013 0x0014 0x0015 0x0016)"
     why="REQ $q, REP $p, RTU $t, DREQ $d, DREP $r (tshark: InfiniBand CM over $f)"
     if [ "$q" -gt 0 ] && [ "$p" -gt 0 ] && [ "$t" -gt 0 ] && [ "$d" -gt 0 ] && [ "$r" -gt 0 ]; then
@@ -442,6 +446,15 @@ for v in ipv4 ipv6ll; do
         rg_row "pcap: CM exchange over $v" FAIL "$why"
     fi
 done
+# RDMA_PS_IB cells: their REQs carry port space 0x3F in the IP CM service ID (0x0000_0000_013F_pppp), from
+# both sides (REQs from the guest's rxe and from ours).
+if cells_any "^ucmatose-ib:rdma-cm:"; then
+    ib="$(timeout 120 tshark -n --disable-protocol rpcordma -r "$PCAP" \
+        -Y "infiniband.cm.req.serviceid.protocol == 0x3f" -T fields -e ip.src -e ipv6.src 2>/dev/null | sort -u | wc -l)"
+    why="REQs with port space RDMA_PS_IB (0x3F) from $ib source addresses (tshark)"
+    if [ "$ib" -ge 2 ]; then rg_row "pcap: RDMA_PS_IB service IDs" PASS "$why"
+    else rg_row "pcap: RDMA_PS_IB service IDs" FAIL "$why"; fi
+fi
 rg_phase_end "pcap check" >>"$TIMES"
 
 # ---------------------------------------------------------------- the grid (README "Conformance")

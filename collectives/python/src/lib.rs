@@ -13,6 +13,21 @@
 //!   the Python side a numpy view per operation. The Python layer
 //!   (`rocecoll/__init__.py`) turns numpy arrays and torch tensors into such views. The buffers
 //!   are held (a `Py_buffer` each) until the operation's `Work` is waited for or dropped.
+//! * CUDA device memory: a [`PyCudaBuffer`] (`rocecoll._native.CudaBuffer`, built by the Python
+//!   layer from a CUDA `torch.Tensor`, a `__cuda_array_interface__` export or a DLPack `kDLCUDA`
+//!   capsule). The operation runs through the crate's device path (`collectives::device`: the
+//!   all-reduce GPU peer-to-peer over CUDA IPC when every rank's buffers are CUDA memory and every
+//!   rank is a process of this host, the other collectives and the fallback staged through host
+//!   memory; send / recv one host copy). Stream order, as torch-ucc orders its CUDA collectives
+//!   (an event recorded on the tensor's stream, `tensor_ready`, waited for by the progress side
+//!   before the data is read; ProcessGroupNCCL instead makes its NCCL stream wait on such an
+//!   event on the device, and the caller's stream wait on the end event in `Work.wait`): a CUDA
+//!   event is recorded on the producer's stream when the operation is issued and the operation
+//!   waits for it (bounded by its timeout) before reading; the device writes are synchronous
+//!   (`cuMemcpyHtoD` then a context synchronize, or the GPU path's stream synchronize), so once
+//!   the `Work` has ended every stream sees the result. Without a CUDA driver the operation
+//!   raises `CollectiveError` naming the operation and the driver probe's error
+//!   (`gpu_p2p::cuda::Cuda::load`: "no CUDA driver: cannot load libcuda.so.1 ...").
 //! * The GIL is released while an operation runs and while `Work.wait` blocks.
 //! * Every operation takes `inline` (default false): true for a blocking call, which then runs
 //!   on the calling thread (GIL released) when no operation is pending, without handing off to
@@ -34,6 +49,8 @@ use collectives::transport::CollKind;
 use collectives::{
     AsyncCommunicator, CommConfig, Communicator, DataType, RedOp, TransportKind, Work,
 };
+use gpu_p2p::cuda::{Cuda, CudaDevice, CudaEvent, CudaMemory};
+use gpu_p2p::Memory;
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -60,6 +77,20 @@ fn coll_err(rank: usize, e: &dyn std::fmt::Display, peer: Option<usize>) -> PyEr
     })
 }
 
+/// The GPUs operations have used, each opened once (its primary context retained for the life
+/// of the process, as the CUDA runtime does) rather than at every operation.
+static DEVICES: Mutex<Vec<Arc<CudaDevice>>> = Mutex::new(Vec::new());
+
+fn device(cuda: Cuda, ordinal: u32) -> Result<Arc<CudaDevice>, gpu_p2p::cuda::CudaError> {
+    let mut open = DEVICES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(d) = open.iter().find(|d| d.ordinal() == ordinal) {
+        return Ok(d.clone());
+    }
+    let d = cuda.device(ordinal)?;
+    open.push(d.clone());
+    Ok(d)
+}
+
 /// Where a [`Buf`]'s bytes are.
 enum Mem {
     /// A `Py_buffer`, held until the operation ends.
@@ -74,6 +105,15 @@ enum Mem {
         _tensor: Py<PyAny>,
         ptr: usize,
         len: usize,
+    },
+    /// CUDA device memory ([`PyCudaBuffer`]), borrowed through gpu-p2p, with the event recorded
+    /// on the producer's stream when the operation was issued (`None`: no stream to order
+    /// after). The descriptor (and through it the tensor or exporter) is referenced until the
+    /// operation ends.
+    Cuda {
+        _desc: Py<PyAny>,
+        mem: CudaMemory,
+        ready: Option<CudaEvent>,
     },
 }
 
@@ -102,7 +142,10 @@ fn torch_tensor_type(py: Python<'_>) -> Option<&Bound<'_, PyType>> {
 }
 
 impl Buf {
-    fn get(obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> PyResult<Buf> {
+    fn get(obj: &Bound<'_, PyAny>, writable: bool, what: &str, rank: usize) -> PyResult<Buf> {
+        if let Ok(desc) = obj.downcast::<PyCudaBuffer>() {
+            return Buf::cuda(desc, writable, what, rank);
+        }
         if let Some(tensor) = torch_tensor_type(obj.py()) {
             if obj.is_instance(tensor)? {
                 return Buf::tensor(obj, what);
@@ -164,10 +207,92 @@ impl Buf {
         })
     }
 
+    /// CUDA device memory described by `desc`: the driver is loaded (its probe's error, e.g.
+    /// "no CUDA driver: cannot load libcuda.so.1 ...", becomes a `CollectiveError` naming the
+    /// operation), the range checked to be device memory ([`gpu_p2p::cuda::CudaDevice::borrow`])
+    /// and an event recorded on the producer's stream, which the operation waits for before it
+    /// reads the memory.
+    fn cuda(
+        desc: &Bound<'_, PyCudaBuffer>,
+        writable: bool,
+        what: &str,
+        rank: usize,
+    ) -> PyResult<Buf> {
+        let d = desc.get();
+        if writable && d.readonly {
+            return Err(PyValueError::new_err(format!(
+                "{what}: {} is read-only",
+                d.describe
+            )));
+        }
+        let fail = |e: &dyn std::fmt::Display| {
+            coll_err(rank, &format!("{what}: {}: {e}", d.describe), None)
+        };
+        let cuda = Cuda::load().map_err(|e| fail(&e))?;
+        let ordinal = match d.device {
+            Some(o) => o,
+            None => cuda.device_of(d.ptr).map_err(|e| fail(&e))?,
+        };
+        let device = device(cuda, ordinal).map_err(|e| fail(&e))?;
+        let mem = device.borrow(d.ptr, d.len).map_err(|e| fail(&e))?;
+        let ready = match d.stream {
+            None => None,
+            Some(stream) => {
+                let ev = device.event(false).map_err(|e| fail(&e))?;
+                // SAFETY: `stream` is 0, 1 (CU_STREAM_LEGACY), 2 (CU_STREAM_PER_THREAD) or the
+                // handle of a live stream of this device, as the exporter declared it
+                // (torch.cuda.current_stream(device).cuda_stream, the `stream` key of a
+                // __cuda_array_interface__ v3 export): the contract of `CudaBuffer(stream=)`.
+                #[allow(unsafe_code)]
+                unsafe { ev.record_on_raw_stream(stream) }.map_err(|e| fail(&e))?;
+                Some(ev)
+            }
+        };
+        Ok(Buf {
+            mem: Mem::Cuda {
+                _desc: desc.clone().into_any().unbind(),
+                mem,
+                ready,
+            },
+        })
+    }
+
+    /// The device memory, for a CUDA buffer.
+    fn device(&self) -> Option<&CudaMemory> {
+        match &self.mem {
+            Mem::Cuda { mem, .. } => Some(mem),
+            _ => None,
+        }
+    }
+
+    /// Waits (on the thread running the operation) until the producer's stream has reached the
+    /// point recorded at issue, at most `timeout`; a failure ends the operation on every rank
+    /// ([`Communicator::device_failure`]).
+    fn ready(
+        &self,
+        c: &mut Communicator,
+        op: CollKind,
+        timeout: Option<Duration>,
+    ) -> Result<(), collectives::CollError> {
+        if let Mem::Cuda {
+            ready: Some(ev), ..
+        } = &self.mem
+        {
+            let t = timeout.unwrap_or(c.config().timeout);
+            if let Err(e) = ev.wait(t) {
+                return Err(
+                    c.device_failure(op, format!("waiting for the producer's CUDA stream: {e}"))
+                );
+            }
+        }
+        Ok(())
+    }
+
     fn ptr(&self) -> usize {
         match &self.mem {
             Mem::View(v) => v.buf_ptr() as usize,
             Mem::Tensor { ptr, .. } => *ptr,
+            Mem::Cuda { mem, .. } => mem.device_ptr() as usize,
         }
     }
 
@@ -175,6 +300,15 @@ impl Buf {
         match &self.mem {
             Mem::View(v) => v.len_bytes(),
             Mem::Tensor { len, .. } => *len,
+            Mem::Cuda { mem, .. } => mem.len(),
+        }
+    }
+
+    /// Where the buffer is, for error messages: "host memory" or "cuda:N".
+    fn place(&self) -> String {
+        match self.device() {
+            Some(m) => format!("cuda:{}", m.device().ordinal()),
+            None => "host memory".into(),
         }
     }
 
@@ -185,8 +319,10 @@ impl Buf {
 }
 
 impl AsRef<[u8]> for Buf {
+    /// The bytes of a host buffer; empty for device memory (never used so: every operation
+    /// takes the device path when [`Buf::device`] is `Some`).
     fn as_ref(&self) -> &[u8] {
-        if self.len() == 0 {
+        if self.len() == 0 || self.device().is_some() {
             return &[];
         }
         // SAFETY: the Py_buffer stays acquired (the exporter keeps the memory alive and in
@@ -201,7 +337,7 @@ impl AsRef<[u8]> for Buf {
 
 impl AsMut<[u8]> for Buf {
     fn as_mut(&mut self) -> &mut [u8] {
-        if self.len() == 0 {
+        if self.len() == 0 || self.device().is_some() {
             return &mut [];
         }
         // SAFETY: as `as_ref`, and the buffer is writable (checked in `get` for every buffer
@@ -212,6 +348,36 @@ impl AsMut<[u8]> for Buf {
             std::slice::from_raw_parts_mut(self.ptr() as *mut u8, self.len())
         }
     }
+}
+
+/// Both buffers device memory or neither, checked before either is looked at (so that the
+/// mix is named even where no CUDA driver is present).
+fn one_kind(what: &str, send: &Bound<'_, PyAny>, recv: &Bound<'_, PyAny>) -> PyResult<()> {
+    let (s, r) = (
+        send.downcast::<PyCudaBuffer>().is_ok(),
+        recv.downcast::<PyCudaBuffer>().is_ok(),
+    );
+    if s != r {
+        let name = |cuda: bool| if cuda { "CUDA memory" } else { "host memory" };
+        return Err(PyValueError::new_err(format!(
+            "{what}: input in {} and output in {}: both must be on the same device",
+            name(s),
+            name(r)
+        )));
+    }
+    Ok(())
+}
+
+/// Both buffers of an out-of-place operation in host memory, or both on one GPU (as
+/// `torch.distributed`: a collective's tensors share a device).
+fn same_place(what: &str, a: &Buf, b: &Buf) -> PyResult<()> {
+    let (pa, pb) = (a.place(), b.place());
+    if pa != pb {
+        return Err(PyValueError::new_err(format!(
+            "{what}: input in {pa} and output in {pb}: both must be on the same device"
+        )));
+    }
+    Ok(())
 }
 
 fn disjoint(a: &Buf, b: &Buf) -> PyResult<()> {
@@ -229,6 +395,88 @@ enum Done {
     None,
     One(#[allow(dead_code)] Buf),
     Two(#[allow(dead_code)] Buf, #[allow(dead_code)] Buf),
+}
+
+/// `rocecoll._native.CudaBuffer(ptr, nbytes, device=None, stream=None, readonly=False,
+/// describe="device memory", keep=None)`: a description of CUDA device memory for an operation
+/// (built by the Python layer from a CUDA `torch.Tensor`, a `__cuda_array_interface__` export or
+/// a DLPack `kDLCUDA` capsule). `ptr`: the device address; `nbytes`: its length in bytes;
+/// `device`: the CUDA ordinal (`None`: asked of the driver from `ptr`); `stream`: the raw
+/// `CUstream` the producer wrote on (0 the NULL stream, 1 `CU_STREAM_LEGACY`, 2
+/// `CU_STREAM_PER_THREAD`, else a live stream handle of that device; `None`: the producer
+/// needs no ordering, CUDA Array Interface v3); `keep`: an object to reference until the
+/// operation ends (the tensor or the DLPack owner). Nothing touches the driver until an
+/// operation uses it. Raises `ValueError` for a NULL `ptr` with `nbytes` > 0, `nbytes` over
+/// `isize::MAX` or a range past the 64-bit address space (`ptr + nbytes > 2**64`).
+#[pyclass(name = "CudaBuffer", module = "rocecoll._native", frozen)]
+struct PyCudaBuffer {
+    ptr: u64,
+    len: usize,
+    device: Option<u32>,
+    stream: Option<usize>,
+    readonly: bool,
+    describe: String,
+    _keep: Option<Py<PyAny>>,
+}
+
+#[pymethods]
+impl PyCudaBuffer {
+    #[new]
+    #[pyo3(signature = (ptr, nbytes, device=None, stream=None, readonly=false, describe=None, keep=None))]
+    fn new(
+        ptr: u64,
+        nbytes: usize,
+        device: Option<u32>,
+        stream: Option<usize>,
+        readonly: bool,
+        describe: Option<String>,
+        keep: Option<Py<PyAny>>,
+    ) -> PyResult<PyCudaBuffer> {
+        if ptr == 0 && nbytes > 0 {
+            return Err(PyValueError::new_err(format!(
+                "CudaBuffer: a NULL device address for {nbytes} bytes"
+            )));
+        }
+        if nbytes > isize::MAX as usize {
+            return Err(PyValueError::new_err(format!(
+                "CudaBuffer: {nbytes} bytes: more than isize::MAX bytes"
+            )));
+        }
+        // The range's end may be 2**64 (its last byte 2**64 - 1), never past it.
+        if u128::from(ptr) + nbytes as u128 > 1 << 64 {
+            return Err(PyValueError::new_err(format!(
+                "CudaBuffer: {nbytes} bytes at {ptr:#x} reach beyond the address space"
+            )));
+        }
+        Ok(PyCudaBuffer {
+            ptr,
+            len: nbytes,
+            device,
+            stream,
+            readonly,
+            describe: describe.unwrap_or_else(|| "device memory".into()),
+            _keep: keep,
+        })
+    }
+
+    /// The device address.
+    #[getter]
+    fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The length in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.len
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "CudaBuffer({:#x}, {} bytes, device={:?}, stream={:?}: {})",
+            self.ptr, self.len, self.device, self.stream, self.describe
+        )
+    }
 }
 
 /// A `torch.distributed.Store`-like Python object as a [`Store`]: `set(key, bytes)`,
@@ -571,11 +819,18 @@ impl PyCommunicator {
         inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, op, t) = (datatype(dtype)?, redop(op)?, timeout_of(timeout)?);
-        let mut b = Buf::get(buf, true, "all_reduce buffer")?;
+        let mut b = Buf::get(buf, true, "all_reduce buffer", self.inner.rank())?;
         let n = count_of(b.len(), dt, "all_reduce buffer")?;
-        Ok(self.issue(py, inline, CollKind::AllReduce, t, move |c| {
-            c.all_reduce_in_place(b.as_mut(), n, dt, op)
-                .map(|()| Done::One(b))
+        const K: CollKind = CollKind::AllReduce;
+        Ok(self.issue(py, inline, K, t, move |c| {
+            match b.device() {
+                Some(m) => {
+                    b.ready(c, K, t)?;
+                    c.all_reduce_mem_in_place(m, n, dt, op)
+                }
+                None => c.all_reduce_in_place(b.as_mut(), n, dt, op),
+            }
+            .map(|()| Done::One(b))
         }))
     }
 
@@ -591,11 +846,18 @@ impl PyCommunicator {
         inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
-        let mut b = Buf::get(buf, true, "broadcast buffer")?;
+        let mut b = Buf::get(buf, true, "broadcast buffer", self.inner.rank())?;
         let n = count_of(b.len(), dt, "broadcast buffer")?;
-        Ok(self.issue(py, inline, CollKind::Broadcast, t, move |c| {
-            c.broadcast_in_place(b.as_mut(), n, dt, root)
-                .map(|()| Done::One(b))
+        const K: CollKind = CollKind::Broadcast;
+        Ok(self.issue(py, inline, K, t, move |c| {
+            match b.device() {
+                Some(m) => {
+                    b.ready(c, K, t)?;
+                    c.broadcast_mem_in_place(m, n, dt, root)
+                }
+                None => c.broadcast_in_place(b.as_mut(), n, dt, root),
+            }
+            .map(|()| Done::One(b))
         }))
     }
 
@@ -615,11 +877,18 @@ impl PyCommunicator {
         inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, op, t) = (datatype(dtype)?, redop(op)?, timeout_of(timeout)?);
-        let mut b = Buf::get(buf, true, "reduce buffer")?;
+        let mut b = Buf::get(buf, true, "reduce buffer", self.inner.rank())?;
         let n = count_of(b.len(), dt, "reduce buffer")?;
-        Ok(self.issue(py, inline, CollKind::Reduce, t, move |c| {
-            c.reduce_in_place(b.as_mut(), n, dt, op, root)
-                .map(|()| Done::One(b))
+        const K: CollKind = CollKind::Reduce;
+        Ok(self.issue(py, inline, K, t, move |c| {
+            match b.device() {
+                Some(m) => {
+                    b.ready(c, K, t)?;
+                    c.reduce_mem_in_place(m, n, dt, op, root)
+                }
+                None => c.reduce_in_place(b.as_mut(), n, dt, op, root),
+            }
+            .map(|()| Done::One(b))
         }))
     }
 
@@ -635,13 +904,23 @@ impl PyCommunicator {
         inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
-        let s = Buf::get(send, false, "all_gather input")?;
-        let mut r = Buf::get(recv, true, "all_gather output")?;
+        one_kind("all_gather", send, recv)?;
+        let s = Buf::get(send, false, "all_gather input", self.inner.rank())?;
+        let mut r = Buf::get(recv, true, "all_gather output", self.inner.rank())?;
+        same_place("all_gather", &s, &r)?;
         disjoint(&s, &r)?;
         let n = count_of(s.len(), dt, "all_gather input")?;
-        Ok(self.issue(py, inline, CollKind::AllGather, t, move |c| {
-            c.all_gather(s.as_ref(), r.as_mut(), n, dt)
-                .map(|()| Done::Two(s, r))
+        const K: CollKind = CollKind::AllGather;
+        Ok(self.issue(py, inline, K, t, move |c| {
+            match (s.device(), r.device()) {
+                (Some(sm), Some(rm)) => {
+                    s.ready(c, K, t)?;
+                    r.ready(c, K, t)?;
+                    c.all_gather_mem(sm, rm, n, dt)
+                }
+                _ => c.all_gather(s.as_ref(), r.as_mut(), n, dt),
+            }
+            .map(|()| Done::Two(s, r))
         }))
     }
 
@@ -657,7 +936,7 @@ impl PyCommunicator {
         inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
-        let mut b = Buf::get(buf, true, "all_gather buffer")?;
+        let mut b = Buf::get(buf, true, "all_gather buffer", self.inner.rank())?;
         let total = count_of(b.len(), dt, "all_gather buffer")?;
         let size = self.inner.nranks();
         if total % size != 0 {
@@ -666,9 +945,16 @@ impl PyCommunicator {
             )));
         }
         let n = total / size;
-        Ok(self.issue(py, inline, CollKind::AllGather, t, move |c| {
-            c.all_gather_in_place(b.as_mut(), n, dt)
-                .map(|()| Done::One(b))
+        const K: CollKind = CollKind::AllGather;
+        Ok(self.issue(py, inline, K, t, move |c| {
+            match b.device() {
+                Some(m) => {
+                    b.ready(c, K, t)?;
+                    c.all_gather_mem_in_place(m, n, dt)
+                }
+                None => c.all_gather_in_place(b.as_mut(), n, dt),
+            }
+            .map(|()| Done::One(b))
         }))
     }
 
@@ -688,16 +974,24 @@ impl PyCommunicator {
         inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, op, t) = (datatype(dtype)?, redop(op)?, timeout_of(timeout)?);
-        let s = Buf::get(send, false, "reduce_scatter input")?;
-        let mut r = Buf::get(recv, true, "reduce_scatter output")?;
+        one_kind("reduce_scatter", send, recv)?;
+        let s = Buf::get(send, false, "reduce_scatter input", self.inner.rank())?;
+        let mut r = Buf::get(recv, true, "reduce_scatter output", self.inner.rank())?;
+        same_place("reduce_scatter", &s, &r)?;
         disjoint(&s, &r)?;
         let n = count_of(r.len(), dt, "reduce_scatter output")?;
-        Ok(
-            self.issue(py, inline, CollKind::ReduceScatter, t, move |c| {
-                c.reduce_scatter(s.as_ref(), r.as_mut(), n, dt, op)
-                    .map(|()| Done::Two(s, r))
-            }),
-        )
+        const K: CollKind = CollKind::ReduceScatter;
+        Ok(self.issue(py, inline, K, t, move |c| {
+            match (s.device(), r.device()) {
+                (Some(sm), Some(rm)) => {
+                    s.ready(c, K, t)?;
+                    r.ready(c, K, t)?;
+                    c.reduce_scatter_mem(sm, rm, n, dt, op)
+                }
+                _ => c.reduce_scatter(s.as_ref(), r.as_mut(), n, dt, op),
+            }
+            .map(|()| Done::Two(s, r))
+        }))
     }
 
     /// All-to-all: block j of `send` (size blocks of n) to rank j; block i of `recv` from
@@ -713,8 +1007,10 @@ impl PyCommunicator {
         inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
-        let s = Buf::get(send, false, "all_to_all input")?;
-        let mut r = Buf::get(recv, true, "all_to_all output")?;
+        one_kind("all_to_all", send, recv)?;
+        let s = Buf::get(send, false, "all_to_all input", self.inner.rank())?;
+        let mut r = Buf::get(recv, true, "all_to_all output", self.inner.rank())?;
+        same_place("all_to_all", &s, &r)?;
         disjoint(&s, &r)?;
         let total = count_of(s.len(), dt, "all_to_all input")?;
         let size = self.inner.nranks();
@@ -724,9 +1020,17 @@ impl PyCommunicator {
             )));
         }
         let n = total / size;
-        Ok(self.issue(py, inline, CollKind::AllToAll, t, move |c| {
-            c.all_to_all(s.as_ref(), r.as_mut(), n, dt)
-                .map(|()| Done::Two(s, r))
+        const K: CollKind = CollKind::AllToAll;
+        Ok(self.issue(py, inline, K, t, move |c| {
+            match (s.device(), r.device()) {
+                (Some(sm), Some(rm)) => {
+                    s.ready(c, K, t)?;
+                    r.ready(c, K, t)?;
+                    c.all_to_all_mem(sm, rm, n, dt)
+                }
+                _ => c.all_to_all(s.as_ref(), r.as_mut(), n, dt),
+            }
+            .map(|()| Done::Two(s, r))
         }))
     }
 
@@ -742,10 +1046,23 @@ impl PyCommunicator {
         inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
-        let b = Buf::get(buf, false, "send buffer")?;
+        let b = Buf::get(buf, false, "send buffer", self.inner.rank())?;
         let n = count_of(b.len(), dt, "send buffer")?;
-        Ok(self.issue(py, inline, CollKind::SendRecv, t, move |c| {
-            c.send(b.as_ref(), n, dt, peer).map(|()| Done::One(b))
+        const K: CollKind = CollKind::SendRecv;
+        Ok(self.issue(py, inline, K, t, move |c| {
+            match b.device() {
+                // Staged as the `*_mem` collectives: one copy to host memory, the host send.
+                Some(m) => {
+                    b.ready(c, K, t)?;
+                    let mut v = vec![0u8; m.len()];
+                    if let Err(e) = m.read(0, &mut v) {
+                        return Err(c.device_failure(K, format!("reading the send buffer: {e}")));
+                    }
+                    c.send(&v, n, dt, peer)
+                }
+                None => c.send(b.as_ref(), n, dt, peer),
+            }
+            .map(|()| Done::One(b))
         }))
     }
 
@@ -761,11 +1078,42 @@ impl PyCommunicator {
         inline: bool,
     ) -> PyResult<PyWork> {
         let (dt, t) = (datatype(dtype)?, timeout_of(timeout)?);
-        let mut b = Buf::get(buf, true, "recv buffer")?;
+        let mut b = Buf::get(buf, true, "recv buffer", self.inner.rank())?;
         let n = count_of(b.len(), dt, "recv buffer")?;
-        Ok(self.issue(py, inline, CollKind::SendRecv, t, move |c| {
-            c.recv(b.as_mut(), n, dt, peer).map(|()| Done::One(b))
+        const K: CollKind = CollKind::SendRecv;
+        Ok(self.issue(py, inline, K, t, move |c| {
+            match b.device() {
+                // The host receive, then one copy into device memory.
+                Some(m) => {
+                    b.ready(c, K, t)?;
+                    let mut v = vec![0u8; m.len()];
+                    c.recv(&mut v, n, dt, peer)?;
+                    if let Err(e) = m.write(0, &v) {
+                        return Err(c.device_failure(K, format!("writing the recv buffer: {e}")));
+                    }
+                    Ok(())
+                }
+                None => c.recv(b.as_mut(), n, dt, peer),
+            }
+            .map(|()| Done::One(b))
         }))
+    }
+
+    /// Which path this communicator's all-reduces on CUDA memory took so far:
+    /// `(gpu_p2p_calls, staged_calls, why_the_last_staged_call_was_staged or None)`
+    /// (`collectives::device::DevicePathStats`). Read in issue order, after every operation
+    /// issued before it (waits for them, GIL released).
+    fn device_path_stats(&self, py: Python<'_>) -> PyResult<(u64, u64, Option<String>)> {
+        let inner = &self.inner;
+        let w = py.allow_threads(move || {
+            inner.run_or_submit(CollKind::Barrier, None, |c| {
+                Ok(c.device_path_stats().clone())
+            })
+        });
+        let st = py
+            .allow_threads(|| w.wait())
+            .map_err(|e| coll_err(self.inner.rank(), &e, e.peer()))?;
+        Ok((st.gpu_p2p, st.staged, st.last_fallback))
     }
 
     /// Barrier.
@@ -782,6 +1130,7 @@ impl PyCommunicator {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCommunicator>()?;
     m.add_class::<PyWork>()?;
+    m.add_class::<PyCudaBuffer>()?;
     m.add(
         "CollectiveError",
         m.py().get_type_bound::<CollectiveError>(),

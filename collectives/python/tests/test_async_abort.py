@@ -143,10 +143,13 @@ def test_store_bootstrap_through_torch_tcpstore(transport):
         assert sums == [3.0, 6.0]
 
 
-def test_cuda_tensor_is_a_clear_error():
+def test_meta_tensor_is_a_clear_error():
     torch = pytest.importorskip("torch")
     import rocecoll
 
     t = torch.empty(3, device="meta")
-    with pytest.raises(rocecoll.CollectiveError, match="buffer on meta: rocecoll handles CPU memory only"):
+    with pytest.raises(rocecoll.CollectiveError,
+                       match="buffer on meta: rocecoll reaches host memory and CUDA device memory only"):
         rocecoll.as_bytes(t)
+    with pytest.raises(rocecoll.CollectiveError, match="buffer on meta"):
+        rocecoll._arg(t)

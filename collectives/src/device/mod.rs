@@ -61,6 +61,15 @@ struct Sizes {
 }
 
 impl Communicator {
+    /// Ends operation `op` with [`CollError::Device`] (`what`: one line naming the failed call and
+    /// the GPU): the communicator is aborted and its peers are told, as when a device copy inside
+    /// a `*_mem` collective fails. For a caller whose own device step before a collective failed
+    /// (waiting for the producer's stream, say), so that the peers stop at once instead of at
+    /// their timeout.
+    pub fn device_failure(&mut self, op: CollKind, what: String) -> CollError {
+        self.device_err(op, what)
+    }
+
     fn device_err(&mut self, op: CollKind, what: String) -> CollError {
         let e = CollError::Device {
             op,

@@ -274,6 +274,17 @@ impl Cuda {
         Ok(sys::device_count().map_err(call_err(None))?.max(0) as u32)
     }
 
+    /// The ordinal of the GPU whose memory `ptr` is (`CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`, CUDA
+    /// Driver API 6.17; works with no context current).
+    ///
+    /// # Errors
+    /// [`CudaError::Call`]: `CUDA_ERROR_INVALID_VALUE` when `ptr` is not memory the driver
+    /// knows (host memory that is not registered, a stale or made-up address).
+    pub fn device_of(&self, ptr: u64) -> Result<u32, CudaError> {
+        let ordinal = sys::pointer_device_ordinal(ptr).map_err(call_err(None))?;
+        Ok(ordinal.max(0) as u32)
+    }
+
     /// Opens GPU `ordinal` and retains its primary context.
     ///
     /// # Errors
@@ -512,6 +523,45 @@ impl CudaDevice {
         Ok(mem)
     }
 
+    /// Device memory another owner allocated (a `torch.Tensor`'s `data_ptr()`, a
+    /// `__cuda_array_interface__` or DLPack `kDLCUDA` export), as [`CudaMemory`] of `len` bytes at
+    /// `ptr`, for the collectives' device path. Nothing is allocated or copied, and dropping it
+    /// frees nothing and waits for nothing: this crate's own copies and kernels on it are
+    /// synchronous or synchronized by their callers before they return.
+    ///
+    /// Checked with the driver, so a bad address is an error, never a wild access: `ptr` must be
+    /// device memory of this GPU (`CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`, CUDA Driver API 6.17) and
+    /// `[ptr, ptr + len)` must lie inside one allocation (`cuMemGetAddressRange`, 6.13). `len` 0
+    /// is accepted without a check. The owner must keep the memory allocated while the returned
+    /// value is in use; every access goes through driver calls, which fail
+    /// (`CUDA_ERROR_INVALID_VALUE`) rather than fault on memory freed meanwhile.
+    ///
+    /// # Errors
+    /// [`CudaError::Call`] (not device memory: `CUDA_ERROR_INVALID_VALUE`),
+    /// [`CudaError::Unsupported`] (memory of another GPU), [`CudaError::Memory`] (the range runs
+    /// past the end of its allocation).
+    pub fn borrow(self: &Arc<Self>, ptr: u64, len: usize) -> Result<CudaMemory, CudaError> {
+        if len > 0 {
+            self.bind()?;
+            let ordinal = sys::pointer_device_ordinal(ptr).map_err(self.err())?;
+            if ordinal != self.ordinal as i32 {
+                return Err(CudaError::Unsupported {
+                    what: "borrowing memory of another GPU",
+                    device: self.ordinal,
+                });
+            }
+            let (base, size) = sys::mem_get_address_range(ptr).map_err(self.err())?;
+            check_range(ptr.saturating_sub(base) as usize, len, size)?;
+        }
+        Ok(CudaMemory {
+            device: self.clone(),
+            ptr,
+            len,
+            origin: Origin::Borrowed,
+            staging: Mutex::new(()),
+        })
+    }
+
     /// Blocks until all work in this device's context is done (`cuCtxSynchronize`).
     ///
     /// # Errors
@@ -556,6 +606,9 @@ impl IpcMemHandle {
 enum Origin {
     Allocated,
     IpcOpened,
+    /// Memory another owner allocated (a framework's tensor), described by address and length:
+    /// never freed here.
+    Borrowed,
 }
 
 /// Device memory of one GPU, allocated here or mapped from another process by IPC.
@@ -585,12 +638,18 @@ impl fmt::Debug for CudaMemory {
 
 impl Drop for CudaMemory {
     fn drop(&mut self) {
+        if self.origin == Origin::Borrowed {
+            // Nothing to free; the owner's work on the memory is its own (a context synchronize
+            // here would wait for every stream of the context, the owner's compute included).
+            return;
+        }
         let _ = self.device.bind();
         // Outstanding work on the buffer must finish before it is freed or unmapped.
         let _ = sys::ctx_synchronize();
         let _ = match self.origin {
             Origin::Allocated => sys::mem_free(self.ptr),
             Origin::IpcOpened => sys::ipc_close_mem_handle(self.ptr),
+            Origin::Borrowed => Ok(()),
         };
     }
 }
@@ -676,9 +735,9 @@ impl CudaMemory {
     /// # Errors
     /// [`CudaError::Unsupported`] for memory that was itself IPC-opened; [`CudaError::Call`].
     pub fn ipc_handle(&self) -> Result<IpcMemHandle, CudaError> {
-        if self.origin == Origin::IpcOpened {
+        if self.origin != Origin::Allocated {
             return Err(CudaError::Unsupported {
-                what: "re-exporting an IPC-opened allocation",
+                what: "IPC export of memory not allocated here (IPC-opened or borrowed)",
                 device: self.device.ordinal,
             });
         }
@@ -971,6 +1030,25 @@ impl CudaEvent {
     pub fn record(&self, stream: &CudaStream) -> Result<(), CudaError> {
         self.device.bind()?;
         sys::event_record(self.event, stream.stream).map_err(self.device.err())
+    }
+
+    /// Records the event at the current end of a stream this crate did not create, given as its
+    /// raw `CUstream` value (`torch.cuda.current_stream().cuda_stream`, the `stream` of a
+    /// `__cuda_array_interface__` v3 export; 0 the NULL stream, 1 `CU_STREAM_LEGACY`, 2
+    /// `CU_STREAM_PER_THREAD`). Waiting for the event then orders host work after everything
+    /// that stream had queued, as `torch.cuda.Event.record(stream)` does.
+    ///
+    /// # Safety
+    /// `stream` must be 0, 1, 2, or a live stream of this event's device context: the driver
+    /// dereferences the handle.
+    ///
+    /// # Errors
+    /// [`CudaError::Call`].
+    #[allow(unsafe_code)] // the raw-handle contract, forwarded to the caller
+    pub unsafe fn record_on_raw_stream(&self, stream: usize) -> Result<(), CudaError> {
+        self.device.bind()?;
+        // SAFETY: forwarded: the caller vouches for `stream`.
+        unsafe { sys::event_record_foreign(self.event, stream) }.map_err(self.device.err())
     }
 
     /// Whether the work before the last record has finished.

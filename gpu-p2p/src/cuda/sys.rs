@@ -526,6 +526,21 @@ pub(crate) fn event_record(e: CUevent, s: CUstream) -> Result<(), CuFail> {
     check("cuEventRecord", unsafe { sys::cuEventRecord(e, s) })
 }
 
+/// `cuEventRecord` on a stream this crate did not create (another library's: torch's current
+/// stream, a `__cuda_array_interface__` exporter's), given as its raw handle value; 0 (the NULL
+/// stream), `CU_STREAM_LEGACY` (1) and `CU_STREAM_PER_THREAD` (2) are the driver's special
+/// handles (CUDA Driver API 6.15, "Stream synchronization behavior").
+///
+/// # Safety
+/// `s` must be 0, 1, 2, or a live stream of the current context: the driver dereferences the
+/// handle.
+pub(crate) unsafe fn event_record_foreign(e: CUevent, s: usize) -> Result<(), CuFail> {
+    // SAFETY: the caller vouches for `s` (above); `e` is live and of the current context.
+    check("cuEventRecord", unsafe {
+        sys::cuEventRecord(e, s as CUstream)
+    })
+}
+
 /// Whether the work before the event's record has finished (`CUDA_ERROR_NOT_READY` -> false).
 pub(crate) fn event_query(e: CUevent) -> Result<bool, CuFail> {
     // SAFETY: `e` is a live event.

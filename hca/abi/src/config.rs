@@ -77,7 +77,8 @@ pub fn cm_config() -> hca::cm::CmConfig {
 /// The environment variable that chooses who drives the library's software HCAs
 /// (`hca::soft::Progress`): `hybrid` (the default: a progress thread, and an `ibv_poll_cq` that
 /// finds its CQ empty runs a round on the caller's thread, holding a received message's ACK for
-/// the reply at most about 2 x `hca::soft::ACK_HOLD`), `thread` (the thread alone: every
+/// the reply at most `hca::soft::ACK_HOLD` while it polls, `ACK_HOLD` + `CALLER_WINDOW` when it
+/// stops), `thread` (the thread alone: every
 /// datagram wakes it; a received message's ACK leaves at once in a sendmmsg(2) of its own) or
 /// `caller` (no thread, as `rdma-perf`'s latency tests: nothing moves unless the program calls
 /// `ibv_poll_cq`, so only for programs that busy-poll until they close their device; a passive

@@ -1,6 +1,7 @@
 //! Debian's own, unmodified RDMA CM programs (rdma-core's `rdmacm-utils`, perftest's `-R`) over
 //! the drop-in `librdmacm.so.1` and `libibverbs.so.1` (`LD_LIBRARY_PATH`): `rping` with its data
-//! verified, `ucmatose` with several connections, `udaddy` (UD over SIDR), `ib_write_bw -R`,
+//! verified, `ucmatose` with several connections (also in port space `RDMA_PS_IB`), `udaddy` (UD
+//! over SIDR), `ib_write_bw -R`,
 //! `ib_send_lat -R`, a REJ for a port nobody listens on, and the library's exported symbol
 //! versions against rdma-core's.
 //! Server and client are separate processes, each on its own loopback address through
@@ -142,6 +143,27 @@ fn ucmatose_four_connections() {
         return;
     };
     assert_ok("ucmatose", &s, &c);
+    for (side, o) in [("server", &s), ("client", &c)] {
+        let out = text(o);
+        assert!(out.contains("data transfers complete"), "{side}:\n{out}");
+        assert!(out.contains("return status 0"), "{side}:\n{out}");
+    }
+}
+
+/// `ucmatose -P ib`: two RC connections in port space `RDMA_PS_IB` (service IDs
+/// `0x013F_pppp`), data both ways.
+#[test]
+fn ucmatose_in_the_ib_port_space() {
+    let (a, b) = ("127.0.0.57", "127.0.0.58");
+    let Some((s, c)) = pair(
+        "ucmatose",
+        (a, b),
+        &["-b", a, "-p", "7957", "-P", "ib", "-c", "2", "-C", "10"],
+        &["-s", a, "-p", "7957", "-P", "ib", "-c", "2", "-C", "10"],
+    ) else {
+        return;
+    };
+    assert_ok("ucmatose -P ib", &s, &c);
     for (side, o) in [("server", &s), ("client", &c)] {
         let out = text(o);
         assert!(out.contains("data transfers complete"), "{side}:\n{out}");

@@ -757,19 +757,7 @@ pub(crate) struct UnixDiag {
 /// (`NotFound` when no socket has that inode, e.g. it has closed), `InvalidData` for a reply
 /// that does not parse. Never blocks: the kernel queues the answer during sendto(2).
 fn unix_diag(ino: u32, show: u32) -> io::Result<UnixDiag> {
-    // SAFETY: plain socket(2).
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-            libc::NETLINK_SOCK_DIAG,
-        )
-    };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a fresh descriptor nobody else owns.
-    let nl = unsafe { OwnedFd::from_raw_fd(raw) };
+    let nl = diag_socket()?;
     // struct nlmsghdr (16 bytes) + struct unix_diag_req (24 bytes), native endian.
     let mut req = [0u8; 40];
     req[0..4].copy_from_slice(&40u32.to_ne_bytes());
@@ -781,20 +769,8 @@ fn unix_diag(ino: u32, show: u32) -> io::Result<UnixDiag> {
     req[24..28].copy_from_slice(&ino.to_ne_bytes());
     req[28..32].copy_from_slice(&show.to_ne_bytes());
     req[32..40].copy_from_slice(&[0xff; 8]); // udiag_cookie: INET_DIAG_NOCOOKIE
-                                             // SAFETY: sockaddr_nl is plain data; all zeroes is valid (pid 0: the kernel).
-    let mut kernel: libc::sockaddr_nl = unsafe { mem::zeroed() };
-    kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-    // SAFETY: `req` and `kernel` are live for the call; the kernel only reads them.
-    let rc = unsafe {
-        libc::sendto(
-            nl.as_raw_fd(),
-            req.as_ptr().cast(),
-            req.len(),
-            0,
-            (&kernel as *const libc::sockaddr_nl).cast(),
-            mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-        )
-    };
+                                             // SAFETY: `req` is live for the call; the kernel only reads it.
+    let rc = unsafe { libc::send(nl.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -815,6 +791,42 @@ fn unix_diag(ino: u32, show: u32) -> io::Result<UnixDiag> {
     // SAFETY: u32 words viewed as the bytes they are; `n` <= their size.
     let b: &[u8] = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast(), n as usize) };
     parse_unix_diag(b)
+}
+
+/// A `NETLINK_SOCK_DIAG` socket connected to the kernel (port ID 0). Connected, it takes
+/// messages from the kernel only: netlink(7) lets any process send unicast to any port ID
+/// without privilege, and the kernel refuses another sender's message to a connected socket
+/// (`ECONNREFUSED`, net/netlink/af_netlink.c `netlink_getsockbyportid`), so no stranger can
+/// slip a forged unix_diag reply (another UID, another name) ahead of the kernel's.
+fn diag_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2).
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            libc::NETLINK_SOCK_DIAG,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let nl = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: sockaddr_nl is plain data; all zeroes is valid (pid 0: the kernel).
+    let mut kernel: libc::sockaddr_nl = unsafe { mem::zeroed() };
+    kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    // SAFETY: `kernel` is live for the call; the kernel only reads it.
+    let rc = unsafe {
+        libc::connect(
+            nl.as_raw_fd(),
+            (&kernel as *const libc::sockaddr_nl).cast(),
+            mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(nl)
 }
 
 /// Parses the first netlink message of a unix_diag reply (`NLMSG_ERROR` becomes its errno).
@@ -1317,6 +1329,71 @@ mod tests {
         long_attr.extend_from_slice(&[200, 0, 7, 0]); // longer than the message
         assert!(invalid(&long_attr));
         assert!(invalid(&header(16, 99)), "another message type");
+    }
+
+    /// The diag socket is connected to the kernel: a message another socket sends to its port
+    /// ID (as any process may, netlink(7)) is refused, so it cannot pose as the kernel's reply;
+    /// the kernel's own replies still arrive.
+    #[test]
+    fn diag_socket_takes_the_kernel_only() {
+        let nl = diag_socket().unwrap();
+        // SAFETY: sockaddr_nl is plain data; getsockname fills it.
+        let mut me: libc::sockaddr_nl = unsafe { mem::zeroed() };
+        let mut len = mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+        // SAFETY: `me` is writable for `len` bytes.
+        let rc = unsafe {
+            libc::getsockname(
+                nl.as_raw_fd(),
+                (&mut me as *mut libc::sockaddr_nl).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0);
+        assert_ne!(me.nl_pid, 0, "connect(2) binds a port ID");
+        // SAFETY: plain socket(2).
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+                libc::NETLINK_SOCK_DIAG,
+            )
+        };
+        assert!(raw >= 0);
+        // SAFETY: fresh descriptor.
+        let stranger = unsafe { OwnedFd::from_raw_fd(raw) };
+        // A forged reply: an NLMSG_ERROR header claiming errno 0.
+        let mut forged = [0u8; 20];
+        forged[0..4].copy_from_slice(&20u32.to_ne_bytes());
+        forged[4..6].copy_from_slice(&(libc::NLMSG_ERROR as u16).to_ne_bytes());
+        // SAFETY: `forged` and `me` are live for the call.
+        let rc = unsafe {
+            libc::sendto(
+                stranger.as_raw_fd(),
+                forged.as_ptr().cast(),
+                forged.len(),
+                0,
+                (&me as *const libc::sockaddr_nl).cast(),
+                mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, -1, "a stranger's message reached the diag socket");
+        assert_eq!(
+            io::Error::last_os_error().raw_os_error(),
+            Some(libc::ECONNREFUSED)
+        );
+        // The kernel still answers: our own listener's inode.
+        let name = format!("soft-hca-test/diag-kernel-only-{}", std::process::id());
+        let l = listen_abstract_unix(name.as_bytes(), 1).unwrap();
+        // SAFETY: stat is plain data; fstat fills it.
+        let mut st: libc::stat = unsafe { mem::zeroed() };
+        // SAFETY: `st` is writable.
+        assert_eq!(unsafe { libc::fstat(l.as_raw_fd(), &mut st) }, 0);
+        let d = unix_diag(st.st_ino as u32, UDIAG_SHOW_UID | UDIAG_SHOW_NAME).unwrap();
+        // SAFETY: getuid cannot fail.
+        assert_eq!(d.uid, Some(unsafe { libc::getuid() }));
+        let mut want = vec![0u8];
+        want.extend_from_slice(name.as_bytes());
+        assert_eq!(d.name, Some(want));
     }
 
     #[test]

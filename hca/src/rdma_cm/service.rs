@@ -422,13 +422,22 @@ impl CmService {
         lock(&self.inner.cm).create_id()
     }
 
-    /// `rdma_create_id(3)` with port space `ps` (`RDMA_PS_TCP` for RC, `RDMA_PS_UDP` for UD over
-    /// SIDR; [`roce::cm::port_space`]).
+    /// `rdma_create_id(3)` with port space `ps` (`RDMA_PS_TCP` and `RDMA_PS_IB` for RC,
+    /// `RDMA_PS_UDP` for UD over SIDR; [`roce::cm::port_space`]).
     ///
     /// # Errors
     /// As [`RdmaCm::create_id_ps`].
     pub fn create_id_ps(&self, ps: u16) -> Result<RdmaId, RdmaCmError> {
         lock(&self.inner.cm).create_id_ps(ps)
+    }
+
+    /// `rdma_create_id` with port space `ps` for a UD (`ud`) or RC QP; only `RDMA_PS_IB` lets the
+    /// caller choose (`rdma_create_ep` with the `rdma_addrinfo`'s `ai_qp_type`).
+    ///
+    /// # Errors
+    /// As [`RdmaCm::create_id_qpt`].
+    pub fn create_id_qpt(&self, ps: u16, ud: bool) -> Result<RdmaId, RdmaCmError> {
+        lock(&self.inner.cm).create_id_qpt(ps, ud)
     }
 
     /// `rdma_destroy_id(3)`: an established connection is disconnected first (DREQ, as the

@@ -177,7 +177,7 @@ pub enum Progress {
     /// so that datagrams do not wake it (a context switch each); [`UdpDevice::req_notify_cq`]
     /// and [`UdpDevice::wait_cq`] end that window (the program is about to block) and give the
     /// socket back to the thread. What a caller stops driving (a timer, a full batch) waits at
-    /// most [`CALLER_WINDOW`], a held ACK about 2 x [`ACK_HOLD`]. The drop-in libibverbs
+    /// most [`CALLER_WINDOW`], a held ACK [`ACK_HOLD`] + [`CALLER_WINDOW`]. The drop-in libibverbs
     /// (`hca/abi`) opens its devices so.
     Hybrid,
 }
@@ -194,33 +194,48 @@ pub const CALLER_WINDOW: Duration = Duration::from_millis(1);
 /// acknowledgements; the requester retransmits only after its Local ACK Timeout, 4.096 us x
 /// 2^`timeout`, 9.7.6.1.3: 67 ms at perftest's and ibv_rc_pingpong's `timeout` 14, 1 s at
 /// librdmacm's 18). With [`Progress::Hybrid`] a caller's round whose oldest hold is this old
-/// builds at once, and the progress thread, which wakes at least this often while callers poll,
-/// builds a hold this old when they stopped: a held ACK waits at most about 2 x `ACK_HOLD`
-/// (plus scheduling delay), below the Local ACK Timeout of `timeout` >= 7 (524 us); a smaller
-/// `timeout` may see a spurious retransmission, answered as a duplicate (9.7.5.1.1).
-/// Destroying or modifying a QP, closing the device, arming a CQ and (in the drop-in
-/// libibverbs) process exit send a hold at once. 250 us: the thread wakes 4000 times a second
-/// while a program busy-polls, against one wake per received message without the hold.
+/// builds at once; when callers stop polling, the progress thread builds it at the end of the
+/// caller window ([`CALLER_WINDOW`] after their last round), or this long after it began if it
+/// was already held when the thread went to sleep. A held ACK so waits at most `ACK_HOLD`
+/// while the program polls, and at most `ACK_HOLD` + `CALLER_WINDOW` (1.25 ms, plus scheduling
+/// delay) when it stops polling right after the message (neither posting, nor arming a CQ, nor
+/// exiting): below the Local ACK Timeout of `timeout` >= 9 (2.1 ms); a smaller `timeout` may
+/// then see a spurious retransmission, answered as a duplicate (9.7.5.1.1). Destroying or
+/// modifying a QP, closing the device, arming a CQ and (in the drop-in libibverbs) process exit
+/// send a hold at once. The thread is not woken for a hold (that would be a context switch per
+/// message of a ping-pong); while a program busy-polls it wakes about once per
+/// [`CALLER_WINDOW`] (it woke every `ACK_HOLD`, 4000 times a second, before).
 pub const ACK_HOLD: Duration = Duration::from_micros(250);
 
-/// [`Progress::Hybrid`]: how long a thread's polls of an empty CQ (whose rounds receive nothing)
-/// go on before [`SoftDevice::poll_cq`] yields the CPU (sched_yield(2)), and then again after
-/// each such interval. 30 us: above a loopback round trip (about 10 us), so a program whose
-/// peer runs on another CPU seldom yields, and far below a scheduler slice (3 ms and more),
-/// which is what a busy poller sharing a CPU with the peer it waits for would otherwise cost
-/// per round trip (with the yield: about 2 x 30 us). A yield at every empty poll and after
-/// each post, as `rdma-perf` does, made Debian's `ib_write_bw` pairs of
-/// `hca/abi/tests/shared_perftest.rs` fail with `IBV_WC_RETRY_EXC_ERR` at load 16-26 (the post
-/// yield 2 runs of 2, the poll yield 4 of 5; 200 us and 30 us: 4 runs of 4 passed); likely
-/// the strays of that test (a killed process reorders the reuseport group), which a process
-/// forwards only while it runs rounds.
+/// [`Progress::Hybrid`]: a thread whose poll of an empty CQ ran a round that received nothing
+/// yields the CPU (sched_yield(2)) in [`SoftDevice::poll_cq`] at the first such poll of a run
+/// (a run ends with a completion or a round that received), and then once per this interval
+/// while the run goes on. The first yield stands for `rdma-perf`'s yield after each post: a
+/// peer that shares this CPU answers at once instead of after a scheduler slice (3 ms and
+/// more), and a loaded machine's two ping-pong ends settle on one CPU, handing it over with one
+/// yield per message (counts of `ib_send_lat -s 8` over the drop-in library at load 20: 1.0
+/// sched_yield, 1.0 recvmmsg and 1.0 sendmmsg per iteration, as `rdma-perf send-lat`);
+/// sched_yield(2) returns at once when nothing else waits for the CPU. 30 us: above a loopback
+/// round trip (about 10 us), so a program whose peer runs on another CPU seldom yields twice
+/// per message. History: yielding at every empty poll and after each post, as `rdma-perf`
+/// does, made Debian's `ib_write_bw` pairs of `hca/abi/tests/shared_perftest.rs` fail at load
+/// 16-26 (the post yield 2 runs of 2, the poll yield 4 of 5, with a progress thread that woke
+/// every 250 us and a stray read per round); with the thread's window-only wake and the
+/// rate-limited stray read, the yield at every empty poll still hung 1 run of 8 at load 9-23
+/// (not analysed), the first-poll yield passed 7 of 7 (branch `wake18`).
 pub const YIELD_AFTER: Duration = Duration::from_micros(30);
 
 std::thread_local! {
-    /// When this thread's run of empty polls began ([`YIELD_AFTER`]; nanoseconds of the
-    /// device clock of the CQ it polls, 0: none).
-    static EMPTY_SINCE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// When this thread's run of empty polls began or last yielded ([`YIELD_AFTER`];
+    /// nanoseconds of the device clock of the CQ it polls), or [`AFTER_COMPLETION`],
+    /// [`AFTER_RECEIPT`].
+    static EMPTY_SINCE: std::cell::Cell<u64> = const { std::cell::Cell::new(AFTER_COMPLETION) };
 }
+
+/// [`EMPTY_SINCE`]: the thread's last poll returned completions.
+const AFTER_COMPLETION: u64 = 0;
+/// [`EMPTY_SINCE`]: the thread's last poll found none, but its round received datagrams.
+const AFTER_RECEIPT: u64 = 1;
 
 /// What the device's progress engine has done (the engine's and the link's own counters are
 /// [`SoftDevice::counters`] and [`SoftDevice::link_counters`]).
@@ -741,9 +756,10 @@ impl<L: SoftLink> SoftDevice<L> {
     /// the CQ has no completion ready (completions already there are returned at once: a
     /// request/response loop then answers without an extra system call). With
     /// [`Progress::Thread`] it only takes the engine lock for the copy. With
-    /// [`Progress::Hybrid`] an empty CQ runs a round if no other thread is in one, and polls
-    /// that find it empty for [`YIELD_AFTER`] yield the CPU (sched_yield(2)), as `rdma-perf`'s
-    /// polling loop does at each: with busy-polling programs (perftest) on both ends of a link and fewer CPUs than
+    /// [`Progress::Hybrid`] an empty CQ runs a round if no other thread is in one, and the first
+    /// poll of a run that finds it empty and receives nothing yields the CPU (sched_yield(2)),
+    /// and then one every [`YIELD_AFTER`], as `rdma-perf`'s polling loop yields after each post:
+    /// with busy-polling programs (perftest) on both ends of a link and fewer CPUs than
     /// runnable threads, a poller would otherwise keep the CPU its peer waits for until the
     /// scheduler's slice ends, milliseconds per round trip.
     ///
@@ -762,32 +778,52 @@ impl<L: SoftLink> SoftDevice<L> {
             Progress::Hybrid => {
                 let ready = self.poll_ready(cq, out)?;
                 if ready > 0 {
-                    EMPTY_SINCE.with(|c| c.set(0));
+                    EMPTY_SINCE.with(|c| c.set(AFTER_COMPLETION));
                     return Ok(ready);
                 }
-                let round = s.hybrid_round();
-                let n = if round.is_some() {
-                    self.poll_ready(cq, out)?
-                } else {
-                    0
+                let state = EMPTY_SINCE.with(std::cell::Cell::get);
+                if state == AFTER_COMPLETION {
+                    // The first empty poll since a completion: the program has most likely
+                    // posted its next request or reply meanwhile. A peer that shares this CPU
+                    // answers it now, before this round, which then receives the answer (one
+                    // receive system call per message of a ping-pong, as `rdma-perf` makes
+                    // with its yield after each post).
+                    std::thread::yield_now();
+                }
+                let Some(round) = s.hybrid_round() else {
+                    // Another thread is in a round (the progress thread sending a window's
+                    // batches, which a post asked for, or another poller): it does what this
+                    // poll would. Spinning on the lock would take a CPU from it and from the
+                    // peer (a bandwidth test's client and its progress thread and the server's
+                    // thread on two CPUs): yield at each such poll, as `rdma-perf` does at
+                    // each empty poll when its thread drives the device.
+                    std::thread::yield_now();
+                    return Ok(0);
                 };
+                let n = self.poll_ready(cq, out)?;
                 // A round that received datagrams (more may wait: strays to forward in shared
                 // mode, a burst of ACKs) is followed by another at once, not by a yield: a
                 // socket read less often overflows.
-                let idle = round.is_none_or(|o| o.received == 0);
-                // Still empty, nothing arrived, and so for YIELD_AFTER already: hand the CPU to
+                let idle = round.received == 0;
+                // Still empty and nothing arrived: at the first such poll of a run (unless it
+                // yielded before its round, above) and then every YIELD_AFTER, hand the CPU to
                 // whoever waits for it (sched_yield(2) returns at once when nobody does). What
                 // this poller waits for is another thread's work: the peer process's, when both
                 // busy-poll on one CPU (it would otherwise wait a whole scheduler slice,
                 // milliseconds, for its turn: one round trip per slice), or the thread holding
                 // `io`.
-                let now = s.now().as_nanos();
+                let now = s.now().as_nanos().max(AFTER_RECEIPT + 1);
                 EMPTY_SINCE.with(|c| {
-                    if n > 0 || !idle {
-                        c.set(0);
-                    } else if c.get() == 0 {
+                    if n > 0 {
+                        c.set(AFTER_COMPLETION);
+                    } else if !idle {
+                        c.set(AFTER_RECEIPT);
+                    } else if state <= AFTER_RECEIPT {
                         c.set(now);
-                    } else if now - c.get() >= YIELD_AFTER.as_nanos() as u64 {
+                        if state == AFTER_RECEIPT {
+                            std::thread::yield_now();
+                        }
+                    } else if now - state >= YIELD_AFTER.as_nanos() as u64 {
                         c.set(now);
                         std::thread::yield_now();
                     }

@@ -263,13 +263,19 @@ impl<L: SoftLink> Shared<L> {
     /// After a round the progress thread did not run: make it run one if work is left or a
     /// timer now expires before the thread wakes by itself.
     fn after_foreign_round(&self, outcome: &RoundOutcome) {
-        // Progress::Hybrid: while a caller polls it fires timers itself, and the thread wakes
-        // by the end of the caller window anyway; a wake per post would cost a context switch.
-        let earlier_timer = !self.callers_poll()
+        // Progress::Hybrid: while a caller polls it fires timers itself and its next poll's
+        // round goes on with a full batch (a bandwidth test's window: the thread would
+        // contend for the locks and the CPUs with the poller, and the peer's thread needs a
+        // CPU too), and the thread wakes by the end of the caller window anyway; a wake per
+        // post would cost a context switch. Only a socket that refused a send needs the
+        // thread's wait for room.
+        let polling = self.callers_poll();
+        let earlier_timer = !polling
             && outcome
                 .next_timer
                 .is_some_and(|t| t.as_nanos() < self.sleep_until.load(Ordering::SeqCst));
-        if outcome.tx_full || outcome.rx_full || outcome.blocked || earlier_timer {
+        let more = !polling && (outcome.tx_full || outcome.rx_full);
+        if more || outcome.blocked || earlier_timer {
             self.request_round();
         }
     }
@@ -421,13 +427,20 @@ impl<L: SoftLink> Shared<L> {
         // (end_caller_window).
         let until = self.caller_until.load(Ordering::SeqCst);
         let now = self.now().as_nanos();
-        // Wake by the time a hold becomes due ([`super::ACK_HOLD`]); a hold that starts during
-        // the sleep is seen at the next slice (so a held ACK waits at most 2 x ACK_HOLD while
-        // callers poll, and the thread wakes every ACK_HOLD while they do).
+        // Wake when the caller window ends (callers stopped polling: the socket is the
+        // thread's again), or, if a callers' round holds an ACK now, when that hold becomes
+        // due ([`super::ACK_HOLD`]). A hold that starts during the sleep wakes nobody (it
+        // would cost a context switch per message of a ping-pong): while callers poll their
+        // own round builds it once due, and when they stop the window ends at most
+        // CALLER_WINDOW after their last round. So while a program busy-polls the thread wakes
+        // about once per CALLER_WINDOW, and a held ACK waits at most ACK_HOLD (callers poll)
+        // or ACK_HOLD + CALLER_WINDOW (they stopped right after holding it).
         let held = self.held_since.load(Ordering::SeqCst);
-        let hold = super::ACK_HOLD.as_nanos() as u64;
-        let due = if held == 0 { now + hold } else { held + hold };
-        let until = until.min(due);
+        let until = if held == 0 {
+            until
+        } else {
+            until.min(held + super::ACK_HOLD.as_nanos() as u64)
+        };
         if !self.pending.load(Ordering::SeqCst) && now < until {
             let timeout = Duration::from_nanos(until - now).min(MAX_SLEEP);
             lock(&self.counters).sleeps += 1;

@@ -1,7 +1,10 @@
-"""The ``torch.distributed`` backend ``"rocecoll"`` (CPU tensors) and a DDP communication hook.
+"""The ``torch.distributed`` backend ``"rocecoll"`` (CPU and CUDA tensors) and a DDP communication
+hook.
 
 Importing this module registers the backend (``Backend.register_backend("rocecoll", ...,
-devices=["cpu"])``), after which ``dist.init_process_group("rocecoll")`` works under torchrun.
+devices=["cpu", "cuda"])``), after which ``dist.init_process_group("rocecoll")`` works under
+torchrun. CUDA tensors go through the package's device path (``rocecoll`` module docs: gpu-p2p,
+ordered after the tensor's current stream; ``Work.wait`` returns once the device writes are done).
 The process group is a Python ``ProcessGroup`` (as in PyTorch's ``test_c10d_pypg.py``) over one
 :class:`rocecoll.Comm` made from the store PyTorch hands the backend: no port of ours is opened.
 An ``async_op=True`` operation returns at once with its ``Work``; operations run in issue order
@@ -365,7 +368,7 @@ def _gloo_order_allreduce(native, t, size, inline=False):
     """Issues a sum all-reduce of CPU tensor ``t`` (contiguous) that adds in Gloo's order: an
     all-gather of every rank's values (size times the bytes of a ring all-reduce's traffic),
     then :func:`gloo_order_sum` into ``t`` after it ends. Returns (native work, keep, post)."""
-    gathered = torch.empty((size, t.numel()), dtype=t.dtype)
+    gathered = torch.empty((size, t.numel()), dtype=t.dtype, device=t.device)
     s, dt = _arg(t, writable=False)
     r, _ = _arg(gathered)
 
@@ -485,7 +488,7 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
         outs = self._one(output_lists, "allgather")
         if len(outs) != self._size or any(o.numel() != t.numel() for o in outs):
             raise ValueError("allgather: one output tensor per rank, each as large as the input")
-        flat = torch.empty(self._size * t.numel(), dtype=t.dtype)
+        flat = torch.empty(self._size * t.numel(), dtype=t.dtype, device=t.device)
         s, dt = _arg(t.contiguous(), writable=False)
         r, _ = _arg(flat)
         n = t.numel()
@@ -610,7 +613,7 @@ def _create(store, rank, size, timeout):
 def register():
     """Registers the backend ``"rocecoll"`` (idempotent)."""
     if NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(NAME, _create, devices=["cpu"])
+        dist.Backend.register_backend(NAME, _create, devices=["cpu", "cuda"])
 
 
 register()

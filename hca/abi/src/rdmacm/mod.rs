@@ -26,12 +26,16 @@
 //!   `rdma_init_qp_attr` before `rdma_accept`; the active side gets
 //!   `RDMA_CM_EVENT_CONNECT_RESPONSE` for the REP, brings its QP up the same way and calls
 //!   `rdma_establish`, which sends the RTU (`EINVAL` on an ID with a QP).
-//! * **UD** (`RDMA_PS_UDP`): `rdma_connect` sends a SIDR_REQ, `rdma_accept` / `rdma_reject`
+//! * **Port spaces**: `RDMA_PS_TCP` (RC), `RDMA_PS_UDP` (UD), `RDMA_PS_IB`
+//!   (RC from `rdma_create_id`, or the QP type `rdma_create_ep` is given); the service ID is
+//!   `(ps << 16) | port` in every one, as in Linux `cma.c`.
+//! * **UD** (`RDMA_PS_UDP`, a UD ID of `RDMA_PS_IB`): `rdma_connect` sends a SIDR_REQ, `rdma_accept` / `rdma_reject`
 //!   answer it with a SIDR_REP; `ESTABLISHED` carries `param.ud` (the peer's QPN, Q_Key
 //!   `RDMA_UDP_QKEY` and an `ah_attr` to it), as Linux `cma.c` and librdmacm report it; UD QPs
 //!   from `rdma_create_qp` go to RTS with that Q_Key (librdmacm `ucma_init_ud_qp`).
-//! * **Refused**, with rdma-core's `-1` and errno: `RDMA_PS_IB` and `RDMA_PS_IPOIB`
-//!   (`EOPNOTSUPP`), multicast and ECE (`EOPNOTSUPP`), `rdma_create_srq_ex`
+//! * **Refused**, with rdma-core's `-1` and errno: `RDMA_PS_IPOIB` (`EOPNOTSUPP`: its Q_Key
+//!   is an IPoIB broadcast group's, from the SA, which RoCE has not), an unknown port space
+//!   (`EINVAL`), multicast and ECE (`EOPNOTSUPP`), `rdma_create_srq_ex`
 //!   (`EOPNOTSUPP`), `rdma_init_qp_attr` for RTR / RTS of an ID without a connection in a
 //!   state that has them (`EINVAL`); rsockets (`rsocket`, `rsend`, ...) fail with `ENOSYS`, except `rpoll` /
 //!   `rselect` which, as every descriptor is a plain one, are poll(2) / select(2).
@@ -684,8 +688,11 @@ fn is_sync(id: *mut rdma_cm_id) -> bool {
 // ---------------------------------------------------------------------------------------------
 // IDs and addresses.
 
-/// rdma_create_id(3): `RDMA_PS_TCP` (RC) and `RDMA_PS_UDP` (UD, SIDR) IDs; `RDMA_PS_IB` and
-/// `RDMA_PS_IPOIB` fail with `EOPNOTSUPP`. A null `channel` makes a synchronous ID.
+/// rdma_create_id(3): `RDMA_PS_TCP` and `RDMA_PS_IB` IDs for RC QPs (REQ / REP / RTU),
+/// `RDMA_PS_UDP` IDs for UD QPs (SIDR), as librdmacm's `rdma_create_id` chooses the QP type;
+/// `RDMA_PS_IPOIB` fails with `EOPNOTSUPP` (its Q_Key is an IPoIB broadcast group's, which RoCE
+/// has not: `cma.c` `cma_set_qkey`), another port space with `EINVAL` (the kernel's
+/// `ucma_get_qp_type`). A null `channel` makes a synchronous ID.
 ///
 /// # Safety
 /// `channel` is null or a live channel; `id` is writable.
@@ -696,11 +703,44 @@ pub unsafe extern "C" fn softrdmacm_create_id(
     context: *mut c_void,
     ps: rdma_port_space,
 ) -> c_int {
+    let qp_type = if ps == rdma_port_space_RDMA_PS_UDP {
+        QPT_UD
+    } else {
+        QPT_RC
+    };
+    // SAFETY: the caller's promise.
+    unsafe { create_id(channel, id, context, ps, qp_type) }
+}
+symver!(softrdmacm_create_id, "IBVERBS_PRIVATE_RDMACM");
+
+/// librdmacm's `rdma_create_id2`: an ID of port space `ps` for QPs of type `qp_type`
+/// (`IBV_QPT_RC` or `IBV_QPT_UD`); only `RDMA_PS_IB` takes either (the kernel's
+/// `ucma_get_qp_type`; `rdma_create_ep` passes the `rdma_addrinfo`'s `ai_qp_type`).
+/// `EINVAL` for another port space or a QP type the port space does not take.
+///
+/// # Safety
+/// As [`softrdmacm_create_id`].
+unsafe fn create_id(
+    channel: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: rdma_port_space,
+    qp_type: u32,
+) -> c_int {
     if id.is_null() {
         return fail(libc::EINVAL, -1);
     }
-    if ps != rdma_port_space_RDMA_PS_TCP && ps != rdma_port_space_RDMA_PS_UDP {
+    if ps == rdma_port_space_RDMA_PS_IPOIB {
         return fail(libc::EOPNOTSUPP, -1);
+    }
+    let fits = match ps {
+        rdma_port_space_RDMA_PS_TCP => qp_type == QPT_RC,
+        rdma_port_space_RDMA_PS_UDP => qp_type == QPT_UD,
+        rdma_port_space_RDMA_PS_IB => qp_type == QPT_RC || qp_type == QPT_UD,
+        _ => false,
+    };
+    if !fits {
+        return fail(libc::EINVAL, -1);
     }
     let mut g = lock(global());
     let (channel, sync) = if channel.is_null() {
@@ -716,11 +756,7 @@ pub unsafe extern "C" fn softrdmacm_create_id(
     new.channel = channel;
     new.context = context;
     new.ps = ps;
-    new.qp_type = if ps == rdma_port_space_RDMA_PS_UDP {
-        QPT_UD
-    } else {
-        QPT_RC
-    };
+    new.qp_type = qp_type;
     let p = Box::into_raw(new);
     g.ids.insert(
         p as usize,
@@ -733,7 +769,6 @@ pub unsafe extern "C" fn softrdmacm_create_id(
     unsafe { *id = p };
     0
 }
-symver!(softrdmacm_create_id, "IBVERBS_PRIVATE_RDMACM");
 
 /// rdma_destroy_id(3): forgets the ID and frees it (and a synchronous ID's channel); its
 /// unacknowledged events stay valid until acknowledged.
@@ -804,8 +839,10 @@ pub unsafe extern "C" fn softrdmacm_bind_addr(
     addr: *mut libc::sockaddr,
 ) -> c_int {
     // SAFETY: the caller's promise.
+    // A null address or one of another family: EINVAL, as librdmacm's rdma_bind_addr refuses
+    // it (`ucma_addrlen` is 0) before the kernel would answer EAFNOSUPPORT.
     let Some(a) = (unsafe { from_sockaddr(addr) }) else {
-        return fail(libc::EAFNOSUPPORT, -1);
+        return fail(libc::EINVAL, -1);
     };
     let mut g = lock(global());
     let dev = if a.ip().is_unspecified() {
@@ -844,10 +881,13 @@ fn rid_on(g: &mut Global, id: usize, d: usize) -> Result<RdmaId, c_int> {
         return Ok(r);
     }
     // SAFETY: a live ID of this library.
-    let ps = unsafe { (*(id as *const rdma_cm_id)).ps } as u16;
+    let (ps, ud) = unsafe {
+        let p = &*(id as *const rdma_cm_id);
+        (p.ps as u16, p.qp_type == QPT_UD)
+    };
     let r = g.devs[d]
         .svc
-        .create_id_ps(ps)
+        .create_id_qpt(ps, ud)
         .map_err(|e| errno_of_cm(&e))?;
     g.by_rid.insert((d, r), id);
     if let Some(rec) = g.ids.get_mut(&id) {
@@ -944,7 +984,7 @@ unsafe fn establish(
 ) -> c_int {
     // SAFETY: the caller's promise.
     let (ud, external) = unsafe {
-        let ud = (*id).ps == rdma_port_space_RDMA_PS_UDP;
+        let ud = (*id).qp_type == QPT_UD;
         (ud, !ud && (*id).qp.is_null())
     };
     // An ID without `id->qp` connects the program's own QP (`conn_param->qp_num`), which the
@@ -1863,8 +1903,9 @@ struct AddrInfoBox {
 
 /// rdma_getaddrinfo(3): resolves `node` / `service` with getaddrinfo(3) (numeric or by name)
 /// into one `struct rdma_addrinfo`: the source address for `RAI_PASSIVE`, else the
-/// destination; RC over `RDMA_PS_TCP`, or UD over `RDMA_PS_UDP` when the hints ask for either
-/// (hints asking for another QP type or port space fail with `EOPNOTSUPP`). Errors are getaddrinfo's return values, as rdma-core's.
+/// destination; RC over `RDMA_PS_TCP`, or UD over `RDMA_PS_UDP` when the hints ask for either,
+/// or `RDMA_PS_IB` with the hinted QP type (RC or UD; RC when none) (hints asking for another QP
+/// type or port space, or a pair the CM cannot connect, fail with `EOPNOTSUPP`). Errors are getaddrinfo's return values, as rdma-core's.
 ///
 /// # Safety
 /// `node` / `service` null or C strings; `hints` null or readable; `res` writable.
@@ -1891,17 +1932,28 @@ pub unsafe extern "C" fn softrdmacm_getaddrinfo(
             )
         }
     };
-    // RC over RDMA_PS_TCP, or UD over RDMA_PS_UDP (either hint names both, as in rdma-core's
-    // ucma_set_ai_ps / ucma_set_ai_qp_type).
-    let ud = qp_type == QPT_UD as c_int || ps == rdma_port_space_RDMA_PS_UDP as c_int;
-    let (want_type, want_ps) = if ud {
-        (QPT_UD as c_int, rdma_port_space_RDMA_PS_UDP as c_int)
-    } else {
-        (QPT_RC as c_int, rdma_port_space_RDMA_PS_TCP as c_int)
+    // The QP type and port space: a hint's, or the one the other hint implies (RC with
+    // RDMA_PS_TCP, UD with RDMA_PS_UDP; rdma-core's ucma_convert_to_rai from SOCK_STREAM /
+    // SOCK_DGRAM and IPPROTO_TCP / IPPROTO_UDP); a pair the CM cannot connect is refused.
+    let (rc, udq) = (QPT_RC as c_int, QPT_UD as c_int);
+    let (want_type, want_ps) = match (qp_type, ps as rdma_port_space) {
+        (0, 0) => (rc, rdma_port_space_RDMA_PS_TCP),
+        (0, rdma_port_space_RDMA_PS_UDP) => (udq, ps as u32),
+        (0, p) => (rc, p),
+        (t, 0) if t == udq => (udq, rdma_port_space_RDMA_PS_UDP),
+        (t, 0) => (t, rdma_port_space_RDMA_PS_TCP),
+        (t, p) => (t, p),
     };
-    if (qp_type != 0 && qp_type != want_type) || (ps != 0 && ps != want_ps) {
+    let fits = match want_ps {
+        rdma_port_space_RDMA_PS_TCP => want_type == rc,
+        rdma_port_space_RDMA_PS_UDP => want_type == udq,
+        rdma_port_space_RDMA_PS_IB => want_type == rc || want_type == udq,
+        _ => false,
+    };
+    if !fits {
         return fail(libc::EOPNOTSUPP, -1);
     }
+    let want_ps = want_ps as c_int;
     let passive = flags & RAI_PASSIVE as c_int != 0;
     // SAFETY: all-zero is a valid addrinfo.
     let mut h: libc::addrinfo = unsafe { zeroed() };
@@ -1982,12 +2034,16 @@ pub unsafe extern "C" fn softrdmacm_create_ep(
     let mut new: *mut rdma_cm_id = null_mut();
     // SAFETY: the caller's promise.
     unsafe {
-        let ps = if (*res).ai_port_space == rdma_port_space_RDMA_PS_UDP as c_int {
-            rdma_port_space_RDMA_PS_UDP
-        } else {
-            rdma_port_space_RDMA_PS_TCP
+        let ps = match (*res).ai_port_space as rdma_port_space {
+            0 => rdma_port_space_RDMA_PS_TCP,
+            p => p,
         };
-        if softrdmacm_create_id(null_mut(), &mut new, null_mut(), ps) != 0 {
+        let qp_type = match (*res).ai_qp_type as u32 {
+            0 if ps == rdma_port_space_RDMA_PS_UDP => QPT_UD,
+            0 => QPT_RC,
+            t => t,
+        };
+        if create_id(null_mut(), &mut new, null_mut(), ps, qp_type) != 0 {
             return -1;
         }
         let r = if (*res).ai_flags & RAI_PASSIVE as c_int != 0 {
@@ -2096,6 +2152,7 @@ symver!(softrdmacm_get_request, "IBVERBS_PRIVATE_RDMACM");
 #[cfg(test)]
 mod tests {
     use super::*;
+    use core::ptr::null;
 
     /// A channel destroyed twice (Debian 12's perftest 4.5-0.17 after a rejected connect): the
     /// second destroy is recognised and ignored, not a free of freed memory.
@@ -2114,5 +2171,155 @@ mod tests {
             softrdmacm_destroy_event_channel(null_mut());
         }
         assert!(!live_channels().contains(&(c as usize)));
+    }
+
+    fn errno() -> c_int {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    /// rdma_getaddrinfo with hints the CM cannot connect (UC, an unknown port space, IPoIB's, a
+    /// UD type over RDMA_PS_TCP, an RC type over RDMA_PS_UDP) fails with EOPNOTSUPP and leaves
+    /// no result; no node and no service, or no result pointer, is EINVAL; a numeric-host flag
+    /// with a name is getaddrinfo's own error; a plain request still resolves.
+    #[test]
+    fn getaddrinfo_refuses_odd_hints() {
+        let node = c"127.0.0.1";
+        let service = c"7471";
+        for (qp_type, ps) in [
+            (3, 0),
+            (0, 0x0107),
+            (0, rdma_port_space_RDMA_PS_IPOIB),
+            (QPT_UD as c_int, rdma_port_space_RDMA_PS_TCP),
+            (QPT_RC as c_int, rdma_port_space_RDMA_PS_UDP),
+            (3, rdma_port_space_RDMA_PS_IB),
+            (-1, rdma_port_space_RDMA_PS_IB),
+        ] {
+            // SAFETY: all-zero is a valid addrinfo.
+            let mut hints: rdma_addrinfo = unsafe { zeroed() };
+            hints.ai_qp_type = qp_type;
+            hints.ai_port_space = ps as c_int;
+            let mut res: *mut rdma_addrinfo = null_mut();
+            // SAFETY: C strings, readable hints, writable result.
+            let r = unsafe {
+                softrdmacm_getaddrinfo(node.as_ptr(), service.as_ptr(), &hints, &mut res)
+            };
+            assert_eq!(
+                (r, errno()),
+                (-1, libc::EOPNOTSUPP),
+                "qp_type {qp_type} ps {ps:#x}"
+            );
+            assert!(res.is_null());
+        }
+        let mut res: *mut rdma_addrinfo = null_mut();
+        // SAFETY: null strings and hints are allowed; `res` writable.
+        let r = unsafe { softrdmacm_getaddrinfo(null(), null(), null(), &mut res) };
+        assert_eq!((r, errno()), (-1, libc::EINVAL));
+        // SAFETY: a null result pointer is the point.
+        let r =
+            unsafe { softrdmacm_getaddrinfo(node.as_ptr(), service.as_ptr(), null(), null_mut()) };
+        assert_eq!((r, errno()), (-1, libc::EINVAL));
+        // SAFETY: all-zero is a valid addrinfo.
+        let mut hints: rdma_addrinfo = unsafe { zeroed() };
+        hints.ai_flags = RAI_NUMERICHOST as c_int;
+        // SAFETY: as above.
+        let r = unsafe {
+            softrdmacm_getaddrinfo(c"not a number".as_ptr(), service.as_ptr(), &hints, &mut res)
+        };
+        assert_eq!(r, libc::EAI_NONAME);
+        assert!(res.is_null());
+        // SAFETY: as above.
+        let r =
+            unsafe { softrdmacm_getaddrinfo(node.as_ptr(), service.as_ptr(), null(), &mut res) };
+        assert_eq!(r, 0);
+        // SAFETY: a result of softrdmacm_getaddrinfo.
+        unsafe {
+            assert_eq!((*res).ai_qp_type, QPT_RC as c_int);
+            assert_eq!((*res).ai_port_space, rdma_port_space_RDMA_PS_TCP as c_int);
+            softrdmacm_freeaddrinfo(res);
+        }
+    }
+
+    /// rdma_create_ep with an rdma_addrinfo the CM cannot serve (made by hand, not by
+    /// rdma_getaddrinfo): UC, an unknown port space or a mismatched pair is EINVAL, IPoIB's port
+    /// space EOPNOTSUPP (as rdma_create_id); a passive one without a source address, or with one
+    /// of another family, is EINVAL as librdmacm's rdma_bind_addr (was EAFNOSUPPORT). No ID is
+    /// returned.
+    #[test]
+    fn create_ep_refuses_odd_addrinfo() {
+        // SAFETY: all-zero is valid for both.
+        let mut unix: libc::sockaddr_storage = unsafe { zeroed() };
+        unix.ss_family = libc::AF_UNIX as libc::sa_family_t;
+        let cases: [(c_int, u32, c_int, bool, c_int); 6] = [
+            (3, rdma_port_space_RDMA_PS_TCP, 0, false, libc::EINVAL),
+            (0, 0x0107, 0, false, libc::EINVAL),
+            (0, rdma_port_space_RDMA_PS_IPOIB, 0, false, libc::EOPNOTSUPP),
+            (
+                QPT_RC as c_int,
+                rdma_port_space_RDMA_PS_UDP,
+                0,
+                false,
+                libc::EINVAL,
+            ),
+            (0, 0, RAI_PASSIVE as c_int, false, libc::EINVAL),
+            (0, 0, RAI_PASSIVE as c_int, true, libc::EINVAL),
+        ];
+        for (qp_type, ps, flags, with_unix_src, want) in cases {
+            // SAFETY: all-zero is a valid addrinfo.
+            let mut res: rdma_addrinfo = unsafe { zeroed() };
+            res.ai_qp_type = qp_type;
+            res.ai_port_space = ps as c_int;
+            res.ai_flags = flags;
+            if with_unix_src {
+                res.ai_src_addr = ptr::from_mut(&mut unix).cast();
+                res.ai_src_len = size_of::<libc::sockaddr_storage>() as _;
+            }
+            let mut id: *mut rdma_cm_id = null_mut();
+            // SAFETY: readable addrinfo, writable ID pointer; no PD, no QP attributes.
+            let r = unsafe { softrdmacm_create_ep(&mut id, &mut res, null_mut(), null_mut()) };
+            assert_eq!(
+                (r, errno()),
+                (-1, want),
+                "qp_type {qp_type} ps {ps:#x} flags {flags} unix {with_unix_src}"
+            );
+            assert!(id.is_null());
+        }
+    }
+
+    /// rdma_init_qp_attr with a null attribute or mask pointer, or a state other than INIT /
+    /// RTR / RTS, is EINVAL; so is an ID this library did not make. Nothing is dereferenced
+    /// past the check.
+    #[test]
+    fn init_qp_attr_refuses_bogus_arguments() {
+        // SAFETY: all-zero is a valid rdma_cm_id and ibv_qp_attr (an ID not in the table).
+        let mut id: rdma_cm_id = unsafe { zeroed() };
+        id.qp_type = QPT_RC;
+        // SAFETY: all-zero is a valid ibv_qp_attr.
+        let mut attr: ibv_qp_attr = unsafe { zeroed() };
+        let mut mask: c_int = 0;
+        // SAFETY: the null pointers are the point; nothing else is touched.
+        unsafe {
+            assert_eq!(softrdmacm_init_qp_attr(&mut id, null_mut(), &mut mask), -1);
+            assert_eq!(errno(), libc::EINVAL);
+            assert_eq!(softrdmacm_init_qp_attr(&mut id, &mut attr, null_mut()), -1);
+            assert_eq!(errno(), libc::EINVAL);
+        }
+        for (qp_type, state) in [
+            (QPT_RC, ibv_qp_state_IBV_QPS_SQD),
+            (QPT_RC, 99),
+            (QPT_UD, ibv_qp_state_IBV_QPS_ERR),
+            (QPT_UD, 99),
+            (QPT_RC, ibv_qp_state_IBV_QPS_RTR),
+            (QPT_RC, ibv_qp_state_IBV_QPS_RTS),
+        ] {
+            id.qp_type = qp_type;
+            attr.qp_state = state;
+            // SAFETY: readable ID, writable attr and mask.
+            let r = unsafe { softrdmacm_init_qp_attr(&mut id, &mut attr, &mut mask) };
+            assert_eq!(
+                (r, errno()),
+                (-1, libc::EINVAL),
+                "type {qp_type} state {state}"
+            );
+        }
     }
 }

@@ -1157,8 +1157,11 @@ fn bw_op(p: &Params, rem: &PerftestDest) -> SendOp {
     }
 }
 
-/// Polls `cq` into `wcs`: busy (yielding the CPU between polls) for [`SPIN`] after the last
-/// completion, then sleeping until the next; fails after `--timeout` without any completion.
+/// Polls `cq` into `wcs`: busy for [`SPIN`] after the last completion, then sleeping until the
+/// next; fails after `--timeout` without any completion. While busy it yields the CPU
+/// (sched_yield(2)) after each post and at each empty poll when another thread may need this
+/// CPU for the completion to come ([`Poller::yield_each`], [`Poller::contended`]), else only
+/// once per [`YIELD_EVERY`] of waiting.
 struct Poller {
     /// When an empty poll first read the clock after the last completion (`None`: none has
     /// yet): the start of the idle time that [`SPIN`] and `--timeout` bound.
@@ -1169,10 +1172,42 @@ struct Poller {
     sleeping: bool,
     /// A WR was just posted ([`Poller::posted`]): yield before the next poll.
     posted: bool,
+    /// Always yield after each post and at each empty poll: the device has a progress thread,
+    /// which needs a CPU to produce the completion. With caller-driven progress (the latency
+    /// tests' default) the yields cost a system call each, two or more per round trip, for
+    /// nothing while the peer answers from another CPU; they are made only while
+    /// [`Poller::contended`]. (The process's CPU affinity says nothing about where the peer
+    /// runs: a latency test pinned to CPU 1 against a peer on CPU 0 is the usual set-up.)
+    yield_each: bool,
+    /// A wait for a completion (from a post to the next completion, or a run of empty polls)
+    /// took [`YIELD_EVERY`] or more: the peer is slow to get a CPU (a loaded machine, or both
+    /// ends on one CPU), so yield as with [`Poller::yield_each`] (a spinning poller
+    /// would keep the CPU the peer waits for until its slice ends). Cleared after
+    /// [`QUICK_TO_SPIN`] yields in a row that returned within [`YIELD_QUICK`]: nothing else
+    /// wanted this CPU (waits say nothing here: yields that run the peer make them short).
+    contended: bool,
+    /// Quick yields in a row while [`Poller::contended`].
+    quick: u32,
+    /// When the last WR was posted ([`Poller::posted`]) while spinning, until the next
+    /// completion.
+    posted_at: Option<Instant>,
+    /// Neither of the above: the idle time at which the next yield is due (a poller waiting
+    /// this long lets the scheduler run a peer stuck behind it, once per [`YIELD_EVERY`]).
+    next_yield: Duration,
 }
 
 /// How long a poller spins on an empty CQ before it sleeps until a completion.
 const SPIN: Duration = Duration::from_micros(50);
+/// A poller without [`Poller::yield_each`] yields once per this much idle time: above a
+/// loopback round trip (about 4-10 us), so a peer on another CPU answers first; the same as
+/// the device's `hca::soft::YIELD_AFTER`.
+const YIELD_EVERY: Duration = hca::soft::YIELD_AFTER;
+/// A sched_yield(2) that returns within this ran no other task (one that switches to another
+/// task and back costs two context switches, several microseconds on this VM; a yield with
+/// nothing to run is a plain system call, well under one).
+const YIELD_QUICK: Duration = Duration::from_micros(2);
+/// Quick yields in a row after which a [`Poller::contended`] poller spins again.
+const QUICK_TO_SPIN: u32 = 16;
 /// Longest single sleep of a poller (it then checks its timeout).
 const BLOCK: Duration = Duration::from_millis(10);
 /// How long write-lat spins on its target byte before it checks only every millisecond (far
@@ -1183,20 +1218,62 @@ const NAP_AFTER: Duration = Duration::from_secs(1);
 const POLLS_PER_CLOCK: u32 = 8;
 
 impl Poller {
-    fn new() -> Poller {
+    fn new(p: &Params) -> Poller {
         Poller {
             idle_since: None,
             empty: 0,
             sleeping: false,
             posted: false,
+            yield_each: p.progress != Progress::Caller,
+            contended: false,
+            quick: 0,
+            posted_at: None,
+            next_yield: YIELD_EVERY,
         }
     }
 
-    /// The caller just posted a WR whose completion needs the peer: the next poll yields the
-    /// CPU first. An answer cannot be back before a sched_yield(2) returns (about 0.5 us here),
-    /// and when the peer shares this CPU it runs now instead of after one more empty poll.
+    /// The caller just posted a WR whose completion needs the peer: with
+    /// [`Poller::yield_each`] or [`Poller::contended`] the next poll yields the CPU first. An answer cannot be back
+    /// before a sched_yield(2) returns (about 0.5 us here), and when the peer shares this CPU
+    /// it runs now instead of after one more empty poll.
     fn posted(&mut self) {
-        self.posted = true;
+        self.posted = self.yields();
+        self.posted_at = (!self.yields()).then(Instant::now);
+    }
+
+    /// A wait for a completion while spinning took `waited`.
+    fn waited(&mut self, waited: Duration) {
+        self.contended = waited >= YIELD_EVERY;
+    }
+
+    /// Whether to yield after each post and at each empty poll now.
+    fn yields(&self) -> bool {
+        self.yield_each || self.contended
+    }
+
+    /// sched_yield(2); while [`Poller::contended`], timed (two vDSO clock reads) to learn
+    /// whether the contention is over.
+    fn yield_cpu(&mut self) {
+        if !self.contended {
+            std::thread::yield_now();
+            return;
+        }
+        let t = Instant::now();
+        std::thread::yield_now();
+        self.yielded(t.elapsed());
+    }
+
+    /// A yield while [`Poller::contended`] took `took`.
+    fn yielded(&mut self, took: Duration) {
+        if took < YIELD_QUICK {
+            self.quick += 1;
+            if self.quick >= QUICK_TO_SPIN {
+                self.contended = false;
+                self.quick = 0;
+            }
+        } else {
+            self.quick = 0;
+        }
     }
 
     fn poll(
@@ -1208,7 +1285,7 @@ impl Poller {
         what: &str,
     ) -> Result<usize, Fail> {
         if std::mem::take(&mut self.posted) {
-            std::thread::yield_now();
+            self.yield_cpu();
         }
         let mut n = res.dev.poll_cq(cq, wcs)?;
         if n == 0 && self.sleeping && !wcs.is_empty() {
@@ -1220,9 +1297,17 @@ impl Poller {
             }
         }
         if n > 0 {
+            if let Some(t) = self.posted_at.take() {
+                self.waited(t.elapsed());
+            } else if self.empty > 0 && !self.yields() {
+                // A wait ended (a completion found at once says nothing about the peer). Fewer
+                // than POLLS_PER_CLOCK empty polls never read the clock: a short wait.
+                self.waited(self.idle_since.map_or(Duration::ZERO, |t| t.elapsed()));
+            }
             self.idle_since = None;
             self.empty = 0;
             self.sleeping = false;
+            self.next_yield = YIELD_EVERY;
             for wc in &wcs[..n] {
                 if wc.status != WcStatus::Success {
                     return fail!(
@@ -1246,11 +1331,15 @@ impl Poller {
                 );
             }
             self.sleeping = idle > SPIN && !wcs.is_empty();
+            if !self.yields() && !self.sleeping && idle >= self.next_yield {
+                self.next_yield = idle + YIELD_EVERY;
+                self.yield_cpu();
+            }
         }
-        if !self.sleeping {
+        if self.yields() && !self.sleeping {
             // Busy polling, but let other threads run (the progress thread, or the peer when
-            // it shares the CPUs): sched_yield(2) returns at once when nothing else waits.
-            std::thread::yield_now();
+            // it shares the CPU): sched_yield(2) returns at once when nothing else waits.
+            self.yield_cpu();
         }
         Ok(0)
     }
@@ -1283,7 +1372,7 @@ fn bw_client(p: &Params, res: &Res, rem: &[PerftestDest], size: u64) -> Result<B
     };
     let ops: Vec<SendOp> = rem.iter().map(|r| bw_op(p, r)).collect();
     let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 64];
-    let mut poller = Poller::new();
+    let mut poller = Poller::new(p);
     let start = Instant::now();
     let (margin, end) = match duration {
         Some(d) => (d / 4, d),
@@ -1397,7 +1486,7 @@ fn bw_server_send(p: &Params, res: &Res, size: u64) -> Result<Bw, Fail> {
     let mut got = 0u64;
     let mut first: Option<Instant> = None;
     let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 64];
-    let mut poller = Poller::new();
+    let mut poller = Poller::new(p);
     let posted_per_qp = u64::from(p.rx_depth.min(p.iters as u32));
     let duration = p.duration.map(Duration::from_secs);
     let mut window: Option<(Instant, u64)> = None;
@@ -1586,7 +1675,7 @@ fn lat_write(p: &Params, res: &Res, rem: &PerftestDest, size: u64) -> Result<Str
     };
     let caller = p.progress == Progress::Caller;
     let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 1];
-    let mut poller = Poller::new();
+    let mut poller = Poller::new(p);
     let (mut scnt, mut ccnt, mut rcnt) = (0u64, 0u64, 0u64);
     let mut clock = LatClock::new(p);
     let limited = clock.duration.is_none();
@@ -1674,7 +1763,7 @@ fn lat_read(p: &Params, res: &Res, rem: &PerftestDest, size: u64) -> Result<Stri
     };
     let mut tposted = Vec::with_capacity(p.iters as usize);
     let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 1];
-    let mut poller = Poller::new();
+    let mut poller = Poller::new(p);
     let mut clock = LatClock::new(p);
     let limited = clock.duration.is_none();
     let mut scnt = 0u64;
@@ -1724,7 +1813,7 @@ fn lat_send(p: &Params, res: &Res, size: u64) -> Result<String, Fail> {
     let inline = size <= u64::from(p.inline_size);
     let mut tposted = Vec::with_capacity(iters as usize);
     let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 1];
-    let mut poller = Poller::new();
+    let mut poller = Poller::new(p);
     let mut clock = LatClock::new(p);
     let limited = clock.duration.is_none();
     let (mut scnt, mut rcnt) = (0u64, 0u64);
@@ -1791,6 +1880,45 @@ fn lat_send(p: &Params, res: &Res, size: u64) -> Result<String, Fail> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The latency tests' poller: no yields while the peer answers within YIELD_EVERY; yields
+    /// at each post and empty poll after a longer wait, until QUICK_TO_SPIN yields in a row ran
+    /// nothing else; always with a progress thread.
+    #[test]
+    fn the_poller_yields_only_while_the_peer_is_slow_to_answer() {
+        let caller = params(&["rdma-perf", "send-lat"]);
+        let mut p = Poller::new(&caller);
+        assert!(!p.yields());
+        p.posted();
+        assert!(!p.posted && p.posted_at.is_some(), "no yield after a post");
+        p.waited(YIELD_EVERY / 3);
+        assert!(!p.yields());
+        p.waited(YIELD_EVERY);
+        assert!(p.yields(), "a slow answer: yield");
+        p.posted();
+        assert!(p.posted && p.posted_at.is_none());
+        // A yield that ran something else keeps it contended and restarts the count.
+        for _ in 0..QUICK_TO_SPIN - 1 {
+            p.yielded(Duration::ZERO);
+        }
+        p.yielded(YIELD_QUICK * 5);
+        assert!(p.yields());
+        for _ in 0..QUICK_TO_SPIN - 1 {
+            p.yielded(Duration::ZERO);
+            assert!(p.yields());
+        }
+        p.yielded(Duration::ZERO);
+        assert!(
+            !p.yields(),
+            "{QUICK_TO_SPIN} quick yields in a row: spin again"
+        );
+        // A progress thread needs a CPU: always yield.
+        let thread = params(&["rdma-perf", "send-lat", "--progress", "thread"]);
+        let mut p = Poller::new(&thread);
+        assert!(p.yield_each && p.yields());
+        p.posted();
+        assert!(p.posted);
+    }
 
     fn params(args: &[&str]) -> Params {
         let cli = Cli::try_parse_from(args).unwrap();

@@ -46,6 +46,18 @@ pub const MAX_TX_BATCH: usize = 64;
 /// full slot makes the next round use the whole batch).
 const IDLE_BATCH: usize = 1;
 
+/// Shared mode ([`share`]): a round reads its slot socket for forwarded strays when a wait
+/// (the progress thread's poll(2)) saw it readable, and otherwise only every this many rounds
+/// (every round while strays were received in the last [`STRAY_HOT_ROUNDS`] or are held back
+/// for their owners). 16: a stray waits at most 16 rounds (tens of microseconds while a caller
+/// polls) longer, and a busy poller makes one receive system call per empty round, as an
+/// unshared device does, instead of two; the progress thread, one per wake-up.
+const STRAY_CHECK_EVERY: u32 = 16;
+
+/// Shared mode: the rounds after one that received a stray during which every round reads the
+/// slot socket (a misrouted flow keeps its own latency).
+const STRAY_HOT_ROUNDS: u32 = 1024;
+
 /// Bytes of one transmit slot: the largest UDP payload the engine builds.
 const SLOT: usize = MAX_UDP_PAYLOAD;
 
@@ -82,6 +94,10 @@ pub struct UdpLink {
     forward: Option<share::Forwarder>,
     /// Forwarded datagrams read by the last [`Link::recv`].
     forwarded_in: usize,
+    /// Idle caller rounds left before the next read of the slot socket ([`STRAY_CHECK_EVERY`]).
+    stray_skip: u32,
+    /// Rounds left that read the slot socket whatever ([`STRAY_HOT_ROUNDS`]).
+    stray_hot: u32,
 }
 
 impl UdpLink {
@@ -111,6 +127,8 @@ impl UdpLink {
             mtu,
             forward: link.share_slot().map(|_| share::Forwarder::new(local)),
             forwarded_in: 0,
+            stray_skip: 0,
+            stray_hot: 0,
             link,
         }
     }
@@ -319,8 +337,26 @@ impl Link for UdpLink {
         let mut waiting = self.link.recv(batch)?;
         self.forwarded_in = 0;
         if let (Some(fwd), Some(claim)) = (self.forward.as_mut(), self.link.claim()) {
-            self.forwarded_in = fwd.recv(claim);
-            waiting += self.forwarded_in;
+            // The slot socket is read when a wait saw it readable (the progress thread's
+            // poll(2)), and otherwise only every STRAY_CHECK_EVERY rounds (one system call
+            // instead of two per empty poll), unless strays came lately or are held back for
+            // their owners (`Forwarder::recv` sends those).
+            let check = self.link.take_strays_ready()
+                || self.stray_hot > 0
+                || self.stray_skip == 0
+                || fwd.holds_any();
+            if check {
+                self.stray_skip = STRAY_CHECK_EVERY - 1;
+                self.forwarded_in = fwd.recv(claim);
+                waiting += self.forwarded_in;
+                if self.forwarded_in > 0 {
+                    self.stray_hot = STRAY_HOT_ROUNDS;
+                } else {
+                    self.stray_hot = self.stray_hot.saturating_sub(1);
+                }
+            } else {
+                self.stray_skip -= 1;
+            }
         }
         Ok(RecvState { waiting })
     }

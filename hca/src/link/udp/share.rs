@@ -328,6 +328,8 @@ pub(crate) struct StrayCounts {
     pub mads_routed: u64,
     /// Service claims of another user's processes seen (and ignored) while routing a REQ.
     pub claims_refused: u64,
+    /// Calls of [`Forwarder::recv`] (reads of the slot socket).
+    pub slot_reads: u64,
 }
 
 /// The forwarding channel to one owner slot.
@@ -426,6 +428,11 @@ impl Forwarder {
     /// The counts since the last call, reset.
     pub(crate) fn take_counts(&mut self) -> StrayCounts {
         std::mem::take(&mut self.counts)
+    }
+
+    /// Whether strays are held back for their owners (sent by the next [`Forwarder::recv`]).
+    pub(crate) fn holds_any(&self) -> bool {
+        self.held_bytes > 0
     }
 
     /// Strays held back now.
@@ -574,6 +581,7 @@ impl Forwarder {
         if self.held_bytes > 0 {
             self.send_held(claim);
         }
+        self.counts.slot_reads += 1;
         if self.rx.is_empty() {
             self.rx = vec![0; FORWARD_BATCH * FORWARD_SLOT];
         }
@@ -868,7 +876,14 @@ mod forward_tests {
         assert_eq!(got.len(), 1);
         assert_eq!((got[0].src, got[0].payload), (d.src, d.payload));
         assert_eq!(fb.recv(&b), 0);
-        assert_eq!(fb.take_counts(), StrayCounts::default());
+        // Two reads of the slot socket, nothing else counted.
+        assert_eq!(
+            fb.take_counts(),
+            StrayCounts {
+                slot_reads: 2,
+                ..StrayCounts::default()
+            }
+        );
     }
 
     /// More strays than the owner's queue holds (`net.unix.max_dgram_qlen`): the next

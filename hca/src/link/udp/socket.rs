@@ -76,7 +76,7 @@
 use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -347,6 +347,9 @@ pub struct LinkCounters {
     /// another user (a stranger that bound a free slot's name) or its user could not be read
     /// (unix_diag, sock_diag(7)); also in [`LinkCounters::rx_strays`] ([`super::share`]).
     pub rx_strays_untrusted: u64,
+    /// Times a shared socket's round read its slot socket for forwarded strays (a system call
+    /// each; a polling caller's rounds read it only every few rounds: [`super::UdpLink`]).
+    pub rx_slot_reads: u64,
     /// CM MADs for QP 1 that a shared socket received and that belong to another process of
     /// the address (a REQ for a service it claims, a reply naming its Communication ID,
     /// [`super::cm_route`]): forwarded like strays (also in `rx_forwarded` / `rx_strays`).
@@ -583,6 +586,10 @@ pub struct RoceSocket {
     dropper: Option<Dropper>,
     /// The slot of a shared socket ([`RoceSocketConfig::share`]).
     claim: Option<super::share::SlotClaim>,
+    /// A wait ([`RoceSocket::wait`], [`LinkPoller::wait`]) found the slot's epoll set readable
+    /// (a forwarded stray, or room for strays held back) and no receive has looked since:
+    /// [`RoceSocket::take_strays_ready`].
+    strays_ready: Arc<AtomicBool>,
 }
 
 impl RoceSocket {
@@ -702,6 +709,7 @@ impl RoceSocket {
             plans: Vec::with_capacity(config.batch),
             dropper: config.drop.filter(|d| d.ppm > 0).map(Dropper::new),
             claim,
+            strays_ready: Arc::new(AtomicBool::new(true)),
             config,
             counters: LinkCounters::default(),
         })
@@ -717,6 +725,7 @@ impl RoceSocket {
         self.counters.rx_strays_held += c.held;
         self.counters.rx_forward_refused += c.refused;
         self.counters.rx_strays_untrusted += c.untrusted;
+        self.counters.rx_slot_reads += c.slot_reads;
         self.counters.rx_mads_routed += c.mads_routed;
         self.counters.rx_claims_refused += c.claims_refused;
     }
@@ -724,6 +733,12 @@ impl RoceSocket {
     /// The slot claim of a shared socket.
     pub(crate) fn claim(&self) -> Option<&super::share::SlotClaim> {
         self.claim.as_ref()
+    }
+
+    /// Whether a wait on this socket (or its [`LinkPoller`]) saw the slot's epoll set readable
+    /// since the last call: a shared link's receive then reads its slot socket at once.
+    pub(crate) fn take_strays_ready(&self) -> bool {
+        self.strays_ready.swap(false, Ordering::Relaxed)
     }
 
     /// The slot of a shared socket ([`RoceSocketConfig::share`], [`super::share`]); `None` when
@@ -1184,7 +1199,7 @@ impl RoceSocket {
         wait_on(
             self.fd.as_fd(),
             out,
-            extra,
+            extra.map(|x| (x, &*self.strays_ready)),
             self.local,
             writable,
             waker,
@@ -1221,7 +1236,7 @@ impl RoceSocket {
         };
         Ok(LinkPoller {
             fd,
-            extra,
+            extra: extra.map(|x| (x, Arc::clone(&self.strays_ready))),
             senders: Arc::clone(&self.senders),
             blocked: Arc::clone(&self.blocked),
             local: self.local,
@@ -1230,12 +1245,13 @@ impl RoceSocket {
 }
 
 /// poll(2) on a link's socket (`fd`: readable), the socket that last refused a send (`out`:
-/// writable, if asked for) and, if given, a waker's eventfd; see [`RoceSocket::wait`].
+/// writable, if asked for), if given a shared link's epoll set (`extra`: readable, which sets
+/// its flag) and a waker's eventfd; see [`RoceSocket::wait`].
 #[allow(clippy::too_many_arguments)]
 fn wait_on(
     fd: BorrowedFd<'_>,
     out: BorrowedFd<'_>,
-    extra: Option<BorrowedFd<'_>>,
+    extra: Option<(BorrowedFd<'_>, &AtomicBool)>,
     local: SocketAddr,
     writable: bool,
     waker: Option<&Waker>,
@@ -1246,7 +1262,7 @@ fn wait_on(
     // A shared link's epoll set (its slot socket with forwarded strays, and the forwarding
     // sockets of owners that had no room) is read along with the UDP socket; without
     // one, or without a waker, the socket's own entry stands in with no events.
-    let (x, x_events) = extra.map_or((fd, 0), |x| (x, libc::POLLIN));
+    let (x, x_events) = extra.map_or((fd, 0), |(x, _)| (x, libc::POLLIN));
     let (k, k_events) = waker.map_or((fd, 0), |w| (w.as_fd(), libc::POLLIN));
     let [s, o, w, e] = sys::poll(
         [
@@ -1258,6 +1274,11 @@ fn wait_on(
         timeout,
     )
     .map_err(map)?;
+    if let Some((_, ready)) = extra {
+        if e & libc::POLLIN != 0 {
+            ready.store(true, Ordering::Relaxed);
+        }
+    }
     let (sock, sent) = (s | (e & libc::POLLIN), o);
     let wake = if waker.is_some() { w } else { 0 };
     let woken = match waker {
@@ -1389,8 +1410,9 @@ fn dst_slot(d: &SendDatagram<'_>) -> usize {
 pub struct LinkPoller {
     fd: OwnedFd,
     /// A duplicate of a shared link's epoll descriptor over its slot socket and forwarding
-    /// sockets ([`super::share::SlotClaim::wait_fd`]).
-    extra: Option<OwnedFd>,
+    /// sockets ([`super::share::SlotClaim::wait_fd`]), and the link's flag that a wait saw it
+    /// readable ([`RoceSocket::take_strays_ready`]).
+    extra: Option<(OwnedFd, Arc<AtomicBool>)>,
     senders: Arc<[Sender]>,
     blocked: Arc<AtomicUsize>,
     local: SocketAddr,
@@ -1411,7 +1433,7 @@ impl LinkPoller {
             &self.senders,
             self.blocked.load(Ordering::Relaxed),
         );
-        let extra = self.extra.as_ref().map(|x| x.as_fd());
+        let extra = self.extra.as_ref().map(|(x, ready)| (x.as_fd(), &**ready));
         wait_on(
             self.fd.as_fd(),
             out,
