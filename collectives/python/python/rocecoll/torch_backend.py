@@ -393,8 +393,8 @@ class ProcessGroupRoceColl(dist.ProcessGroup):
 
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
-        # ProcessGroup.rank() / size() are calls into C++ through pybind (about 1 us each, measured
-        # by benches/binding_cpu.py's neighbours): the per-op paths read these copies.
+        # ProcessGroup.rank() / size() are calls into C++ through pybind (about 1 us each on one
+        # warm rank): the per-op paths read these copies.
         self._rank, self._size = rank, size
         secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else None
         self._c = _Native.from_store(
