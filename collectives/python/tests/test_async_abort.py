@@ -94,10 +94,13 @@ def killed(rank, size, transport):
     import rocecoll
 
     comm = rocecoll.from_env(transport=transport, timeout=30)
-    comm.barrier()
-    if rank == size - 1:
-        os._exit(17)  # dies without closing anything
     try:
+        # The victim leaves as soon as its own barrier is done; the others may still be waiting
+        # for its last barrier message (over RoCE, unacknowledged when it dies), so their error
+        # can come from the barrier as well as from the all-reduces.
+        comm.barrier()
+        if rank == size - 1:
+            os._exit(17)  # dies without closing anything
         for _ in range(100):
             comm.all_reduce(np.ones(4096, dtype=np.float32))
         return "no error"
