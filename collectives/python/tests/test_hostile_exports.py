@@ -181,18 +181,8 @@ def test_hostile_cpu_dlpack_is_refused_before_a_view_is_made():
             rocecoll.as_bytes(Cpu(device_type=1, **kwargs), writable=False)
 
 
-class _Version(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
-
-
-class _ManagedV(ctypes.Structure):
-    pass
-
-
-_DELETER_V = ctypes.CFUNCTYPE(None, ctypes.POINTER(_ManagedV))
-_ManagedV._fields_ = [("version", _Version), ("manager_ctx", ctypes.c_void_p),
-                      ("deleter", _DELETER_V), ("flags", ctypes.c_uint64),
-                      ("dl_tensor", type(_Managed().dl_tensor))]
+from rocecoll._dlpack import _DELETER_VERSIONED as _DELETER_V  # noqa: E402
+from rocecoll._dlpack import _ManagedVersioned as _ManagedV, _Version  # noqa: E402
 
 
 class VersionedDLPack(CudaDLPack):

@@ -46,8 +46,10 @@ class _Managed(ctypes.Structure):
     pass
 
 
+# The deleters' function pointer types (a producer's callback must be of this very type).
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_Managed))
 _Managed._fields_ = [("dl_tensor", _Tensor), ("manager_ctx", ctypes.c_void_p),
-                     ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(_Managed)))]
+                     ("deleter", _DELETER)]
 
 
 class _Version(ctypes.Structure):
@@ -58,9 +60,9 @@ class _ManagedVersioned(ctypes.Structure):
     pass
 
 
+_DELETER_VERSIONED = ctypes.CFUNCTYPE(None, ctypes.POINTER(_ManagedVersioned))
 _ManagedVersioned._fields_ = [
-    ("version", _Version), ("manager_ctx", ctypes.c_void_p),
-    ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(_ManagedVersioned))),
+    ("version", _Version), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER_VERSIONED),
     ("flags", ctypes.c_uint64), ("dl_tensor", _Tensor)]
 
 _get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
