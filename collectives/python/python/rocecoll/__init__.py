@@ -204,9 +204,9 @@ def _from_cai(x, writable, dtype=None):
                       f"{type(x).__name__} (__cuda_array_interface__)", x), name
 
 
-def _from_torch_cuda(x, dtype=None):
-    """A :class:`CudaBuffer` of a contiguous CUDA tensor, ordered after its device's current
-    stream (as ProcessGroupNCCL and torch-ucc order a collective after it)."""
+def _torch_dtype(x, dtype):
+    """The element type's name of torch tensor ``x``; ``ValueError`` for a dtype the collectives
+    do not take, one other than ``dtype`` (when given), or a tensor that is not contiguous."""
     name = _TORCH_DTYPES.get(str(x.dtype))
     if name is None:
         raise ValueError(f"unsupported tensor dtype {x.dtype}")
@@ -214,6 +214,13 @@ def _from_torch_cuda(x, dtype=None):
         raise ValueError(f"dtype={dtype}: the tensor holds {name}")
     if not x.is_contiguous():
         raise ValueError("tensor is not contiguous")
+    return name
+
+
+def _from_torch_cuda(x, dtype=None):
+    """A :class:`CudaBuffer` of a contiguous CUDA tensor, ordered after its device's current
+    stream (as ProcessGroupNCCL and torch-ucc order a collective after it)."""
+    name = _torch_dtype(x, dtype)
     import torch
 
     try:
@@ -312,14 +319,7 @@ def _arg(x, dtype=None, writable=True):
     native layer reads its ``data_ptr()``; no per-call numpy view), else :func:`as_bytes`'s
     memoryview. The same checks and errors as :func:`as_bytes`."""
     if getattr(x, "is_cpu", False) is True and type(x).__module__.startswith("torch"):
-        name = _TORCH_DTYPES.get(str(x.dtype))
-        if name is None:
-            raise ValueError(f"unsupported tensor dtype {x.dtype}")
-        if dtype is not None and dtype != name:
-            raise ValueError(f"dtype={dtype}: the tensor holds {name}")
-        if not x.is_contiguous():
-            raise ValueError("tensor is not contiguous")
-        return x, name
+        return x, _torch_dtype(x, dtype)
     dev = device_buffer(x, dtype, writable)
     if dev is not None:
         return dev
