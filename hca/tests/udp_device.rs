@@ -1541,19 +1541,19 @@ fn udp_sockets_on_4791(addr: std::net::Ipv4Addr) -> usize {
         .count()
 }
 
-/// Shared devices (`hca::link::udp::share`) on one address and port 4791: X, Y, B take slots
-/// 0, 1, 2; X closes, so the kernel moves B's socket to index 0; W takes the free slot 0 and
-/// joins at index 2. B's datagrams (slot 2) now reach W and W's (slot 0) reach B: each forwards
-/// the other's to it, and RC traffic of both against a peer on another address is intact.
-#[test]
-fn shared_devices_forward_strays_after_the_group_reorders() {
-    let pid = std::process::id();
-    let (b1, b2) = ((pid >> 8) as u8, pid as u8);
-    let shared = std::net::Ipv4Addr::new(127, b1, b2, 201);
-    let other = format!("127.{b1}.{b2}.202");
+/// Shared devices (`hca::link::udp::share`) on `shared` and port 4791 (`progress` if given):
+/// X, Y, B take slots 0, 1, 2; X closes, so the kernel moves B's socket to index 0; W takes the
+/// free slot 0 and joins at index 2. Returns (Y, B, W), whose datagrams now travel as strays.
+fn reordered_shared_group(
+    shared: std::net::Ipv4Addr,
+    progress: Option<Progress>,
+) -> (UdpDevice, UdpDevice, UdpDevice) {
     let open_shared = || {
         let mut c = UdpDeviceConfig::new(IpAddr::V4(shared));
         c.share = true;
+        if let Some(p) = progress {
+            c.progress = p;
+        }
         UdpDevice::open(c).unwrap()
     };
     let slot = |d: &UdpDevice| d.with_link_mut(|l| l.link().share_slot());
@@ -1570,6 +1570,20 @@ fn shared_devices_forward_strays_after_the_group_reorders() {
     }
     let w = open_shared();
     assert_eq!(slot(&w), Some(0));
+    (y, b, w)
+}
+
+/// Shared devices (`hca::link::udp::share`) on one address and port 4791: X, Y, B take slots
+/// 0, 1, 2; X closes, so the kernel moves B's socket to index 0; W takes the free slot 0 and
+/// joins at index 2. B's datagrams (slot 2) now reach W and W's (slot 0) reach B: each forwards
+/// the other's to it, and RC traffic of both against a peer on another address is intact.
+#[test]
+fn shared_devices_forward_strays_after_the_group_reorders() {
+    let pid = std::process::id();
+    let (b1, b2) = ((pid >> 8) as u8, pid as u8);
+    let shared = std::net::Ipv4Addr::new(127, b1, b2, 201);
+    let other = format!("127.{b1}.{b2}.202");
+    let (y, b, w) = reordered_shared_group(shared, None);
     let (sb, ob) = pair_of(
         b,
         open(&other, Progress::Thread),
@@ -1677,26 +1691,8 @@ fn busy_polled_shared_devices_receive_forwarded_strays() {
     let (b1, b2) = ((pid >> 8) as u8, pid as u8);
     let shared = std::net::Ipv4Addr::new(127, b1, b2, 205);
     let other = format!("127.{b1}.{b2}.206");
-    let open_shared = || {
-        let mut c = UdpDeviceConfig::new(IpAddr::V4(shared));
-        c.share = true;
-        c.progress = Progress::Hybrid;
-        UdpDevice::open(c).unwrap()
-    };
-    let slot = |d: &UdpDevice| d.with_link_mut(|l| l.link().share_slot());
-    let x = open_shared();
-    let y = open_shared();
-    let b = open_shared();
-    assert_eq!((slot(&x), slot(&y), slot(&b)), (Some(0), Some(1), Some(2)));
-    drop(x);
-    let start = std::time::Instant::now();
-    while udp_sockets_on_4791(shared) != 2 {
-        assert!(start.elapsed() < WAIT, "X's socket is still open");
-        std::thread::sleep(Duration::from_millis(5));
-    }
     // W takes slot 0 and index 2: B's datagrams reach W, W's reach B.
-    let w = open_shared();
-    assert_eq!(slot(&w), Some(0));
+    let (y, b, w) = reordered_shared_group(shared, Some(Progress::Hybrid));
     let (sb, ob) = pair_of(
         b,
         open(&other, Progress::Hybrid),
