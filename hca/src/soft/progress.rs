@@ -82,16 +82,27 @@ impl RoundCounts {
     }
 }
 
+/// Caller rounds in a row that must receive datagrams before the next one polls with the full
+/// batch: a ping-pong's answer arrives alone (one GRO buffer), and the round after it found the
+/// socket empty, so a full batch there cost a recvmmsg(2) of [`crate::link::udp::MAX_BATCH`]
+/// prepared headers per message for nothing (issue 21: one receive call per message, as a
+/// plain socket makes); a stream of messages fills the batch from its third round on.
+const DATA_ROUNDS_FOR_FULL_BATCH: u8 = 2;
+
 /// The link side of a device: owned by whoever runs a round.
 pub(crate) struct Io<L> {
     pub(crate) link: L,
-    /// The last caller round received nothing.
-    idle: bool,
+    /// Caller rounds in a row that received datagrams (saturating at
+    /// [`DATA_ROUNDS_FOR_FULL_BATCH`]); 0 after one that received nothing.
+    data_rounds: u8,
 }
 
 impl<L: SoftLink> Io<L> {
     pub(crate) fn new(link: L) -> Io<L> {
-        Io { link, idle: false }
+        Io {
+            link,
+            data_rounds: DATA_ROUNDS_FOR_FULL_BATCH,
+        }
     }
 }
 
@@ -150,9 +161,10 @@ impl<L: SoftLink> Shared<L> {
             self.flush(io);
             out.blocked = io.link.unsent() > 0;
         }
-        // A caller spinning on an idle link polls with a small batch; the thread (woken by
-        // data) and a caller that just got some use the full one.
-        let small = rx && defer && io.idle;
+        // A caller spinning on an idle link, or that just received a lone answer, polls with a
+        // small batch; the thread (woken by data) and a caller receiving a stream use the full
+        // one (DATA_ROUNDS_FOR_FULL_BATCH).
+        let small = rx && defer && io.data_rounds < DATA_ROUNDS_FOR_FULL_BATCH;
         let mut waiting = false;
         if rx {
             match io.link.recv(small) {
@@ -182,7 +194,11 @@ impl<L: SoftLink> Shared<L> {
                 out.rx_full = io.link.rx_full(out.received);
             }
             if rx && defer {
-                io.idle = out.received == 0;
+                io.data_rounds = if out.received == 0 {
+                    0
+                } else {
+                    (io.data_rounds + 1).min(DATA_ROUNDS_FOR_FULL_BATCH)
+                };
             }
             if e.poll_timeout().is_some_and(|t| t <= now) {
                 e.handle_timeout(now);
@@ -203,7 +219,9 @@ impl<L: SoftLink> Shared<L> {
                     self.held_since
                         .store(now.as_nanos().max(1), Ordering::SeqCst);
                 }
-            } else if !out.blocked {
+            } else if !out.blocked && self.held_since.load(Ordering::Relaxed) != 0 {
+                // A SeqCst store is a locked exchange on x86: skipped when nothing is held (a
+                // busy poller's empty rounds).
                 self.held_since.store(0, Ordering::SeqCst);
             }
             out.next_timer = e.poll_timeout();

@@ -1,8 +1,9 @@
 //! [`UdpLink`]: a [`RoceSocket`] with the receive batches and transmit slots that a device's progress
 //! engine drives through the [`Link`] trait.
 //!
-//! Receive: one recvmmsg(2) fills a batch of up to 64 datagrams (a batch of 4 when the caller's
-//! last round received nothing: a full batch costs 64 message headers to prepare per call).
+//! Receive: one recvmmsg(2) fills a batch of up to 64 datagrams (a batch of one, by recvmsg(2),
+//! when the caller's last round received nothing or only a lone answer: a full batch costs 64
+//! message headers to prepare per call).
 //! Transmit: the engine builds each packet's headers into one of up to 64 preallocated slots of
 //! [`MAX_UDP_PAYLOAD`] bytes and leaves an RC payload in MR memory
 //! ([`SoftHca::poll_transmit_gather`]); one sendmmsg(2) (with UDP GSO where the kernel has it)
@@ -42,8 +43,9 @@ pub use socket::{
 pub const MAX_TX_BATCH: usize = 64;
 
 /// Slots of the receive batch a caller polling an idle socket uses: one, received with
-/// recvmsg(2), the cheapest poll (a ping-pong's reply and ACK arrive as one GRO buffer; a
-/// full slot makes the next round use the whole batch).
+/// recvmsg(2), the cheapest poll (a ping-pong's reply and ACK arrive as one GRO buffer; two
+/// caller rounds in a row that receive make the next one use the whole batch,
+/// `hca::soft::progress`).
 const IDLE_BATCH: usize = 1;
 
 /// Shared mode ([`share`]): a round reads its slot socket for forwarded strays when a wait
