@@ -241,6 +241,14 @@ impl Link for AnyLink {
         }
     }
 
+    fn quiet_rounds_ok(&self) -> bool {
+        match self {
+            AnyLink::Udp(l) => l.quiet_rounds_ok(),
+            AnyLink::Vfio(l) => l.quiet_rounds_ok(),
+            AnyLink::Xdp(l) => l.quiet_rounds_ok(),
+        }
+    }
+
     fn next_timer(&self) -> Option<Duration> {
         match self {
             AnyLink::Udp(l) => l.next_timer(),

@@ -162,6 +162,15 @@ pub trait Link: Send + 'static {
         0
     }
 
+    /// Whether a caller's round that received nothing may skip the engine while nothing changed
+    /// since a round that left it with nothing to do (`hca::soft::progress`, issue 21): the
+    /// link does nothing of its own in [`Link::build`] or on a clock. A socket qualifies; links
+    /// that drive a device of their own (rings to refill or reap, neighbour resolution) keep
+    /// the default, a full round per poll.
+    fn quiet_rounds_ok(&self) -> bool {
+        false
+    }
+
     /// Until when the link's own timers (neighbour resolution) need a round, from now.
     fn next_timer(&self) -> Option<Duration> {
         None

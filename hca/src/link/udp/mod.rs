@@ -526,4 +526,9 @@ impl Link for UdpLink {
     fn poller(&self) -> Result<LinkPoller, LinkError> {
         self.link.poller()
     }
+
+    /// A socket has no work of its own: its strays (shared mode) are read in [`Link::recv`].
+    fn quiet_rounds_ok(&self) -> bool {
+        true
+    }
 }
