@@ -67,12 +67,14 @@
 //!   received ICRC verifies, or proves there is none (the packet is corrupt), from the ICRC computed for
 //!   an assumed identification: two multiplications modulo the CRC polynomial. Such a check keeps 16 of
 //!   the ICRC's 32 bits of integrity, and still detects every single-bit error in packets of up to
-//!   26 772 bytes.
+//!   26 772 bytes. The sender's side, [`reseal_ipv4_ident`], turns an ICRC computed for one
+//!   identification into the one for another in the same two multiplications (a UDP GSO train's
+//!   later segments, which the kernel numbers 1, 2, ...), instead of a second pass over the packet.
 
 use crate::{Error, Layer, Result};
 
 pub mod ipv4_ident;
-pub use ipv4_ident::solve_ipv4_ident;
+pub use ipv4_ident::{reseal_ipv4_ident, solve_ipv4_ident};
 
 /// Length of the ICRC trailer in bytes (IBTA vol. 1 §7.8.1).
 pub const ICRC_LEN: usize = 4;

@@ -212,6 +212,86 @@ fn inverse_shift(k: u16) -> u32 {
     }
 }
 
+/// `FWD_LOW[n] = x^(8n) mod P` for `n < 256`.
+const FWD_LOW: [u32; 256] = {
+    let mut t = [0u32; 256];
+    let mut v = ONE;
+    let mut n = 0;
+    while n < 256 {
+        t[n] = v;
+        let mut i = 0;
+        while i < 8 {
+            v = mul_x(v);
+            i += 1;
+        }
+        n += 1;
+    }
+    t
+};
+
+/// `FWD_HIGH[n] = x^(8 * 256 * n) mod P` for `n < 256`.
+const FWD_HIGH: [u32; 256] = {
+    let mut t = [0u32; 256];
+    // x^(8 * 255) * x^8 = x^2048
+    let mut step = FWD_LOW[255];
+    let mut i = 0;
+    while i < 8 {
+        step = mul_x(step);
+        i += 1;
+    }
+    let mut v = ONE;
+    let mut n = 0;
+    while n < 256 {
+        t[n] = v;
+        v = mul_slow(v, step);
+        n += 1;
+    }
+    t
+};
+
+/// `x^(8k) mod P` for `k < 65 536` bytes.
+#[inline]
+fn shift(k: u16) -> u32 {
+    let [high, low] = k.to_be_bytes();
+    let low = FWD_LOW[usize::from(low)];
+    if high == 0 {
+        low
+    } else {
+        mul(low, FWD_HIGH[usize::from(high)])
+    }
+}
+
+/// The ICRC of an IPv4 packet after its identification changed from `from` to `to`, everything
+/// else equal, without a pass over the packet: the sender's side of [`solve_ipv4_ident`] (same
+/// method, the other way: `ICRC(to) = ICRC(from) XOR (from XOR to)(x) * x^(8k) mod P`, `k` the
+/// bytes from the end of the identification field through the ICRC). A link whose kernel numbers
+/// the segments of a UDP GSO train 0, 1, 2, ... reseals each later segment's ICRC so (IBTA vol. 1
+/// Annex A17.3.3: the ICRC covers the identification).
+///
+/// * `ip_total_len`: the IPv4 Total Length of the packet, bytes (header with options, UDP header,
+///   BTH through ICRC);
+/// * `icrc`: the ICRC field value (as [`super::compute`] returns it) for identification `from`.
+///
+/// Returns the ICRC field value for identification `to`; `None` when `ip_total_len` is below 24
+/// or above 65 535 (no IPv4 packet with an ICRC). Two multiplications modulo the CRC polynomial;
+/// never panics, never allocates.
+#[inline]
+pub fn reseal_ipv4_ident(ip_total_len: usize, from: u16, to: u16, icrc: u32) -> Option<u32> {
+    if !(24..=0xFFFF).contains(&ip_total_len) {
+        return None;
+    }
+    let delta = from ^ to;
+    if delta == 0 {
+        return Some(icrc);
+    }
+    // As in `solve_ipv4_ident`: the identification's wire bytes are reflected bits 16 .. 31.
+    let [first, second] = delta.to_be_bytes();
+    let d = u32::from_le_bytes([0, 0, first, second]);
+    let k = (ip_total_len - 6) as u16;
+    let syndrome = mul(d, shift(k));
+    Some(icrc ^ syndrome.swap_bytes())
+}
+
 /// The IPv4 identification for which a received ICRC verifies, given the ICRC computed for an
 /// assumed identification (IBTA vol. 1 Annex A17.3.3; see the [module docs](self) for the method).
 ///
@@ -364,6 +444,56 @@ mod test {
             }
             assert_eq!(v, ONE, "x^-8k, k = {k}");
         }
+    }
+
+    #[test]
+    fn forward_tables_shift_by_whole_bytes() {
+        for (n, &fwd) in FWD_LOW.iter().enumerate() {
+            assert_eq!(mul(fwd, INV_LOW[n]), ONE, "FWD_LOW[{n}]");
+        }
+        for (n, &fwd) in FWD_HIGH.iter().enumerate() {
+            assert_eq!(mul(fwd, INV_HIGH[n]), ONE, "FWD_HIGH[{n}]");
+        }
+        for k in [0u16, 1, 255, 256, 257, 4163, 0xFFFF] {
+            assert_eq!(mul(shift(k), inverse_shift(k)), ONE, "x^8k, k = {k}");
+        }
+    }
+
+    #[test]
+    fn a_resealed_icrc_equals_the_recomputed_one() {
+        let mut rng = Rng(5);
+        for round in 0..400 {
+            let ihl = if round % 8 == 0 { 5 + rng.below(11) } else { 5 };
+            let payload_len = match round % 4 {
+                0 => rng.below(300),
+                1 => rng.below(5000),
+                2 => 4096,
+                _ => rng.below(9000),
+            };
+            let from = rng.next() as u16;
+            let p = packet(&mut rng, ihl, payload_len, from);
+            let n = p.len();
+            let icrc = from_wire(p[n - ICRC_LEN..].try_into().unwrap());
+            for to in [from, !from, 0, 1, rng.next() as u16] {
+                let mut q = p.clone();
+                q[4..6].copy_from_slice(&to.to_be_bytes());
+                let recomputed = compute(&q[..n - ICRC_LEN]).unwrap();
+                let resealed = reseal_ipv4_ident(n, from, to, icrc);
+                assert_eq!(resealed, Some(recomputed), "round {round} {from} -> {to}");
+                // And a receiver that assumes `from` solves it back to `to`.
+                q[n - ICRC_LEN..].copy_from_slice(&to_wire(recomputed));
+                assert_eq!(solve(&q, from), Some(to));
+            }
+        }
+        // The largest IPv4 packet; lengths no IPv4 packet with an ICRC has.
+        let p = packet(&mut rng, 5, 0xFFFF - 20 - 8 - 12 - 4, 7);
+        let icrc = from_wire(p[p.len() - ICRC_LEN..].try_into().unwrap());
+        let mut q = p.clone();
+        q[4..6].copy_from_slice(&9u16.to_be_bytes());
+        let want = compute(&q[..q.len() - ICRC_LEN]).unwrap();
+        assert_eq!(reseal_ipv4_ident(p.len(), 7, 9, icrc), Some(want));
+        assert_eq!(reseal_ipv4_ident(23, 0, 1, 0), None);
+        assert_eq!(reseal_ipv4_ident(0x1_0000, 0, 1, 0), None);
     }
 
     #[test]
