@@ -768,6 +768,71 @@ fn dead_peer_with_caller_progress() {
     assert_eq!(w[0].status, WcStatus::RetryExcErr);
 }
 
+/// Busy polling an idle caller-driven device makes quiet rounds (the receive call alone, issue
+/// 21); a verb since the last full round (here a deferred post, which runs no round of its own)
+/// makes the next poll a full round that sends it, and the local ACK timer still fires while
+/// the polls are quiet (their clock is read every 8th round).
+#[test]
+fn busy_polled_idle_caller_device_makes_quiet_rounds_that_miss_no_verb_or_timer() {
+    let c = Conn {
+        timeout: 8,
+        retry_cnt: 1,
+        ..Conn::default()
+    };
+    let (a, b) = pair_of(
+        open_with("127.0.0.117", Progress::Caller, 0),
+        open_with("127.0.0.118", Progress::Caller, 0),
+        QpType::Rc,
+        c,
+    );
+    let mut wcs = [WorkCompletion::success(0, WcOpcode::Send, 0, 0); 4];
+    let quiet = |s: &Side| s.dev.device_counters().quiet_rounds;
+    let q0 = quiet(&a);
+    for _ in 0..200 {
+        assert_eq!(a.dev.poll_cq(a.cq, &mut wcs).unwrap(), 0);
+    }
+    // The first poll may run a full round (what connecting left); the rest are quiet.
+    assert!(quiet(&a) - q0 >= 198, "{:?}", a.dev.device_counters());
+
+    b.post_recv(1, &[b.sge(0, 64)]);
+    a.write(0, b"quietpol");
+    let before = a.dev.link_counters().tx_datagrams;
+    a.dev
+        .post_send_deferred(
+            a.qpn,
+            &SendWr {
+                wr_id: 7,
+                sg_list: &[a.sge(0, 8)],
+                op: SendOp::Send,
+                send_flags: SendFlags::SIGNALED,
+            },
+        )
+        .unwrap();
+    let q1 = quiet(&a);
+    assert_eq!(a.dev.poll_cq(a.cq, &mut wcs).unwrap(), 0);
+    assert_eq!(quiet(&a), q1, "a poll after a verb runs a full round");
+    assert_eq!(a.dev.link_counters().tx_datagrams, before + 1, "and sends");
+    let wb = b.wait(1);
+    assert_eq!((wb[0].status, wb[0].byte_len), (WcStatus::Success, 8));
+    assert_eq!(b.read(0, 8), b"quietpol");
+    b.dev.progress();
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+
+    // The peer is gone: the next SEND is never acknowledged, and only a polling caller's
+    // rounds fire the local ACK timer (4.096 us x 2^8, one retry). Bounded by WAIT.
+    drop(b);
+    let q2 = quiet(&a);
+    a.post_send(2, &[a.sge(0, 8)], SendOp::Send);
+    let start = std::time::Instant::now();
+    let mut got = 0;
+    while got == 0 && start.elapsed() < WAIT {
+        got = a.dev.poll_cq(a.cq, &mut wcs).unwrap();
+    }
+    assert_eq!(got, 1, "no completion within {WAIT:?}");
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (2, WcStatus::RetryExcErr));
+    assert!(quiet(&a) > q2, "the wait was polled in quiet rounds");
+}
+
 #[test]
 fn several_threads_post_and_poll_one_device() {
     // Four QP pairs between two devices; one thread per pair ping-pongs SENDs both ways while

@@ -67,6 +67,7 @@ impl RoundOutcome {
 pub(crate) struct RoundCounts {
     rounds: AtomicU64,
     inline_rounds: AtomicU64,
+    quiet_rounds: AtomicU64,
 }
 
 impl RoundCounts {
@@ -79,6 +80,7 @@ impl RoundCounts {
     pub(crate) fn read_into(&self, out: &mut super::DeviceCounters) {
         out.rounds = self.rounds.load(Ordering::Relaxed);
         out.inline_rounds = self.inline_rounds.load(Ordering::Relaxed);
+        out.quiet_rounds = self.quiet_rounds.load(Ordering::Relaxed);
     }
 }
 
@@ -206,9 +208,15 @@ impl<L: SoftLink> Shared<L> {
                 }
             }
         }
-        if rx && defer && !waiting && !out.blocked && io.link.unsent() == 0 && io.link.quiet_rounds_ok()
+        if rx
+            && defer
+            && !waiting
+            && !out.blocked
+            && io.link.unsent() == 0
+            && io.link.quiet_rounds_ok()
         {
             if let Some(q) = self.quiet_round(io, epoch) {
+                RoundCounts::bump(&self.round_counts.quiet_rounds);
                 io.data_rounds = 0;
                 out.next_timer = q;
                 return out;
