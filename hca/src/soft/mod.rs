@@ -777,7 +777,10 @@ impl<L: SoftLink> SoftDevice<L> {
                 if ready > 0 {
                     return Ok(ready);
                 }
-                s.caller_round();
+                if s.caller_round().quiet {
+                    // Nothing changed since the poll above.
+                    return Ok(0);
+                }
             }
             Progress::Hybrid => {
                 let ready = self.poll_ready(cq, out)?;

@@ -51,6 +51,8 @@ pub(crate) struct RoundOutcome {
     pub(crate) deferred: bool,
     /// The engine's next timer.
     pub(crate) next_timer: Option<Instant>,
+    /// A quiet round ([`Quiet`]): nothing changed, so the CQs are as the caller found them.
+    pub(crate) quiet: bool,
 }
 
 impl RoundOutcome {
@@ -219,6 +221,7 @@ impl<L: SoftLink> Shared<L> {
                 RoundCounts::bump(&self.round_counts.quiet_rounds);
                 io.data_rounds = 0;
                 out.next_timer = q;
+                out.quiet = true;
                 return out;
             }
         } else {
@@ -281,20 +284,26 @@ impl<L: SoftLink> Shared<L> {
                 self.sleep_until.store(until, Ordering::SeqCst);
             }
         }
-        let busy = out.received > 0 || out.built > 0 || fired;
-        if busy {
-            self.epoch.fetch_add(1, Ordering::Release);
+        // The epoch a quiet state is valid for: this round's own bump included when no verb
+        // bumped it since the read above (a round that built its packets and sent them all
+        // leaves the engine as quiet as one that found nothing to do).
+        let mut quiet_epoch = Some(epoch);
+        if out.received > 0 || out.built > 0 || fired {
+            let prev = self.epoch.fetch_add(1, Ordering::Release);
+            quiet_epoch = (prev == epoch).then(|| prev.wrapping_add(1));
             self.notify_cq_waiters();
         }
-        io.quiet = (!busy
-            && !events
-            && !mads
-            && !out.blocked
-            && !out.deferred
-            && !out.tx_full
-            && !out.rx_full
-            && self.held_since.load(Ordering::Relaxed) == 0)
-            .then_some(Quiet {
+        io.quiet = quiet_epoch
+            .filter(|_| {
+                !events
+                    && !mads
+                    && !out.blocked
+                    && !out.deferred
+                    && !out.tx_full
+                    && !out.rx_full
+                    && self.held_since.load(Ordering::Relaxed) == 0
+            })
+            .map(|epoch| Quiet {
                 epoch,
                 next_timer: out.next_timer,
                 clock_in: QUIET_ROUNDS_PER_CLOCK,
