@@ -72,7 +72,7 @@
 use crate::{Error, Layer, Result};
 
 pub mod ipv4_ident;
-pub use ipv4_ident::solve_ipv4_ident;
+pub use ipv4_ident::{reseal_ipv4_ident, solve_ipv4_ident};
 
 /// Length of the ICRC trailer in bytes (IBTA vol. 1 §7.8.1).
 pub const ICRC_LEN: usize = 4;

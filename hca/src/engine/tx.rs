@@ -100,6 +100,9 @@ pub struct GatherTransmit {
     segments: [Option<TxSegment>; MAX_TX_SEGMENTS],
     trailer: [u8; MAX_TRAILER],
     trailer_len: u8,
+    /// The IPv4 identification the ICRC is computed for ([`IPV4_IDENT`](super::IPV4_IDENT) when
+    /// built, then what [`GatherTransmit::reseal_ipv4`] last set).
+    ident: u16,
 }
 
 impl GatherTransmit {
@@ -125,40 +128,53 @@ impl GatherTransmit {
         &self.trailer[..usize::from(self.trailer_len)]
     }
 
-    /// Recomputes the ICRC for IPv4 identification `ident` instead of the
-    /// [`IPV4_IDENT`](super::IPV4_IDENT) it was built for: a link whose kernel numbers the
-    /// segments of a UDP GSO train 0, 1, 2, ... (the ICRC covers the identification, IBTA vol. 1
-    /// Annex A17.3.3) calls it for the packets that leave as later segments. `head` is the
-    /// caller's buffer the packet was built in. Does nothing for IPv6 packets or when `head` is
-    /// shorter than [`GatherTransmit::head_len`].
+    /// Updates the ICRC for IPv4 identification `ident` instead of the one it was computed for
+    /// (the [`IPV4_IDENT`](super::IPV4_IDENT) it was built for, or the last `ident` given): a link
+    /// whose kernel numbers the segments of a UDP GSO train 0, 1, 2, ... (the ICRC covers the
+    /// identification, IBTA vol. 1 Annex A17.3.3) calls it for the packets that leave as later
+    /// segments. `head` is the caller's buffer the packet was built in. Does nothing for IPv6
+    /// packets or when `head` is shorter than [`GatherTransmit::head_len`].
+    ///
+    /// No pass over the packet: the CRC is linear, so the new ICRC is the old one XOR the
+    /// contribution of the identification's change, which depends only on the packet's length
+    /// ([`roce::icrc::reseal_ipv4_ident`], one multiplication modulo the CRC polynomial). Before
+    /// issue 21 this recomputed the ICRC over the payload: a second CRC pass over every byte that
+    /// left as a train's later segment, as many instructions as the receiver's ICRC check
+    /// (callgrind, README "Figures", issue 21). The ICRC stays the one computed over the payload
+    /// when the packet was built.
     pub fn reseal_ipv4(&mut self, head: &mut [u8], ident: u16) {
         let t = self.transmit;
-        let Some(ip) = ip_repr(t.src_ip, t.dst_ip, t.hop_limit, t.dscp, t.ecn, ident) else {
-            return;
-        };
-        if !t.src_ip.is_ipv4() {
+        if !t.src_ip.is_ipv4() || ident == self.ident {
             return;
         }
-        let udp = udp::Repr {
-            src_port: t.src_port,
-            dst_port: t.dst_port,
-            payload_len: t.len,
-        };
         let Some(head) = head.get_mut(..self.head_len) else {
             return;
         };
-        if self.trailer_len == 0 {
-            // Copied: the whole packet is in `head`, ICRC last.
-            if let Ok(crc) = roce::packet::icrc_of_udp_payload(&ip, &udp, head) {
-                let at = head.len() - icrc::ICRC_LEN;
-                head[at..].copy_from_slice(&icrc::to_wire(crc));
-            }
+        // The ICRC field: the last 4 bytes of the packet, in the trailer or (payload copied) in
+        // `head`.
+        let field = if self.trailer_len == 0 {
+            head.len()
+                .checked_sub(icrc::ICRC_LEN)
+                .and_then(|at| head.get_mut(at..))
+        } else {
+            let end = usize::from(self.trailer_len);
+            self.trailer.get_mut(end - icrc::ICRC_LEN..end)
+        };
+        let Some(field) = field else {
             return;
-        }
-        let pad = usize::from(self.trailer_len) - icrc::ICRC_LEN;
-        if let Some(crc) = gather_icrc(&ip, &udp, head, &self.segments, &self.trailer[..pad]) {
-            self.trailer[pad..pad + icrc::ICRC_LEN].copy_from_slice(&icrc::to_wire(crc));
-        }
+        };
+        let Ok(wire) = <[u8; icrc::ICRC_LEN]>::try_from(&*field) else {
+            return;
+        };
+        // `ip_repr` builds the 20-byte IPv4 header without options, as the kernel sends it.
+        let total_len = roce::ipv4::HEADER_LEN + udp::HEADER_LEN + t.len;
+        let Some(crc) =
+            icrc::reseal_ipv4_ident(total_len, self.ident, ident, icrc::from_wire(wire))
+        else {
+            return;
+        };
+        field.copy_from_slice(&icrc::to_wire(crc));
+        self.ident = ident;
     }
 }
 
@@ -284,6 +300,7 @@ impl<'a> TxOut<'a> {
             segments: core::mem::take(&mut self.segments),
             trailer: self.trailer,
             trailer_len: self.trailer_len,
+            ident: super::IPV4_IDENT,
         }
     }
 }

@@ -212,6 +212,95 @@ fn inverse_shift(k: u16) -> u32 {
     }
 }
 
+/// `FWD_LOW[n] = x^(8n) mod P` for `n < 256`.
+const FWD_LOW: [u32; 256] = {
+    let mut t = [0u32; 256];
+    let mut v = ONE;
+    let mut n = 0;
+    while n < 256 {
+        t[n] = v;
+        let mut i = 0;
+        while i < 8 {
+            v = mul_x(v);
+            i += 1;
+        }
+        n += 1;
+    }
+    t
+};
+
+/// `FWD_HIGH[n] = x^(8 * 256 * n) mod P` for `n < 256`.
+const FWD_HIGH: [u32; 256] = {
+    let mut t = [0u32; 256];
+    // x^(8 * 255) * x^8 = x^2048
+    let mut step = FWD_LOW[255];
+    let mut i = 0;
+    while i < 8 {
+        step = mul_x(step);
+        i += 1;
+    }
+    let mut v = ONE;
+    let mut n = 0;
+    while n < 256 {
+        t[n] = v;
+        v = mul_slow(v, step);
+        n += 1;
+    }
+    t
+};
+
+/// `x^(8k) mod P` for `k < 65 536` bytes (the inverse of [`inverse_shift`]).
+#[inline]
+fn forward_shift(k: u16) -> u32 {
+    let [high, low] = k.to_be_bytes();
+    let low = FWD_LOW[usize::from(low)];
+    if high == 0 {
+        low
+    } else {
+        mul(low, FWD_HIGH[usize::from(high)])
+    }
+}
+
+/// The ICRC of an IPv4 packet after its identification changes from `old_ident` to `new_ident`,
+/// everything else equal, from the ICRC it had before (IBTA vol. 1 Annex A17.3.3 covers the
+/// identification), without a pass over the packet: the forward direction of
+/// [`solve_ipv4_ident`] (see the [module docs](self)), `ICRC(new) = ICRC(old) XOR D(x) * x^(8k)
+/// mod P` with `D` the 16-bit polynomial of `old_ident XOR new_ident` and `k = ip_total_len - 6`.
+///
+/// * `ip_total_len`: the IPv4 Total Length, bytes (header with options, UDP header, BTH through
+///   ICRC);
+/// * `icrc`: the ICRC field value (as [`super::compute`] returns it) for `old_ident`.
+///
+/// Returns the ICRC field value for `new_ident` (equal to what [`super::compute`] returns over the
+/// packet with `new_ident`), or `None` when `ip_total_len` is below 24 or above 65 535 (no IPv4
+/// packet with an ICRC). A sender whose kernel renumbers the identifications of a UDP GSO train
+/// (segment `k` leaves with identification `k`) reseals each packet this way: one multiplication
+/// modulo the CRC polynomial instead of a CRC pass over the payload. Never panics, never
+/// allocates.
+#[inline]
+pub fn reseal_ipv4_ident(
+    ip_total_len: usize,
+    old_ident: u16,
+    new_ident: u16,
+    icrc: u32,
+) -> Option<u32> {
+    if !(24..=0xFFFF).contains(&ip_total_len) {
+        return None;
+    }
+    let delta = old_ident ^ new_ident;
+    if delta == 0 {
+        return Some(icrc);
+    }
+    let k = u16::try_from(ip_total_len - 6).ok()?;
+    // `D` as solve_ipv4_ident decodes it: the identification's wire bytes in reflected bits
+    // 16 .. 23 and 24 .. 31.
+    let [first, second] = delta.to_be_bytes();
+    let d = u32::from_le_bytes([0, 0, first, second]);
+    let syndrome = mul(d, forward_shift(k));
+    // Field values are the CRC registers byte-swapped (parent module, "Byte order").
+    Some(icrc ^ syndrome.swap_bytes())
+}
+
 /// The IPv4 identification for which a received ICRC verifies, given the ICRC computed for an
 /// assumed identification (IBTA vol. 1 Annex A17.3.3; see the [module docs](self) for the method).
 ///
@@ -364,6 +453,73 @@ mod test {
             }
             assert_eq!(v, ONE, "x^-8k, k = {k}");
         }
+    }
+
+    #[test]
+    fn forward_shift_inverts_inverse_shift() {
+        for k in [0u16, 1, 255, 256, 257, 4163, 0x8000, 0xFFFF] {
+            assert_eq!(mul(forward_shift(k), inverse_shift(k)), ONE, "k = {k}");
+            let mut v = ONE;
+            for _ in 0..8 * usize::from(k) {
+                v = mul_x(v);
+            }
+            assert_eq!(forward_shift(k), v, "x^8k, k = {k}");
+        }
+    }
+
+    #[test]
+    fn reseal_equals_a_full_recompute() {
+        let mut rng = Rng(5);
+        for round in 0..400 {
+            let ihl = if round % 8 == 0 { 5 + rng.below(11) } else { 5 };
+            let payload_len = match round % 4 {
+                0 => rng.below(300),
+                1 => rng.below(5000),
+                2 => 4096,
+                _ => rng.below(9000),
+            };
+            let old = rng.next() as u16;
+            let p = packet(&mut rng, ihl, payload_len, old);
+            let n = p.len();
+            let icrc = from_wire(p[n - ICRC_LEN..].try_into().unwrap());
+            for new in [old, !old, 0, 1, rng.next() as u16] {
+                let mut q = p.clone();
+                q[4..6].copy_from_slice(&new.to_be_bytes());
+                let want = compute(&q[..n - ICRC_LEN]).unwrap();
+                assert_eq!(
+                    reseal_ipv4_ident(n, old, new, icrc),
+                    Some(want),
+                    "round {round} len {n} {old} -> {new}"
+                );
+                // And the receiver solves the resealed packet back to `new`.
+                q[n - ICRC_LEN..].copy_from_slice(&to_wire(want));
+                assert_eq!(solve(&q, 0), Some(new));
+            }
+        }
+        // Every identification of one packet (a GSO train's positions 0, 1, 2, ... included).
+        let p = packet(&mut rng, 5, 4096, 0);
+        let n = p.len();
+        let icrc = from_wire(p[n - ICRC_LEN..].try_into().unwrap());
+        for new in (0..=u16::MAX).step_by(97).chain(0..64) {
+            let mut q = p.clone();
+            q[4..6].copy_from_slice(&new.to_be_bytes());
+            assert_eq!(
+                reseal_ipv4_ident(n, 0, new, icrc),
+                Some(compute(&q[..n - ICRC_LEN]).unwrap())
+            );
+        }
+        // The largest IPv4 packet, and lengths no IPv4 packet with an ICRC has.
+        let p = packet(&mut rng, 5, 0xFFFF - 20 - 8 - 12 - 4, 7);
+        let mut q = p.clone();
+        q[4..6].copy_from_slice(&9u16.to_be_bytes());
+        let n = p.len();
+        let icrc = from_wire(p[n - ICRC_LEN..].try_into().unwrap());
+        assert_eq!(
+            reseal_ipv4_ident(n, 7, 9, icrc),
+            Some(compute(&q[..n - ICRC_LEN]).unwrap())
+        );
+        assert_eq!(reseal_ipv4_ident(23, 0, 1, icrc), None);
+        assert_eq!(reseal_ipv4_ident(0x1_0000, 0, 1, icrc), None);
     }
 
     #[test]
