@@ -67,7 +67,9 @@
 //!   received ICRC verifies, or proves there is none (the packet is corrupt), from the ICRC computed for
 //!   an assumed identification: two multiplications modulo the CRC polynomial. Such a check keeps 16 of
 //!   the ICRC's 32 bits of integrity, and still detects every single-bit error in packets of up to
-//!   26 772 bytes.
+//!   26 772 bytes. The same algebra forwards: [`reseal_ipv4_ident`] turns a packet's ICRC into the
+//!   one for another identification without a pass over the packet (a UDP GSO train's segments
+//!   leave with identifications 0, 1, 2, ...).
 
 use crate::{Error, Layer, Result};
 
