@@ -304,6 +304,7 @@ fn open_mpi_pml_ucx_allreduce() {
             "UCX_NET_DEVICES",
         ])
         .args(["-x", "UCX_UD_VERBS_ETH_DGID_CHECK", "-x", "UCX_LOG_LEVEL"])
+        .args(["-x", "UCX_LOG_FILE"])
         .arg(&rank)
         .arg(&exe)
         .env("LD_LIBRARY_PATH", lib_dir())
@@ -311,21 +312,25 @@ fn open_mpi_pml_ucx_allreduce() {
         .env("UCX_NET_DEVICES", "rxe0:1")
         .env("UCX_UD_VERBS_ETH_DGID_CHECK", "n")
         .env("UCX_LOG_LEVEL", "debug")
+        // UCX's log to a file per process (%p: its pid), not to the stdout that mpirun merges:
+        // there the ranks' result lines were cut into log lines now and then.
+        .env("UCX_LOG_FILE", dir.join("ucx.%p.log"))
         .output()
         .expect("run mpirun");
-    let out = text(&o);
-    let summary: String = out
-        .lines()
-        .filter(|l| !l.contains("UCX  DEBUG"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let summary = text(&o);
+    let log: String = std::fs::read_dir(&dir)
+        .expect("read the test directory")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("ucx."))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .collect();
     assert!(o.status.success(), "mpirun: {:?}\n{summary}", o.status);
     for r in 0..4 {
         let want = format!("rank {r} of 4: allreduce of 262144 doubles, 0 wrong");
         assert!(summary.contains(&want), "no `{want}`:\n{summary}");
     }
     // Every rank connected to the 3 others over rc_verbs (a lane line per endpoint and lane).
-    let lanes = data_lanes(&out);
+    let lanes = data_lanes(&log);
     assert!(
         lanes.len() >= 12 && lanes.iter().all(|l| l.contains("rc_verbs/rxe0:1")),
         "lanes: {lanes:#?}"

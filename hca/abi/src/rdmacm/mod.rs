@@ -55,7 +55,7 @@ mod bindings;
 use core::ffi::{c_char, c_int, c_void, CStr};
 use core::mem::{size_of, zeroed};
 use core::ptr::{self, null_mut};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -120,6 +120,10 @@ struct Global {
     ids: HashMap<usize, IdRec>,
     /// (device, CM ID) -> `struct rdma_cm_id` address.
     by_rid: HashMap<(usize, RdmaId), usize>,
+    /// `struct rdma_cm_id` address -> its events handed out and acknowledged; a
+    /// `CONNECT_REQUEST` counts on its listener, as in librdmacm (`ucma_complete_event` of the
+    /// event's `id_priv`). [`softrdmacm_destroy_id`] waits until they match.
+    acks: HashMap<usize, AckCount>,
 }
 
 // SAFETY: the raw pointers are of objects this library made and frees under this lock.
@@ -129,8 +133,29 @@ unsafe impl Send for Global {}
 #[repr(C)]
 struct Channel {
     ch: rdma_event_channel,
+    q: Arc<ChannelQueue>,
+}
+
+/// A channel's descriptor and queue, shared with the threads waiting in
+/// [`softrdmacm_get_cm_event`]: a thread that waits while another destroys the channel keeps
+/// waiting on the descriptor it entered with (as a `read(2)` of rdma-core's `/dev/infiniband/rdma_cm`
+/// descriptor blocked in the kernel does when another thread closes it), instead of reading a
+/// freed channel or a descriptor number reused since.
+struct ChannelQueue {
+    /// eventfd(2) in semaphore mode: one count per event posted. It may count more than the
+    /// queue holds (events of a destroyed ID are taken out of the queue, not out of the count:
+    /// a waiter that takes such a count finds the queue empty and waits again).
     efd: OwnedFd,
+    /// `EventBox` addresses, in posting order.
     queue: Mutex<VecDeque<usize>>,
+}
+
+/// Events of one ID handed out by [`softrdmacm_get_cm_event`] and acknowledged by
+/// [`softrdmacm_ack_cm_event`] (librdmacm's `events_reported` / `events_completed`).
+#[derive(Default, Clone, Copy)]
+struct AckCount {
+    reported: u64,
+    completed: u64,
 }
 
 /// An event: `struct rdma_cm_event` first, then the private data it points to.
@@ -147,6 +172,7 @@ fn global() -> &'static Mutex<Global> {
             devs: open_devices(),
             ids: HashMap::new(),
             by_rid: HashMap::new(),
+            acks: HashMap::new(),
         });
         let services: Vec<Arc<CmService>> = lock(&g).devs.iter().map(|d| d.svc.clone()).collect();
         if !services.is_empty() {
@@ -311,16 +337,21 @@ unsafe fn set_route(id: *mut rdma_cm_id, src: Option<SocketAddr>, dst: Option<So
     }
 }
 
-/// The addresses of the live channels ([`new_channel`] adds, [`softrdmacm_destroy_event_channel`]
+/// The live channels by address ([`new_channel`] adds, [`softrdmacm_destroy_event_channel`]
 /// removes): a second destroy of the same channel is recognised and ignored instead of freeing
 /// (and locking) freed memory. Debian 12's perftest 4.5-0.17 does that: after a rejected
 /// `rdma_connect` its retry destroys the event channel, then destroys it again on its error path
 /// (and calls `rdma_resolve_addr` / `rdma_destroy_id` on the destroyed ID, which fail with
 /// `EINVAL` from [`Global::ids`]); the freed channel's mutex then blocked the process until its
-/// `timeout`.
-fn live_channels() -> MutexGuard<'static, HashSet<usize>> {
-    static LIVE: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
-    lock(LIVE.get_or_init(|| Mutex::new(HashSet::new())))
+/// `timeout`. Lock order: [`global`], then this, then a channel's queue.
+fn live_channels() -> MutexGuard<'static, HashMap<usize, Arc<ChannelQueue>>> {
+    static LIVE: OnceLock<Mutex<HashMap<usize, Arc<ChannelQueue>>>> = OnceLock::new();
+    lock(LIVE.get_or_init(|| Mutex::new(HashMap::new())))
+}
+
+/// The queue of `ch` while it is a live channel of this library.
+fn channel_queue(ch: *mut rdma_event_channel) -> Option<Arc<ChannelQueue>> {
+    live_channels().get(&(ch as usize)).cloned()
 }
 
 fn new_channel() -> Option<*mut Channel> {
@@ -331,26 +362,37 @@ fn new_channel() -> Option<*mut Channel> {
     }
     // SAFETY: just made, owned here.
     let efd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let c = Box::into_raw(Box::new(Channel {
-        ch: rdma_event_channel { fd },
+    let q = Arc::new(ChannelQueue {
         efd,
         queue: Mutex::new(VecDeque::new()),
+    });
+    let c = Box::into_raw(Box::new(Channel {
+        ch: rdma_event_channel { fd },
+        q: q.clone(),
     }));
-    live_channels().insert(c as usize);
+    live_channels().insert(c as usize, q);
     Some(c)
 }
 
-/// Queues `ev` on `ch` and makes its descriptor readable once more.
-///
-/// # Safety
-/// `ch` is a live channel of this library.
-unsafe fn post(ch: *mut rdma_event_channel, ev: Box<EventBox>) {
-    // SAFETY: the caller's promise; the Channel starts with its rdma_event_channel.
-    let c = unsafe { &*ch.cast::<Channel>() };
-    lock(&c.queue).push_back(Box::into_raw(ev) as usize);
+/// Queues `ev` on `ch` and makes its descriptor readable once more; an event for a channel
+/// that is no longer live (the program destroyed it with IDs still on it) is dropped.
+fn post(ch: *mut rdma_event_channel, ev: Box<EventBox>) {
+    let Some(q) = channel_queue(ch) else {
+        return;
+    };
+    lock(&q.queue).push_back(Box::into_raw(ev) as usize);
     let one: u64 = 1;
     // SAFETY: an 8-byte write to our eventfd.
-    unsafe { libc::write(c.efd.as_raw_fd(), ptr::from_ref(&one).cast(), 8) };
+    unsafe { libc::write(q.efd.as_raw_fd(), ptr::from_ref(&one).cast(), 8) };
+}
+
+/// The ID an event counts on: its listener for `CONNECT_REQUEST`, else its own.
+fn ack_key(ev: &rdma_cm_event) -> usize {
+    if ev.event == rdma_cm_event_type_RDMA_CM_EVENT_CONNECT_REQUEST {
+        ev.listen_id as usize
+    } else {
+        ev.id as usize
+    }
 }
 
 fn event_type(e: RdmaCmEventType) -> rdma_cm_event_type {
@@ -455,12 +497,10 @@ fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
                 a.grh.hop_limit = 64;
             }
         }
-        // SAFETY: a live ID of this library; its channel is live while it is.
-        unsafe {
-            let ch = (*idp).channel;
-            if !ch.is_null() {
-                post(ch, ev);
-            }
+        // SAFETY: a live ID of this library.
+        let ch = unsafe { (*idp).channel };
+        if !ch.is_null() {
+            post(ch, ev);
         }
         return;
     }
@@ -487,12 +527,10 @@ fn deliver_one(g: &mut Global, d: usize, e: RdmaCmEvent) {
         c.srq = u8::from(p.srq);
         c.qp_num = p.qp_num;
     }
-    // SAFETY: a live ID of this library; its channel is live while it is.
-    unsafe {
-        let ch = (*idp).channel;
-        if !ch.is_null() {
-            post(ch, ev);
-        }
+    // SAFETY: a live ID of this library.
+    let ch = unsafe { (*idp).channel };
+    if !ch.is_null() {
+        post(ch, ev);
     }
 }
 
@@ -551,29 +589,40 @@ symver!(softrdmacm_create_event_channel, "IBVERBS_PRIVATE_RDMACM");
 
 /// rdma_destroy_event_channel(3): frees the channel and its unacknowledged events. A pointer
 /// that is not a live channel of this library (null, or a channel already destroyed: see
-/// `live_channels`) is ignored; the call returns nothing to report it in.
+/// `live_channels`) is ignored; the call returns nothing to report it in. A thread waiting in
+/// `rdma_get_cm_event` on the channel keeps waiting, as one blocked in rdma-core's `read(2)`
+/// of the closed descriptor does (rping's CM thread, which the program never joins).
 ///
 /// # Safety
 /// `channel` is from [`softrdmacm_create_event_channel`], with no ID left on it.
 #[no_mangle]
 pub unsafe extern "C" fn softrdmacm_destroy_event_channel(channel: *mut rdma_event_channel) {
-    if channel.is_null() || !live_channels().remove(&(channel as usize)) {
+    if channel.is_null() {
         return;
     }
-    // SAFETY: the caller's promise.
-    let c = unsafe { Box::from_raw(channel.cast::<Channel>()) };
-    for e in lock(&c.queue).drain(..) {
+    // Under the global lock, as `post` is called: no event is queued on it after this.
+    let g = lock(global());
+    let Some(q) = live_channels().remove(&(channel as usize)) else {
+        return;
+    };
+    drop(g);
+    for e in lock(&q.queue).drain(..) {
         // SAFETY: queued by `post`, never handed out.
         drop(unsafe { Box::from_raw(e as *mut EventBox) });
     }
+    // SAFETY: the caller's promise; removed from the live channels above, so this is the one
+    // free of it.
+    drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
 }
 symver!(softrdmacm_destroy_event_channel, "IBVERBS_PRIVATE_RDMACM");
 
 /// rdma_get_cm_event(3): the next event of `channel`, waiting for one unless the descriptor is
-/// non-blocking (then `EAGAIN`).
+/// non-blocking (then `EAGAIN`); `EINVAL` for a null argument, `EBADF` for a channel that is
+/// not live (destroyed), as a `read(2)` of a closed descriptor. The event counts on its ID (on
+/// the listener for `CONNECT_REQUEST`) until [`softrdmacm_ack_cm_event`].
 ///
 /// # Safety
-/// `channel` is a live channel; `event` is writable.
+/// `event` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn softrdmacm_get_cm_event(
     channel: *mut rdma_event_channel,
@@ -582,34 +631,44 @@ pub unsafe extern "C" fn softrdmacm_get_cm_event(
     if channel.is_null() || event.is_null() {
         return fail(libc::EINVAL, -1);
     }
-    // SAFETY: the caller's promise.
-    let c = unsafe { &*channel.cast::<Channel>() };
+    let Some(q) = channel_queue(channel) else {
+        return fail(libc::EBADF, -1);
+    };
     loop {
         let mut v: u64 = 0;
         // SAFETY: an 8-byte read from our eventfd (semaphore mode: takes one event).
-        let n = unsafe { libc::read(c.efd.as_raw_fd(), ptr::from_mut(&mut v).cast(), 8) };
-        if n == 8 {
-            break;
-        }
-        let err = std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO);
-        if err != libc::EINTR {
+        let n = unsafe { libc::read(q.efd.as_raw_fd(), ptr::from_mut(&mut v).cast(), 8) };
+        if n != 8 {
+            let err = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
+            if err == libc::EINTR {
+                continue;
+            }
             return fail(err, -1);
         }
-    }
-    match lock(&c.queue).pop_front() {
-        Some(e) => {
-            // SAFETY: the caller's out parameter; the event is the EventBox's first field.
-            unsafe { *event = e as *mut rdma_cm_event };
-            0
-        }
-        None => fail(libc::EAGAIN, -1),
+        // Taken and counted under the global lock, so that `rdma_destroy_id` sees each event of
+        // its ID either queued (and discards it) or counted (and waits for its ack).
+        let mut g = lock(global());
+        let Some(e) = lock(&q.queue).pop_front() else {
+            // The count of an event discarded with its ID: wait for the next.
+            continue;
+        };
+        // SAFETY: a queued EventBox, now the caller's; the event is its first field.
+        let key = ack_key(unsafe { &(*(e as *const EventBox)).ev });
+        g.acks.entry(key).or_default().reported += 1;
+        drop(g);
+        // SAFETY: the caller's out parameter.
+        unsafe { *event = e as *mut rdma_cm_event };
+        return 0;
     }
 }
 symver!(softrdmacm_get_cm_event, "IBVERBS_PRIVATE_RDMACM");
 
-/// rdma_ack_cm_event(3): frees the event.
+/// Signalled by every acknowledgement, for [`softrdmacm_destroy_id`]'s wait.
+static ACKED: std::sync::Condvar = std::sync::Condvar::new();
+
+/// rdma_ack_cm_event(3): frees the event and counts it acknowledged on its ID.
 ///
 /// # Safety
 /// `event` is from [`softrdmacm_get_cm_event`], acknowledged once.
@@ -619,7 +678,13 @@ pub unsafe extern "C" fn softrdmacm_ack_cm_event(event: *mut rdma_cm_event) -> c
         return fail(libc::EINVAL, -1);
     }
     // SAFETY: the caller's promise.
-    drop(unsafe { Box::from_raw(event.cast::<EventBox>()) });
+    let b = unsafe { Box::from_raw(event.cast::<EventBox>()) };
+    let key = ack_key(&b.ev);
+    drop(b);
+    if let Some(a) = lock(global()).acks.get_mut(&key) {
+        a.completed += 1;
+    }
+    ACKED.notify_all();
     0
 }
 symver!(softrdmacm_ack_cm_event, "IBVERBS_PRIVATE_RDMACM");
@@ -770,8 +835,12 @@ unsafe fn create_id(
     0
 }
 
-/// rdma_destroy_id(3): forgets the ID and frees it (and a synchronous ID's channel); its
-/// unacknowledged events stay valid until acknowledged.
+/// rdma_destroy_id(3): forgets the ID, discards its events still queued (a queued
+/// `CONNECT_REQUEST` of a listener takes its new ID with it, refused), waits until every event
+/// of the ID already handed out is acknowledged (librdmacm's `rdma_destroy_id` waits for
+/// `events_completed` to reach the kernel's `events_reported`), then frees it (and a synchronous
+/// ID's channel). A program that never acknowledges them waits [`ACK_WAIT`]; the ID is then left
+/// allocated (its events still point at it) instead of freed.
 ///
 /// # Safety
 /// `id` is a live ID, its QP destroyed.
@@ -787,9 +856,41 @@ pub unsafe extern "C" fn softrdmacm_destroy_id(id: *mut rdma_cm_id) -> c_int {
         g.devs[d].svc.destroy_id(rid);
         used.push(g.devs[d].svc.clone());
     }
+    // SAFETY: a live ID of this library.
+    let channel = unsafe { (*id).channel };
+    for child in discard_events(channel, id as usize) {
+        if let Some(r) = g.ids.remove(&child) {
+            for (d, rid) in r.rids {
+                g.by_rid.remove(&(d, rid));
+                g.devs[d].svc.destroy_id(rid);
+            }
+            // SAFETY: made by Box in deliver_one, never handed out (its event was discarded).
+            drop(unsafe { Box::from_raw(child as *mut rdma_cm_id) });
+        }
+    }
+    let deadline = std::time::Instant::now() + ACK_WAIT;
+    let acked = loop {
+        let a = g.acks.get(&(id as usize)).copied().unwrap_or_default();
+        if a.completed >= a.reported {
+            break true;
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break false;
+        }
+        g = ACKED
+            .wait_timeout(g, left)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0;
+    };
+    g.acks.remove(&(id as usize));
     drop(g);
     for svc in used {
         linger(&svc);
+    }
+    if !acked {
+        // Unacknowledged events point at it: leave it allocated.
+        return 0;
     }
     // SAFETY: the caller's promise; made by Box in create_id or deliver_one.
     let b = unsafe { Box::from_raw(id) };
@@ -800,6 +901,36 @@ pub unsafe extern "C" fn softrdmacm_destroy_id(id: *mut rdma_cm_id) -> c_int {
     0
 }
 symver!(softrdmacm_destroy_id, "IBVERBS_PRIVATE_RDMACM");
+
+/// Longest wait of [`softrdmacm_destroy_id`] for the ID's events to be acknowledged (rdma-core
+/// waits without bound).
+pub const ACK_WAIT: Duration = Duration::from_secs(10);
+
+/// Takes the events of ID `id` out of `channel`'s queue and frees them: its own, and the
+/// `CONNECT_REQUEST`s of which it is the listener, whose new IDs are returned for the caller to
+/// destroy. The descriptor keeps their counts (see [`ChannelQueue::efd`]).
+fn discard_events(channel: *mut rdma_event_channel, id: usize) -> Vec<usize> {
+    let Some(q) = channel_queue(channel) else {
+        return Vec::new();
+    };
+    let mut children = Vec::new();
+    lock(&q.queue).retain(|&e| {
+        // SAFETY: queued EventBoxes, owned by the queue.
+        let ev = unsafe { &(*(e as *const EventBox)).ev };
+        let request = ev.event == rdma_cm_event_type_RDMA_CM_EVENT_CONNECT_REQUEST
+            && ev.listen_id as usize == id;
+        if ev.id as usize != id && !request {
+            return true;
+        }
+        if request {
+            children.push(ev.id as usize);
+        }
+        // SAFETY: taken out of the queue here, never handed out.
+        drop(unsafe { Box::from_raw(e as *mut EventBox) });
+        false
+    });
+    children
+}
 
 /// Longest wait of [`softrdmacm_destroy_id`] for QP1's queued MADs to leave.
 pub const LINGER: Duration = Duration::from_millis(200);
@@ -1307,23 +1438,22 @@ pub unsafe extern "C" fn softrdmacm_migrate_id(
     // SAFETY: a live ID and its live channel.
     let from = unsafe { (*id).channel };
     if !from.is_null() && from != to {
-        // SAFETY: live channels of this library.
-        let fc = unsafe { &*from.cast::<Channel>() };
-        let mut q = lock(&fc.queue);
-        let mine: Vec<usize> = q
-            .iter()
-            .copied()
-            // SAFETY: queued events are live EventBoxes.
-            .filter(|&e| unsafe { (*(e as *const EventBox)).ev.id } == id)
-            .collect();
-        q.retain(|e| !mine.contains(e));
-        drop(q);
-        for e in mine {
-            let mut v: u64 = 0;
-            // SAFETY: takes one count for each event moved (the descriptor counts them).
-            unsafe { libc::read(fc.efd.as_raw_fd(), ptr::from_mut(&mut v).cast(), 8) };
-            // SAFETY: the event leaves the old queue for the new.
-            unsafe { post(to, Box::from_raw(e as *mut EventBox)) };
+        if let Some(fq) = channel_queue(from) {
+            let mut q = lock(&fq.queue);
+            let mine: Vec<usize> = q
+                .iter()
+                .copied()
+                // SAFETY: queued events are live EventBoxes.
+                .filter(|&e| unsafe { (*(e as *const EventBox)).ev.id } == id)
+                .collect();
+            q.retain(|e| !mine.contains(e));
+            drop(q);
+            // The old descriptor keeps their counts (see `ChannelQueue::efd`): taking them
+            // with a blocking read could wait on a count another thread already took.
+            for e in mine {
+                // SAFETY: the event leaves the old queue for the new.
+                post(to, unsafe { Box::from_raw(e as *mut EventBox) });
+            }
         }
     }
     let old_sync = rec.sync;
@@ -2161,20 +2291,166 @@ mod tests {
         let c = new_channel()
             .expect("eventfd(2)")
             .cast::<rdma_event_channel>();
-        assert!(live_channels().contains(&(c as usize)));
+        assert!(live_channels().contains_key(&(c as usize)));
         // SAFETY: a live channel with no ID.
         unsafe { softrdmacm_destroy_event_channel(c) };
-        assert!(!live_channels().contains(&(c as usize)));
+        assert!(!live_channels().contains_key(&(c as usize)));
         // SAFETY: the call's point: neither is a live channel, so neither is touched.
         unsafe {
             softrdmacm_destroy_event_channel(c);
             softrdmacm_destroy_event_channel(null_mut());
         }
-        assert!(!live_channels().contains(&(c as usize)));
+        assert!(!live_channels().contains_key(&(c as usize)));
     }
 
     fn errno() -> c_int {
         std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    /// A new ID on `ch` (no device needed: an ID gets one when bound or resolved).
+    fn test_id(ch: *mut rdma_event_channel) -> *mut rdma_cm_id {
+        let mut id = null_mut();
+        // SAFETY: a live channel, a writable out parameter.
+        let r =
+            unsafe { softrdmacm_create_id(ch, &mut id, null_mut(), rdma_port_space_RDMA_PS_TCP) };
+        assert_eq!(r, 0, "rdma_create_id: errno {}", errno());
+        id
+    }
+
+    /// Queues an event of type `kind` for `id` (and `listen`) on `ch`, as the dispatcher does.
+    fn queue_event(
+        ch: *mut rdma_event_channel,
+        id: *mut rdma_cm_id,
+        listen: *mut rdma_cm_id,
+        kind: rdma_cm_event_type,
+    ) {
+        // SAFETY: all-zero is a valid rdma_cm_event.
+        let mut ev = Box::new(EventBox {
+            ev: unsafe { zeroed() },
+            data: Vec::new(),
+        });
+        ev.ev.id = id;
+        ev.ev.listen_id = listen;
+        ev.ev.event = kind;
+        post(ch, ev);
+    }
+
+    fn set_nonblocking(ch: *mut rdma_event_channel) {
+        // SAFETY: fcntl(2) on the live channel's descriptor.
+        unsafe {
+            let fd = (*ch).fd;
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            assert_eq!(libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK), 0);
+        }
+    }
+
+    /// rping's ending: its CM thread takes DISCONNECTED, wakes the main thread (sem_post) and
+    /// only then acknowledges the event; the main thread destroys the ID and the channel. As in
+    /// librdmacm, rdma_destroy_id returns only after the acknowledgement, so the CM thread is
+    /// back in rdma_get_cm_event (blocked, as on rdma-core) before the channel goes. Before,
+    /// the destroy did not wait, and a CM thread slower than the main thread read the destroyed
+    /// channel (`rdma_get_cm_event: Bad file descriptor`, rping's exit status 255).
+    #[test]
+    fn rdma_destroy_id_waits_for_the_ack_of_an_event_handed_out() {
+        let ch = new_channel()
+            .expect("eventfd(2)")
+            .cast::<rdma_event_channel>();
+        let id = test_id(ch);
+        queue_event(
+            ch,
+            id,
+            null_mut(),
+            rdma_cm_event_type_RDMA_CM_EVENT_DISCONNECTED,
+        );
+        let mut ev = null_mut();
+        // SAFETY: a live channel with one event.
+        assert_eq!(unsafe { softrdmacm_get_cm_event(ch, &mut ev) }, 0);
+        let acked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, evp) = (acked.clone(), ev as usize);
+        let acker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            // SAFETY: the event handed out above, acknowledged once, here.
+            unsafe { softrdmacm_ack_cm_event(evp as *mut rdma_cm_event) };
+        });
+        // SAFETY: a live ID without a QP.
+        assert_eq!(unsafe { softrdmacm_destroy_id(id) }, 0);
+        assert!(
+            acked.load(std::sync::atomic::Ordering::SeqCst),
+            "rdma_destroy_id returned before the event of its ID was acknowledged"
+        );
+        acker.join().expect("acker");
+        // SAFETY: a live channel, its ID destroyed.
+        unsafe { softrdmacm_destroy_event_channel(ch) };
+    }
+
+    /// Events still queued for a destroyed ID are discarded (the kernel's `ucma_destroy_id`
+    /// removes them), a queued CONNECT_REQUEST of a destroyed listener with its new ID; the
+    /// other IDs' events stay, and the counts the discarded ones leave in the descriptor make
+    /// no event appear: a non-blocking channel then answers EAGAIN.
+    #[test]
+    fn rdma_destroy_id_discards_its_queued_events() {
+        let ch = new_channel()
+            .expect("eventfd(2)")
+            .cast::<rdma_event_channel>();
+        let (listener, child, other) = (test_id(ch), test_id(ch), test_id(ch));
+        queue_event(
+            ch,
+            listener,
+            null_mut(),
+            rdma_cm_event_type_RDMA_CM_EVENT_ADDR_RESOLVED,
+        );
+        queue_event(
+            ch,
+            other,
+            null_mut(),
+            rdma_cm_event_type_RDMA_CM_EVENT_ESTABLISHED,
+        );
+        queue_event(
+            ch,
+            child,
+            listener,
+            rdma_cm_event_type_RDMA_CM_EVENT_CONNECT_REQUEST,
+        );
+        // SAFETY: a live ID without a QP, none of its events handed out.
+        assert_eq!(unsafe { softrdmacm_destroy_id(listener) }, 0);
+        // The request's new ID went with it.
+        // SAFETY: the call's point: no longer an ID of this library, refused before any use.
+        assert_eq!(unsafe { softrdmacm_destroy_id(child) }, -1);
+        assert_eq!(errno(), libc::EINVAL);
+        set_nonblocking(ch);
+        let mut ev = null_mut();
+        // SAFETY: a live channel.
+        assert_eq!(unsafe { softrdmacm_get_cm_event(ch, &mut ev) }, 0);
+        // SAFETY: just handed out.
+        let (got_id, kind) = unsafe { ((*ev).id, (*ev).event) };
+        assert_eq!(got_id, other);
+        assert_eq!(kind, rdma_cm_event_type_RDMA_CM_EVENT_ESTABLISHED);
+        // SAFETY: handed out above.
+        assert_eq!(unsafe { softrdmacm_ack_cm_event(ev) }, 0);
+        // SAFETY: a live channel, now without events.
+        assert_eq!(unsafe { softrdmacm_get_cm_event(ch, &mut ev) }, -1);
+        assert_eq!(errno(), libc::EAGAIN);
+        // SAFETY: a live ID, its one event acknowledged; then the channel, without IDs.
+        unsafe {
+            assert_eq!(softrdmacm_destroy_id(other), 0);
+            softrdmacm_destroy_event_channel(ch);
+        }
+    }
+
+    /// rdma_get_cm_event on a destroyed channel is EBADF (a read of a closed descriptor), not a
+    /// read of freed memory.
+    #[test]
+    fn rdma_get_cm_event_on_a_destroyed_channel_is_ebadf() {
+        let ch = new_channel()
+            .expect("eventfd(2)")
+            .cast::<rdma_event_channel>();
+        // SAFETY: a live channel without IDs.
+        unsafe { softrdmacm_destroy_event_channel(ch) };
+        let mut ev = null_mut();
+        // SAFETY: the call's point: the pointer is not dereferenced once found not live.
+        assert_eq!(unsafe { softrdmacm_get_cm_event(ch, &mut ev) }, -1);
+        assert_eq!(errno(), libc::EBADF);
     }
 
     /// rdma_getaddrinfo with hints the CM cannot connect (UC, an unknown port space, IPoIB's, a
