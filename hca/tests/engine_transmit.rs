@@ -370,6 +370,76 @@ fn reseal_for_a_gso_segment_identification() {
     assert_eq!(b.read(0, 1001), pattern(1001, 8));
 }
 
+/// A packet resealed along a GSO train's positions (5, then 9, then back to 0) verifies for the
+/// last identification only, gathered and copied (inline) alike: the ICRC update from the last
+/// identification (issue 21: no CRC pass) equals a full recompute.
+#[test]
+fn chained_reseals_verify_for_the_last_identification_only() {
+    for inline in [false, true] {
+        let (mut f, a, b) = pair(&Opts::default());
+        post_recv(&mut f, &b, 1, &[b.sge(0, 4096)]);
+        post_recv(&mut f, &b, 2, &[b.sge(0, 4096)]);
+        let len: usize = if inline { 32 } else { 1001 };
+        a.write(0, &pattern(len, 9));
+        let sge = [a.sge(0, len as u32)];
+        let mut wr = send_wr(1, &sge, SendOp::Send);
+        if inline {
+            wr.send_flags |= hca::SendFlags::INLINE;
+        }
+        post_send(&mut f, &a, &wr);
+        let mut pkts = transmit_gather(&mut f, &a, t_us(1));
+        assert_eq!(pkts.len(), 1);
+        let p = &mut pkts[0];
+        assert_eq!(p.g.segment_count() == 0, inline, "inline {inline}");
+        let mut head = p.head.clone();
+        let original = flatten(&p.g, &head);
+        let mut at = Vec::new();
+        for ident in [5u16, 9, 9, 0x1234] {
+            p.g.reseal_ipv4(&mut head, ident);
+            at.push((ident, flatten(&p.g, &head)));
+        }
+        p.g.reseal_ipv4(&mut head, 0);
+        assert_eq!(
+            flatten(&p.g, &head).data,
+            original.data,
+            "back to identification 0: the bytes as built (inline {inline})"
+        );
+        let deliver_with = |f: &mut Fabric, pkt: &Pkt, ident: u16| {
+            f.node_mut(b.node).handle_datagram(
+                t_us(2),
+                &hca::Datagram {
+                    src_ip: pkt.tx.src_ip,
+                    dst_ip: pkt.tx.dst_ip,
+                    src_port: pkt.tx.src_port,
+                    dst_port: pkt.tx.dst_port,
+                    ecn: pkt.tx.ecn,
+                    dscp: pkt.tx.dscp,
+                    hop_limit: pkt.tx.hop_limit,
+                    ip_ident: Some(ident),
+                    payload: &pkt.data,
+                },
+            );
+        };
+        // Each resealed form fails with identification 0 and with the one before it.
+        let mut errors = 0;
+        for (k, (ident, pkt)) in at.iter().enumerate() {
+            let before = if k == 0 { 0 } else { at[k - 1].0 };
+            if before != *ident {
+                deliver_with(&mut f, pkt, before);
+                errors += 1;
+            }
+            deliver_with(&mut f, pkt, 0);
+            errors += 1;
+            assert_eq!(f.node_mut(b.node).counters().icrc_errors, errors);
+        }
+        // The last form verifies with its own identification: the SEND lands once.
+        deliver_with(&mut f, &at[3].1, 0x1234);
+        assert_eq!(f.node_mut(b.node).counters().icrc_errors, errors);
+        assert_eq!(poll(&mut f, &b).len(), 1);
+        assert_eq!(b.read(0, len), pattern(len, 9));
+    }
+}
+
 // ---- the copying form ----
 
 #[test]
