@@ -345,26 +345,10 @@ fn reseal_for_a_gso_segment_identification() {
     let mut head = p.head.clone();
     p.g.reseal_ipv4(&mut head, 5);
     let resealed = flatten(&p.g, &head);
-    let deliver_with = |f: &mut Fabric, pkt: &Pkt, ident: u16| {
-        f.node_mut(b.node).handle_datagram(
-            t_us(2),
-            &hca::Datagram {
-                src_ip: pkt.tx.src_ip,
-                dst_ip: pkt.tx.dst_ip,
-                src_port: pkt.tx.src_port,
-                dst_port: pkt.tx.dst_port,
-                ecn: pkt.tx.ecn,
-                dscp: pkt.tx.dscp,
-                hop_limit: pkt.tx.hop_limit,
-                ip_ident: Some(ident),
-                payload: &pkt.data,
-            },
-        );
-    };
     // Built for identification 0, resealed for 5: each verifies only with its own.
-    deliver_with(&mut f, &resealed, 0);
+    deliver_with_ident(&mut f, &b, &resealed, t_us(2), 0);
     assert_eq!(f.node_mut(b.node).counters().icrc_errors, 1);
-    deliver_with(&mut f, &resealed, 5);
+    deliver_with_ident(&mut f, &b, &resealed, t_us(2), 5);
     assert_eq!(f.node_mut(b.node).counters().icrc_errors, 1);
     assert_eq!(poll(&mut f, &b).len(), 1);
     assert_eq!(b.read(0, 1001), pattern(1001, 8));
@@ -404,36 +388,20 @@ fn chained_reseals_verify_for_the_last_identification_only() {
             original.data,
             "back to identification 0: the bytes as built (inline {inline})"
         );
-        let deliver_with = |f: &mut Fabric, pkt: &Pkt, ident: u16| {
-            f.node_mut(b.node).handle_datagram(
-                t_us(2),
-                &hca::Datagram {
-                    src_ip: pkt.tx.src_ip,
-                    dst_ip: pkt.tx.dst_ip,
-                    src_port: pkt.tx.src_port,
-                    dst_port: pkt.tx.dst_port,
-                    ecn: pkt.tx.ecn,
-                    dscp: pkt.tx.dscp,
-                    hop_limit: pkt.tx.hop_limit,
-                    ip_ident: Some(ident),
-                    payload: &pkt.data,
-                },
-            );
-        };
         // Each resealed form fails with identification 0 and with the one before it.
         let mut errors = 0;
         for (k, (ident, pkt)) in at.iter().enumerate() {
             let before = if k == 0 { 0 } else { at[k - 1].0 };
             if before != *ident {
-                deliver_with(&mut f, pkt, before);
+                deliver_with_ident(&mut f, &b, pkt, t_us(2), before);
                 errors += 1;
             }
-            deliver_with(&mut f, pkt, 0);
+            deliver_with_ident(&mut f, &b, pkt, t_us(2), 0);
             errors += 1;
             assert_eq!(f.node_mut(b.node).counters().icrc_errors, errors);
         }
         // The last form verifies with its own identification: the SEND lands once.
-        deliver_with(&mut f, &at[3].1, 0x1234);
+        deliver_with_ident(&mut f, &b, &at[3].1, t_us(2), 0x1234);
         assert_eq!(f.node_mut(b.node).counters().icrc_errors, errors);
         assert_eq!(poll(&mut f, &b).len(), 1);
         assert_eq!(b.read(0, len), pattern(len, 9));

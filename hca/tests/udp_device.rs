@@ -465,6 +465,21 @@ fn rc_operations_at_mtu_4096_with_caller_progress() {
     assert_eq!(b.dev.counters().total_drops(), 0);
 }
 
+/// `post_send_deferred` of a signaled 8-byte SEND from offset 0 of `s`'s MR.
+fn post_deferred_send8(s: &Side, wr_id: u64) {
+    s.dev
+        .post_send_deferred(
+            s.qpn,
+            &SendWr {
+                wr_id,
+                sg_list: &[s.sge(0, 8)],
+                op: SendOp::Send,
+                send_flags: SendFlags::SIGNALED,
+            },
+        )
+        .unwrap();
+}
+
 /// `post_send_deferred` with caller-driven progress queues the WR without sending it: nothing
 /// leaves until the next round (here an explicit `progress`), which sends it; with the progress
 /// thread it posts at once.
@@ -481,17 +496,7 @@ fn deferred_post_leaves_with_the_next_round() {
     b.post_recv(1, &[b.sge(0, 64)]);
     a.write(0, b"deferred");
     let before = a.dev.link_counters().tx_datagrams;
-    a.dev
-        .post_send_deferred(
-            a.qpn,
-            &SendWr {
-                wr_id: 7,
-                sg_list: &[a.sge(0, 8)],
-                op: SendOp::Send,
-                send_flags: SendFlags::SIGNALED,
-            },
-        )
-        .unwrap();
+    post_deferred_send8(&a, 7);
     assert_eq!(
         a.dev.link_counters().tx_datagrams,
         before,
@@ -797,17 +802,7 @@ fn busy_polled_idle_caller_device_makes_quiet_rounds_that_miss_no_verb_or_timer(
     b.post_recv(1, &[b.sge(0, 64)]);
     a.write(0, b"quietpol");
     let before = a.dev.link_counters().tx_datagrams;
-    a.dev
-        .post_send_deferred(
-            a.qpn,
-            &SendWr {
-                wr_id: 7,
-                sg_list: &[a.sge(0, 8)],
-                op: SendOp::Send,
-                send_flags: SendFlags::SIGNALED,
-            },
-        )
-        .unwrap();
+    post_deferred_send8(&a, 7);
     let q1 = quiet(&a);
     assert_eq!(a.dev.poll_cq(a.cq, &mut wcs).unwrap(), 0);
     assert_eq!(quiet(&a), q1, "a poll after a verb runs a full round");

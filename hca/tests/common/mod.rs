@@ -453,6 +453,12 @@ pub fn transmit(f: &mut Fabric, p: &Peer, now: hca::Instant) -> Vec<Pkt> {
 
 /// Hands `pkt` to `to`'s engine.
 pub fn deliver(f: &mut Fabric, to: &Peer, pkt: &Pkt, now: hca::Instant) {
+    deliver_with_ident(f, to, pkt, now, hca::engine::IPV4_IDENT);
+}
+
+/// Hands `pkt` to `to`'s engine as an IPv4 datagram that arrived with identification `ident`
+/// (the ICRC covers it: a GSO train's segment k arrives with k).
+pub fn deliver_with_ident(f: &mut Fabric, to: &Peer, pkt: &Pkt, now: hca::Instant, ident: u16) {
     f.node_mut(to.node).handle_datagram(
         now,
         &hca::Datagram {
@@ -463,7 +469,7 @@ pub fn deliver(f: &mut Fabric, to: &Peer, pkt: &Pkt, now: hca::Instant) {
             ecn: pkt.tx.ecn,
             dscp: pkt.tx.dscp,
             hop_limit: pkt.tx.hop_limit,
-            ip_ident: Some(hca::engine::IPV4_IDENT),
+            ip_ident: Some(ident),
             payload: &pkt.data,
         },
     );

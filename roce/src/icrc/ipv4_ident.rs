@@ -163,8 +163,8 @@ fn mul(a: u32, b: u32) -> u32 {
     ((p >> 32) as u32) ^ high
 }
 
-/// `INV_LOW[n] = x^(-8n) mod P` for `n < 256`.
-const INV_LOW: [u32; 256] = {
+/// `x^(8n) mod P` (`forward`) or `x^(-8n) mod P` for `n < 256`: one byte's shift, n times.
+const fn byte_powers(forward: bool) -> [u32; 256] {
     let mut t = [0u32; 256];
     let mut v = ONE;
     let mut n = 0;
@@ -172,22 +172,22 @@ const INV_LOW: [u32; 256] = {
         t[n] = v;
         let mut i = 0;
         while i < 8 {
-            v = div_x(v);
+            v = if forward { mul_x(v) } else { div_x(v) };
             i += 1;
         }
         n += 1;
     }
     t
-};
+}
 
-/// `INV_HIGH[n] = x^(-8 * 256 * n) mod P` for `n < 256`.
-const INV_HIGH: [u32; 256] = {
+/// `x^(±8 * 256 * n) mod P` for `n < 256`, from the byte table `low` of the same direction.
+const fn block_powers(low: &[u32; 256], forward: bool) -> [u32; 256] {
     let mut t = [0u32; 256];
-    // x^(-8 * 255) * x^(-8) = x^(-2048)
-    let mut step = INV_LOW[255];
+    // x^(±8 * 255) * x^(±8) = x^(±2048)
+    let mut step = low[255];
     let mut i = 0;
     while i < 8 {
-        step = div_x(step);
+        step = if forward { mul_x(step) } else { div_x(step) };
         i += 1;
     }
     let mut v = ONE;
@@ -198,67 +198,39 @@ const INV_HIGH: [u32; 256] = {
         n += 1;
     }
     t
-};
+}
+
+/// `INV_LOW[n] = x^(-8n) mod P` for `n < 256`.
+const INV_LOW: [u32; 256] = byte_powers(false);
+/// `INV_HIGH[n] = x^(-8 * 256 * n) mod P` for `n < 256`.
+const INV_HIGH: [u32; 256] = block_powers(&INV_LOW, false);
+/// `FWD_LOW[n] = x^(8n) mod P` for `n < 256`.
+const FWD_LOW: [u32; 256] = byte_powers(true);
+/// `FWD_HIGH[n] = x^(8 * 256 * n) mod P` for `n < 256`.
+const FWD_HIGH: [u32; 256] = block_powers(&FWD_LOW, true);
+
+/// `x^(±8k) mod P` for `k < 65 536` bytes, from a direction's two tables.
+#[inline]
+fn power(low: &[u32; 256], high: &[u32; 256], k: u16) -> u32 {
+    let [h, l] = k.to_be_bytes();
+    let low = low[usize::from(l)];
+    if h == 0 {
+        low
+    } else {
+        mul(low, high[usize::from(h)])
+    }
+}
 
 /// `x^(-8k) mod P` for `k < 65 536` bytes.
 #[inline]
 fn inverse_shift(k: u16) -> u32 {
-    let [high, low] = k.to_be_bytes();
-    let low = INV_LOW[usize::from(low)];
-    if high == 0 {
-        low
-    } else {
-        mul(low, INV_HIGH[usize::from(high)])
-    }
+    power(&INV_LOW, &INV_HIGH, k)
 }
-
-/// `FWD_LOW[n] = x^(8n) mod P` for `n < 256`.
-const FWD_LOW: [u32; 256] = {
-    let mut t = [0u32; 256];
-    let mut v = ONE;
-    let mut n = 0;
-    while n < 256 {
-        t[n] = v;
-        let mut i = 0;
-        while i < 8 {
-            v = mul_x(v);
-            i += 1;
-        }
-        n += 1;
-    }
-    t
-};
-
-/// `FWD_HIGH[n] = x^(8 * 256 * n) mod P` for `n < 256`.
-const FWD_HIGH: [u32; 256] = {
-    let mut t = [0u32; 256];
-    // x^(8 * 255) * x^8 = x^2048
-    let mut step = FWD_LOW[255];
-    let mut i = 0;
-    while i < 8 {
-        step = mul_x(step);
-        i += 1;
-    }
-    let mut v = ONE;
-    let mut n = 0;
-    while n < 256 {
-        t[n] = v;
-        v = mul_slow(v, step);
-        n += 1;
-    }
-    t
-};
 
 /// `x^(8k) mod P` for `k < 65 536` bytes.
 #[inline]
 fn shift(k: u16) -> u32 {
-    let [high, low] = k.to_be_bytes();
-    let low = FWD_LOW[usize::from(low)];
-    if high == 0 {
-        low
-    } else {
-        mul(low, FWD_HIGH[usize::from(high)])
-    }
+    power(&FWD_LOW, &FWD_HIGH, k)
 }
 
 /// The ICRC of an IPv4 packet after its identification changed from `from` to `to`, everything
