@@ -45,6 +45,10 @@ pub(super) const POLL_BATCH: usize = 32;
 /// moving the QP to the error state.
 pub(super) const QUIESCE: Duration = Duration::from_millis(100);
 
+/// How long a closing channel waits for its last WRs (a deferred credit, the abort word) to be
+/// acknowledged by a live peer before the device closes.
+pub(super) const SETTLE: Duration = Duration::from_millis(250);
+
 /// A completion error or protocol violation that ended a channel.
 #[derive(Debug, Clone)]
 pub(super) enum Failure {
@@ -101,7 +105,48 @@ pub(super) struct Channel {
     pub(super) state: Mutex<ChanState>,
 }
 
+impl Drop for Channel {
+    /// The last connector of the channel is gone: its last WRs leave and are acknowledged
+    /// before the device closes (see [`Channel::settle`]).
+    fn drop(&mut self) {
+        self.settle();
+    }
+}
+
 impl Channel {
+    /// Waits, at most [`SETTLE`], until every WR of the channel has completed: drives the
+    /// device (each poll a progress round with caller-driven progress) so that what is queued
+    /// leaves, and an RC send completes when the peer acknowledged it. A rank that returns from
+    /// its last operation may still hold a deferred credit for the slot it consumed last (it
+    /// rides with the next post or poll, and there is none): sent only by the device's close,
+    /// after the program began to exit, it raced the peer, whose final drain waits for it and
+    /// saw the rank die first ("peer rank N died" at the end of a coll-perf run under load).
+    /// Ends early on a failed channel or a peer process found dead.
+    fn settle(&self) {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let mut st = self.state();
+            if self.poll(&mut st).is_err() || st.sq_outstanding == 0 || st.failure.is_some() {
+                return;
+            }
+            drop(st);
+            let now = Instant::now();
+            if now >= deadline || !self.liveness.alive() {
+                return;
+            }
+            if let Ok(wcs) = self
+                .hca
+                .dev
+                .wait_cq(self.cq, 1, SLEEP_SLICE.min(deadline - now))
+            {
+                let mut st = self.state();
+                for wc in &wcs {
+                    self.complete(&mut st, wc);
+                }
+            }
+        }
+    }
+
     pub(super) fn state(&self) -> MutexGuard<'_, ChanState> {
         lock(&self.state)
     }
