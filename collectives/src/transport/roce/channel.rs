@@ -134,17 +134,20 @@ impl Channel {
             if now >= deadline || !self.liveness.alive() {
                 return;
             }
-            if let Ok(wcs) = self
-                .hca
-                .dev
-                .wait_cq(self.cq, 1, SLEEP_SLICE.min(deadline - now))
-            {
-                let mut st = self.state();
-                for wc in &wcs {
-                    self.complete(&mut st, wc);
-                }
-            }
+            // A failed wait leaves the next poll to find the reason.
+            let _ = self.sleep_on_cq(SLEEP_SLICE.min(deadline - now));
         }
+    }
+
+    /// Sleeps at most `slice` on the channel's CQ (`Verbs::wait_cq`) and applies the
+    /// completions it returns.
+    fn sleep_on_cq(&self, slice: Duration) -> Result<(), DeviceError> {
+        let wcs = self.hca.dev.wait_cq(self.cq, 1, slice)?;
+        let mut st = self.state();
+        for wc in &wcs {
+            self.complete(&mut st, wc);
+        }
+        Ok(())
     }
 
     pub(super) fn state(&self) -> MutexGuard<'_, ChanState> {
@@ -435,15 +438,8 @@ impl Channel {
                 counts.slept.fetch_add(1, Ordering::Relaxed);
             }
             counts.sleeps.fetch_add(1, Ordering::Relaxed);
-            let wcs = self
-                .hca
-                .dev
-                .wait_cq(self.cq, 1, SLEEP_SLICE.min(timeout - elapsed))
+            self.sleep_on_cq(SLEEP_SLICE.min(timeout - elapsed))
                 .map_err(self.verbs_err("ibv_poll_cq"))?;
-            let mut st = self.state();
-            for wc in &wcs {
-                self.complete(&mut st, wc);
-            }
         }
     }
 
@@ -576,16 +572,8 @@ impl Channel {
                 break;
             }
             drop(st);
-            if let Ok(wcs) = self
-                .hca
-                .dev
-                .wait_cq(self.cq, 1, SLEEP_SLICE.min(deadline - now))
-            {
-                let mut st = self.state();
-                for wc in &wcs {
-                    self.complete(&mut st, wc);
-                }
-            }
+            // A failed wait leaves the next poll to find the reason.
+            let _ = self.sleep_on_cq(SLEEP_SLICE.min(deadline - now));
         }
         let attr = QpAttr {
             qp_state: QpState::Err,
