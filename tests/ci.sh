@@ -6,6 +6,12 @@ cd "$(dirname "$0")/.."
 
 SUITE_START=$(date +%s)
 STEP=0
+# A clean clone builds once: incremental caches would only take disk (they were half of a cold
+# `cargo test --workspace` build's 6 GB; one CI run failed in the linker with "No space left on device").
+export CARGO_INCREMENTAL=0
+# free_disk: one line, the free space where the build writes, printed at the start and after a failure.
+free_disk() { df -h --output=avail,size,target . | tail -n 1 | awk '{print "free disk: " $1 " of " $2 " on " $3}'; }
+free_disk
 # step NAME COMMAND...: runs COMMAND, announced and timed; stops the suite when it fails.
 step() {
     local name=$1
@@ -19,6 +25,7 @@ step() {
     else
         local rc=$?
         echo "== step $STEP FAILED (exit $rc) after $(($(date +%s) - start)) s: $name"
+        free_disk
         exit "$rc"
     fi
 }
